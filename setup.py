@@ -1,0 +1,67 @@
+"""Build mcr's Cython core against the MPI of an mpicc wrapper.
+
+The wrapper is found by ``buildtools/findmpi.py`` ($MCR_MPICC, $MPICC, mpicc on
+PATH, mpicc beside the running Python). Both compiling and linking go through
+it, so include paths and libmpi come from the MPI installation itself.
+"""
+
+import os
+import sys
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "buildtools"))
+from findmpi import HOW_TO_GET_MPI, find_mpicc  # noqa: E402
+
+
+def c_string(text):
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+class build_mpi_ext(build_ext):
+    """build_ext that compiles and links with the MPI compiler wrapper."""
+
+    def build_extensions(self):
+        mpicc = find_mpicc()
+        if mpicc is None:
+            sys.exit("error: no MPI compiler wrapper found.\n" + HOW_TO_GET_MPI)
+        print(f"mcr: building against the MPI of {mpicc}")
+        for name in ("compiler_so", "linker_so"):
+            argv = list(getattr(self.compiler, name))
+            self.compiler.set_executable(name, [mpicc] + argv[1:])
+        # Record which wrapper built the core; mcr reports it when the libmpi
+        # found at import differs from the one mpi4py loaded.
+        os.makedirs(self.build_temp, exist_ok=True)
+        with open(os.path.join(self.build_temp, "mcr_buildinfo.h"), "w") as f:
+            f.write(f"#define MCR_BUILD_MPICC {c_string(mpicc)}\n")
+        for ext in self.extensions:
+            ext.include_dirs.append(self.build_temp)
+        super().build_extensions()
+
+
+def extensions():
+    import mpi4py
+    from Cython.Build import cythonize
+
+    core = Extension(
+        "mcr._core",
+        sources=["src/mcr/_core.pyx"],
+        include_dirs=["include", mpi4py.get_include()],
+        extra_compile_args=["-O2", "-Wno-unused-function", "-Wno-unreachable-code"],
+        libraries=["dl"],
+    )
+    return cythonize(
+        [core],
+        include_path=["src/mcr/core"],
+        compiler_directives={
+            "language_level": 3,
+            "embedsignature": True,
+            "cdivision": True,
+            "binding": False,
+        },
+    )
+
+
+setup(ext_modules=extensions(), cmdclass={"build_ext": build_mpi_ext})

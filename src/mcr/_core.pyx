@@ -1,0 +1,32 @@
+# cython: embedsignature=True
+"""mcr's compiled core: message parsing, validation, and the MPI backend.
+
+The core calls the MPI C API directly (through mpi4py's ``libmpi`` declarations)
+with the GIL released. Its classes extend mpi4py's, so a ``mcr.Comm`` is an
+``mpi4py.MPI.Intracomm`` and a ``mcr.Request`` an ``mpi4py.MPI.Request``.
+The module is a list of includes, one concern each.
+"""
+
+from mpi4py.libmpi cimport *
+from mpi4py cimport MPI as _MPI
+from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release,
+                             PyBUF_FORMAT, PyBUF_C_CONTIGUOUS, PyBUF_WRITABLE,
+                             PyBUF_ANY_CONTIGUOUS)
+from cpython.long cimport PyLong_AsVoidPtr, PyLong_AsSsize_t
+from cpython.mem cimport PyMem_Malloc, PyMem_Free
+from cpython.ref cimport PyObject
+from libc.limits cimport INT_MAX
+from libc.string cimport memcpy
+
+from mpi4py import MPI as _mpi4py
+
+include "libcheck.pxi"
+include "typetable.pxi"
+include "opimpl.pxi"
+include "asbuffer.pxi"
+include "msgbuffer.pxi"
+include "Exception.pyx"
+include "Status.pyx"
+include "Request.pyx"
+include "Comm.pyx"
+include "initialize.pxi"

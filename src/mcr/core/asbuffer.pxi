@@ -1,0 +1,142 @@
+# Turning Python objects into (address, bytes, element type): torch tensors
+# through their C-level descriptors, everything else through the buffer
+# protocol or DLPack.
+
+cdef extern from "Python.h":
+    int PyObject_CheckBuffer(object)
+
+cdef extern from "mcr/pyfast.h":
+    object mcr_call0(object descr, object self)
+    object mcr_getattr(object descr, object self)
+
+import sys as _sys
+
+
+cdef struct bufinfo:
+    char *addr
+    Py_ssize_t nbytes
+    int tindex           # element type (index into TYPES)
+
+
+cdef class _View:
+    """Holds a buffer-protocol view until the communication is over."""
+    cdef Py_buffer view
+    cdef bint held
+
+    def __dealloc__(self):
+        if self.held:
+            PyBuffer_Release(&self.view)
+
+
+# torch, bound the first time a tensor may exist (when torch is imported)
+cdef object _Tensor = None           # torch.Tensor: exact-type fast path
+cdef object _TensorBase = None       # torch._C.TensorBase: subclasses
+cdef object _d_data_ptr, _d_numel, _d_is_contiguous, _d_is_conj, _g_dtype, _g_is_cpu
+cdef object _torch = None
+
+
+cdef int bind_torch() except -1:
+    global _Tensor, _TensorBase, _torch
+    global _d_data_ptr, _d_numel, _d_is_contiguous, _d_is_conj, _g_dtype, _g_is_cpu
+    import torch
+    base = torch._C.TensorBase
+    attrs = base.__dict__
+    _d_data_ptr = attrs["data_ptr"]
+    _d_numel = attrs["numel"]
+    _d_is_contiguous = attrs["is_contiguous"]
+    _d_is_conj = attrs["is_conj"]
+    _g_dtype = attrs["dtype"]
+    _g_is_cpu = attrs["is_cpu"]
+    bind_torch_dtypes(torch)
+    _torch = torch
+    _TensorBase = base
+    _Tensor = torch.Tensor
+    return 0
+
+
+cdef inline bint torch_loaded() noexcept:
+    return _Tensor is not None
+
+
+cdef int tensor_info(object t, bufinfo *b, const char *arg) except -1:
+    """Fill `b` from a CPU torch tensor; reject what MPI cannot read directly."""
+    if mcr_getattr(_g_is_cpu, t) is not True:
+        raise TypeError(f"{arg.decode()}: tensor on device {t.device} is not supported "
+                        "yet (mcr handles CPU tensors; CUDA comes with the GPU backends)")
+    cdef int tindex = torch_type_index(mcr_getattr(_g_dtype, t))
+    if tindex < 0:
+        raise TypeError(f"{arg.decode()}: tensor dtype {t.dtype} is not supported; "
+                        f"supported: {', '.join(TYPE_NAMES)}")
+    try:
+        contiguous = mcr_call0(_d_is_contiguous, t)
+    except RuntimeError:
+        raise TypeError(f"{arg.decode()}: tensor with layout {t.layout} is not supported "
+                        "(only dense, torch.strided tensors)") from None
+    if contiguous is not True:
+        raise BufferError(f"{arg.decode()}: tensor is not contiguous (shape "
+                          f"{tuple(t.shape)}, strides {t.stride()}); pass t.contiguous()")
+    if TYPES[tindex].category == CAT_COMPLEX and mcr_call0(_d_is_conj, t) is True:
+        raise BufferError(f"{arg.decode()}: tensor has its conjugate bit set, its memory "
+                          "holds the unconjugated values; pass t.resolve_conj()")
+    b.addr = <char*>PyLong_AsVoidPtr(mcr_call0(_d_data_ptr, t))
+    b.nbytes = PyLong_AsSsize_t(mcr_call0(_d_numel, t)) * TYPES[tindex].itemsize
+    b.tindex = tindex
+    return 0
+
+
+cdef object view_info(object obj, bufinfo *b, bint writable, const char *arg):
+    """Fill `b` through the buffer protocol; return the view that holds it."""
+    cdef _View v = _View.__new__(_View)
+    cdef int flags = PyBUF_FORMAT | PyBUF_ANY_CONTIGUOUS
+    if writable:
+        flags |= PyBUF_WRITABLE
+    try:
+        PyObject_GetBuffer(obj, &v.view, flags)
+    except BufferError:
+        if writable and PyObject_CheckBuffer(obj):
+            try:
+                PyObject_GetBuffer(obj, &v.view, flags & ~PyBUF_WRITABLE)
+            except BufferError:
+                pass
+            else:
+                PyBuffer_Release(&v.view)
+                raise BufferError(f"{arg.decode()}: buffer of {type(obj).__name__} "
+                                  "is read-only, a receive buffer must be writable") from None
+        raise BufferError(f"{arg.decode()}: buffer of {type(obj).__name__} is not "
+                          "contiguous") from None
+    v.held = True
+    fmt = v.view.format.decode() if v.view.format != NULL else "B"
+    cdef int tindex = format_type_index(fmt, arg)
+    if v.view.itemsize != TYPES[tindex].itemsize:
+        raise BufferError(f"{arg.decode()}: buffer format {fmt!r} has item size "
+                          f"{v.view.itemsize}, expected {TYPES[tindex].itemsize}")
+    b.addr = <char*>v.view.buf
+    b.nbytes = v.view.len
+    b.tindex = tindex
+    return v
+
+
+cdef object as_buffer(object obj, bufinfo *b, bint writable, const char *arg):
+    """Fill `b` from any supported buffer; return the object keeping it alive."""
+    if type(obj) is _Tensor:
+        tensor_info(obj, b, arg)
+        return obj
+    if not torch_loaded() and "torch" in _sys.modules:
+        bind_torch()
+        return as_buffer(obj, b, writable, arg)
+    if _TensorBase is not None and isinstance(obj, _TensorBase):
+        tensor_info(obj, b, arg)
+        return obj
+    if PyObject_CheckBuffer(obj):
+        return view_info(obj, b, writable, arg)
+    if hasattr(obj, "__cuda_array_interface__"):
+        raise TypeError(f"{arg.decode()}: CUDA buffers ({type(obj).__name__}) are not "
+                        "supported yet; mcr handles host memory")
+    if hasattr(obj, "__dlpack__"):
+        if not torch_loaded():
+            bind_torch()
+        tensor = _torch.from_dlpack(obj)
+        tensor_info(tensor, b, arg)
+        return tensor
+    raise TypeError(f"{arg.decode()}: expected a torch.Tensor, a numpy array or an "
+                    f"object with the buffer protocol, got {type(obj).__name__}")

@@ -1,0 +1,509 @@
+# Message specs: every form mpi4py accepts, plus [buf, counts, displs].
+# A message is parsed into a `side` (address, count(s), datatype) and checked
+# against the buffer it points into before any MPI call.
+
+cimport cython
+
+cdef object IN_PLACE = _mpi4py.IN_PLACE
+
+
+cdef struct side:
+    char *addr
+    int count            # simple messages: elements to move
+    int *counts          # vector messages: per-process counts and displacements
+    int *displs
+    MPI_Datatype dtype
+    int tindex           # element type; -1 when the datatype is not in TYPES
+    Py_ssize_t nelems    # elements available from the start of the buffer
+    Py_ssize_t extent    # bytes per element
+
+
+cdef class _Ints:
+    """A C array of ints (counts or displacements) owned by a message."""
+    cdef int *data
+    cdef Py_ssize_t n
+
+    def __dealloc__(self):
+        PyMem_Free(self.data)
+
+
+cdef _Ints new_ints(Py_ssize_t n):
+    cdef _Ints a = _Ints.__new__(_Ints)
+    a.data = <int*>PyMem_Malloc(max(n, 1) * sizeof(int))
+    if a.data == NULL:
+        raise MemoryError
+    a.n = n
+    return a
+
+
+cdef inline str argstr(const char *arg):
+    return arg.decode()
+
+
+cdef int as_count(object value, const char *arg, str what) except -1:
+    try:
+        n = value.__index__()
+    except AttributeError:
+        raise TypeError(f"{argstr(arg)}: {what} must be an integer, "
+                        f"got {type(value).__name__}") from None
+    if n < 0:
+        raise ValueError(f"{argstr(arg)}: {what} must be non-negative, got {n}")
+    if n > INT_MAX:
+        raise OverflowError(f"{argstr(arg)}: {what} {n} exceeds the MPI limit {INT_MAX}")
+    return n
+
+
+cdef inline bint is_datatype(object x):
+    return isinstance(x, (_MPI.Datatype, str))
+
+
+cdef int set_datatype(side *x, object datatype, const char *arg) except -1:
+    """Give the message an explicit datatype (mpi4py Datatype or typecode)."""
+    cdef MPI_Aint lb = 0, extent = 0
+    cdef int tindex
+    if isinstance(datatype, str):
+        tindex = FORMAT_TO_TYPE.get(datatype, -1)
+        if tindex < 0:
+            mpi4py_type = _mpi4py._typedict.get(datatype)
+            if mpi4py_type is None:
+                raise ValueError(f"{argstr(arg)}: unknown typecode {datatype!r}; known: "
+                                 f"{' '.join(sorted(FORMAT_TO_TYPE))}")
+            return set_datatype(x, mpi4py_type, arg)
+        x.dtype = TYPES[tindex].mpi
+        x.tindex = tindex
+        x.extent = TYPES[tindex].itemsize
+        return 0
+    if not isinstance(datatype, _MPI.Datatype):
+        raise TypeError(f"{argstr(arg)}: datatype must be an MPI.Datatype or a typecode "
+                        f"string, got {type(datatype).__name__}")
+    cdef MPI_Datatype dt = (<_MPI.Datatype>datatype).ob_mpi
+    if dt == MPI_DATATYPE_NULL:
+        raise ValueError(f"{argstr(arg)}: datatype is MPI.DATATYPE_NULL")
+    CHKERR(MPI_Type_get_extent(dt, &lb, &extent))
+    if extent <= 0:
+        raise ValueError(f"{argstr(arg)}: datatype extent {extent} is not positive")
+    x.dtype = dt
+    x.tindex = datatype_type_index(dt)
+    x.extent = extent
+    return 0
+
+
+cdef int set_buffer(side *x, bufinfo *b, object datatype, const char *arg) except -1:
+    """Point the message at a buffer, with its own or an explicit element type."""
+    x.addr = b.addr
+    x.counts = x.displs = NULL
+    if datatype is None:
+        x.dtype = TYPES[b.tindex].mpi
+        x.tindex = b.tindex
+        x.extent = TYPES[b.tindex].itemsize
+    else:
+        set_datatype(x, datatype, arg)
+    x.nelems = b.nbytes // x.extent
+    return 0
+
+
+cdef int infer_count(side *x, Py_ssize_t nbytes, const char *arg) except -1:
+    if nbytes % x.extent:
+        raise ValueError(f"{argstr(arg)}: cannot infer count, buffer length {nbytes} "
+                         f"is not a multiple of datatype extent {x.extent}")
+    if x.nelems > INT_MAX:
+        raise OverflowError(f"{argstr(arg)}: {x.nelems} elements exceed the MPI count "
+                            f"limit {INT_MAX}")
+    x.count = <int>x.nelems
+    return 0
+
+
+cdef object parse_simple(object spec, side *x, bint writable, const char *arg):
+    """Parse buf | [buf, count] | [buf, datatype] | [buf, count, datatype] |
+    [buf, (count, displ)] | [buf, (count, displ), datatype] |
+    [buf, count, displ, datatype]. Return the object keeping the buffer alive."""
+    cdef bufinfo b
+    if type(spec) is _Tensor:                    # the hot path: a plain tensor
+        tensor_info(spec, &b, arg)
+        x.addr = b.addr
+        x.dtype = TYPES[b.tindex].mpi
+        x.tindex = b.tindex
+        x.extent = TYPES[b.tindex].itemsize
+        x.nelems = b.nbytes // x.extent
+        if x.nelems > INT_MAX:
+            infer_count(x, b.nbytes, arg)
+        x.count = <int>x.nelems
+        return spec
+    if not isinstance(spec, (list, tuple)):
+        owner = as_buffer(spec, &b, writable, arg)
+        set_buffer(x, &b, None, arg)
+        infer_count(x, b.nbytes, arg)
+        return owner
+    n = len(spec)
+    if not 1 <= n <= 4:
+        raise ValueError(f"{argstr(arg)}: message must have 1 to 4 items, got {n}")
+    count = displ = datatype = None
+    if n == 2:
+        if is_datatype(spec[1]):
+            datatype = spec[1]
+        elif isinstance(spec[1], (list, tuple)):
+            count, displ = pair(spec[1], arg)
+        else:
+            count = spec[1]
+    elif n == 3:
+        if isinstance(spec[1], (list, tuple)):
+            (count, displ), datatype = pair(spec[1], arg), spec[2]
+        elif is_datatype(spec[2]) or spec[2] is None:
+            count, datatype = spec[1], spec[2]
+        else:
+            count, displ = spec[1], spec[2]
+    elif n == 4:
+        count, displ, datatype = spec[1], spec[2], spec[3]
+    owner = as_buffer(spec[0], &b, writable, arg)
+    set_buffer(x, &b, datatype, arg)
+    cdef Py_ssize_t offset = 0 if displ is None else as_count(displ, arg, "displacement")
+    if count is None:
+        infer_count(x, b.nbytes, arg)
+        if offset > x.count:
+            raise ValueError(f"{argstr(arg)}: displacement {offset} is past the end of "
+                             f"the buffer of {x.count} elements")
+        x.count -= offset
+    else:
+        x.count = as_count(count, arg, "count")
+        if offset + x.count > x.nelems:
+            raise ValueError(f"{argstr(arg)}: count {x.count} at displacement {offset} "
+                             f"reaches past the buffer of {x.nelems} elements")
+    x.addr += offset * x.extent
+    x.nelems -= offset
+    return owner
+
+
+cdef tuple pair(object item, const char *arg):
+    if len(item) != 2:
+        raise ValueError(f"{argstr(arg)}: expected a (count, displacement) pair, "
+                         f"got {len(item)} items")
+    return item[0], item[1]
+
+
+cdef inline bint is_int_sequence_pair(object item):
+    # (counts, displs) rather than counts: two entries, each None or a sequence
+    return (isinstance(item, (list, tuple)) and len(item) == 2 and
+            all(v is None or (not isinstance(v, int) and hasattr(v, "__len__"))
+                for v in item))
+
+
+cdef list int_list(object values, const char *arg, str what):
+    if hasattr(values, "tolist") and hasattr(values, "dtype"):    # tensor, ndarray
+        if getattr(values, "ndim", 1) != 1:
+            raise ValueError(f"{argstr(arg)}: {what} must be 1-D, got shape "
+                             f"{tuple(values.shape)}")
+        kind = str(values.dtype)
+        if "int" not in kind:
+            raise TypeError(f"{argstr(arg)}: {what} must hold integers, got dtype {kind}")
+        values = values.tolist()
+    try:
+        return list(values)
+    except TypeError:
+        raise TypeError(f"{argstr(arg)}: {what} must be a sequence of ints, got "
+                        f"{type(values).__name__}") from None
+
+
+cdef object parse_vector(object spec, side *x, bint writable, int size, const char *arg):
+    """Parse a message with one block per process: buf | [buf, counts] |
+    [buf, (counts, displs)] | [buf, counts, displs] | [buf, counts, datatype] |
+    [buf, (counts, displs), datatype] | [buf, counts, displs, datatype].
+    Return the objects keeping the buffer and the count arrays alive."""
+    cdef bufinfo b
+    buf, counts, displs, datatype = spec, None, None, None
+    if isinstance(spec, (list, tuple)):
+        n = len(spec)
+        if not 1 <= n <= 4:
+            raise ValueError(f"{argstr(arg)}: message must have 1 to 4 items, got {n}")
+        buf = spec[0]
+        rest = list(spec[1:])
+        if rest and is_datatype(rest[-1]):
+            datatype = rest.pop()
+        if len(rest) == 1:
+            if is_int_sequence_pair(rest[0]):
+                counts, displs = rest[0]
+            else:
+                counts = rest[0]
+        elif len(rest) == 2:
+            counts, displs = rest
+        elif len(rest) == 3:
+            raise TypeError(f"{argstr(arg)}: the last item of a 4-item message must be "
+                            f"a datatype, got {type(spec[3]).__name__}")
+    owner = as_buffer(buf, &b, writable, arg)
+    set_buffer(x, &b, datatype, arg)
+    cdef _Ints c = new_ints(size)
+    cdef _Ints d = new_ints(size)
+    cdef Py_ssize_t i, total = 0
+    if counts is None:
+        infer_count(x, b.nbytes, arg)
+        if x.nelems % size:
+            raise ValueError(f"{argstr(arg)}: cannot split {x.nelems} elements evenly "
+                             f"among {size} processes; give counts")
+        counts = x.nelems // size
+    if isinstance(counts, int) or hasattr(counts, "__index__"):
+        each = as_count(counts, arg, "count")
+        for i in range(size):
+            c.data[i] = each
+    else:
+        values = int_list(counts, arg, "counts")
+        if len(values) != size:
+            raise ValueError(f"{argstr(arg)}: counts has {len(values)} entries, expected "
+                             f"{size} (one per process)")
+        for i in range(size):
+            c.data[i] = as_count(values[i], arg, f"counts[{i}]")
+    if displs is None:
+        for i in range(size):
+            if total > INT_MAX:
+                raise OverflowError(f"{argstr(arg)}: displacement {total} exceeds the "
+                                    f"MPI limit {INT_MAX}")
+            d.data[i] = <int>total
+            total += c.data[i]
+    else:
+        values = int_list(displs, arg, "displs")
+        if len(values) != size:
+            raise ValueError(f"{argstr(arg)}: displs has {len(values)} entries, expected "
+                             f"{size} (one per process)")
+        for i in range(size):
+            d.data[i] = as_count(values[i], arg, f"displs[{i}]")
+    for i in range(size):
+        if <Py_ssize_t>d.data[i] + c.data[i] > x.nelems:
+            raise ValueError(f"{argstr(arg)}: block {i} (count {c.data[i]} at displacement "
+                             f"{d.data[i]}) reaches past the buffer of {x.nelems} elements")
+    x.counts = c.data
+    x.displs = d.data
+    return (owner, c, d)
+
+
+cdef int set_in_place(side *x) noexcept:
+    x.addr = <char*>MPI_IN_PLACE
+    x.counts = x.displs = NULL
+    x.count = 0
+    x.nelems = 0
+    return 0
+
+
+cdef int set_null(side *x) noexcept:
+    x.addr = NULL
+    x.counts = x.displs = NULL
+    x.count = 0
+    x.nelems = 0
+    x.dtype = MPI_BYTE
+    x.tindex = -1
+    x.extent = 1
+    return 0
+
+
+cdef inline str type_name(side *x):
+    return TYPE_NAMES[x.tindex] if x.tindex >= 0 else "MPI datatype"
+
+
+cdef int check_same_type(side *s, side *r) except -1:
+    if s.tindex >= 0 and r.tindex >= 0:
+        if s.tindex != r.tindex:
+            raise TypeError(f"sendbuf has {TYPE_NAMES[s.tindex]} elements but recvbuf has "
+                            f"{TYPE_NAMES[r.tindex]}: the element types must match")
+    elif s.extent != r.extent:
+        raise TypeError(f"sendbuf elements are {s.extent} bytes but recvbuf elements are "
+                        f"{r.extent} bytes: the datatypes must match")
+    return 0
+
+
+cdef int check_rank(int value, int size, const char *arg, bint allow_null) except -1:
+    if 0 <= value < size or (allow_null and value == MPI_PROC_NULL):
+        return 0
+    raise IndexError(f"{argstr(arg)}: rank {value} is out of range for a communicator "
+                     f"of size {size} (valid: 0..{size - 1})")
+
+
+cdef int check_capacity(side *x, Py_ssize_t needed, const char *arg, str why) except -1:
+    if x.nelems < needed:
+        raise ValueError(f"{argstr(arg)}: buffer holds {x.nelems} elements, {why} needs "
+                         f"{needed}")
+    return 0
+
+
+@cython.freelist(16)
+cdef class _Msg:
+    """The parsed send and receive sides of one call, and what keeps them alive."""
+    cdef side s, r
+    cdef object sown, rown
+
+    # -- simple messages -------------------------------------------------
+
+    cdef int for_allreduce(self, object sendbuf, object recvbuf) except -1:
+        # Allreduce, Scan, Exscan: same count on both sides
+        self.rown = parse_simple(recvbuf, &self.r, True, b"recvbuf")
+        if sendbuf is IN_PLACE:
+            set_in_place(&self.s)
+            return 0
+        self.sown = parse_simple(sendbuf, &self.s, False, b"sendbuf")
+        check_same_type(&self.s, &self.r)
+        if self.s.count != self.r.count:
+            raise ValueError(f"sendbuf has {self.s.count} elements but recvbuf has "
+                             f"{self.r.count}: the counts must match")
+        return 0
+
+    cdef int for_reduce(self, object sendbuf, object recvbuf, int root, int rank,
+                        int size) except -1:
+        check_rank(root, size, b"root", False)
+        if rank != root:
+            if sendbuf is IN_PLACE:
+                raise ValueError(f"sendbuf: IN_PLACE is only valid at the root ({root}), "
+                                 f"this is rank {rank}")
+            self.sown = parse_simple(sendbuf, &self.s, False, b"sendbuf")
+            set_null(&self.r)
+            return 0
+        return self.for_allreduce(sendbuf, recvbuf)
+
+    cdef int for_bcast(self, object buf, int root, int rank, int size) except -1:
+        check_rank(root, size, b"root", False)
+        self.rown = parse_simple(buf, &self.r, rank != root, b"buf")
+        return 0
+
+    cdef int for_gather(self, object sendbuf, object recvbuf, int root, int rank,
+                        int size, bint v) except -1:
+        check_rank(root, size, b"root", False)
+        if rank == root:
+            self.rown = self.recv_blocks(recvbuf, size, v)
+        else:
+            set_null(&self.r)
+        if sendbuf is IN_PLACE:
+            if rank != root:
+                raise ValueError(f"sendbuf: IN_PLACE is only valid at the root ({root}), "
+                                 f"this is rank {rank}")
+            set_in_place(&self.s)
+            return 0
+        self.sown = parse_simple(sendbuf, &self.s, False, b"sendbuf")
+        if rank == root:
+            self.match_own_block(rank, v, b"sendbuf")
+        return 0
+
+    cdef int for_scatter(self, object sendbuf, object recvbuf, int root, int rank,
+                         int size, bint v) except -1:
+        check_rank(root, size, b"root", False)
+        if rank == root:
+            self.sown = self.send_blocks(sendbuf, size, v)
+        else:
+            set_null(&self.s)
+        if recvbuf is IN_PLACE:
+            if rank != root:
+                raise ValueError(f"recvbuf: IN_PLACE is only valid at the root ({root}), "
+                                 f"this is rank {rank}")
+            set_in_place(&self.r)
+            return 0
+        self.rown = parse_simple(recvbuf, &self.r, True, b"recvbuf")
+        if rank == root:
+            check_same_type(&self.s, &self.r)
+            count = self.s.counts[rank] if v else self.s.count
+            if self.r.count != count:
+                raise ValueError(f"recvbuf: holds {self.r.count} elements but the root "
+                                 f"sends itself {count}")
+        return 0
+
+    cdef int for_allgather(self, object sendbuf, object recvbuf, int rank, int size,
+                           bint v) except -1:
+        self.rown = self.recv_blocks(recvbuf, size, v)
+        if sendbuf is IN_PLACE:
+            set_in_place(&self.s)
+            return 0
+        self.sown = parse_simple(sendbuf, &self.s, False, b"sendbuf")
+        self.match_own_block(rank, v, b"sendbuf")
+        return 0
+
+    cdef int for_alltoall(self, object sendbuf, object recvbuf, int size, bint v) except -1:
+        self.rown = self.recv_blocks(recvbuf, size, v)
+        if sendbuf is IN_PLACE:
+            set_in_place(&self.s)
+            return 0
+        self.sown = self.send_blocks(sendbuf, size, v)
+        check_same_type(&self.s, &self.r)
+        if not v and self.s.count != self.r.count:
+            raise ValueError(f"sendbuf sends {self.s.count} elements to each process but "
+                             f"recvbuf takes {self.r.count} from each")
+        return 0
+
+    cdef int for_reduce_scatter_block(self, object sendbuf, object recvbuf,
+                                      int size) except -1:
+        if sendbuf is IN_PLACE:
+            # the input is the whole of recvbuf; the result is its first block
+            self.rown = parse_simple(recvbuf, &self.r, True, b"recvbuf")
+            if self.r.count % size:
+                raise ValueError(f"recvbuf: with IN_PLACE it holds the input, "
+                                 f"{self.r.count} elements do not split evenly among "
+                                 f"{size} processes")
+            self.r.count //= size
+            set_in_place(&self.s)
+            return 0
+        self.rown = parse_simple(recvbuf, &self.r, True, b"recvbuf")
+        self.sown = parse_simple(sendbuf, &self.s, False, b"sendbuf")
+        check_same_type(&self.s, &self.r)
+        if self.s.count != <Py_ssize_t>self.r.count * size:
+            raise ValueError(f"sendbuf has {self.s.count} elements, expected recvbuf count "
+                             f"{self.r.count} x {size} processes = {self.r.count * size}")
+        return 0
+
+    cdef int for_reduce_scatter(self, object sendbuf, object recvbuf, object recvcounts,
+                                int rank, int size) except -1:
+        cdef Py_ssize_t total = 0
+        cdef int i
+        cdef side *whole
+        if sendbuf is IN_PLACE:
+            self.rown = parse_simple(recvbuf, &self.r, True, b"recvbuf")
+            set_in_place(&self.s)
+            whole = &self.r
+        else:
+            self.sown = parse_simple(sendbuf, &self.s, False, b"sendbuf")
+            self.rown = parse_simple(recvbuf, &self.r, True, b"recvbuf")
+            check_same_type(&self.s, &self.r)
+            whole = &self.s
+        if recvcounts is None:
+            if whole.count % size:
+                raise ValueError(f"{'recvbuf' if sendbuf is IN_PLACE else 'sendbuf'}: "
+                                 f"cannot split {whole.count} elements evenly among "
+                                 f"{size} processes; give recvcounts")
+            recvcounts = [whole.count // size] * size
+        values = int_list(recvcounts, b"recvcounts", "recvcounts")
+        if len(values) != size:
+            raise ValueError(f"recvcounts: has {len(values)} entries, expected {size} "
+                             "(one per process)")
+        cdef _Ints c = new_ints(size)
+        for i in range(size):
+            c.data[i] = as_count(values[i], b"recvcounts", f"recvcounts[{i}]")
+            total += c.data[i]
+        if whole.count != total:
+            raise ValueError(f"{'recvbuf' if sendbuf is IN_PLACE else 'sendbuf'}: has "
+                             f"{whole.count} elements, sum(recvcounts) is {total}")
+        if sendbuf is not IN_PLACE:
+            check_capacity(&self.r, c.data[rank], b"recvbuf", f"recvcounts[{rank}]")
+        self.r.counts = c.data
+        self.rown = (self.rown, c)
+        return 0
+
+    # -- helpers for block messages ---------------------------------------
+
+    cdef object recv_blocks(self, object recvbuf, int size, bint v):
+        if v:
+            return parse_vector(recvbuf, &self.r, True, size, b"recvbuf")
+        owner = parse_simple(recvbuf, &self.r, True, b"recvbuf")
+        if self.r.count % size:
+            raise ValueError(f"recvbuf: {self.r.count} elements do not split evenly among "
+                             f"{size} processes")
+        self.r.count //= size
+        return owner
+
+    cdef object send_blocks(self, object sendbuf, int size, bint v):
+        if v:
+            return parse_vector(sendbuf, &self.s, False, size, b"sendbuf")
+        owner = parse_simple(sendbuf, &self.s, False, b"sendbuf")
+        if self.s.count % size:
+            raise ValueError(f"sendbuf: {self.s.count} elements do not split evenly among "
+                             f"{size} processes")
+        self.s.count //= size
+        return owner
+
+    cdef int match_own_block(self, int rank, bint v, const char *arg) except -1:
+        check_same_type(&self.s, &self.r)
+        count = self.r.counts[rank] if v else self.r.count
+        if self.s.count != count:
+            raise ValueError(f"{argstr(arg)}: has {self.s.count} elements but recvbuf "
+                             f"takes {count} from this process (rank {rank})")
+        return 0

@@ -1,0 +1,76 @@
+# Reduction operations: which op applies to which element type, and the
+# user-defined ops that reduce float16/bfloat16 (include/mcr/halfops.h).
+
+cdef extern from "mcr/halfops.h" nogil:
+    void mcr_f16_sum(void*, void*, int*, MPI_Datatype*)
+    void mcr_f16_prod(void*, void*, int*, MPI_Datatype*)
+    void mcr_f16_max(void*, void*, int*, MPI_Datatype*)
+    void mcr_f16_min(void*, void*, int*, MPI_Datatype*)
+    void mcr_bf16_sum(void*, void*, int*, MPI_Datatype*)
+    void mcr_bf16_prod(void*, void*, int*, MPI_Datatype*)
+    void mcr_bf16_max(void*, void*, int*, MPI_Datatype*)
+    void mcr_bf16_min(void*, void*, int*, MPI_Datatype*)
+
+cdef enum:
+    OP_SUM, OP_PROD, OP_MAX, OP_MIN, OP_LAND, OP_LOR, OP_LXOR,
+    OP_BAND, OP_BOR, OP_BXOR, NOPS
+
+OP_NAMES = ("SUM", "PROD", "MAX", "MIN", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR")
+
+cdef enum:
+    ARITH_OPS = (1 << OP_SUM) | (1 << OP_PROD)
+    ORDER_OPS = (1 << OP_MAX) | (1 << OP_MIN)
+    LOGICAL_OPS = (1 << OP_LAND) | (1 << OP_LOR) | (1 << OP_LXOR)
+    BITWISE_OPS = (1 << OP_BAND) | (1 << OP_BOR) | (1 << OP_BXOR)
+
+
+cdef inline int ops_for_category(int category) noexcept:
+    # As the MPI standard's table of op/type pairs, with the half types as floats.
+    if category == CAT_INT:
+        return ARITH_OPS | ORDER_OPS | LOGICAL_OPS | BITWISE_OPS
+    if category == CAT_FLOAT or category == CAT_HALF:
+        return ARITH_OPS | ORDER_OPS
+    if category == CAT_COMPLEX:
+        return ARITH_OPS
+    if category == CAT_BOOL:
+        return LOGICAL_OPS
+    return 0
+
+
+cdef MPI_Op OPS[NOPS]
+cdef MPI_Op HALF_OPS[2][4]      # [float16, bfloat16][SUM, PROD, MAX, MIN]
+
+
+cdef int create_half_ops() except -1:
+    cdef MPI_User_function *fns[8]
+    fns[:] = [mcr_f16_sum, mcr_f16_prod, mcr_f16_max, mcr_f16_min,
+              mcr_bf16_sum, mcr_bf16_prod, mcr_bf16_max, mcr_bf16_min]
+    cdef int i
+    for i in range(8):
+        CHKERR(MPI_Op_create(fns[i], 1, &HALF_OPS[i // 4][i % 4]))
+    OPS[:] = [MPI_SUM, MPI_PROD, MPI_MAX, MPI_MIN, MPI_LAND, MPI_LOR,
+              MPI_LXOR, MPI_BAND, MPI_BOR, MPI_BXOR]
+    return 0
+
+
+cdef int resolve_op(object op, int tindex, MPI_Op *out) except -1:
+    """The MPI_Op to use for `op` on elements of type `tindex` (-1: unknown)."""
+    if not isinstance(op, _MPI.Op):
+        raise TypeError(f"op: expected an MPI.Op such as MPI.SUM, got {type(op).__name__}")
+    cdef MPI_Op handle = (<_MPI.Op>op).ob_mpi
+    cdef int k = 0
+    while k < NOPS and OPS[k] != handle:
+        k += 1
+    if k == NOPS or tindex < 0:         # user-defined op or datatype: MPI decides
+        out[0] = handle
+        return 0
+    cdef int category = TYPES[tindex].category
+    if not (ops_for_category(category) & (1 << k)):
+        allowed = [OP_NAMES[j] for j in range(NOPS) if ops_for_category(category) & (1 << j)]
+        raise TypeError(f"op: MPI.{OP_NAMES[k]} does not apply to {TYPE_NAMES[tindex]} "
+                        f"elements (it takes: {', '.join(allowed)})")
+    if category == CAT_HALF:
+        out[0] = HALF_OPS[tindex == T_BFLOAT16][k]
+    else:
+        out[0] = handle
+    return 0

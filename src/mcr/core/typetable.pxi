@@ -1,0 +1,138 @@
+# The element types mcr knows: one table, from which buffer formats, torch
+# dtypes, MPI datatypes and the allowed reduction ops are all derived.
+
+cdef enum:
+    CAT_BOOL = 1
+    CAT_INT = 2
+    CAT_FLOAT = 4
+    CAT_HALF = 8        # float16/bfloat16: moved as MPI_UINT16_T, reduced by mcr's ops
+    CAT_COMPLEX = 16
+
+cdef enum:
+    T_BOOL, T_UINT8, T_INT8, T_UINT16, T_INT16, T_UINT32, T_INT32,
+    T_UINT64, T_INT64, T_FLOAT16, T_BFLOAT16, T_FLOAT32, T_FLOAT64,
+    T_COMPLEX64, T_COMPLEX128, NTYPES
+
+# name (torch.<name>), category, itemsize, buffer format codes
+TYPE_TABLE = (
+    ("bool",       CAT_BOOL,    1, "?"),
+    ("uint8",      CAT_INT,     1, "B"),
+    ("int8",       CAT_INT,     1, "b"),
+    ("uint16",     CAT_INT,     2, "H"),
+    ("int16",      CAT_INT,     2, "h"),
+    ("uint32",     CAT_INT,     4, ""),
+    ("int32",      CAT_INT,     4, ""),
+    ("uint64",     CAT_INT,     8, ""),
+    ("int64",      CAT_INT,     8, ""),
+    ("float16",    CAT_HALF,    2, "e"),
+    ("bfloat16",   CAT_HALF,    2, ""),
+    ("float32",    CAT_FLOAT,   4, "f"),
+    ("float64",    CAT_FLOAT,   8, "d"),
+    ("complex64",  CAT_COMPLEX, 8, "Zf"),
+    ("complex128", CAT_COMPLEX, 16, "Zd"),
+)
+
+cdef struct typeinfo:
+    MPI_Datatype mpi
+    int category
+    int itemsize
+    PyObject *torch_dtype    # borrowed; the dtype objects live as long as torch
+
+cdef typeinfo TYPES[NTYPES]
+cdef dict FORMAT_TO_TYPE = {}     # struct format code -> type index
+cdef dict HANDLE_TO_TYPE = {}     # MPI datatype handle (as int) -> type index
+cdef list TYPE_NAMES = [row[0] for row in TYPE_TABLE]
+
+
+cdef inline Py_ssize_t handle_key(MPI_Datatype dt) noexcept:
+    return <Py_ssize_t>dt
+
+
+cdef void init_type_table() noexcept:
+    cdef MPI_Datatype handles[NTYPES]
+    handles[:] = [MPI_C_BOOL, MPI_UINT8_T, MPI_INT8_T, MPI_UINT16_T,
+                  MPI_INT16_T, MPI_UINT32_T, MPI_INT32_T, MPI_UINT64_T,
+                  MPI_INT64_T, MPI_UINT16_T, MPI_UINT16_T, MPI_FLOAT,
+                  MPI_DOUBLE, MPI_C_FLOAT_COMPLEX, MPI_C_DOUBLE_COMPLEX]
+    cdef int i
+    for i, (name, category, itemsize, codes) in enumerate(TYPE_TABLE):
+        TYPES[i].mpi = handles[i]
+        TYPES[i].category = category
+        TYPES[i].itemsize = itemsize
+        TYPES[i].torch_dtype = NULL
+        if codes:
+            FORMAT_TO_TYPE[codes] = i
+        if category != CAT_HALF:
+            HANDLE_TO_TYPE[handle_key(handles[i])] = i
+    # C integer codes whose size depends on the platform
+    import struct
+    ints = {(1, True): T_INT8, (2, True): T_INT16, (4, True): T_INT32, (8, True): T_INT64,
+            (1, False): T_UINT8, (2, False): T_UINT16, (4, False): T_UINT32, (8, False): T_UINT64}
+    for code in "bhilqn":
+        FORMAT_TO_TYPE[code] = ints[struct.calcsize(code), True]
+        FORMAT_TO_TYPE[code.upper()] = ints[struct.calcsize(code), False]
+    FORMAT_TO_TYPE["c"] = T_UINT8
+    FORMAT_TO_TYPE["p"] = T_INT64 if struct.calcsize("P") == 8 else T_INT32
+    # Named MPI datatypes a user may pass explicitly, with the same meaning.
+    cdef MPI_Datatype aliases[20]
+    cdef int alias_types[20]
+    aliases[:] = [MPI_CHAR, MPI_SIGNED_CHAR, MPI_UNSIGNED_CHAR, MPI_SHORT,
+                  MPI_UNSIGNED_SHORT, MPI_INT, MPI_UNSIGNED, MPI_LONG,
+                  MPI_UNSIGNED_LONG, MPI_LONG_LONG, MPI_UNSIGNED_LONG_LONG,
+                  MPI_CXX_BOOL, MPI_C_COMPLEX, MPI_CXX_FLOAT_COMPLEX,
+                  MPI_CXX_DOUBLE_COMPLEX, MPI_SHORT, MPI_INT, MPI_LONG,
+                  MPI_LONG_LONG, MPI_FLOAT]
+    alias_types[:] = [T_INT8, T_INT8, T_UINT8, FORMAT_TO_TYPE["h"],
+                      FORMAT_TO_TYPE["H"], FORMAT_TO_TYPE["i"], FORMAT_TO_TYPE["I"],
+                      FORMAT_TO_TYPE["l"], FORMAT_TO_TYPE["L"], FORMAT_TO_TYPE["q"],
+                      FORMAT_TO_TYPE["Q"], T_BOOL, T_COMPLEX64, T_COMPLEX64,
+                      T_COMPLEX128, FORMAT_TO_TYPE["h"], FORMAT_TO_TYPE["i"],
+                      FORMAT_TO_TYPE["l"], FORMAT_TO_TYPE["q"], T_FLOAT32]
+    for i in range(20):
+        if aliases[i] != MPI_DATATYPE_NULL:
+            HANDLE_TO_TYPE.setdefault(handle_key(aliases[i]), alias_types[i])
+
+
+cdef int bind_torch_dtypes(object torch) except -1:
+    cdef int i
+    for i in range(NTYPES):
+        dtype = getattr(torch, TYPE_TABLE[i][0], None)
+        TYPES[i].torch_dtype = <PyObject*>dtype if dtype is not None else NULL
+    return 0
+
+
+cdef inline int torch_type_index(object dtype) noexcept:
+    # float32 and int64 come first in practice; a scan of 15 pointers beats a dict
+    cdef PyObject *p = <PyObject*>dtype
+    if p == TYPES[T_FLOAT32].torch_dtype:
+        return T_FLOAT32
+    cdef int i
+    for i in range(NTYPES):
+        if p == TYPES[i].torch_dtype:
+            return i
+    return -1
+
+
+cdef int format_type_index(str fmt, const char *arg) except -2:
+    """Type index of a struct format string (buffer protocol)."""
+    code = fmt
+    if code and code[0] in "@=<>!":
+        if code[0] in ">!" and _LITTLE_ENDIAN or code[0] == "<" and not _LITTLE_ENDIAN:
+            raise BufferError(f"{arg.decode()}: byte order of buffer format {fmt!r} "
+                              "is not the machine's")
+        code = code[1:]
+    index = FORMAT_TO_TYPE.get(code)
+    if index is None:
+        raise TypeError(f"{arg.decode()}: buffer format {fmt!r} is not supported; "
+                        f"supported formats: {' '.join(sorted(FORMAT_TO_TYPE))}")
+    return index
+
+
+cdef int datatype_type_index(MPI_Datatype dt) noexcept:
+    """Type index of a named MPI datatype, or -1 for others (derived, BYTE ...)."""
+    index = HANDLE_TO_TYPE.get(handle_key(dt))
+    return -1 if index is None else index
+
+
+import sys as _sys
+cdef bint _LITTLE_ENDIAN = _sys.byteorder == "little"
