@@ -1,0 +1,137 @@
+"""Run test cases on real MPI processes under mpiexec, with a timeout.
+
+A test module registers cases with ``@case`` and exposes them to pytest with
+``test_mpi = mpi_cases(__name__)``. For each world size, the module's cases run
+in one ``mpiexec -n N`` job (``tests/mpiworker.py``); every rank writes one
+line per finished case, so a case that hangs shows up as the one that never
+finished, and the job is killed at the timeout instead of hanging the suite.
+Each (case, world size) is reported as its own pytest test.
+"""
+
+import functools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import traceback
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SIZES = (1, 2, 3, 4)
+DEFAULT_TIMEOUT = float(os.environ.get("MCR_TEST_TIMEOUT", "180"))
+
+
+def case(fn):
+    """Register `fn(comm)` as an MPI test case of its module."""
+    module = sys.modules[fn.__module__]
+    registry = module.__dict__.setdefault("_mpi_cases", {})
+    registry[fn.__name__] = fn
+    return fn
+
+
+def mpiexec_command(nprocs):
+    """The mpiexec command line for `nprocs` ranks (Open MPI or MPICH)."""
+    mpiexec = os.environ.get("MCR_MPIEXEC") or shutil.which("mpiexec") or os.path.join(
+        os.path.dirname(sys.executable), "mpiexec")
+    cmd = [mpiexec, "-n", str(nprocs)]
+    if is_open_mpi(mpiexec):
+        cmd.append("--oversubscribe")
+    return cmd
+
+
+@functools.lru_cache(maxsize=None)
+def is_open_mpi(mpiexec):
+    try:
+        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True,
+                             timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "Open MPI" in out or "OpenRTE" in out or "prterun" in out.lower()
+
+
+def mpi_env():
+    env = dict(os.environ)
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    env.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
+    env.setdefault("PRTE_MCA_rmaps_default_mapping_policy", ":oversubscribe")
+    # keep each rank to one thread: 4 ranks share 2 cores in CI
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [HERE, env.get("PYTHONPATH")]))
+    return env
+
+
+def run_script(nprocs, args, timeout=DEFAULT_TIMEOUT):
+    """Run `python args...` on `nprocs` ranks; return (returncode, output).
+
+    returncode is None when the job was killed at the timeout.
+    """
+    cmd = mpiexec_command(nprocs) + [sys.executable] + list(args)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=mpi_env(), start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        return proc.returncode, out
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        return None, out
+
+
+_results = {}
+
+
+def run_cases(path, nprocs, timeout):
+    """Run all cases of the test module at `path` on `nprocs` ranks (cached)."""
+    key = (path, nprocs)
+    if key not in _results:
+        with tempfile.TemporaryDirectory(prefix="mcr-test-") as tmp:
+            code, out = run_script(nprocs, [os.path.join(HERE, "mpiworker.py"), path, tmp],
+                                   timeout)
+            per_case = {}
+            for rank in range(nprocs):
+                try:
+                    with open(os.path.join(tmp, f"rank{rank}.jsonl")) as f:
+                        lines = f.read().splitlines()
+                except FileNotFoundError:
+                    lines = []
+                for line in lines:
+                    rec = json.loads(line)
+                    per_case.setdefault(rec["case"], {})[rank] = rec
+            _results[key] = (code, out, per_case)
+    return _results[key]
+
+
+def mpi_cases(module_name, sizes=SIZES, timeout=DEFAULT_TIMEOUT):
+    """A pytest test running each registered case of `module_name` at each size."""
+    module = sys.modules[module_name]
+    names = list(module.__dict__.get("_mpi_cases", {}))
+    path = os.path.abspath(module.__file__)
+
+    @pytest.mark.parametrize("nprocs", sizes)
+    @pytest.mark.parametrize("name", names)
+    def test_mpi(name, nprocs):
+        code, out, per_case = run_cases(path, nprocs, timeout)
+        ranks = per_case.get(name, {})
+        failed = {r: rec for r, rec in ranks.items() if not rec["ok"]}
+        if failed:
+            details = "\n".join(f"--- rank {r} ---\n{rec['error']}"
+                                for r, rec in sorted(failed.items()))
+            pytest.fail(f"case {name} failed at {nprocs} ranks:\n{details}", pytrace=False)
+        if len(ranks) < nprocs:
+            missing = sorted(set(range(nprocs)) - set(ranks))
+            why = (f"the job was killed after {timeout:.0f} s (deadlock?)" if code is None
+                   else f"the job exited with code {code}")
+            pytest.fail(f"case {name} did not finish on ranks {missing} at {nprocs} "
+                        f"ranks: {why}\n--- job output (tail) ---\n{out[-6000:]}",
+                        pytrace=False)
+
+    return test_mpi
+
+
+def format_exception(exc):
+    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
