@@ -181,6 +181,7 @@ cdef class Comm(_MPI.Intracomm):
             check_rank(source, size, b"source", True)
         check_tag(sendtag, b"sendtag", False)
         check_tag(recvtag, b"recvtag", True)
+        check_disjoint(&m.s, &m.r)
         cdef MPI_Status *sp = status_ptr(status)
         cdef int ierr
         with nogil:

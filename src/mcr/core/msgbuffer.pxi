@@ -129,6 +129,9 @@ cdef object parse_simple(object spec, side *x, bint writable, const char *arg):
             infer_count(x, b.nbytes, arg)
         x.count = <int>x.nelems
         return spec
+    if spec is None:                             # an empty message, as in mpi4py
+        set_null(x)
+        return None
     if not isinstance(spec, (list, tuple)):
         owner = as_buffer(spec, &b, writable, arg)
         set_buffer(x, &b, None, arg)
@@ -178,6 +181,12 @@ cdef tuple pair(object item, const char *arg):
         raise ValueError(f"{argstr(arg)}: expected a (count, displacement) pair, "
                          f"got {len(item)} items")
     return item[0], item[1]
+
+
+cdef inline bint is_scalar_int(object x):
+    # ints, numpy integers, 0-d integer arrays/tensors (1-D ones have __index__ too)
+    return isinstance(x, int) or (hasattr(x, "__index__") and getattr(x, "ndim", 0) == 0
+                                  and not isinstance(x, (list, tuple)))
 
 
 cdef inline bint is_int_sequence_pair(object item):
@@ -239,7 +248,7 @@ cdef object parse_vector(object spec, side *x, bint writable, int size, const ch
             raise ValueError(f"{argstr(arg)}: cannot split {x.nelems} elements evenly "
                              f"among {size} processes; give counts")
         counts = x.nelems // size
-    if isinstance(counts, int) or hasattr(counts, "__index__"):
+    if is_scalar_int(counts):
         each = as_count(counts, arg, "count")
         for i in range(size):
             c.data[i] = each
@@ -307,6 +316,17 @@ cdef int check_same_type(side *s, side *r) except -1:
     return 0
 
 
+cdef int check_disjoint(side *s, side *r) except -1:
+    # MPI forbids aliased send and receive buffers; name the fix instead of
+    # letting MPI report MPI_ERR_BUFFER
+    cdef char *s_end = s.addr + <Py_ssize_t>s.count * s.extent
+    cdef char *r_end = r.addr + <Py_ssize_t>r.count * r.extent
+    if s.count and r.count and s.addr < r_end and r.addr < s_end:
+        raise ValueError("sendbuf and recvbuf overlap in memory; for an in-place "
+                         "operation pass IN_PLACE as sendbuf")
+    return 0
+
+
 cdef int check_rank(int value, int size, const char *arg, bint allow_null) except -1:
     if 0 <= value < size or (allow_null and value == MPI_PROC_NULL):
         return 0
@@ -340,6 +360,7 @@ cdef class _Msg:
         if self.s.count != self.r.count:
             raise ValueError(f"sendbuf has {self.s.count} elements but recvbuf has "
                              f"{self.r.count}: the counts must match")
+        check_disjoint(&self.s, &self.r)
         return 0
 
     cdef int for_reduce(self, object sendbuf, object recvbuf, int root, int rank,
