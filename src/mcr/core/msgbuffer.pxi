@@ -342,6 +342,7 @@ cdef int check_capacity(side *x, Py_ssize_t needed, const char *arg, str why) ex
 
 
 @cython.freelist(16)
+@cython.no_gc          # holds only buffers and arrays; created on every call
 cdef class _Msg:
     """The parsed send and receive sides of one call, and what keeps them alive."""
     cdef side s, r
