@@ -4,15 +4,32 @@
 # non-blocking into `req`); the public methods are thin wrappers around it.
 
 cdef object SUM = _mpi4py.SUM
+cdef object ANY_SOURCE = _mpi4py.ANY_SOURCE
+cdef object ANY_TAG = _mpi4py.ANY_TAG
 cdef int TAG_UB = 32767          # read from MPI at import (MPI guarantees >= 32767)
 BACKENDS = ("mpi",)
 
 
-cdef int check_tag(int tag, const char *arg, bint allow_any) except -1:
+cdef int as_tag(object value, const char *arg, bint allow_any) except? -1:
+    """A tag argument as a C int, checked against MPI's TAG_UB."""
+    cdef int tag
+    try:
+        tag = value
+    except OverflowError:
+        tag = -1000             # out of range
+    except TypeError:
+        raise TypeError(f"{argstr(arg)}: expected an integer tag, got "
+                        f"{type(value).__name__}") from None
     if 0 <= tag <= TAG_UB or (allow_any and tag == MPI_ANY_TAG):
-        return 0
-    raise ValueError(f"{argstr(arg)}: tag {tag} is out of range (valid: 0..{TAG_UB}"
+        return tag
+    raise ValueError(f"{argstr(arg)}: tag {value} is out of range (valid: 0..{TAG_UB}"
                      f"{', or ANY_TAG' if allow_any else ''})")
+
+
+cdef inline int as_source(object value, int size) except? -1:
+    if value == MPI_ANY_SOURCE:
+        return MPI_ANY_SOURCE
+    return as_rank(value, size, b"source", True)
 
 
 cdef int check_backend(object backend) except -1:
@@ -69,42 +86,44 @@ cdef class Comm(_MPI.Intracomm):
 
     # -- Point-to-point ------------------------------------------------------
 
-    cdef _Msg call_send(self, object buf, int dest, int tag, object backend,
+    cdef _Msg call_send(self, object buf, object dest, object tag, object backend,
                         MPI_Request *req):
         self.prologue(backend)
+        cdef int idest = as_rank(dest, self.nprocs(), b"dest", True)
+        cdef int itag = as_tag(tag, b"tag", False)
         cdef _Msg m = _Msg.__new__(_Msg)
         m.sown = parse_simple(buf, &m.s, False, b"buf")
-        check_rank(dest, self.nprocs(), b"dest", True)
-        check_tag(tag, b"tag", False)
         cdef int ierr
         with nogil:
             if req == NULL:
-                ierr = MPI_Send(m.s.addr, m.s.count, m.s.dtype, dest, tag, self.ob_mpi)
+                ierr = MPI_Send(m.s.addr, m.s.count, m.s.dtype, idest, itag, self.ob_mpi)
             else:
-                ierr = MPI_Isend(m.s.addr, m.s.count, m.s.dtype, dest, tag, self.ob_mpi, req)
+                ierr = MPI_Isend(m.s.addr, m.s.count, m.s.dtype, idest, itag, self.ob_mpi,
+                                 req)
         CHKERR(ierr)
         return m
 
-    cdef _Msg call_recv(self, object buf, int source, int tag, object status,
+    cdef _Msg call_recv(self, object buf, object source, object tag, object status,
                         object backend, MPI_Request *req):
         self.prologue(backend)
+        cdef int isource = as_source(source, self.nprocs())
+        cdef int itag = as_tag(tag, b"tag", True)
         cdef _Msg m = _Msg.__new__(_Msg)
         m.rown = parse_simple(buf, &m.r, True, b"buf")
-        if source != MPI_ANY_SOURCE:
-            check_rank(source, self.nprocs(), b"source", True)
-        check_tag(tag, b"tag", True)
         cdef MPI_Status *sp = status_ptr(status)
         cdef int ierr
         with nogil:
             if req == NULL:
-                ierr = MPI_Recv(m.r.addr, m.r.count, m.r.dtype, source, tag, self.ob_mpi, sp)
+                ierr = MPI_Recv(m.r.addr, m.r.count, m.r.dtype, isource, itag, self.ob_mpi,
+                                sp)
             else:
-                ierr = MPI_Irecv(m.r.addr, m.r.count, m.r.dtype, source, tag, self.ob_mpi, req)
+                ierr = MPI_Irecv(m.r.addr, m.r.count, m.r.dtype, isource, itag, self.ob_mpi,
+                                 req)
         CHKERR(ierr)
         status_type(status, m.r.dtype)
         return m
 
-    def Send(self, buf, int dest, int tag=0, *, backend=None):
+    def Send(self, buf, dest, tag=0, *, backend=None):
         """Send a message (blocking).
 
         Parameters
@@ -118,13 +137,13 @@ cdef class Comm(_MPI.Intracomm):
         """
         self.call_send(buf, dest, tag, backend, NULL)
 
-    def Isend(self, buf, int dest, int tag=0, *, backend=None):
+    def Isend(self, buf, dest, tag=0, *, backend=None):
         """Start sending a message; return a ``Request``. Arguments as ``Send``."""
         cdef Request req = Request.__new__(Request)
         req.ob_buf = self.call_send(buf, dest, tag, backend, &req.ob_mpi)
         return req
 
-    def Recv(self, buf, int source=MPI_ANY_SOURCE, int tag=MPI_ANY_TAG, status=None, *,
+    def Recv(self, buf, source=ANY_SOURCE, tag=ANY_TAG, status=None, *,
              backend=None):
         """Receive a message (blocking).
 
@@ -141,7 +160,7 @@ cdef class Comm(_MPI.Intracomm):
         """
         self.call_recv(buf, source, tag, status, backend, NULL)
 
-    def Irecv(self, buf, int source=MPI_ANY_SOURCE, int tag=MPI_ANY_TAG, *, backend=None):
+    def Irecv(self, buf, source=ANY_SOURCE, tag=ANY_TAG, *, backend=None):
         """Start receiving a message; return a ``Request``. Arguments as ``Recv``."""
         cdef Request req = Request.__new__(Request)
         cdef _Msg m = self.call_recv(buf, source, tag, None, backend, &req.ob_mpi)
@@ -149,8 +168,8 @@ cdef class Comm(_MPI.Intracomm):
         req.rtype = m.r.dtype
         return req
 
-    def Sendrecv(self, sendbuf, int dest, int sendtag=0, recvbuf=None,
-                 int source=MPI_ANY_SOURCE, int recvtag=MPI_ANY_TAG, status=None, *,
+    def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None,
+                 source=ANY_SOURCE, recvtag=ANY_TAG, status=None, *,
                  backend=None):
         """Send one message and receive another (blocking).
 
@@ -172,21 +191,19 @@ cdef class Comm(_MPI.Intracomm):
             Filled with the status of the receive.
         """
         self.prologue(backend)
-        cdef int size = self.nprocs()
+        cdef int idest = as_rank(dest, self.nprocs(), b"dest", True)
+        cdef int isource = as_source(source, self.nprocs())
+        cdef int isendtag = as_tag(sendtag, b"sendtag", False)
+        cdef int irecvtag = as_tag(recvtag, b"recvtag", True)
         cdef _Msg m = _Msg.__new__(_Msg)
         m.sown = parse_simple(sendbuf, &m.s, False, b"sendbuf")
         m.rown = parse_simple(recvbuf, &m.r, True, b"recvbuf")
-        check_rank(dest, size, b"dest", True)
-        if source != MPI_ANY_SOURCE:
-            check_rank(source, size, b"source", True)
-        check_tag(sendtag, b"sendtag", False)
-        check_tag(recvtag, b"recvtag", True)
         check_disjoint(&m.s, &m.r)
         cdef MPI_Status *sp = status_ptr(status)
         cdef int ierr
         with nogil:
-            ierr = MPI_Sendrecv(m.s.addr, m.s.count, m.s.dtype, dest, sendtag,
-                                m.r.addr, m.r.count, m.r.dtype, source, recvtag,
+            ierr = MPI_Sendrecv(m.s.addr, m.s.count, m.s.dtype, idest, isendtag,
+                                m.r.addr, m.r.count, m.r.dtype, isource, irecvtag,
                                 self.ob_mpi, sp)
         CHKERR(ierr)
         status_type(status, m.r.dtype)
@@ -204,60 +221,66 @@ cdef class Comm(_MPI.Intracomm):
         CHKERR(ierr)
         return None
 
-    cdef _Msg call_bcast(self, object buf, int root, object backend, MPI_Request *req):
+    cdef _Msg call_bcast(self, object buf, object root, object backend, MPI_Request *req):
         self.prologue(backend)
+        cdef int size = self.nprocs()
+        cdef int iroot = as_rank(root, size, b"root", False)
         cdef _Msg m = _Msg.__new__(_Msg)
-        m.for_bcast(buf, root, self.myrank(), self.nprocs())
+        m.for_bcast(buf, iroot, self.myrank(), size)
         cdef int ierr
         with nogil:
             if req == NULL:
-                ierr = MPI_Bcast(m.r.addr, m.r.count, m.r.dtype, root, self.ob_mpi)
+                ierr = MPI_Bcast(m.r.addr, m.r.count, m.r.dtype, iroot, self.ob_mpi)
             else:
-                ierr = MPI_Ibcast(m.r.addr, m.r.count, m.r.dtype, root, self.ob_mpi, req)
+                ierr = MPI_Ibcast(m.r.addr, m.r.count, m.r.dtype, iroot, self.ob_mpi, req)
         CHKERR(ierr)
         return m
 
-    cdef _Msg call_gather(self, object sendbuf, object recvbuf, int root, bint v,
+    cdef _Msg call_gather(self, object sendbuf, object recvbuf, object root, bint v,
                           object backend, MPI_Request *req):
         self.prologue(backend)
+        cdef int size = self.nprocs()
+        cdef int iroot = as_rank(root, size, b"root", False)
         cdef _Msg m = _Msg.__new__(_Msg)
-        m.for_gather(sendbuf, recvbuf, root, self.myrank(), self.nprocs(), v)
+        m.for_gather(sendbuf, recvbuf, iroot, self.myrank(), size, v)
         cdef int ierr
         with nogil:
             if not v and req == NULL:
                 ierr = MPI_Gather(m.s.addr, m.s.count, m.s.dtype, m.r.addr, m.r.count,
-                                  m.r.dtype, root, self.ob_mpi)
+                                  m.r.dtype, iroot, self.ob_mpi)
             elif not v:
                 ierr = MPI_Igather(m.s.addr, m.s.count, m.s.dtype, m.r.addr, m.r.count,
-                                   m.r.dtype, root, self.ob_mpi, req)
+                                   m.r.dtype, iroot, self.ob_mpi, req)
             elif req == NULL:
                 ierr = MPI_Gatherv(m.s.addr, m.s.count, m.s.dtype, m.r.addr, m.r.counts,
-                                   m.r.displs, m.r.dtype, root, self.ob_mpi)
+                                   m.r.displs, m.r.dtype, iroot, self.ob_mpi)
             else:
                 ierr = MPI_Igatherv(m.s.addr, m.s.count, m.s.dtype, m.r.addr, m.r.counts,
-                                    m.r.displs, m.r.dtype, root, self.ob_mpi, req)
+                                    m.r.displs, m.r.dtype, iroot, self.ob_mpi, req)
         CHKERR(ierr)
         return m
 
-    cdef _Msg call_scatter(self, object sendbuf, object recvbuf, int root, bint v,
+    cdef _Msg call_scatter(self, object sendbuf, object recvbuf, object root, bint v,
                            object backend, MPI_Request *req):
         self.prologue(backend)
+        cdef int size = self.nprocs()
+        cdef int iroot = as_rank(root, size, b"root", False)
         cdef _Msg m = _Msg.__new__(_Msg)
-        m.for_scatter(sendbuf, recvbuf, root, self.myrank(), self.nprocs(), v)
+        m.for_scatter(sendbuf, recvbuf, iroot, self.myrank(), size, v)
         cdef int ierr
         with nogil:
             if not v and req == NULL:
                 ierr = MPI_Scatter(m.s.addr, m.s.count, m.s.dtype, m.r.addr, m.r.count,
-                                   m.r.dtype, root, self.ob_mpi)
+                                   m.r.dtype, iroot, self.ob_mpi)
             elif not v:
                 ierr = MPI_Iscatter(m.s.addr, m.s.count, m.s.dtype, m.r.addr, m.r.count,
-                                    m.r.dtype, root, self.ob_mpi, req)
+                                    m.r.dtype, iroot, self.ob_mpi, req)
             elif req == NULL:
                 ierr = MPI_Scatterv(m.s.addr, m.s.counts, m.s.displs, m.s.dtype, m.r.addr,
-                                    m.r.count, m.r.dtype, root, self.ob_mpi)
+                                    m.r.count, m.r.dtype, iroot, self.ob_mpi)
             else:
                 ierr = MPI_Iscatterv(m.s.addr, m.s.counts, m.s.displs, m.s.dtype, m.r.addr,
-                                     m.r.count, m.r.dtype, root, self.ob_mpi, req)
+                                     m.r.count, m.r.dtype, iroot, self.ob_mpi, req)
         CHKERR(ierr)
         return m
 
@@ -306,11 +329,13 @@ cdef class Comm(_MPI.Intracomm):
         CHKERR(ierr)
         return m
 
-    cdef _Msg call_reduce(self, object sendbuf, object recvbuf, object op, int root,
+    cdef _Msg call_reduce(self, object sendbuf, object recvbuf, object op, object root,
                           object backend, MPI_Request *req):
         self.prologue(backend)
+        cdef int size = self.nprocs()
+        cdef int iroot = as_rank(root, size, b"root", False)
         cdef _Msg m = _Msg.__new__(_Msg)
-        m.for_reduce(sendbuf, recvbuf, root, self.myrank(), self.nprocs())
+        m.for_reduce(sendbuf, recvbuf, iroot, self.myrank(), size)
         cdef MPI_Op mop
         cdef int count = m.s.count if m.s.addr != <char*>MPI_IN_PLACE else m.r.count
         cdef MPI_Datatype dtype = m.s.dtype if m.s.addr != <char*>MPI_IN_PLACE else m.r.dtype
@@ -318,9 +343,9 @@ cdef class Comm(_MPI.Intracomm):
         cdef int ierr
         with nogil:
             if req == NULL:
-                ierr = MPI_Reduce(m.s.addr, m.r.addr, count, dtype, mop, root, self.ob_mpi)
+                ierr = MPI_Reduce(m.s.addr, m.r.addr, count, dtype, mop, iroot, self.ob_mpi)
             else:
-                ierr = MPI_Ireduce(m.s.addr, m.r.addr, count, dtype, mop, root,
+                ierr = MPI_Ireduce(m.s.addr, m.r.addr, count, dtype, mop, iroot,
                                    self.ob_mpi, req)
         CHKERR(ierr)
         return m
@@ -392,7 +417,7 @@ cdef class Comm(_MPI.Intracomm):
         self.call_barrier(backend, &req.ob_mpi)
         return req
 
-    def Bcast(self, buf, int root=0, *, backend=None):
+    def Bcast(self, buf, root=0, *, backend=None):
         """Broadcast `buf` from `root` to all processes.
 
         Parameters
@@ -404,13 +429,13 @@ cdef class Comm(_MPI.Intracomm):
         """
         self.call_bcast(buf, root, backend, NULL)
 
-    def Ibcast(self, buf, int root=0, *, backend=None):
+    def Ibcast(self, buf, root=0, *, backend=None):
         """Start a broadcast; return a ``Request``. Arguments as ``Bcast``."""
         cdef Request req = Request.__new__(Request)
         req.ob_buf = self.call_bcast(buf, root, backend, &req.ob_mpi)
         return req
 
-    def Gather(self, sendbuf, recvbuf, int root=0, *, backend=None):
+    def Gather(self, sendbuf, recvbuf, root=0, *, backend=None):
         """Gather equal blocks from all processes at `root`.
 
         Parameters
@@ -426,13 +451,13 @@ cdef class Comm(_MPI.Intracomm):
         """
         self.call_gather(sendbuf, recvbuf, root, False, backend, NULL)
 
-    def Igather(self, sendbuf, recvbuf, int root=0, *, backend=None):
+    def Igather(self, sendbuf, recvbuf, root=0, *, backend=None):
         """Start a gather; return a ``Request``. Arguments as ``Gather``."""
         cdef Request req = Request.__new__(Request)
         req.ob_buf = self.call_gather(sendbuf, recvbuf, root, False, backend, &req.ob_mpi)
         return req
 
-    def Gatherv(self, sendbuf, recvbuf, int root=0, *, backend=None):
+    def Gatherv(self, sendbuf, recvbuf, root=0, *, backend=None):
         """Gather blocks of varying size at `root`.
 
         Parameters
@@ -447,13 +472,13 @@ cdef class Comm(_MPI.Intracomm):
         """
         self.call_gather(sendbuf, recvbuf, root, True, backend, NULL)
 
-    def Igatherv(self, sendbuf, recvbuf, int root=0, *, backend=None):
+    def Igatherv(self, sendbuf, recvbuf, root=0, *, backend=None):
         """Start a vector gather; return a ``Request``. Arguments as ``Gatherv``."""
         cdef Request req = Request.__new__(Request)
         req.ob_buf = self.call_gather(sendbuf, recvbuf, root, True, backend, &req.ob_mpi)
         return req
 
-    def Scatter(self, sendbuf, recvbuf, int root=0, *, backend=None):
+    def Scatter(self, sendbuf, recvbuf, root=0, *, backend=None):
         """Scatter equal blocks of `sendbuf` from `root` to all processes.
 
         Parameters
@@ -467,13 +492,13 @@ cdef class Comm(_MPI.Intracomm):
         """
         self.call_scatter(sendbuf, recvbuf, root, False, backend, NULL)
 
-    def Iscatter(self, sendbuf, recvbuf, int root=0, *, backend=None):
+    def Iscatter(self, sendbuf, recvbuf, root=0, *, backend=None):
         """Start a scatter; return a ``Request``. Arguments as ``Scatter``."""
         cdef Request req = Request.__new__(Request)
         req.ob_buf = self.call_scatter(sendbuf, recvbuf, root, False, backend, &req.ob_mpi)
         return req
 
-    def Scatterv(self, sendbuf, recvbuf, int root=0, *, backend=None):
+    def Scatterv(self, sendbuf, recvbuf, root=0, *, backend=None):
         """Scatter blocks of varying size from `root`.
 
         Parameters
@@ -488,7 +513,7 @@ cdef class Comm(_MPI.Intracomm):
         """
         self.call_scatter(sendbuf, recvbuf, root, True, backend, NULL)
 
-    def Iscatterv(self, sendbuf, recvbuf, int root=0, *, backend=None):
+    def Iscatterv(self, sendbuf, recvbuf, root=0, *, backend=None):
         """Start a vector scatter; return a ``Request``. Arguments as ``Scatterv``."""
         cdef Request req = Request.__new__(Request)
         req.ob_buf = self.call_scatter(sendbuf, recvbuf, root, True, backend, &req.ob_mpi)
@@ -568,7 +593,7 @@ cdef class Comm(_MPI.Intracomm):
         req.ob_buf = self.call_alltoall(sendbuf, recvbuf, True, backend, &req.ob_mpi)
         return req
 
-    def Reduce(self, sendbuf, recvbuf, op=SUM, int root=0, *, backend=None):
+    def Reduce(self, sendbuf, recvbuf, op=SUM, root=0, *, backend=None):
         """Reduce element-wise over all processes, result at `root`.
 
         Parameters
@@ -586,7 +611,7 @@ cdef class Comm(_MPI.Intracomm):
         """
         self.call_reduce(sendbuf, recvbuf, op, root, backend, NULL)
 
-    def Ireduce(self, sendbuf, recvbuf, op=SUM, int root=0, *, backend=None):
+    def Ireduce(self, sendbuf, recvbuf, op=SUM, root=0, *, backend=None):
         """Start a reduce; return a ``Request``. Arguments as ``Reduce``."""
         cdef Request req = Request.__new__(Request)
         req.ob_buf = self.call_reduce(sendbuf, recvbuf, op, root, backend, &req.ob_mpi)
@@ -695,6 +720,13 @@ cdef class Comm(_MPI.Intracomm):
         mpi4py's ``COMM_NULL``), on which every operation raises ``ValueError``.
         """
         return as_comm(_MPI.Intracomm.Split(self, color, key))
+
+    def Split_type(self, int split_type, int key=0, info=None):
+        """Split by a type such as ``COMM_TYPE_SHARED`` (processes sharing memory),
+        ordered by `key`; returns an ``mcr.Comm`` (null for ``UNDEFINED``)."""
+        if info is None:
+            return as_comm(_MPI.Intracomm.Split_type(self, split_type, key))
+        return as_comm(_MPI.Intracomm.Split_type(self, split_type, key, info))
 
     def Create(self, group):
         """Create a communicator from a group (collective); see mpi4py."""

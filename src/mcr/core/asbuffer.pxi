@@ -31,13 +31,15 @@ cdef class _View:
 # torch, bound the first time a tensor may exist (when torch is imported)
 cdef object _Tensor = None           # torch.Tensor: exact-type fast path
 cdef object _TensorBase = None       # torch._C.TensorBase: subclasses
-cdef object _d_data_ptr, _d_numel, _d_is_contiguous, _d_is_conj, _g_dtype, _g_is_cpu
+cdef object _d_data_ptr, _d_numel, _d_is_contiguous, _d_is_conj, _d_is_neg
+cdef object _g_dtype, _g_is_cpu
 cdef object _torch = None
 
 
 cdef int bind_torch() except -1:
     global _Tensor, _TensorBase, _torch
-    global _d_data_ptr, _d_numel, _d_is_contiguous, _d_is_conj, _g_dtype, _g_is_cpu
+    global _d_data_ptr, _d_numel, _d_is_contiguous, _d_is_conj, _d_is_neg
+    global _g_dtype, _g_is_cpu
     import torch
     base = torch._C.TensorBase
     attrs = base.__dict__
@@ -45,6 +47,7 @@ cdef int bind_torch() except -1:
     _d_numel = attrs["numel"]
     _d_is_contiguous = attrs["is_contiguous"]
     _d_is_conj = attrs["is_conj"]
+    _d_is_neg = attrs["is_neg"]
     _g_dtype = attrs["dtype"]
     _g_is_cpu = attrs["is_cpu"]
     bind_torch_dtypes(torch)
@@ -73,11 +76,18 @@ cdef int tensor_info(object t, bufinfo *b, const char *arg) except -1:
         raise TypeError(f"{arg.decode()}: tensor with layout {t.layout} is not supported "
                         "(only dense, torch.strided tensors)") from None
     if contiguous is not True:
+        if t.layout is not _torch.strided:
+            raise TypeError(f"{arg.decode()}: tensor with layout {t.layout} is not "
+                            "supported (only dense, torch.strided tensors)")
         raise BufferError(f"{arg.decode()}: tensor is not contiguous (shape "
                           f"{tuple(t.shape)}, strides {t.stride()}); pass t.contiguous()")
+    # lazy conjugate/negative views: memory holds the values before the lazy op
     if TYPES[tindex].category == CAT_COMPLEX and mcr_call0(_d_is_conj, t) is True:
         raise BufferError(f"{arg.decode()}: tensor has its conjugate bit set, its memory "
                           "holds the unconjugated values; pass t.resolve_conj()")
+    if mcr_call0(_d_is_neg, t) is True:
+        raise BufferError(f"{arg.decode()}: tensor has its negative bit set, its memory "
+                          "holds the values before negation; pass t.resolve_neg()")
     b.addr = <char*>PyLong_AsVoidPtr(mcr_call0(_d_data_ptr, t))
     b.nbytes = PyLong_AsSsize_t(mcr_call0(_d_numel, t)) * TYPES[tindex].itemsize
     b.tindex = tindex
@@ -92,18 +102,18 @@ cdef object view_info(object obj, bufinfo *b, bint writable, const char *arg):
         flags |= PyBUF_WRITABLE
     try:
         PyObject_GetBuffer(obj, &v.view, flags)
-    except BufferError:
-        if writable and PyObject_CheckBuffer(obj):
+    except (BufferError, ValueError, TypeError) as exc:   # numpy raises ValueError
+        if writable:
             try:
                 PyObject_GetBuffer(obj, &v.view, flags & ~PyBUF_WRITABLE)
-            except BufferError:
+            except (BufferError, ValueError, TypeError):
                 pass
             else:
                 PyBuffer_Release(&v.view)
                 raise BufferError(f"{arg.decode()}: buffer of {type(obj).__name__} "
                                   "is read-only, a receive buffer must be writable") from None
-        raise BufferError(f"{arg.decode()}: buffer of {type(obj).__name__} is not "
-                          "contiguous") from None
+        raise BufferError(f"{arg.decode()}: cannot use the buffer of "
+                          f"{type(obj).__name__}: {exc}") from None
     v.held = True
     fmt = v.view.format.decode() if v.view.format != NULL else "B"
     cdef int tindex = format_type_index(fmt, arg)

@@ -16,6 +16,7 @@ cdef struct side:
     int tindex           # element type; -1 when the datatype is not in TYPES
     Py_ssize_t nelems    # elements available from the start of the buffer
     Py_ssize_t extent    # bytes per element
+    bint explicit        # the count was given (per process in block collectives)
 
 
 cdef class _Ints:
@@ -128,6 +129,7 @@ cdef object parse_simple(object spec, side *x, bint writable, const char *arg):
         if x.nelems > INT_MAX:
             infer_count(x, b.nbytes, arg)
         x.count = <int>x.nelems
+        x.explicit = False
         return spec
     if spec is None:                             # an empty message, as in mpi4py
         set_null(x)
@@ -136,6 +138,7 @@ cdef object parse_simple(object spec, side *x, bint writable, const char *arg):
         owner = as_buffer(spec, &b, writable, arg)
         set_buffer(x, &b, None, arg)
         infer_count(x, b.nbytes, arg)
+        x.explicit = False
         return owner
     n = len(spec)
     if not 1 <= n <= 4:
@@ -173,6 +176,7 @@ cdef object parse_simple(object spec, side *x, bint writable, const char *arg):
                              f"reaches past the buffer of {x.nelems} elements")
     x.addr += offset * x.extent
     x.nelems -= offset
+    x.explicit = count is not None
     return owner
 
 
@@ -187,13 +191,6 @@ cdef inline bint is_scalar_int(object x):
     # ints, numpy integers, 0-d integer arrays/tensors (1-D ones have __index__ too)
     return isinstance(x, int) or (hasattr(x, "__index__") and getattr(x, "ndim", 0) == 0
                                   and not isinstance(x, (list, tuple)))
-
-
-cdef inline bint is_int_sequence_pair(object item):
-    # (counts, displs) rather than counts: two entries, each None or a sequence
-    return (isinstance(item, (list, tuple)) and len(item) == 2 and
-            all(v is None or (not isinstance(v, int) and hasattr(v, "__len__"))
-                for v in item))
 
 
 cdef list int_list(object values, const char *arg, str what):
@@ -224,19 +221,19 @@ cdef object parse_vector(object spec, side *x, bint writable, int size, const ch
         if not 1 <= n <= 4:
             raise ValueError(f"{argstr(arg)}: message must have 1 to 4 items, got {n}")
         buf = spec[0]
-        rest = list(spec[1:])
-        if rest and is_datatype(rest[-1]):
-            datatype = rest.pop()
-        if len(rest) == 1:
-            if is_int_sequence_pair(rest[0]):
-                counts, displs = rest[0]
+        if n == 4:
+            counts, displs, datatype = spec[1], spec[2], spec[3]
+        elif n == 3 and not (is_datatype(spec[2]) or spec[2] is None):
+            counts, displs = spec[1], spec[2]          # mcr's [buf, counts, displs]
+        elif n >= 2:
+            if n == 3:
+                datatype = spec[2]
+            if is_datatype(spec[1]) and n == 2:
+                datatype = spec[1]
+            elif isinstance(spec[1], tuple) and len(spec[1]) == 2:
+                counts, displs = spec[1]               # mpi4py: a pair is (counts, displs)
             else:
-                counts = rest[0]
-        elif len(rest) == 2:
-            counts, displs = rest
-        elif len(rest) == 3:
-            raise TypeError(f"{argstr(arg)}: the last item of a 4-item message must be "
-                            f"a datatype, got {type(spec[3]).__name__}")
+                counts = spec[1]
     owner = as_buffer(buf, &b, writable, arg)
     set_buffer(x, &b, datatype, arg)
     cdef _Ints c = new_ints(size)
@@ -259,7 +256,14 @@ cdef object parse_vector(object spec, side *x, bint writable, int size, const ch
                              f"{size} (one per process)")
         for i in range(size):
             c.data[i] = as_count(values[i], arg, f"counts[{i}]")
-    if displs is None:
+    if is_scalar_int(displs):                          # mpi4py: a stride
+        stride = as_count(displs, arg, "displacement stride")
+        for i in range(size):
+            if stride * i > INT_MAX:
+                raise OverflowError(f"{argstr(arg)}: displacement {stride * i} exceeds the "
+                                    f"MPI limit {INT_MAX}")
+            d.data[i] = <int>(stride * i)
+    elif displs is None:
         for i in range(size):
             if total > INT_MAX:
                 raise OverflowError(f"{argstr(arg)}: displacement {total} exceeds the "
@@ -295,6 +299,7 @@ cdef int set_null(side *x) noexcept:
     x.counts = x.displs = NULL
     x.count = 0
     x.nelems = 0
+    x.explicit = False
     x.dtype = MPI_BYTE
     x.tindex = -1
     x.extent = 1
@@ -327,9 +332,18 @@ cdef int check_disjoint(side *s, side *r) except -1:
     return 0
 
 
-cdef int check_rank(int value, int size, const char *arg, bint allow_null) except -1:
-    if 0 <= value < size or (allow_null and value == MPI_PROC_NULL):
-        return 0
+cdef int as_rank(object value, int size, const char *arg, bint allow_null) except? -1:
+    """A rank argument as a C int, checked against the communicator size."""
+    cdef int rank
+    try:
+        rank = value
+    except OverflowError:
+        rank = -1000            # out of range whatever the size
+    except TypeError:
+        raise TypeError(f"{argstr(arg)}: expected an integer rank, got "
+                        f"{type(value).__name__}") from None
+    if 0 <= rank < size or (allow_null and rank == MPI_PROC_NULL):
+        return rank
     raise IndexError(f"{argstr(arg)}: rank {value} is out of range for a communicator "
                      f"of size {size} (valid: 0..{size - 1})")
 
@@ -338,6 +352,20 @@ cdef int check_capacity(side *x, Py_ssize_t needed, const char *arg, str why) ex
     if x.nelems < needed:
         raise ValueError(f"{argstr(arg)}: buffer holds {x.nelems} elements, {why} needs "
                          f"{needed}")
+    return 0
+
+
+cdef int per_process(side *x, int size, const char *arg) except -1:
+    # As in mpi4py: an explicit count is per process; otherwise the buffer
+    # holds one equal block per process.
+    if x.explicit:
+        check_capacity(x, <Py_ssize_t>x.count * size, arg,
+                       f"{x.count} elements per process x {size} processes")
+    elif x.count % size:
+        raise ValueError(f"{argstr(arg)}: {x.count} elements do not split evenly among "
+                         f"{size} processes")
+    else:
+        x.count //= size
     return 0
 
 
@@ -366,7 +394,6 @@ cdef class _Msg:
 
     cdef int for_reduce(self, object sendbuf, object recvbuf, int root, int rank,
                         int size) except -1:
-        check_rank(root, size, b"root", False)
         if rank != root:
             if sendbuf is IN_PLACE:
                 raise ValueError(f"sendbuf: IN_PLACE is only valid at the root ({root}), "
@@ -377,13 +404,11 @@ cdef class _Msg:
         return self.for_allreduce(sendbuf, recvbuf)
 
     cdef int for_bcast(self, object buf, int root, int rank, int size) except -1:
-        check_rank(root, size, b"root", False)
         self.rown = parse_simple(buf, &self.r, rank != root, b"buf")
         return 0
 
     cdef int for_gather(self, object sendbuf, object recvbuf, int root, int rank,
                         int size, bint v) except -1:
-        check_rank(root, size, b"root", False)
         if rank == root:
             self.rown = self.recv_blocks(recvbuf, size, v)
         else:
@@ -401,7 +426,6 @@ cdef class _Msg:
 
     cdef int for_scatter(self, object sendbuf, object recvbuf, int root, int rank,
                          int size, bint v) except -1:
-        check_rank(root, size, b"root", False)
         if rank == root:
             self.sown = self.send_blocks(sendbuf, size, v)
         else:
@@ -446,13 +470,10 @@ cdef class _Msg:
     cdef int for_reduce_scatter_block(self, object sendbuf, object recvbuf,
                                       int size) except -1:
         if sendbuf is IN_PLACE:
-            # the input is the whole of recvbuf; the result is its first block
+            # the input is the whole of recvbuf, one block per process; the
+            # result is its first block
             self.rown = parse_simple(recvbuf, &self.r, True, b"recvbuf")
-            if self.r.count % size:
-                raise ValueError(f"recvbuf: with IN_PLACE it holds the input, "
-                                 f"{self.r.count} elements do not split evenly among "
-                                 f"{size} processes")
-            self.r.count //= size
+            per_process(&self.r, size, b"recvbuf")
             set_in_place(&self.s)
             return 0
         self.rown = parse_simple(recvbuf, &self.r, True, b"recvbuf")
@@ -506,20 +527,14 @@ cdef class _Msg:
         if v:
             return parse_vector(recvbuf, &self.r, True, size, b"recvbuf")
         owner = parse_simple(recvbuf, &self.r, True, b"recvbuf")
-        if self.r.count % size:
-            raise ValueError(f"recvbuf: {self.r.count} elements do not split evenly among "
-                             f"{size} processes")
-        self.r.count //= size
+        per_process(&self.r, size, b"recvbuf")
         return owner
 
     cdef object send_blocks(self, object sendbuf, int size, bint v):
         if v:
             return parse_vector(sendbuf, &self.s, False, size, b"sendbuf")
         owner = parse_simple(sendbuf, &self.s, False, b"sendbuf")
-        if self.s.count % size:
-            raise ValueError(f"sendbuf: {self.s.count} elements do not split evenly among "
-                             f"{size} processes")
-        self.s.count //= size
+        per_process(&self.s, size, b"sendbuf")
         return owner
 
     cdef int match_own_block(self, int rank, bint v, const char *arg) except -1:
