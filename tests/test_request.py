@@ -1,0 +1,402 @@
+"""Requests: many non-blocking operations outstanding at once, completed with
+Waitall/Testall/Wait/Test in different orders; the Status they fill; and the
+Request keeping the buffers of its operation alive until it completes.
+
+Expected data comes from util.rank_data (any rank computes any rank's data).
+"""
+
+import gc
+import weakref
+
+import numpy as np
+import torch
+
+import mcr
+from mcr import MPI
+from mpiharness import case, mpi_cases
+from util import all_data, assert_equal, rank_data
+
+K = 6      # messages per (sender, receiver) pair
+
+
+def right(comm):
+    return (comm.rank + 1) % comm.size
+
+
+def left(comm):
+    return (comm.rank - 1) % comm.size
+
+
+def post_all_to_all(comm, dtype=torch.float32, n=5):
+    """K messages from every rank to every rank (self included), receives
+    posted first. Returns (recv requests, send requests, [(buf, expected,
+    source, tag)]) with the recv entries in the order of the recv requests."""
+    recvs, sends, expect = [], [], []
+    for src in range(comm.size):
+        for k in range(K):
+            tag = 100 * comm.rank + k            # tag names the receiver and k
+            exp = rank_data(src, n + k, dtype, seed=comm.rank * K + k)
+            buf = torch.zeros(n + k + 2, dtype=dtype)
+            recvs.append(comm.Irecv(buf, src, tag))
+            expect.append((buf, exp, src, tag))
+    for dst in range(comm.size):
+        for k in range(K):
+            data = rank_data(comm.rank, n + k, dtype, seed=dst * K + k)
+            sends.append(comm.Isend(data, dst, 100 * dst + k))
+    return recvs, sends, expect
+
+
+def check_received(expect, statuses=None):
+    for i, (buf, exp, src, tag) in enumerate(expect):
+        n = exp.numel()
+        assert_equal(buf[:n], exp)
+        assert_equal(buf[n:], torch.zeros(buf.numel() - n, dtype=buf.dtype))
+        if statuses is not None:
+            st = statuses[i]
+            assert (st.source, st.tag) == (src, tag), (i, st.source, st.tag, src, tag)
+            assert st.Get_count() == n, (i, st.Get_count(), n)
+            assert st.Get_count(MPI.BYTE) == n * buf.element_size()
+
+
+# -- Waitall / Testall -------------------------------------------------------------------
+
+
+@case
+def waitall_many_with_statuses(comm):
+    for dtype in (torch.float32, torch.float16, torch.complex128):
+        recvs, sends, expect = post_all_to_all(comm, dtype)
+        statuses = []
+        assert mcr.Request.Waitall(recvs + sends, statuses) is True
+        assert len(statuses) == len(recvs) + len(sends)
+        assert all(isinstance(st, mcr.Status) for st in statuses)
+        check_received(expect, statuses[:len(recvs)])
+        assert all(not r for r in recvs + sends)       # all are REQUEST_NULL now
+
+
+@case
+def waitall_extends_a_short_statuses_list(comm):
+    recvs, sends, expect = post_all_to_all(comm, torch.int64)
+    first = mcr.Status()
+    statuses = [first]
+    mcr.Request.Waitall(sends + recvs, statuses)
+    assert statuses[0] is first and len(statuses) == len(sends) + len(recvs)
+    check_received(expect, statuses[len(sends):])
+
+
+@case
+def waitall_empty_and_already_complete(comm):
+    assert mcr.Request.Waitall([]) is True
+    assert mcr.Request.Testall([]) is True
+    recvs, sends, expect = post_all_to_all(comm)
+    reqs = recvs + sends
+    mcr.Request.Waitall(reqs)
+    # null requests complete at once, with an empty status
+    statuses = []
+    assert mcr.Request.Waitall(reqs, statuses) is True
+    assert mcr.Request.Testall(reqs) is True
+    assert statuses[0].source == MPI.ANY_SOURCE and statuses[0].tag == MPI.ANY_TAG
+    assert reqs[0].Wait() is True and reqs[0].Test() is True
+    check_received(expect)
+
+
+@case
+def polling_with_testall(comm):
+    # receives are posted before anybody sends: Testall must say False first
+    n = 4
+    recvs = []
+    bufs = []
+    for src in range(comm.size):
+        b = torch.zeros(n, dtype=torch.float64)
+        recvs.append(comm.Irecv(b, src, 5))
+        bufs.append(b)
+    assert mcr.Request.Testall(recvs) is False
+    assert all(recvs)                       # still active
+    comm.Barrier()
+    sends = [comm.Isend(rank_data(comm.rank, n, torch.float64, dst), dst, 5)
+             for dst in range(comm.size)]
+    statuses = []
+    while not mcr.Request.Testall(recvs + sends, statuses):
+        pass
+    for src, b in enumerate(bufs):
+        assert_equal(b, rank_data(src, n, torch.float64, comm.rank))
+        assert statuses[src].source == src and statuses[src].Get_count() == n
+
+
+@case
+def collectives_completed_by_testall(comm):
+    x = rank_data(comm.rank, 6, torch.int32)
+    s = torch.zeros(6, dtype=torch.int32)
+    g = torch.zeros(6 * comm.size, dtype=torch.int32)
+    reqs = [comm.Iallreduce(x, s), comm.Iallgather(x, g), comm.Ibarrier()]
+    while not mcr.Request.Testall(reqs):
+        pass
+    data = all_data(comm.size, 6, torch.int32)
+    assert_equal(s, torch.stack(data).sum(0, dtype=torch.int32))
+    assert_equal(g, torch.cat(data))
+
+
+# -- Wait / Test in different orders -----------------------------------------------------
+
+
+def rank_order(n, rank):
+    """Completion order of n requests: reversed on odd ranks, rotated by rank."""
+    order = list(range(n))
+    if rank % 2:
+        order.reverse()
+    shift = (rank * 7) % max(n, 1)
+    return order[shift:] + order[:shift]
+
+
+@case
+def wait_individually_in_rank_dependent_order(comm):
+    recvs, sends, expect = post_all_to_all(comm, torch.bfloat16)
+    reqs = recvs + sends
+    statuses = [mcr.Status() for _ in reqs]
+    for i in rank_order(len(reqs), comm.rank):
+        assert reqs[i].Wait(statuses[i]) is True
+        assert not reqs[i]
+    check_received(expect, statuses[:len(recvs)])
+
+
+@case
+def wait_sends_before_receives_reversed(comm):
+    """Small sends complete without their receives; receives waited last to first."""
+    recvs, sends, expect = post_all_to_all(comm, torch.uint8)
+    mcr.Request.Waitall(sends)
+    statuses = {}
+    for i in reversed(range(len(recvs))):
+        statuses[i] = mcr.Status()
+        recvs[i].Wait(statuses[i])
+    check_received(expect, [statuses[i] for i in range(len(recvs))])
+
+
+@case
+def per_request_test_loops(comm):
+    recvs, sends, expect = post_all_to_all(comm, torch.complex64)
+    pending = dict(enumerate(recvs + sends))
+    statuses = {}
+    order = rank_order(len(pending), comm.rank)
+    while pending:
+        for i in order:
+            if i in pending:
+                st = mcr.Status()
+                if pending[i].Test(st):
+                    statuses[i] = st
+                    del pending[i]
+    check_received(expect, [statuses[i] for i in range(len(recvs))])
+
+
+@case
+def request_test_false_until_message_sent(comm):
+    buf = torch.zeros(3)
+    req = comm.Irecv(buf, left(comm), 77)
+    st = mcr.Status()
+    assert req.Test(st) is False
+    assert req                              # still active
+    comm.Barrier()                          # nobody sends before this
+    sreq = comm.Isend(torch.full((3,), float(comm.rank)), right(comm), 77)
+    while not req.Test(st):
+        pass
+    sreq.Wait()
+    assert_equal(buf, torch.full((3,), float(left(comm))))
+    assert (st.source, st.tag, st.Get_count()) == (left(comm), 77, 3)
+
+
+@case
+def p2p_and_collectives_outstanding_together(comm):
+    """Ring messages, Iallreduce, Ibcast, Iallgather, Ialltoall, Ireduce and
+    Ibarrier all outstanding at once; completed in a rank-dependent order."""
+    size, rank = comm.size, comm.rank
+    n = 4
+    data = all_data(size, n, torch.float64)
+    x = data[rank]
+    rbuf = torch.zeros(n, dtype=torch.float64)
+    red = torch.zeros(n, dtype=torch.float64)
+    bc = x.clone() if rank == size - 1 else torch.zeros(n, dtype=torch.float64)
+    ag = torch.zeros(n * size, dtype=torch.float64)
+    a2a_send = torch.arange(size * 2, dtype=torch.float64) + 100 * rank
+    a2a = torch.zeros(size * 2, dtype=torch.float64)
+    rd = torch.zeros(n, dtype=torch.float64)
+    reqs = [comm.Irecv(rbuf, left(comm), 1),
+            comm.Iallreduce(x, red, op=mcr.MAX),
+            comm.Ibcast(bc, root=size - 1),
+            comm.Isend(x, right(comm), 1),
+            comm.Iallgather(x, ag),
+            comm.Ialltoall(a2a_send, a2a),
+            comm.Ireduce(x, rd, op=mcr.SUM, root=0),
+            comm.Ibarrier()]
+    for i in rank_order(len(reqs), rank):
+        reqs[i].Wait()
+    whole = torch.stack(data)
+    assert_equal(rbuf, data[left(comm)])
+    assert_equal(red, whole.max(0).values)
+    assert_equal(bc, data[size - 1])
+    assert_equal(ag, torch.cat(data))
+    expected_a2a = torch.cat([torch.arange(2 * rank, 2 * rank + 2, dtype=torch.float64) + 100 * s
+                              for s in range(size)])
+    assert_equal(a2a, expected_a2a)
+    if rank == 0:
+        assert_equal(rd, whole.sum(0))
+
+
+@case
+def waitany_waitsome_testany_testsome(comm):
+    """The inherited completion class methods return mpi4py's results."""
+    recvs, sends, expect = post_all_to_all(comm, torch.int16)
+    mcr.Request.Waitall(sends)
+    done = set()
+    while len(done) < len(recvs):
+        st = mcr.Status()
+        i = mcr.Request.Waitany(recvs, st)
+        assert 0 <= i < len(recvs) and i not in done
+        buf, exp, src, tag = expect[i]
+        assert (st.source, st.tag) == (src, tag)
+        assert st.Get_count(MPI.BYTE) == 2 * exp.numel()
+        done.add(i)
+    assert mcr.Request.Waitany(recvs) == MPI.UNDEFINED
+    check_received(expect)
+    recvs, sends, expect = post_all_to_all(comm, torch.int16)
+    got = set()
+    while len(got) < len(recvs):
+        idx = mcr.Request.Waitsome(recvs)
+        assert idx is not None and not got & set(idx)
+        got |= set(idx)
+        flag = mcr.Request.Testany(sends)
+        assert isinstance(flag, tuple) and len(flag) == 2
+        mcr.Request.Testsome(sends)
+    mcr.Request.Waitall(sends)
+    check_received(expect)
+
+
+@case
+def cancel_unmatched_receive(comm):
+    buf = torch.zeros(2)
+    req = comm.Irecv(buf, left(comm), 31000)      # nobody sends this tag
+    req.Cancel()
+    st = mcr.Status()
+    req.Wait(st)
+    assert st.Is_cancelled()
+    assert_equal(buf, torch.zeros(2))
+
+
+# -- the Request keeps its buffers alive ------------------------------------------------
+
+
+def scribble(n, dtype, times=8):
+    """Allocate and fill tensors like a freed buffer, to catch reuse of its memory."""
+    return [torch.full((n,), -7, dtype=dtype) for _ in range(times)]
+
+
+@case
+def irecv_dropped_buffer_is_the_one_received_into(comm):
+    """Drop our reference; a weak reference shows the Request still holds the
+    tensor (alive after gc), and it holds the received data after Wait."""
+    n = 1 << 14
+    buf = torch.zeros(n)
+    ref = weakref.ref(buf)
+    req = comm.Irecv(buf, left(comm), 4)
+    del buf
+    gc.collect()
+    junk = scribble(n, torch.float32)
+    assert ref() is not None, "the Request let its receive buffer die"
+    sreq = comm.Isend(torch.arange(n, dtype=torch.float32) * (comm.rank + 1), right(comm), 4)
+    held = ref()
+    req.Wait()
+    sreq.Wait()
+    assert_equal(held, torch.arange(n, dtype=torch.float32) * (left(comm) + 1))
+    del junk
+
+
+@case
+def isend_keeps_dropped_tensor_alive(comm):
+    """A large (rendezvous) Isend from a temporary tensor: the data must still
+    be there when the receiver, which posts late, takes it."""
+    n = 1 << 18
+    ref = weakref.ref(sreq_src := torch.arange(n, dtype=torch.float32) - comm.rank)
+    sreq = comm.Isend(sreq_src, right(comm), 5)
+    del sreq_src
+    gc.collect()
+    assert ref() is not None, "the Request let its send buffer die"
+    junk = scribble(n, torch.float32)
+    comm.Barrier()              # the receive is posted after the sender dropped its data
+    out = torch.zeros(n)
+    comm.Recv(out, left(comm), 5)
+    sreq.Wait()
+    del junk
+    gc.collect()
+    assert ref() is None, "the Request still holds the send buffer after Wait"
+    assert_equal(out, torch.arange(n, dtype=torch.float32) - left(comm))
+
+
+@case
+def numpy_and_dlpack_buffers_kept_alive(comm):
+    n = 1 << 12
+    arr_ref = weakref.ref(arr := np.zeros(n))
+    req = comm.Irecv(arr, left(comm), 6)
+    del arr
+    t = torch.zeros(n, dtype=torch.int64)
+
+    class DLOnly:
+        def __init__(self, tensor):
+            self._t = tensor
+
+        def __dlpack__(self, **kwargs):
+            return self._t.__dlpack__(**kwargs)
+
+        def __dlpack_device__(self):
+            return self._t.__dlpack_device__()
+
+    req2 = comm.Irecv(DLOnly(t), left(comm), 7)       # the wrapper is dropped at once
+    gc.collect()
+    assert arr_ref() is not None
+    s1 = comm.Isend(np.arange(n, dtype=np.float64) + comm.rank, right(comm), 6)
+    s2 = comm.Isend(torch.arange(n) * comm.rank, right(comm), 7)
+    held = arr_ref()
+    mcr.Request.Waitall([req, req2, s1, s2])
+    np.testing.assert_array_equal(held, np.arange(n, dtype=np.float64) + left(comm))
+    assert_equal(t, torch.arange(n) * left(comm))
+
+
+@case
+def buffer_export_held_until_completion(comm):
+    """A bytearray cannot be resized while a Request holds its buffer; after
+    Wait (or Waitall) the export is released and resizing works again."""
+    for complete in ("Wait", "Waitall", "Test"):
+        ba = bytearray(8)
+        req = comm.Irecv(memoryview(ba), left(comm), 8)   # the memoryview is dropped
+        try:
+            ba.extend(b"xx")
+        except BufferError:
+            pass
+        else:
+            raise AssertionError("bytearray resized while an Irecv holds its buffer")
+        sreq = comm.Isend(bytes([comm.rank + 1]) * 8, right(comm), 8)
+        if complete == "Wait":
+            req.Wait()
+        elif complete == "Waitall":
+            mcr.Request.Waitall([req])
+        else:
+            while not req.Test():
+                pass
+        sreq.Wait()
+        assert bytes(ba) == bytes([left(comm) + 1]) * 8
+        ba.extend(b"xx")                                  # export released
+        assert len(ba) == 10
+
+
+@case
+def collective_request_keeps_buffers_alive(comm):
+    n = 1 << 12
+    out_ref = weakref.ref(out := torch.zeros(n))
+    req = comm.Iallreduce(torch.full((n,), float(comm.rank + 1)), out)
+    del out
+    gc.collect()
+    junk = scribble(n, torch.float32)
+    assert out_ref() is not None
+    held = out_ref()
+    req.Wait()
+    assert_equal(held, torch.full((n,), float(sum(range(1, comm.size + 1)))))
+    del junk
+
+
+test_mpi = mpi_cases(__name__)
