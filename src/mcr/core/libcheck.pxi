@@ -36,6 +36,7 @@ cdef int check_same_libmpi() except -1:
         f"{MCR_BUILD_MPICC.decode()!r} and calls {mcr_libmpi_path().decode()!r}, "
         f"mpi4py ({_mpi4py.__file__}) loaded "
         f"{mcr_libmpi_path_of_module(module_path).decode()!r}. Rebuild mcr against "
-        "the MPI that mpi4py uses (MCR_MPICC=/path/to/mpicc pip install "
-        "--no-build-isolation --force-reinstall mcr), or make mpi4py load mcr's "
+        "the MPI that mpi4py uses (pip install 'cython>=3' && "
+        "MCR_MPICC=/path/to/mpicc pip install --no-build-isolation --no-deps "
+        "--force-reinstall /path/to/mcr-source), or make mpi4py load mcr's "
         "(MPI4PY_LIBMPI=/path/to/libmpi.so).")
