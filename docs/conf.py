@@ -1,0 +1,109 @@
+"""Sphinx configuration for mcr's documentation.
+
+The API reference is generated from the docstrings of the compiled module, so
+mcr must be importable (installed, or built in place with
+``python setup.py build_ext --inplace`` and on ``sys.path``). The build is run
+with warnings as errors (``python -m sphinx -W --keep-going -b html docs
+docs/_build/html``, also by ``tests/test_docs.py``), and fails when a public
+class, method or constant of mcr is missing from ``api.rst``.
+"""
+
+import os
+import re
+import sys
+
+from sphinx.util import logging
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+try:
+    import mcr
+except ImportError as exc:
+    # A source tree built in place (`python setup.py build_ext --inplace`).
+    sys.path.insert(0, os.path.join(HERE, os.pardir, "src"))
+    try:
+        import mcr
+    except ImportError:
+        raise ImportError(
+            "the docs need an importable mcr (its API reference is read from the "
+            "compiled module): `pip install .` or `python setup.py build_ext "
+            f"--inplace` first ({exc})") from exc
+
+project = "mcr"
+author = "the mcr developers"
+copyright = "the mcr developers"
+release = mcr.__version__
+version = ".".join(release.split(".")[:2])
+
+extensions = [
+    "sphinx.ext.autodoc",
+    "sphinx.ext.napoleon",
+]
+
+# numpydoc-style docstrings (STYLE.md), rendered by napoleon
+napoleon_google_docstring = False
+napoleon_numpy_docstring = True
+napoleon_use_rtype = False
+
+autodoc_default_options = {"undoc-members": False}
+autodoc_member_order = "bysource"
+autodoc_docstring_signature = True       # Cython embeds signatures in docstrings
+autodoc_typehints_format = "fully-qualified"  # "Bases: mpi4py.MPI.Request", not "Request"
+add_module_names = False
+
+# no network: no intersphinx, no remote images
+intersphinx_mapping = {}
+
+exclude_patterns = ["_build"]
+templates_path = []
+html_static_path = []
+html_theme = "alabaster"
+html_title = f"mcr {release}"
+html_theme_options = {
+    "description": "mpi4py-style communicators on PyTorch tensors",
+    "fixed_sidebar": False,
+}
+
+# -- signatures as Python users write them ----------------------------------
+
+# Cython embeds C-flavoured signatures ("Send(self, buf, int dest, int
+# tag=0, ...)", defaults such as MPI_ANY_SOURCE); show them as Python ones.
+C_PARAM = re.compile(r"\b(?:int|bint|double|object)\s+(\w+)")
+C_DEFAULTS = {"MPI_ANY_SOURCE": "ANY_SOURCE", "MPI_ANY_TAG": "ANY_TAG",
+              "MPI_PROC_NULL": "PROC_NULL"}
+
+
+def python_signature(app, what, name, obj, options, signature, return_annotation):
+    if not signature or not name.startswith("mcr."):
+        return None
+    signature = re.sub(r"^\((?:self|cls)(?:, )?", "(", signature)
+    signature = C_PARAM.sub(r"\1", signature)
+    for c_name, py_name in C_DEFAULTS.items():
+        signature = signature.replace(c_name, py_name)
+    return signature, return_annotation
+
+
+# -- every public name of mcr is documented in api.rst ----------------------
+
+logger = logging.getLogger("mcr.docs")
+
+
+def public_api():
+    """Fully qualified names that the API reference must document."""
+    names = {f"mcr.{name}" for name in mcr.__all__}
+    for cls in (mcr.Comm, mcr.Request, mcr.Status):
+        names.update(f"mcr.{cls.__name__}.{name}" for name in vars(cls)
+                     if not name.startswith("_"))
+    return names
+
+
+def check_api_documented(app, env):
+    documented = set(env.get_domain("py").objects)
+    for name in sorted(public_api() - documented):
+        logger.warning("api.rst does not document %s (every public name of mcr "
+                       "must be in the API reference)", name)
+
+
+def setup(app):
+    app.connect("autodoc-process-signature", python_signature)
+    app.connect("env-check-consistency", check_api_documented)
