@@ -286,11 +286,17 @@ cdef object parse_vector(object spec, side *x, bint writable, int size, const ch
     return (owner, c, d)
 
 
-cdef int set_in_place(side *x) noexcept:
+cdef int set_in_place(side *x, side *other) noexcept:
+    # MPI ignores the in-place side's count and type, but some implementations
+    # (Open MPI's non-blocking alltoall) still read the type: give it the other's
     x.addr = <char*>MPI_IN_PLACE
     x.counts = x.displs = NULL
     x.count = 0
     x.nelems = 0
+    x.explicit = False
+    x.dtype = other.dtype
+    x.tindex = other.tindex
+    x.extent = other.extent
     return 0
 
 
@@ -382,7 +388,7 @@ cdef class _Msg:
         # Allreduce, Scan, Exscan: same count on both sides
         self.rown = parse_simple(recvbuf, &self.r, True, b"recvbuf")
         if sendbuf is IN_PLACE:
-            set_in_place(&self.s)
+            set_in_place(&self.s, &self.r)
             return 0
         self.sown = parse_simple(sendbuf, &self.s, False, b"sendbuf")
         check_same_type(&self.s, &self.r)
@@ -417,7 +423,7 @@ cdef class _Msg:
             if rank != root:
                 raise ValueError(f"sendbuf: IN_PLACE is only valid at the root ({root}), "
                                  f"this is rank {rank}")
-            set_in_place(&self.s)
+            set_in_place(&self.s, &self.r)
             return 0
         self.sown = parse_simple(sendbuf, &self.s, False, b"sendbuf")
         if rank == root:
@@ -434,7 +440,7 @@ cdef class _Msg:
             if rank != root:
                 raise ValueError(f"recvbuf: IN_PLACE is only valid at the root ({root}), "
                                  f"this is rank {rank}")
-            set_in_place(&self.r)
+            set_in_place(&self.r, &self.s)
             return 0
         self.rown = parse_simple(recvbuf, &self.r, True, b"recvbuf")
         if rank == root:
@@ -449,7 +455,7 @@ cdef class _Msg:
                            bint v) except -1:
         self.rown = self.recv_blocks(recvbuf, size, v)
         if sendbuf is IN_PLACE:
-            set_in_place(&self.s)
+            set_in_place(&self.s, &self.r)
             return 0
         self.sown = parse_simple(sendbuf, &self.s, False, b"sendbuf")
         self.match_own_block(rank, v, b"sendbuf")
@@ -458,7 +464,7 @@ cdef class _Msg:
     cdef int for_alltoall(self, object sendbuf, object recvbuf, int size, bint v) except -1:
         self.rown = self.recv_blocks(recvbuf, size, v)
         if sendbuf is IN_PLACE:
-            set_in_place(&self.s)
+            set_in_place(&self.s, &self.r)
             return 0
         self.sown = self.send_blocks(sendbuf, size, v)
         check_same_type(&self.s, &self.r)
@@ -474,7 +480,7 @@ cdef class _Msg:
             # result is its first block
             self.rown = parse_simple(recvbuf, &self.r, True, b"recvbuf")
             per_process(&self.r, size, b"recvbuf")
-            set_in_place(&self.s)
+            set_in_place(&self.s, &self.r)
             return 0
         self.rown = parse_simple(recvbuf, &self.r, True, b"recvbuf")
         self.sown = parse_simple(sendbuf, &self.s, False, b"sendbuf")
@@ -491,7 +497,7 @@ cdef class _Msg:
         cdef side *whole
         if sendbuf is IN_PLACE:
             self.rown = parse_simple(recvbuf, &self.r, True, b"recvbuf")
-            set_in_place(&self.s)
+            set_in_place(&self.s, &self.r)
             whole = &self.r
         else:
             self.sown = parse_simple(sendbuf, &self.s, False, b"sendbuf")
