@@ -54,6 +54,7 @@ cdef int bind_torch() except -1:
     _torch = torch
     _TensorBase = base
     _Tensor = torch.Tensor
+    bind_fast_tensors(torch)
     return 0
 
 
@@ -61,8 +62,9 @@ cdef inline bint torch_loaded() noexcept:
     return _Tensor is not None
 
 
-cdef int tensor_info(object t, bufinfo *b, const char *arg) except -1:
-    """Fill `b` from a CPU torch tensor; reject what MPI cannot read directly."""
+cdef int slow_tensor_info(object t, bufinfo *b, const char *arg) except -1:
+    """Fill `b` from a CPU torch tensor through torch's Python API; reject what
+    MPI cannot read directly, with the reason."""
     if mcr_getattr(_g_is_cpu, t) is not True:
         raise TypeError(f"{arg.decode()}: tensor on device {t.device} is not supported "
                         "yet (mcr handles CPU tensors; CUDA comes with the GPU backends)")

@@ -1,0 +1,84 @@
+"""Reading torch tensors: the C-shim fast path agrees with the Python API.
+
+mcr reads plain tensors through torch's stable C shim (see
+src/mcr/core/astensor.pxi) and falls back to torch's Python API for anything
+unusual. These tests move many kinds of tensors and compare with torch.
+"""
+
+import pytest
+import torch
+
+import mcr
+from mcr import _core
+
+SELF = mcr.COMM_SELF
+
+
+def roundtrip(t):
+    out = torch.empty(t.numel(), dtype=t.dtype)
+    SELF.Sendrecv(t, 0, 0, out, 0, 0)
+    return out
+
+
+def test_fast_path_is_active_with_this_torch():
+    torch.ones(1) + 0          # any tensor: mcr binds torch on first use
+    SELF.Allreduce(torch.ones(1), torch.zeros(1))
+    assert _core._fast_tensor_path(), (
+        "torch's C shim or tensor layout did not check out: mcr reads tensors through "
+        f"the slower Python API with torch {torch.__version__}")
+
+
+class Sub(torch.Tensor):
+    pass
+
+
+DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+          torch.uint16, torch.uint32, torch.uint64, torch.float16, torch.bfloat16,
+          torch.float32, torch.float64, torch.complex64, torch.complex128]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_views_and_offsets(dtype):
+    base = (torch.arange(60) % 7).to(dtype)
+    for t in [base, base[5:17], base.view(3, 4, 5)[1], base.view(6, 10)[2:4],
+              base.view(6, 10)[:, 3:4].squeeze(1).contiguous(), base[59:], base[:0],
+              base[7].clone()]:
+        assert torch.equal(roundtrip(t), t.reshape(-1)), t.shape
+
+
+def test_autograd_parameters_inference_and_subclasses():
+    leaf = torch.arange(4.0, requires_grad=True)
+    assert torch.equal(roundtrip(leaf), leaf.detach())
+    param = torch.nn.Parameter(torch.arange(3.0))
+    assert torch.equal(roundtrip(param), param.detach())
+    with torch.inference_mode():
+        inf = torch.arange(5.0)
+    assert torch.equal(roundtrip(inf), inf)
+    sub = torch.arange(6.0).as_subclass(Sub)
+    assert torch.equal(roundtrip(sub), torch.arange(6.0))
+    nonleaf = leaf * 2
+    assert torch.equal(roundtrip(nonleaf), nonleaf.detach())
+
+
+def test_receive_into_views_writes_the_right_memory():
+    base = torch.zeros(10)
+    SELF.Sendrecv(torch.arange(3.0), 0, 0, base[4:7], 0, 0)
+    assert base.tolist() == [0, 0, 0, 0, 0, 1, 2, 0, 0, 0]
+
+
+@pytest.mark.parametrize("make, exc, fragment", [
+    (lambda: torch.arange(8.0)[::2], BufferError, "not contiguous"),
+    (lambda: torch.ones(3, 4).t(), BufferError, "not contiguous"),
+    (lambda: torch.ones(1).expand(4), BufferError, "not contiguous"),
+    (lambda: torch.ones(2, 3, 4, 5).to(memory_format=torch.channels_last), BufferError,
+     "not contiguous"),
+    (lambda: torch._neg_view(torch.ones(3)), BufferError, "negative bit"),
+    (lambda: torch.ones(3, dtype=torch.complex128).conj(), BufferError, "conjugate bit"),
+    (lambda: torch.ones(3).to_sparse(), TypeError, "layout torch.sparse_coo"),
+    (lambda: torch.empty(3, device="meta"), TypeError, "device meta"),
+    (lambda: torch.zeros(3, dtype=torch.float8_e4m3fn), TypeError, "dtype torch.float8_e4m3fn"),
+])
+def test_rejected_tensors(make, exc, fragment):
+    with pytest.raises(exc, match=fragment):
+        SELF.Send(make(), mcr.PROC_NULL)
+    SELF.Allreduce(torch.ones(2), torch.zeros(2))     # still usable
