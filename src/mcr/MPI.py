@@ -1,9 +1,9 @@
 """The mpi4py namespace with mcr's communicators, requests and status.
 
 ``from mcr import MPI`` in place of ``from mpi4py import MPI``: ``COMM_WORLD``,
-``COMM_SELF``, ``Comm``, ``Request``, ``Status`` and ``Exception`` are mcr's;
-every other name (``MPI.DOUBLE``, ``MPI.Wtime``, ``MPI.SUM``, error classes,
-...) is mpi4py's own object.
+``COMM_SELF``, ``Comm``, ``Request``, ``Prequest``, ``Status`` and ``Exception``
+are mcr's; every other name (``MPI.DOUBLE``, ``MPI.Wtime``, ``MPI.SUM``, error
+classes, ...) is mpi4py's own object.
 """
 
 from mpi4py import MPI as _mpi4py
@@ -16,6 +16,7 @@ from mcr._core import (  # noqa: E402,F401  (replace mpi4py's)
     COMM_WORLD,
     Comm,
     Exception,
+    Prequest,
     Request,
     Status,
 )

@@ -18,6 +18,7 @@ from ._core import (  # noqa: E402
     COMM_WORLD,
     Comm,
     Exception,
+    Prequest,
     Request,
     Status,
     build_info,
@@ -44,7 +45,7 @@ UNDEFINED = _mpi4py.UNDEFINED
 __version__ = "0.1.0"
 
 __all__ = [
-    "COMM_WORLD", "COMM_SELF", "Comm", "Request", "Status", "Exception",
+    "COMM_WORLD", "COMM_SELF", "Comm", "Request", "Prequest", "Status", "Exception",
     "SUM", "PROD", "MAX", "MIN", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR",
     "IN_PLACE", "ANY_SOURCE", "ANY_TAG", "PROC_NULL", "UNDEFINED", "build_info",
 ]

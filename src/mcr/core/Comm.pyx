@@ -86,7 +86,7 @@ cdef class Comm(_MPI.Intracomm):
 
     # -- Point-to-point ------------------------------------------------------
 
-    cdef _Msg call_send(self, object buf, object dest, object tag, object backend,
+    cdef _Msg call_send(self, object buf, object dest, object tag, object backend, int mode,
                         MPI_Request *req):
         self.prologue(backend)
         cdef int idest = as_rank(dest, self.nprocs(), b"dest", True)
@@ -95,16 +95,12 @@ cdef class Comm(_MPI.Intracomm):
         m.sown = parse_simple(buf, &m.s, False, b"buf")
         cdef int ierr
         with nogil:
-            if req == NULL:
-                ierr = MPI_Send(m.s.addr, m.s.count, m.s.dtype, idest, itag, self.ob_mpi)
-            else:
-                ierr = MPI_Isend(m.s.addr, m.s.count, m.s.dtype, idest, itag, self.ob_mpi,
-                                 req)
+            ierr = mcr_send(mode, m.s.addr, m.s.count, m.s.dtype, idest, itag, self.ob_mpi, req)
         CHKERR(ierr)
         return m
 
     cdef _Msg call_recv(self, object buf, object source, object tag, object status,
-                        object backend, MPI_Request *req):
+                        object backend, int mode, MPI_Request *req):
         self.prologue(backend)
         cdef int isource = as_source(source, self.nprocs())
         cdef int itag = as_tag(tag, b"tag", True)
@@ -113,12 +109,8 @@ cdef class Comm(_MPI.Intracomm):
         cdef MPI_Status *sp = status_ptr(status)
         cdef int ierr
         with nogil:
-            if req == NULL:
-                ierr = MPI_Recv(m.r.addr, m.r.count, m.r.dtype, isource, itag, self.ob_mpi,
-                                sp)
-            else:
-                ierr = MPI_Irecv(m.r.addr, m.r.count, m.r.dtype, isource, itag, self.ob_mpi,
-                                 req)
+            ierr = mcr_recv(mode, m.r.addr, m.r.count, m.r.dtype, isource, itag, self.ob_mpi,
+                            sp, req)
         CHKERR(ierr)
         status_type(status, m.r.dtype)
         return m
@@ -135,12 +127,12 @@ cdef class Comm(_MPI.Intracomm):
         tag : int
             Message tag, 0 to ``TAG_UB``.
         """
-        self.call_send(buf, dest, tag, backend, NULL)
+        self.call_send(buf, dest, tag, backend, BLOCKING, NULL)
 
     def Isend(self, buf, dest, tag=0, *, backend=None):
         """Start sending a message; return a ``Request``. Arguments as ``Send``."""
         cdef Request req = Request.__new__(Request)
-        req.ob_buf = self.call_send(buf, dest, tag, backend, &req.ob_mpi)
+        req.ob_buf = self.call_send(buf, dest, tag, backend, NONBLOCKING, &req.ob_mpi)
         return req
 
     def Recv(self, buf, source=ANY_SOURCE, tag=ANY_TAG, status=None, *,
@@ -158,12 +150,13 @@ cdef class Comm(_MPI.Intracomm):
         status : mcr.Status, optional
             Filled with the source, tag and count of the message.
         """
-        self.call_recv(buf, source, tag, status, backend, NULL)
+        self.call_recv(buf, source, tag, status, backend, BLOCKING, NULL)
 
     def Irecv(self, buf, source=ANY_SOURCE, tag=ANY_TAG, *, backend=None):
         """Start receiving a message; return a ``Request``. Arguments as ``Recv``."""
         cdef Request req = Request.__new__(Request)
-        cdef _Msg m = self.call_recv(buf, source, tag, None, backend, &req.ob_mpi)
+        cdef _Msg m = self.call_recv(buf, source, tag, None,
+                                     backend, NONBLOCKING, &req.ob_mpi)
         req.ob_buf = m
         req.rtype = m.r.dtype
         return req
@@ -210,18 +203,16 @@ cdef class Comm(_MPI.Intracomm):
 
     # -- Collectives -----------------------------------------------------------
 
-    cdef _Msg call_barrier(self, object backend, MPI_Request *req):
+    cdef _Msg call_barrier(self, object backend, int mode, MPI_Info info, MPI_Request *req):
         self.prologue(backend)
         cdef int ierr
         with nogil:
-            if req == NULL:
-                ierr = MPI_Barrier(self.ob_mpi)
-            else:
-                ierr = MPI_Ibarrier(self.ob_mpi, req)
+            ierr = mcr_barrier(mode, self.ob_mpi, info, req)
         CHKERR(ierr)
         return None
 
-    cdef _Msg call_bcast(self, object buf, object root, object backend, MPI_Request *req):
+    cdef _Msg call_bcast(self, object buf, object root, object backend, int mode,
+                         MPI_Info info, MPI_Request *req):
         self.prologue(backend)
         cdef int size = self.nprocs()
         cdef int iroot = as_rank(root, size, b"root", False)
@@ -229,15 +220,12 @@ cdef class Comm(_MPI.Intracomm):
         m.for_bcast(buf, iroot, self.myrank(), size)
         cdef int ierr
         with nogil:
-            if req == NULL:
-                ierr = MPI_Bcast(m.r.addr, m.r.count, m.r.dtype, iroot, self.ob_mpi)
-            else:
-                ierr = MPI_Ibcast(m.r.addr, m.r.count, m.r.dtype, iroot, self.ob_mpi, req)
+            ierr = mcr_bcast(mode, m.r.addr, m.r.count, m.r.dtype, iroot, self.ob_mpi, info, req)
         CHKERR(ierr)
         return m
 
     cdef _Msg call_gather(self, object sendbuf, object recvbuf, object root, bint v,
-                          object backend, MPI_Request *req):
+                          object backend, int mode, MPI_Info info, MPI_Request *req):
         self.prologue(backend)
         cdef int size = self.nprocs()
         cdef int iroot = as_rank(root, size, b"root", False)
@@ -245,23 +233,17 @@ cdef class Comm(_MPI.Intracomm):
         m.for_gather(sendbuf, recvbuf, iroot, self.myrank(), size, v)
         cdef int ierr
         with nogil:
-            if not v and req == NULL:
-                ierr = MPI_Gather(m.s.addr, m.s.count, m.s.dtype, m.r.addr, m.r.count,
-                                  m.r.dtype, iroot, self.ob_mpi)
-            elif not v:
-                ierr = MPI_Igather(m.s.addr, m.s.count, m.s.dtype, m.r.addr, m.r.count,
-                                   m.r.dtype, iroot, self.ob_mpi, req)
-            elif req == NULL:
-                ierr = MPI_Gatherv(m.s.addr, m.s.count, m.s.dtype, m.r.addr, m.r.counts,
-                                   m.r.displs, m.r.dtype, iroot, self.ob_mpi)
+            if v:
+                ierr = mcr_gatherv(mode, m.s.addr, m.s.count, m.s.dtype, m.r.addr, m.r.counts,
+                                   m.r.displs, m.r.dtype, iroot, self.ob_mpi, info, req)
             else:
-                ierr = MPI_Igatherv(m.s.addr, m.s.count, m.s.dtype, m.r.addr, m.r.counts,
-                                    m.r.displs, m.r.dtype, iroot, self.ob_mpi, req)
+                ierr = mcr_gather(mode, m.s.addr, m.s.count, m.s.dtype, m.r.addr, m.r.count,
+                                  m.r.dtype, iroot, self.ob_mpi, info, req)
         CHKERR(ierr)
         return m
 
     cdef _Msg call_scatter(self, object sendbuf, object recvbuf, object root, bint v,
-                           object backend, MPI_Request *req):
+                           object backend, int mode, MPI_Info info, MPI_Request *req):
         self.prologue(backend)
         cdef int size = self.nprocs()
         cdef int iroot = as_rank(root, size, b"root", False)
@@ -269,89 +251,69 @@ cdef class Comm(_MPI.Intracomm):
         m.for_scatter(sendbuf, recvbuf, iroot, self.myrank(), size, v)
         cdef int ierr
         with nogil:
-            if not v and req == NULL:
-                ierr = MPI_Scatter(m.s.addr, m.s.count, m.s.dtype, m.r.addr, m.r.count,
-                                   m.r.dtype, iroot, self.ob_mpi)
-            elif not v:
-                ierr = MPI_Iscatter(m.s.addr, m.s.count, m.s.dtype, m.r.addr, m.r.count,
-                                    m.r.dtype, iroot, self.ob_mpi, req)
-            elif req == NULL:
-                ierr = MPI_Scatterv(m.s.addr, m.s.counts, m.s.displs, m.s.dtype, m.r.addr,
-                                    m.r.count, m.r.dtype, iroot, self.ob_mpi)
+            if v:
+                ierr = mcr_scatterv(mode, m.s.addr, m.s.counts, m.s.displs, m.s.dtype,
+                                    m.r.addr, m.r.count, m.r.dtype, iroot, self.ob_mpi, info,
+                                    req)
             else:
-                ierr = MPI_Iscatterv(m.s.addr, m.s.counts, m.s.displs, m.s.dtype, m.r.addr,
-                                     m.r.count, m.r.dtype, iroot, self.ob_mpi, req)
+                ierr = mcr_scatter(mode, m.s.addr, m.s.count, m.s.dtype, m.r.addr, m.r.count,
+                                   m.r.dtype, iroot, self.ob_mpi, info, req)
         CHKERR(ierr)
         return m
 
     cdef _Msg call_allgather(self, object sendbuf, object recvbuf, bint v, object backend,
-                             MPI_Request *req):
+                             int mode, MPI_Info info, MPI_Request *req):
         self.prologue(backend)
         cdef _Msg m = _Msg.__new__(_Msg)
         m.for_allgather(sendbuf, recvbuf, self.myrank(), self.nprocs(), v)
         cdef int ierr
         with nogil:
-            if not v and req == NULL:
-                ierr = MPI_Allgather(m.s.addr, m.s.count, m.s.dtype, m.r.addr, m.r.count,
-                                     m.r.dtype, self.ob_mpi)
-            elif not v:
-                ierr = MPI_Iallgather(m.s.addr, m.s.count, m.s.dtype, m.r.addr, m.r.count,
-                                      m.r.dtype, self.ob_mpi, req)
-            elif req == NULL:
-                ierr = MPI_Allgatherv(m.s.addr, m.s.count, m.s.dtype, m.r.addr, m.r.counts,
-                                      m.r.displs, m.r.dtype, self.ob_mpi)
+            if v:
+                ierr = mcr_allgatherv(mode, m.s.addr, m.s.count, m.s.dtype, m.r.addr,
+                                      m.r.counts, m.r.displs, m.r.dtype, self.ob_mpi, info, req)
             else:
-                ierr = MPI_Iallgatherv(m.s.addr, m.s.count, m.s.dtype, m.r.addr,
-                                       m.r.counts, m.r.displs, m.r.dtype, self.ob_mpi, req)
+                ierr = mcr_allgather(mode, m.s.addr, m.s.count, m.s.dtype, m.r.addr, m.r.count,
+                                     m.r.dtype, self.ob_mpi, info, req)
         CHKERR(ierr)
         return m
 
     cdef _Msg call_alltoall(self, object sendbuf, object recvbuf, bint v, object backend,
-                            MPI_Request *req):
+                            int mode, MPI_Info info, MPI_Request *req):
         self.prologue(backend)
         cdef _Msg m = _Msg.__new__(_Msg)
         m.for_alltoall(sendbuf, recvbuf, self.nprocs(), v)
         cdef int ierr
         with nogil:
-            if not v and req == NULL:
-                ierr = MPI_Alltoall(m.s.addr, m.s.count, m.s.dtype, m.r.addr, m.r.count,
-                                    m.r.dtype, self.ob_mpi)
-            elif not v:
-                ierr = MPI_Ialltoall(m.s.addr, m.s.count, m.s.dtype, m.r.addr, m.r.count,
-                                     m.r.dtype, self.ob_mpi, req)
-            elif req == NULL:
-                ierr = MPI_Alltoallv(m.s.addr, m.s.counts, m.s.displs, m.s.dtype, m.r.addr,
-                                     m.r.counts, m.r.displs, m.r.dtype, self.ob_mpi)
+            if v:
+                ierr = mcr_alltoallv(mode, m.s.addr, m.s.counts, m.s.displs, m.s.dtype,
+                                     m.r.addr, m.r.counts, m.r.displs, m.r.dtype, self.ob_mpi,
+                                     info, req)
             else:
-                ierr = MPI_Ialltoallv(m.s.addr, m.s.counts, m.s.displs, m.s.dtype,
-                                      m.r.addr, m.r.counts, m.r.displs, m.r.dtype,
-                                      self.ob_mpi, req)
+                ierr = mcr_alltoall(mode, m.s.addr, m.s.count, m.s.dtype, m.r.addr, m.r.count,
+                                    m.r.dtype, self.ob_mpi, info, req)
         CHKERR(ierr)
         return m
 
     cdef _Msg call_reduce(self, object sendbuf, object recvbuf, object op, object root,
-                          object backend, MPI_Request *req):
+                          object backend, int mode, MPI_Info info, MPI_Request *req):
         self.prologue(backend)
         cdef int size = self.nprocs()
         cdef int iroot = as_rank(root, size, b"root", False)
         cdef _Msg m = _Msg.__new__(_Msg)
         m.for_reduce(sendbuf, recvbuf, iroot, self.myrank(), size)
+        # the operand's side: the receive side when the root reduces in place
+        cdef side *x = &m.r if m.s.addr == <char*>MPI_IN_PLACE else &m.s
         cdef MPI_Op mop
-        cdef int count = m.s.count if m.s.addr != <char*>MPI_IN_PLACE else m.r.count
-        cdef MPI_Datatype dtype = m.s.dtype if m.s.addr != <char*>MPI_IN_PLACE else m.r.dtype
-        resolve_op(op, m.s.tindex if m.s.addr != <char*>MPI_IN_PLACE else m.r.tindex, &mop)
+        resolve_op(op, x.tindex, &mop)
         cdef int ierr
         with nogil:
-            if req == NULL:
-                ierr = MPI_Reduce(m.s.addr, m.r.addr, count, dtype, mop, iroot, self.ob_mpi)
-            else:
-                ierr = MPI_Ireduce(m.s.addr, m.r.addr, count, dtype, mop, iroot,
-                                   self.ob_mpi, req)
+            ierr = mcr_reduce(mode, m.s.addr, m.r.addr, x.count, x.dtype, mop, iroot,
+                              self.ob_mpi, info, req)
         CHKERR(ierr)
         return m
 
     cdef _Msg call_allreduce(self, object sendbuf, object recvbuf, object op, int kind,
-                             object backend, MPI_Request *req):
+                             object backend, int mode, MPI_Info info, MPI_Request *req):
         # kind: 0 Allreduce, 1 Scan, 2 Exscan (same message shape)
         self.prologue(backend)
         cdef _Msg m = _Msg.__new__(_Msg)
@@ -360,28 +322,21 @@ cdef class Comm(_MPI.Intracomm):
         resolve_op(op, m.r.tindex, &mop)
         cdef int ierr
         with nogil:
-            if kind == 0 and req == NULL:
-                ierr = MPI_Allreduce(m.s.addr, m.r.addr, m.r.count, m.r.dtype, mop,
-                                     self.ob_mpi)
-            elif kind == 0:
-                ierr = MPI_Iallreduce(m.s.addr, m.r.addr, m.r.count, m.r.dtype, mop,
-                                      self.ob_mpi, req)
-            elif kind == 1 and req == NULL:
-                ierr = MPI_Scan(m.s.addr, m.r.addr, m.r.count, m.r.dtype, mop, self.ob_mpi)
+            if kind == 0:
+                ierr = mcr_allreduce(mode, m.s.addr, m.r.addr, m.r.count, m.r.dtype, mop,
+                                     self.ob_mpi, info, req)
             elif kind == 1:
-                ierr = MPI_Iscan(m.s.addr, m.r.addr, m.r.count, m.r.dtype, mop,
-                                 self.ob_mpi, req)
-            elif req == NULL:
-                ierr = MPI_Exscan(m.s.addr, m.r.addr, m.r.count, m.r.dtype, mop,
-                                  self.ob_mpi)
+                ierr = mcr_scan(mode, m.s.addr, m.r.addr, m.r.count, m.r.dtype, mop,
+                                self.ob_mpi, info, req)
             else:
-                ierr = MPI_Iexscan(m.s.addr, m.r.addr, m.r.count, m.r.dtype, mop,
-                                   self.ob_mpi, req)
+                ierr = mcr_exscan(mode, m.s.addr, m.r.addr, m.r.count, m.r.dtype, mop,
+                                  self.ob_mpi, info, req)
         CHKERR(ierr)
         return m
 
     cdef _Msg call_reduce_scatter(self, object sendbuf, object recvbuf, object recvcounts,
-                                  object op, bint block, object backend, MPI_Request *req):
+                                  object op, bint block, object backend, int mode,
+                                  MPI_Info info, MPI_Request *req):
         self.prologue(backend)
         cdef _Msg m = _Msg.__new__(_Msg)
         cdef MPI_Op mop
@@ -392,29 +347,24 @@ cdef class Comm(_MPI.Intracomm):
         resolve_op(op, m.r.tindex, &mop)
         cdef int ierr
         with nogil:
-            if block and req == NULL:
-                ierr = MPI_Reduce_scatter_block(m.s.addr, m.r.addr, m.r.count, m.r.dtype,
-                                                mop, self.ob_mpi)
-            elif block:
-                ierr = MPI_Ireduce_scatter_block(m.s.addr, m.r.addr, m.r.count, m.r.dtype,
-                                                 mop, self.ob_mpi, req)
-            elif req == NULL:
-                ierr = MPI_Reduce_scatter(m.s.addr, m.r.addr, m.r.counts, m.r.dtype, mop,
-                                          self.ob_mpi)
+            if block:
+                ierr = mcr_reduce_scatter_block(mode, m.s.addr, m.r.addr, m.r.count, m.r.dtype,
+                                                mop, self.ob_mpi, info, req)
             else:
-                ierr = MPI_Ireduce_scatter(m.s.addr, m.r.addr, m.r.counts, m.r.dtype, mop,
-                                           self.ob_mpi, req)
+                ierr = mcr_reduce_scatter(mode, m.s.addr, m.r.addr, m.r.counts, m.r.dtype, mop,
+                                          self.ob_mpi, info, req)
         CHKERR(ierr)
         return m
 
+
     def Barrier(self, *, backend=None):
         """Block until every process of the communicator has called it."""
-        self.call_barrier(backend, NULL)
+        self.call_barrier(backend, BLOCKING, MPI_INFO_NULL, NULL)
 
     def Ibarrier(self, *, backend=None):
         """Start a barrier; return a ``Request``."""
         cdef Request req = Request.__new__(Request)
-        self.call_barrier(backend, &req.ob_mpi)
+        self.call_barrier(backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
         return req
 
     def Bcast(self, buf, root=0, *, backend=None):
@@ -427,12 +377,13 @@ cdef class Comm(_MPI.Intracomm):
         root : int
             Rank of the sending process.
         """
-        self.call_bcast(buf, root, backend, NULL)
+        self.call_bcast(buf, root, backend, BLOCKING, MPI_INFO_NULL, NULL)
 
     def Ibcast(self, buf, root=0, *, backend=None):
         """Start a broadcast; return a ``Request``. Arguments as ``Bcast``."""
         cdef Request req = Request.__new__(Request)
-        req.ob_buf = self.call_bcast(buf, root, backend, &req.ob_mpi)
+        req.ob_buf = self.call_bcast(buf, root,
+                                     backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
         return req
 
     def Gather(self, sendbuf, recvbuf, root=0, *, backend=None):
@@ -449,12 +400,14 @@ cdef class Comm(_MPI.Intracomm):
         root : int
             Rank of the gathering process.
         """
-        self.call_gather(sendbuf, recvbuf, root, False, backend, NULL)
+        self.call_gather(sendbuf, recvbuf, root, False,
+                         backend, BLOCKING, MPI_INFO_NULL, NULL)
 
     def Igather(self, sendbuf, recvbuf, root=0, *, backend=None):
         """Start a gather; return a ``Request``. Arguments as ``Gather``."""
         cdef Request req = Request.__new__(Request)
-        req.ob_buf = self.call_gather(sendbuf, recvbuf, root, False, backend, &req.ob_mpi)
+        req.ob_buf = self.call_gather(sendbuf, recvbuf, root, False,
+                                      backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
         return req
 
     def Gatherv(self, sendbuf, recvbuf, root=0, *, backend=None):
@@ -470,12 +423,14 @@ cdef class Comm(_MPI.Intracomm):
         root : int
             Rank of the gathering process.
         """
-        self.call_gather(sendbuf, recvbuf, root, True, backend, NULL)
+        self.call_gather(sendbuf, recvbuf, root, True,
+                         backend, BLOCKING, MPI_INFO_NULL, NULL)
 
     def Igatherv(self, sendbuf, recvbuf, root=0, *, backend=None):
         """Start a vector gather; return a ``Request``. Arguments as ``Gatherv``."""
         cdef Request req = Request.__new__(Request)
-        req.ob_buf = self.call_gather(sendbuf, recvbuf, root, True, backend, &req.ob_mpi)
+        req.ob_buf = self.call_gather(sendbuf, recvbuf, root, True,
+                                      backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
         return req
 
     def Scatter(self, sendbuf, recvbuf, root=0, *, backend=None):
@@ -490,12 +445,14 @@ cdef class Comm(_MPI.Intracomm):
         root : int
             Rank of the scattering process.
         """
-        self.call_scatter(sendbuf, recvbuf, root, False, backend, NULL)
+        self.call_scatter(sendbuf, recvbuf, root, False,
+                          backend, BLOCKING, MPI_INFO_NULL, NULL)
 
     def Iscatter(self, sendbuf, recvbuf, root=0, *, backend=None):
         """Start a scatter; return a ``Request``. Arguments as ``Scatter``."""
         cdef Request req = Request.__new__(Request)
-        req.ob_buf = self.call_scatter(sendbuf, recvbuf, root, False, backend, &req.ob_mpi)
+        req.ob_buf = self.call_scatter(sendbuf, recvbuf, root, False,
+                                       backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
         return req
 
     def Scatterv(self, sendbuf, recvbuf, root=0, *, backend=None):
@@ -511,12 +468,14 @@ cdef class Comm(_MPI.Intracomm):
         root : int
             Rank of the scattering process.
         """
-        self.call_scatter(sendbuf, recvbuf, root, True, backend, NULL)
+        self.call_scatter(sendbuf, recvbuf, root, True,
+                          backend, BLOCKING, MPI_INFO_NULL, NULL)
 
     def Iscatterv(self, sendbuf, recvbuf, root=0, *, backend=None):
         """Start a vector scatter; return a ``Request``. Arguments as ``Scatterv``."""
         cdef Request req = Request.__new__(Request)
-        req.ob_buf = self.call_scatter(sendbuf, recvbuf, root, True, backend, &req.ob_mpi)
+        req.ob_buf = self.call_scatter(sendbuf, recvbuf, root, True,
+                                       backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
         return req
 
     def Allgather(self, sendbuf, recvbuf, *, backend=None):
@@ -529,12 +488,13 @@ cdef class Comm(_MPI.Intracomm):
         recvbuf : message spec
             Room for one block per process, in rank order.
         """
-        self.call_allgather(sendbuf, recvbuf, False, backend, NULL)
+        self.call_allgather(sendbuf, recvbuf, False, backend, BLOCKING, MPI_INFO_NULL, NULL)
 
     def Iallgather(self, sendbuf, recvbuf, *, backend=None):
         """Start an allgather; return a ``Request``. Arguments as ``Allgather``."""
         cdef Request req = Request.__new__(Request)
-        req.ob_buf = self.call_allgather(sendbuf, recvbuf, False, backend, &req.ob_mpi)
+        req.ob_buf = self.call_allgather(sendbuf, recvbuf, False,
+                                         backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
         return req
 
     def Allgatherv(self, sendbuf, recvbuf, *, backend=None):
@@ -547,12 +507,13 @@ cdef class Comm(_MPI.Intracomm):
         recvbuf : vector message spec
             ``[buf, counts, displs]``: block ``i`` lands at ``displs[i]``.
         """
-        self.call_allgather(sendbuf, recvbuf, True, backend, NULL)
+        self.call_allgather(sendbuf, recvbuf, True, backend, BLOCKING, MPI_INFO_NULL, NULL)
 
     def Iallgatherv(self, sendbuf, recvbuf, *, backend=None):
         """Start a vector allgather; return a ``Request``. Arguments as ``Allgatherv``."""
         cdef Request req = Request.__new__(Request)
-        req.ob_buf = self.call_allgather(sendbuf, recvbuf, True, backend, &req.ob_mpi)
+        req.ob_buf = self.call_allgather(sendbuf, recvbuf, True,
+                                         backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
         return req
 
     def Alltoall(self, sendbuf, recvbuf, *, backend=None):
@@ -565,12 +526,13 @@ cdef class Comm(_MPI.Intracomm):
         recvbuf : message spec
             One equal block per source, in rank order.
         """
-        self.call_alltoall(sendbuf, recvbuf, False, backend, NULL)
+        self.call_alltoall(sendbuf, recvbuf, False, backend, BLOCKING, MPI_INFO_NULL, NULL)
 
     def Ialltoall(self, sendbuf, recvbuf, *, backend=None):
         """Start an all-to-all; return a ``Request``. Arguments as ``Alltoall``."""
         cdef Request req = Request.__new__(Request)
-        req.ob_buf = self.call_alltoall(sendbuf, recvbuf, False, backend, &req.ob_mpi)
+        req.ob_buf = self.call_alltoall(sendbuf, recvbuf, False,
+                                        backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
         return req
 
     def Alltoallv(self, sendbuf, recvbuf, *, backend=None):
@@ -585,12 +547,13 @@ cdef class Comm(_MPI.Intracomm):
             ``[buf, counts, displs]``: ``counts[i]`` elements from process ``i``
             land at ``displs[i]``.
         """
-        self.call_alltoall(sendbuf, recvbuf, True, backend, NULL)
+        self.call_alltoall(sendbuf, recvbuf, True, backend, BLOCKING, MPI_INFO_NULL, NULL)
 
     def Ialltoallv(self, sendbuf, recvbuf, *, backend=None):
         """Start a vector all-to-all; return a ``Request``. Arguments as ``Alltoallv``."""
         cdef Request req = Request.__new__(Request)
-        req.ob_buf = self.call_alltoall(sendbuf, recvbuf, True, backend, &req.ob_mpi)
+        req.ob_buf = self.call_alltoall(sendbuf, recvbuf, True,
+                                        backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
         return req
 
     def Reduce(self, sendbuf, recvbuf, op=SUM, root=0, *, backend=None):
@@ -609,12 +572,13 @@ cdef class Comm(_MPI.Intracomm):
         root : int
             Rank that receives the result.
         """
-        self.call_reduce(sendbuf, recvbuf, op, root, backend, NULL)
+        self.call_reduce(sendbuf, recvbuf, op, root, backend, BLOCKING, MPI_INFO_NULL, NULL)
 
     def Ireduce(self, sendbuf, recvbuf, op=SUM, root=0, *, backend=None):
         """Start a reduce; return a ``Request``. Arguments as ``Reduce``."""
         cdef Request req = Request.__new__(Request)
-        req.ob_buf = self.call_reduce(sendbuf, recvbuf, op, root, backend, &req.ob_mpi)
+        req.ob_buf = self.call_reduce(sendbuf, recvbuf, op, root,
+                                      backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
         return req
 
     def Allreduce(self, sendbuf, recvbuf, op=SUM, *, backend=None):
@@ -629,12 +593,13 @@ cdef class Comm(_MPI.Intracomm):
         op : mpi4py.MPI.Op
             The reduction, as in ``Reduce``.
         """
-        self.call_allreduce(sendbuf, recvbuf, op, 0, backend, NULL)
+        self.call_allreduce(sendbuf, recvbuf, op, 0, backend, BLOCKING, MPI_INFO_NULL, NULL)
 
     def Iallreduce(self, sendbuf, recvbuf, op=SUM, *, backend=None):
         """Start an allreduce; return a ``Request``. Arguments as ``Allreduce``."""
         cdef Request req = Request.__new__(Request)
-        req.ob_buf = self.call_allreduce(sendbuf, recvbuf, op, 0, backend, &req.ob_mpi)
+        req.ob_buf = self.call_allreduce(sendbuf, recvbuf, op, 0,
+                                         backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
         return req
 
     def Reduce_scatter_block(self, sendbuf, recvbuf, op=SUM, *, backend=None):
@@ -650,14 +615,15 @@ cdef class Comm(_MPI.Intracomm):
         op : mpi4py.MPI.Op
             The reduction, as in ``Reduce``.
         """
-        self.call_reduce_scatter(sendbuf, recvbuf, None, op, True, backend, NULL)
+        self.call_reduce_scatter(sendbuf, recvbuf, None, op, True,
+                                 backend, BLOCKING, MPI_INFO_NULL, NULL)
 
     def Ireduce_scatter_block(self, sendbuf, recvbuf, op=SUM, *, backend=None):
         """Start a reduce-scatter-block; return a ``Request``. Arguments as
         ``Reduce_scatter_block``."""
         cdef Request req = Request.__new__(Request)
-        req.ob_buf = self.call_reduce_scatter(sendbuf, recvbuf, None, op, True, backend,
-                                              &req.ob_mpi)
+        req.ob_buf = self.call_reduce_scatter(sendbuf, recvbuf, None, op, True,
+                                              backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
         return req
 
     def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=SUM, *, backend=None):
@@ -675,13 +641,14 @@ cdef class Comm(_MPI.Intracomm):
         op : mpi4py.MPI.Op
             The reduction, as in ``Reduce``.
         """
-        self.call_reduce_scatter(sendbuf, recvbuf, recvcounts, op, False, backend, NULL)
+        self.call_reduce_scatter(sendbuf, recvbuf, recvcounts, op, False,
+                                 backend, BLOCKING, MPI_INFO_NULL, NULL)
 
     def Ireduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=SUM, *, backend=None):
         """Start a reduce-scatter; return a ``Request``. Arguments as ``Reduce_scatter``."""
         cdef Request req = Request.__new__(Request)
         req.ob_buf = self.call_reduce_scatter(sendbuf, recvbuf, recvcounts, op, False,
-                                              backend, &req.ob_mpi)
+                                              backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
         return req
 
     def Scan(self, sendbuf, recvbuf, op=SUM, *, backend=None):
@@ -689,12 +656,13 @@ cdef class Comm(_MPI.Intracomm):
 
         Arguments as ``Allreduce``.
         """
-        self.call_allreduce(sendbuf, recvbuf, op, 1, backend, NULL)
+        self.call_allreduce(sendbuf, recvbuf, op, 1, backend, BLOCKING, MPI_INFO_NULL, NULL)
 
     def Iscan(self, sendbuf, recvbuf, op=SUM, *, backend=None):
         """Start an inclusive scan; return a ``Request``. Arguments as ``Scan``."""
         cdef Request req = Request.__new__(Request)
-        req.ob_buf = self.call_allreduce(sendbuf, recvbuf, op, 1, backend, &req.ob_mpi)
+        req.ob_buf = self.call_allreduce(sendbuf, recvbuf, op, 1,
+                                         backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
         return req
 
     def Exscan(self, sendbuf, recvbuf, op=SUM, *, backend=None):
@@ -703,12 +671,227 @@ cdef class Comm(_MPI.Intracomm):
 
         Arguments as ``Allreduce``.
         """
-        self.call_allreduce(sendbuf, recvbuf, op, 2, backend, NULL)
+        self.call_allreduce(sendbuf, recvbuf, op, 2, backend, BLOCKING, MPI_INFO_NULL, NULL)
 
     def Iexscan(self, sendbuf, recvbuf, op=SUM, *, backend=None):
         """Start an exclusive scan; return a ``Request``. Arguments as ``Exscan``."""
         cdef Request req = Request.__new__(Request)
-        req.ob_buf = self.call_allreduce(sendbuf, recvbuf, op, 2, backend, &req.ob_mpi)
+        req.ob_buf = self.call_allreduce(sendbuf, recvbuf, op, 2,
+                                         backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
+        return req
+
+    # -- Persistent point-to-point and collectives --------------------------------
+
+    def Send_init(self, buf, dest, tag=0, *, backend=None):
+        """Create a persistent send; return an inactive ``Prequest``.
+
+        Arguments as ``Send``; each ``Start`` sends what `buf` holds then.
+        """
+        cdef Prequest req = Prequest.__new__(Prequest)
+        req.keep = self.call_send(buf, dest, tag, backend, PERSISTENT, &req.ob_mpi)
+        return req
+
+    def Recv_init(self, buf, source=ANY_SOURCE, tag=ANY_TAG, *, backend=None):
+        """Create a persistent receive; return an inactive ``Prequest``.
+
+        Arguments as ``Recv``; each ``Start`` receives into `buf` again.
+        """
+        cdef Prequest req = Prequest.__new__(Prequest)
+        cdef _Msg m = self.call_recv(buf, source, tag, None, backend, PERSISTENT, &req.ob_mpi)
+        req.keep = m
+        req.rtype = m.r.dtype
+        return req
+
+    def Barrier_init(self, info=None, *, backend=None):
+        """Create a persistent Barrier; return an inactive ``Prequest``.
+
+        Arguments as ``Barrier``, plus `info` (an ``MPI.Info`` or None); each
+        ``Start`` runs the operation on what the buffers hold then.
+        """
+        cdef Prequest req = Prequest.__new__(Prequest)
+        req.keep = self.call_barrier(backend, req.form(),
+                                    as_info(info), &req.ob_mpi)
+        req.emulate(self.Ibarrier, (), backend)
+        return req
+
+    def Bcast_init(self, buf, root=0, info=None, *, backend=None):
+        """Create a persistent Bcast; return an inactive ``Prequest``.
+
+        Arguments as ``Bcast``, plus `info` (an ``MPI.Info`` or None); each
+        ``Start`` runs the operation on what the buffers hold then.
+        """
+        cdef Prequest req = Prequest.__new__(Prequest)
+        req.keep = self.call_bcast(buf, root, backend, req.form(),
+                                  as_info(info), &req.ob_mpi)
+        req.emulate(self.Ibcast, (buf, root), backend)
+        return req
+
+    def Gather_init(self, sendbuf, recvbuf, root=0, info=None, *, backend=None):
+        """Create a persistent Gather; return an inactive ``Prequest``.
+
+        Arguments as ``Gather``, plus `info` (an ``MPI.Info`` or None); each
+        ``Start`` runs the operation on what the buffers hold then.
+        """
+        cdef Prequest req = Prequest.__new__(Prequest)
+        req.keep = self.call_gather(sendbuf, recvbuf, root, False, backend, req.form(),
+                                   as_info(info), &req.ob_mpi)
+        req.emulate(self.Igather, (sendbuf, recvbuf, root), backend)
+        return req
+
+    def Gatherv_init(self, sendbuf, recvbuf, root=0, info=None, *, backend=None):
+        """Create a persistent Gatherv; return an inactive ``Prequest``.
+
+        Arguments as ``Gatherv``, plus `info` (an ``MPI.Info`` or None); each
+        ``Start`` runs the operation on what the buffers hold then.
+        """
+        cdef Prequest req = Prequest.__new__(Prequest)
+        req.keep = self.call_gather(sendbuf, recvbuf, root, True, backend, req.form(),
+                                   as_info(info), &req.ob_mpi)
+        req.emulate(self.Igatherv, (sendbuf, recvbuf, root), backend)
+        return req
+
+    def Scatter_init(self, sendbuf, recvbuf, root=0, info=None, *, backend=None):
+        """Create a persistent Scatter; return an inactive ``Prequest``.
+
+        Arguments as ``Scatter``, plus `info` (an ``MPI.Info`` or None); each
+        ``Start`` runs the operation on what the buffers hold then.
+        """
+        cdef Prequest req = Prequest.__new__(Prequest)
+        req.keep = self.call_scatter(sendbuf, recvbuf, root, False, backend, req.form(),
+                                    as_info(info), &req.ob_mpi)
+        req.emulate(self.Iscatter, (sendbuf, recvbuf, root), backend)
+        return req
+
+    def Scatterv_init(self, sendbuf, recvbuf, root=0, info=None, *, backend=None):
+        """Create a persistent Scatterv; return an inactive ``Prequest``.
+
+        Arguments as ``Scatterv``, plus `info` (an ``MPI.Info`` or None); each
+        ``Start`` runs the operation on what the buffers hold then.
+        """
+        cdef Prequest req = Prequest.__new__(Prequest)
+        req.keep = self.call_scatter(sendbuf, recvbuf, root, True, backend, req.form(),
+                                    as_info(info), &req.ob_mpi)
+        req.emulate(self.Iscatterv, (sendbuf, recvbuf, root), backend)
+        return req
+
+    def Allgather_init(self, sendbuf, recvbuf, info=None, *, backend=None):
+        """Create a persistent Allgather; return an inactive ``Prequest``.
+
+        Arguments as ``Allgather``, plus `info` (an ``MPI.Info`` or None); each
+        ``Start`` runs the operation on what the buffers hold then.
+        """
+        cdef Prequest req = Prequest.__new__(Prequest)
+        req.keep = self.call_allgather(sendbuf, recvbuf, False, backend, req.form(),
+                                      as_info(info), &req.ob_mpi)
+        req.emulate(self.Iallgather, (sendbuf, recvbuf), backend)
+        return req
+
+    def Allgatherv_init(self, sendbuf, recvbuf, info=None, *, backend=None):
+        """Create a persistent Allgatherv; return an inactive ``Prequest``.
+
+        Arguments as ``Allgatherv``, plus `info` (an ``MPI.Info`` or None); each
+        ``Start`` runs the operation on what the buffers hold then.
+        """
+        cdef Prequest req = Prequest.__new__(Prequest)
+        req.keep = self.call_allgather(sendbuf, recvbuf, True, backend, req.form(),
+                                      as_info(info), &req.ob_mpi)
+        req.emulate(self.Iallgatherv, (sendbuf, recvbuf), backend)
+        return req
+
+    def Alltoall_init(self, sendbuf, recvbuf, info=None, *, backend=None):
+        """Create a persistent Alltoall; return an inactive ``Prequest``.
+
+        Arguments as ``Alltoall``, plus `info` (an ``MPI.Info`` or None); each
+        ``Start`` runs the operation on what the buffers hold then.
+        """
+        cdef Prequest req = Prequest.__new__(Prequest)
+        req.keep = self.call_alltoall(sendbuf, recvbuf, False, backend, req.form(),
+                                     as_info(info), &req.ob_mpi)
+        req.emulate(self.Ialltoall, (sendbuf, recvbuf), backend)
+        return req
+
+    def Alltoallv_init(self, sendbuf, recvbuf, info=None, *, backend=None):
+        """Create a persistent Alltoallv; return an inactive ``Prequest``.
+
+        Arguments as ``Alltoallv``, plus `info` (an ``MPI.Info`` or None); each
+        ``Start`` runs the operation on what the buffers hold then.
+        """
+        cdef Prequest req = Prequest.__new__(Prequest)
+        req.keep = self.call_alltoall(sendbuf, recvbuf, True, backend, req.form(),
+                                     as_info(info), &req.ob_mpi)
+        req.emulate(self.Ialltoallv, (sendbuf, recvbuf), backend)
+        return req
+
+    def Reduce_init(self, sendbuf, recvbuf, op=SUM, root=0, info=None, *, backend=None):
+        """Create a persistent Reduce; return an inactive ``Prequest``.
+
+        Arguments as ``Reduce``, plus `info` (an ``MPI.Info`` or None); each
+        ``Start`` runs the operation on what the buffers hold then.
+        """
+        cdef Prequest req = Prequest.__new__(Prequest)
+        req.keep = self.call_reduce(sendbuf, recvbuf, op, root, backend, req.form(),
+                                   as_info(info), &req.ob_mpi)
+        req.emulate(self.Ireduce, (sendbuf, recvbuf, op, root), backend)
+        return req
+
+    def Allreduce_init(self, sendbuf, recvbuf, op=SUM, info=None, *, backend=None):
+        """Create a persistent Allreduce; return an inactive ``Prequest``.
+
+        Arguments as ``Allreduce``, plus `info` (an ``MPI.Info`` or None); each
+        ``Start`` runs the operation on what the buffers hold then.
+        """
+        cdef Prequest req = Prequest.__new__(Prequest)
+        req.keep = self.call_allreduce(sendbuf, recvbuf, op, 0, backend, req.form(),
+                                      as_info(info), &req.ob_mpi)
+        req.emulate(self.Iallreduce, (sendbuf, recvbuf, op), backend)
+        return req
+
+    def Reduce_scatter_block_init(self, sendbuf, recvbuf, op=SUM, info=None, *, backend=None):
+        """Create a persistent Reduce_scatter_block; return an inactive ``Prequest``.
+
+        Arguments as ``Reduce_scatter_block``, plus `info` (an ``MPI.Info`` or None); each
+        ``Start`` runs the operation on what the buffers hold then.
+        """
+        cdef Prequest req = Prequest.__new__(Prequest)
+        req.keep = self.call_reduce_scatter(sendbuf, recvbuf, None, op, True, backend, req.form(),
+                                           as_info(info), &req.ob_mpi)
+        req.emulate(self.Ireduce_scatter_block, (sendbuf, recvbuf, op), backend)
+        return req
+
+    def Reduce_scatter_init(self, sendbuf, recvbuf, recvcounts=None, op=SUM, info=None, *, backend=None):
+        """Create a persistent Reduce_scatter; return an inactive ``Prequest``.
+
+        Arguments as ``Reduce_scatter``, plus `info` (an ``MPI.Info`` or None); each
+        ``Start`` runs the operation on what the buffers hold then.
+        """
+        cdef Prequest req = Prequest.__new__(Prequest)
+        req.keep = self.call_reduce_scatter(sendbuf, recvbuf, recvcounts, op, False, backend, req.form(),
+                                           as_info(info), &req.ob_mpi)
+        req.emulate(self.Ireduce_scatter, (sendbuf, recvbuf, recvcounts, op), backend)
+        return req
+
+    def Scan_init(self, sendbuf, recvbuf, op=SUM, info=None, *, backend=None):
+        """Create a persistent Scan; return an inactive ``Prequest``.
+
+        Arguments as ``Scan``, plus `info` (an ``MPI.Info`` or None); each
+        ``Start`` runs the operation on what the buffers hold then.
+        """
+        cdef Prequest req = Prequest.__new__(Prequest)
+        req.keep = self.call_allreduce(sendbuf, recvbuf, op, 1, backend, req.form(),
+                                      as_info(info), &req.ob_mpi)
+        req.emulate(self.Iscan, (sendbuf, recvbuf, op), backend)
+        return req
+
+    def Exscan_init(self, sendbuf, recvbuf, op=SUM, info=None, *, backend=None):
+        """Create a persistent Exscan; return an inactive ``Prequest``.
+
+        Arguments as ``Exscan``, plus `info` (an ``MPI.Info`` or None); each
+        ``Start`` runs the operation on what the buffers hold then.
+        """
+        cdef Prequest req = Prequest.__new__(Prequest)
+        req.keep = self.call_allreduce(sendbuf, recvbuf, op, 2, backend, req.form(),
+                                      as_info(info), &req.ob_mpi)
+        req.emulate(self.Iexscan, (sendbuf, recvbuf, op), backend)
         return req
 
     # -- Communicator management -------------------------------------------------

@@ -1,6 +1,8 @@
 # Request: completion of non-blocking operations. It keeps the message (and so
 # the buffers) alive until the operation completes.
 
+from functools import partial
+
 cdef class Request(_MPI.Request):
     """Handle of a non-blocking operation.
 
@@ -140,3 +142,92 @@ cdef object complete_all(object requests, object statuses, bint wait):
     finally:
         PyMem_Free(handles)
         PyMem_Free(sts)
+
+
+# Persistent requests. MPI-4 persistent collectives are used where the library
+# has them (include/mcr/dispatch.h); elsewhere, or when tests ask for it, a
+# Prequest emulates them by posting the non-blocking form at each Start.
+
+cdef bint emulate_persistent = not HAVE_PERSISTENT_COLL
+
+
+def _set_persistent_emulation(bint on):
+    """Emulate persistent collectives with non-blocking ones (for tests); return
+    the previous setting."""
+    global emulate_persistent
+    previous = emulate_persistent
+    emulate_persistent = on or not HAVE_PERSISTENT_COLL
+    return previous
+
+
+cdef MPI_Info as_info(object info) except? NULL:
+    if info is None:
+        return MPI_INFO_NULL
+    if not isinstance(info, _MPI.Info):
+        raise TypeError(f"info: expected an MPI.Info or None, got {type(info).__name__}")
+    return (<_MPI.Info>info).ob_mpi
+
+
+cdef class Prequest(Request):
+    """Handle of a persistent operation.
+
+    Made inactive by a ``*_init`` method (``Send_init``, ``Allreduce_init``,
+    ...), started with ``Start`` or ``Prequest.Startall``, completed like any
+    ``Request`` (``Wait``, ``Test``, ``Request.Waitall``, ...), and started again
+    as often as needed: each start moves what the buffers hold at that moment.
+    The buffers stay alive as long as the request. ``Free`` releases it.
+    """
+    cdef object keep          # the parsed message: the buffers, for the request's life
+    cdef object start_fn      # emulation: posts the non-blocking form, returns a Request
+
+    cdef int form(self) noexcept:
+        return VALIDATE if emulate_persistent else PERSISTENT
+
+    cdef int emulate(self, object nonblocking, tuple args, object backend) except -1:
+        if emulate_persistent:
+            self.start_fn = partial(nonblocking, *args, backend=backend)
+        return 0
+
+    def Start(self):
+        """Start the operation; the request must be inactive (new or completed).
+
+        Raises
+        ------
+        ValueError
+            If the request was freed or (emulated) is still active.
+        mcr.Exception
+            If MPI reports an error (e.g. starting an active request).
+        """
+        cdef int ierr
+        if self.start_fn is None:
+            if self.ob_mpi == MPI_REQUEST_NULL:
+                raise ValueError("request: it was freed (or never created)")
+            with nogil:
+                ierr = MPI_Start(&self.ob_mpi)
+            CHKERR(ierr)
+            return None
+        if self.ob_mpi != MPI_REQUEST_NULL:
+            raise ValueError("request: still active; complete it (Wait/Test) before "
+                             "starting it again")
+        cdef Request inner = self.start_fn()
+        self.ob_mpi, inner.ob_mpi = inner.ob_mpi, MPI_REQUEST_NULL
+        self.ob_buf, inner.ob_buf = inner.ob_buf, None
+        self.rtype = inner.rtype
+        return None
+
+    @classmethod
+    def Startall(cls, requests):
+        """Start each of `requests` (a sequence of ``Prequest``), in order."""
+        requests = list(requests)
+        for i, req in enumerate(requests):
+            if not isinstance(req, Prequest):
+                raise TypeError(f"requests[{i}]: expected an mcr.Prequest, got "
+                                f"{type(req).__name__}")
+        for req in requests:
+            req.Start()
+
+    def Free(self):
+        """Release the request (it should be inactive); freeing twice is harmless."""
+        if self.ob_mpi != MPI_REQUEST_NULL:
+            CHKERR(MPI_Request_free(&self.ob_mpi))
+        self.start_fn = None
