@@ -201,6 +201,33 @@ cdef class Comm(_MPI.Intracomm):
         CHKERR(ierr)
         status_type(status, m.r.dtype)
 
+    def Sendrecv_replace(self, buf, dest, sendtag=0, source=ANY_SOURCE, recvtag=ANY_TAG,
+                         status=None, *, backend=None):
+        """Send `buf` and receive into it, replacing its contents (blocking).
+
+        Parameters
+        ----------
+        buf : message spec
+            Sent to `dest`, then overwritten by the message from `source`;
+            must be writable.
+        dest, sendtag, source, recvtag, status
+            As in ``Sendrecv``.
+        """
+        self.prologue(backend)
+        cdef int idest = as_rank(dest, self.nprocs(), b"dest", True)
+        cdef int isource = as_source(source, self.nprocs())
+        cdef int isendtag = as_tag(sendtag, b"sendtag", False)
+        cdef int irecvtag = as_tag(recvtag, b"recvtag", True)
+        cdef _Msg m = _Msg.__new__(_Msg)
+        m.rown = parse_simple(buf, &m.r, True, b"buf")
+        cdef MPI_Status *sp = status_ptr(status)
+        cdef int ierr
+        with nogil:
+            ierr = MPI_Sendrecv_replace(m.r.addr, m.r.count, m.r.dtype, idest, isendtag,
+                                        isource, irecvtag, self.ob_mpi, sp)
+        CHKERR(ierr)
+        status_type(status, m.r.dtype)
+
     # -- Collectives -----------------------------------------------------------
 
     cdef _Msg call_barrier(self, object backend, int mode, MPI_Info info, MPI_Request *req):

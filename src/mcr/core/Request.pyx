@@ -16,9 +16,11 @@ cdef class Request(_MPI.Request):
         self.rtype = MPI_DATATYPE_NULL
 
     cdef inline int complete(self, object status) except -1:
+        # a completed persistent request stays allocated (inactive), and keeps
+        # its buffers; a completed non-blocking one lets them go
+        status_type(status, self.rtype)
         if self.ob_mpi == MPI_REQUEST_NULL:
             self.ob_buf = None
-            status_type(status, self.rtype)
         return 0
 
     def Wait(self, status=None):
@@ -100,48 +102,166 @@ cdef class Request(_MPI.Request):
         """
         return complete_all(requests, statuses, False)
 
+    @classmethod
+    def Waitany(cls, requests, status=None):
+        """Wait for any one of the requests to complete.
+
+        Parameters
+        ----------
+        requests : sequence of Request
+        status : mcr.Status, optional
+            Filled with the status of the completed request.
+
+        Returns
+        -------
+        int
+            The index of the completed request, or ``UNDEFINED`` if none of
+            `requests` is active.
+        """
+        return complete_any(requests, status, True)
+
+    @classmethod
+    def Testany(cls, requests, status=None):
+        """Test whether any one of the requests has completed, without blocking.
+
+        Returns
+        -------
+        tuple of (int, bool)
+            ``(index, True)`` for a completed request, ``(UNDEFINED, True)`` if
+            none is active, ``(UNDEFINED, False)`` if none has completed yet.
+        """
+        return complete_any(requests, status, False)
+
+    @classmethod
+    def Waitsome(cls, requests, statuses=None):
+        """Wait for at least one of the requests to complete.
+
+        Parameters
+        ----------
+        requests : sequence of Request
+        statuses : list, optional
+            Its first entries are filled (the list extended if shorter) with the
+            statuses of the completed requests, in the order of the indices.
+
+        Returns
+        -------
+        list of int or None
+            The indices of the requests that completed, or None if none of
+            `requests` is active.
+        """
+        return complete_some(requests, statuses, True)
+
+    @classmethod
+    def Testsome(cls, requests, statuses=None):
+        """Like ``Waitsome`` without blocking: the list may be empty."""
+        return complete_some(requests, statuses, False)
+
+
+cdef class _Handles:
+    """The MPI_Request handles of a list of requests, with room for statuses
+    and indices; `put_back` returns the handles and releases what completed."""
+    cdef list requests
+    cdef int n
+    cdef MPI_Request *handles
+    cdef MPI_Status *statuses
+    cdef int *indices
+
+    def __cinit__(self, requests):
+        self.requests = list(requests)
+        for i, req in enumerate(self.requests):
+            if not isinstance(req, _MPI.Request):
+                raise TypeError(f"requests[{i}]: expected an MPI.Request, got "
+                                f"{type(req).__name__}")
+        self.n = <int>len(self.requests)
+        cdef Py_ssize_t room = max(self.n, 1)
+        self.handles = <MPI_Request*>PyMem_Malloc(room * sizeof(MPI_Request))
+        self.statuses = <MPI_Status*>PyMem_Malloc(room * sizeof(MPI_Status))
+        self.indices = <int*>PyMem_Malloc(room * sizeof(int))
+        if self.handles == NULL or self.statuses == NULL or self.indices == NULL:
+            raise MemoryError
+        for i in range(self.n):
+            self.handles[i] = (<_MPI.Request>self.requests[i]).ob_mpi
+
+    def __dealloc__(self):
+        PyMem_Free(self.handles)
+        PyMem_Free(self.statuses)
+        PyMem_Free(self.indices)
+
+    cdef int put_back(self) except -1:
+        cdef _MPI.Request req
+        for i in range(self.n):
+            req = <_MPI.Request>self.requests[i]
+            req.ob_mpi = self.handles[i]
+            if req.ob_mpi == MPI_REQUEST_NULL:
+                req.ob_buf = None
+        return 0
+
+    cdef int fill_status(self, object status, int index, int k) except -1:
+        """Copy the status of requests[index] (k-th in self.statuses) into `status`."""
+        (<_MPI.Status>status).ob_mpi = self.statuses[k]
+        req = self.requests[index]
+        if isinstance(req, Request):
+            status_type(status, (<Request>req).rtype)
+        return 0
+
+    cdef int fill_list(self, object statuses, int count, bint by_index) except -1:
+        if statuses is None:
+            return 0
+        while len(statuses) < count:
+            statuses.append(Status())
+        for k in range(count):
+            self.fill_status(statuses[k], self.indices[k] if by_index else k, k)
+        return 0
+
 
 cdef object complete_all(object requests, object statuses, bint wait):
-    requests = list(requests)
-    cdef Py_ssize_t i, n = len(requests)
-    for i in range(n):
-        if not isinstance(requests[i], _MPI.Request):
-            raise TypeError(f"requests[{i}]: expected an MPI.Request, got "
-                            f"{type(requests[i]).__name__}")
-    cdef MPI_Request *handles = <MPI_Request*>PyMem_Malloc(max(n, 1) * sizeof(MPI_Request))
-    cdef MPI_Status *sts = <MPI_Status*>PyMem_Malloc(max(n, 1) * sizeof(MPI_Status))
-    cdef int flag = 1, ierr = MPI_SUCCESS
-    try:
-        if handles == NULL or sts == NULL:
-            raise MemoryError
-        for i in range(n):
-            handles[i] = (<_MPI.Request>requests[i]).ob_mpi
-        if wait:
-            with nogil:
-                ierr = MPI_Waitall(<int>n, handles, sts)
+    cdef _Handles h = _Handles(requests)
+    cdef int flag = 1, ierr
+    if wait:
+        with nogil:
+            ierr = MPI_Waitall(h.n, h.handles, h.statuses)
+    else:
+        ierr = MPI_Testall(h.n, h.handles, &flag, h.statuses)
+    h.put_back()
+    CHKERR(ierr)
+    if not flag:
+        return False
+    h.fill_list(statuses, h.n, False)
+    return True
+
+
+cdef object complete_any(object requests, object status, bint wait):
+    cdef _Handles h = _Handles(requests)
+    cdef int index = MPI_UNDEFINED, flag = 1, ierr
+    if wait:
+        with nogil:
+            ierr = MPI_Waitany(h.n, h.handles, &index, h.statuses)
+    else:
+        ierr = MPI_Testany(h.n, h.handles, &index, &flag, h.statuses)
+    h.put_back()
+    CHKERR(ierr)
+    if flag and status is not None:
+        if index != MPI_UNDEFINED:
+            h.fill_status(status, index, 0)
         else:
-            ierr = MPI_Testall(<int>n, handles, &flag, sts)
-        for i in range(n):
-            (<_MPI.Request>requests[i]).ob_mpi = handles[i]
-        CHKERR(ierr)
-        if not flag:
-            return False
-        for i in range(n):
-            req = requests[i]
-            if (<_MPI.Request>req).ob_mpi == MPI_REQUEST_NULL:
-                (<_MPI.Request>req).ob_buf = None
-        if statuses is not None:
-            while len(statuses) < n:
-                statuses.append(Status())
-            for i in range(n):
-                status = statuses[i]
-                (<_MPI.Status>status).ob_mpi = sts[i]
-                if isinstance(requests[i], Request):
-                    status_type(status, (<Request>requests[i]).rtype)
-        return True
-    finally:
-        PyMem_Free(handles)
-        PyMem_Free(sts)
+            (<_MPI.Status>status).ob_mpi = h.statuses[0]    # the empty status
+    return index if wait else (index, bool(flag))
+
+
+cdef object complete_some(object requests, object statuses, bint wait):
+    cdef _Handles h = _Handles(requests)
+    cdef int outcount = MPI_UNDEFINED, ierr
+    if wait:
+        with nogil:
+            ierr = MPI_Waitsome(h.n, h.handles, &outcount, h.indices, h.statuses)
+    else:
+        ierr = MPI_Testsome(h.n, h.handles, &outcount, h.indices, h.statuses)
+    h.put_back()
+    CHKERR(ierr)
+    if outcount == MPI_UNDEFINED:
+        return None
+    h.fill_list(statuses, outcount, True)
+    return [h.indices[k] for k in range(outcount)]
 
 
 # Persistent requests. MPI-4 persistent collectives are used where the library
@@ -215,19 +335,43 @@ cdef class Prequest(Request):
         self.rtype = inner.rtype
         return None
 
+    def __bool__(self):
+        # an emulated request between starts holds no MPI handle, yet is alive
+        return self.ob_mpi != MPI_REQUEST_NULL or self.start_fn is not None
+
     @classmethod
     def Startall(cls, requests):
-        """Start each of `requests` (a sequence of ``Prequest``), in order."""
+        """Start each of `requests` (a sequence of ``Prequest``), in order.
+
+        Requests that are known not to be startable (freed, or emulated and
+        still active) raise ``ValueError`` before any request is started.
+        """
         requests = list(requests)
-        for i, req in enumerate(requests):
-            if not isinstance(req, Prequest):
+        cdef Prequest req
+        for i, r in enumerate(requests):
+            if not isinstance(r, Prequest):
                 raise TypeError(f"requests[{i}]: expected an mcr.Prequest, got "
-                                f"{type(req).__name__}")
-        for req in requests:
-            req.Start()
+                                f"{type(r).__name__}")
+            req = <Prequest>r
+            if not req:
+                raise ValueError(f"requests[{i}]: it was freed (or never created)")
+            if req.start_fn is not None and req.ob_mpi != MPI_REQUEST_NULL:
+                raise ValueError(f"requests[{i}]: still active; complete it before "
+                                 "starting it again")
+        for r in requests:
+            r.Start()
 
     def Free(self):
-        """Release the request (it should be inactive); freeing twice is harmless."""
+        """Release the request; freeing twice is harmless.
+
+        Raises
+        ------
+        ValueError
+            If an emulated request is still active (complete it first).
+        """
+        if self.start_fn is not None and self.ob_mpi != MPI_REQUEST_NULL:
+            raise ValueError("request: still active; complete it (Wait/Test) before "
+                             "freeing it")
         if self.ob_mpi != MPI_REQUEST_NULL:
             CHKERR(MPI_Request_free(&self.ob_mpi))
         self.start_fn = None
