@@ -1,0 +1,111 @@
+"""Request.Waitany/Testany/Waitsome/Testsome and Sendrecv_replace at 1-4 ranks."""
+
+import torch
+
+import mcr
+from mpiharness import case, mpi_cases
+from util import assert_equal, rank_data
+
+
+def ring(comm):
+    return (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+
+
+@case
+def waitany_completes_every_request_once(comm):
+    right, left = ring(comm)
+    bufs = [torch.zeros(k + 1, dtype=torch.int32) for k in range(4)]
+    reqs = [comm.Irecv(bufs[k], left, tag=k) for k in range(4)]
+    sends = [comm.Isend(rank_data(comm.rank, k + 1, torch.int32, seed=k), right, tag=k)
+             for k in reversed(range(4))]
+    seen = []
+    while True:
+        status = mcr.Status()
+        index = mcr.Request.Waitany(reqs, status)
+        if index == mcr.UNDEFINED:
+            break
+        seen.append(index)
+        assert status.source == left and status.tag == index
+        assert status.Get_count() == index + 1              # elements, not bytes
+        assert_equal(bufs[index], rank_data(left, index + 1, torch.int32, seed=index))
+    assert sorted(seen) == [0, 1, 2, 3]
+    mcr.Request.Waitall(sends)
+    assert mcr.Request.Testany(reqs) == (mcr.UNDEFINED, True)
+
+
+@case
+def polling_testany_until_done(comm):
+    right, left = ring(comm)
+    out = torch.zeros(3, dtype=torch.float64)
+    reqs = [mcr.Request(), comm.Irecv(out, left, tag=7)]           # a null request too
+    send = comm.Isend(rank_data(comm.rank, 3, torch.float64), right, tag=7)
+    while True:
+        index, flag = mcr.Request.Testany(reqs)
+        if flag:
+            break
+    assert index == 1
+    send.Wait()
+    assert_equal(out, rank_data(left, 3, torch.float64))
+
+
+@case
+def waitsome_and_testsome_report_indices_and_statuses(comm):
+    right, left = ring(comm)
+    n = 5
+    bufs = [torch.zeros(2, dtype=torch.bfloat16) for _ in range(n)]
+    reqs = [comm.Irecv(bufs[k], left, tag=10 + k) for k in range(n)]
+    sends = [comm.Isend(rank_data(comm.rank, 2, torch.bfloat16, seed=k), right, tag=10 + k)
+             for k in range(n)]
+    done = []
+    polled = False
+    while len(done) < n:
+        statuses = []
+        if not polled:
+            indices = mcr.Request.Testsome(reqs, statuses)    # may be empty
+            polled = True
+        else:
+            indices = mcr.Request.Waitsome(reqs, statuses)
+        assert indices is not None
+        assert len(statuses) >= len(indices)
+        for index, status in zip(indices, statuses):
+            assert status.tag == 10 + index and status.source == left
+            assert status.Get_count() == 2
+        done += indices
+    assert sorted(done) == list(range(n))
+    for k in range(n):
+        assert_equal(bufs[k], rank_data(left, 2, torch.bfloat16, seed=k))
+    assert mcr.Request.Waitsome(reqs) is None            # none active
+    assert mcr.Request.Testsome(reqs) is None
+    mcr.Request.Waitall(sends)
+
+
+@case
+def sendrecv_replace_on_a_ring(comm):
+    right, left = ring(comm)
+    for seed, dtype in enumerate([torch.float32, torch.float16, torch.int64, torch.complex64]):
+        buf = rank_data(comm.rank, 6, dtype, seed)
+        status = mcr.Status()
+        comm.Sendrecv_replace(buf, right, 3, left, 3, status)
+        assert_equal(buf, rank_data(left, 6, dtype, seed))
+        assert status.source == left and status.Get_count() == 6
+    # explicit count: only the first 4 elements travel, the rest stay
+    buf = rank_data(comm.rank, 6, torch.int32, 9)
+    comm.Sendrecv_replace([buf, 4], right, source=left)
+    expected = torch.cat([rank_data(left, 6, torch.int32, 9)[:4],
+                          rank_data(comm.rank, 6, torch.int32, 9)[4:]])
+    assert_equal(buf, expected)
+
+
+@case
+def sendrecv_replace_rejects_bad_input(comm):
+    from util import assert_comm_works, raises
+    with raises(IndexError, "dest: rank", str(comm.size)):
+        comm.Sendrecv_replace(torch.zeros(2), comm.size)
+    with raises(BufferError, "buf:", "read-only"):
+        comm.Sendrecv_replace(b"abcd", 0)
+    with raises(BufferError, "not contiguous"):
+        comm.Sendrecv_replace(torch.zeros(4)[::2], 0)
+    assert_comm_works(comm)
+
+
+test_mpi = mpi_cases(__name__)
