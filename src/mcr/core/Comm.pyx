@@ -923,6 +923,29 @@ cdef class Comm(_MPI.Intracomm):
 
     # -- Communicator management -------------------------------------------------
 
+    def Free(self):
+        """Free the communicator (collective over its processes).
+
+        Freeing a null communicator (already freed, or from ``Split`` with
+        ``UNDEFINED``) does nothing, so ``Free`` is idempotent; afterwards every
+        operation on this object raises ``ValueError``. Other Python objects
+        that share the handle (``comm.to_mpi4py()``, ``mcr.Comm(comm)``) must
+        not be used after it either.
+
+        Raises
+        ------
+        ValueError
+            For ``COMM_WORLD`` and ``COMM_SELF``, which MPI does not free.
+        """
+        if self.ob_mpi == MPI_COMM_NULL:
+            return None
+        if self.ob_mpi == MPI_COMM_WORLD or self.ob_mpi == MPI_COMM_SELF:
+            raise ValueError("comm: COMM_WORLD and COMM_SELF cannot be freed")
+        cdef int ierr
+        with nogil:
+            ierr = MPI_Comm_free(&self.ob_mpi)
+        CHKERR(ierr)
+
     def Split(self, int color=0, int key=0):
         """Split into disjoint communicators by `color`, ordered by `key`.
 
