@@ -80,6 +80,23 @@ def waitsome_and_testsome_report_indices_and_statuses(comm):
 
 
 @case
+def get_status_peeks_without_completing(comm):
+    right, left = ring(comm)
+    out = torch.zeros(4, dtype=torch.int16)
+    req = comm.Irecv(out, left, tag=21)
+    send = comm.Isend(rank_data(comm.rank, 4, torch.int16), right, tag=21)
+    status = mcr.Status()
+    while not req.Get_status(status):
+        pass
+    assert req                                   # still a live request: not completed
+    assert status.source == left and status.tag == 21 and status.Get_count() == 4
+    req.Wait()
+    send.Wait()
+    assert not req
+    assert_equal(out, rank_data(left, 4, torch.int16))
+
+
+@case
 def sendrecv_replace_on_a_ring(comm):
     right, left = ring(comm)
     for seed, dtype in enumerate([torch.float32, torch.float16, torch.int64, torch.complex64]):

@@ -68,6 +68,25 @@ cdef class Request(_MPI.Request):
             self.complete(status)
         return bool(flag)
 
+    def Get_status(self, status=None):
+        """Whether the operation has completed, without completing the request.
+
+        Parameters
+        ----------
+        status : mcr.Status, optional
+            Filled (counting elements) when the operation has completed.
+
+        Returns
+        -------
+        bool
+        """
+        cdef MPI_Status *sp = status_ptr(status)
+        cdef int flag = 0
+        CHKERR(MPI_Request_get_status(self.ob_mpi, &flag, sp))
+        if flag:
+            status_type(status, self.rtype)
+        return bool(flag)
+
     @classmethod
     def Waitall(cls, requests, statuses=None):
         """Wait for all requests to complete.
