@@ -1109,4 +1109,19 @@ def startall_checks_before_starting_any(comm):
             mcr.Prequest.Startall([first])
 
 
+@case
+def start_after_the_communicator_was_freed_raises(comm):
+    for on in (False, True):
+        with emulation(on):
+            dup = comm.Dup()
+            req = dup.Allreduce_init(torch.ones(2), torch.zeros(2))
+            dup.Free()
+            with raises(ValueError, "communicator was freed"):
+                req.Start()
+            with raises(ValueError, "requests[0]", "communicator was freed"):
+                mcr.Prequest.Startall([req])
+            req.Free()
+    assert_comm_works(comm)
+
+
 test_mpi = mpi_cases(__name__)

@@ -1,10 +1,12 @@
 """Request.Waitany/Testany/Waitsome/Testsome and Sendrecv_replace at 1-4 ranks."""
 
+import numpy as np
 import torch
 
 import mcr
+from mcr import MPI
 from mpiharness import case, mpi_cases
-from util import assert_equal, rank_data
+from util import assert_comm_works, assert_equal, raises, rank_data
 
 
 def ring(comm):
@@ -97,6 +99,31 @@ def get_status_peeks_without_completing(comm):
 
 
 @case
+def probe_then_receive_with_a_reused_status(comm):
+    right, left = ring(comm)
+    status = mcr.Status()
+    out = torch.zeros(4, dtype=torch.float64)
+    comm.Sendrecv(torch.ones(4, dtype=torch.float64), right, 1, out, left, 1, status)
+    assert status.Get_count() == 4                    # elements of the receive
+    send = comm.Isend(np.arange(6, dtype=np.int32), right, tag=2)
+    assert comm.Probe(left, 2, status) is True
+    assert status.Get_count() == 24                   # probe: bytes, not the old type
+    assert status.Get_count(MPI.INT32_T) == 6
+    while not comm.Iprobe(left, 2, status):
+        pass
+    assert status.source == left and status.tag == 2 and status.Get_count() == 24
+    buf = np.zeros(6, dtype=np.int32)
+    comm.Recv(buf, left, 2, status)
+    assert status.Get_count() == 6 and buf.tolist() == list(range(6))
+    send.Wait()
+    with raises(IndexError, "source: rank"):
+        comm.Probe(comm.size + 3)
+    with raises(ValueError, "tag: tag -4"):
+        comm.Iprobe(tag=-4)
+    assert_comm_works(comm)
+
+
+@case
 def sendrecv_replace_on_a_ring(comm):
     right, left = ring(comm)
     for seed, dtype in enumerate([torch.float32, torch.float16, torch.int64, torch.complex64]):
@@ -115,7 +142,6 @@ def sendrecv_replace_on_a_ring(comm):
 
 @case
 def sendrecv_replace_rejects_bad_input(comm):
-    from util import assert_comm_works, raises
     with raises(IndexError, "dest: rank", str(comm.size)):
         comm.Sendrecv_replace(torch.zeros(2), comm.size)
     with raises(BufferError, "buf:", "read-only"):

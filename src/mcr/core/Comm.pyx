@@ -228,6 +228,53 @@ cdef class Comm(_MPI.Intracomm):
         CHKERR(ierr)
         status_type(status, m.r.dtype)
 
+    def Probe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None, *, backend=None):
+        """Wait until a message from `source` with `tag` can be received.
+
+        Parameters
+        ----------
+        source : int
+            Rank of the sender, ``ANY_SOURCE`` or ``PROC_NULL``.
+        tag : int
+            Message tag or ``ANY_TAG``.
+        status : mcr.Status, optional
+            Filled with the source, tag and size of the message
+            (``Get_count(datatype)`` to count elements of a type).
+
+        Returns
+        -------
+        True
+        """
+        self.prologue(backend)
+        cdef int isource = as_source(source, self.nprocs())
+        cdef int itag = as_tag(tag, b"tag", True)
+        cdef MPI_Status *sp = status_ptr(status)
+        cdef int ierr
+        with nogil:
+            ierr = MPI_Probe(isource, itag, self.ob_mpi, sp)
+        CHKERR(ierr)
+        status_type(status, MPI_DATATYPE_NULL)     # no receive yet: counts in bytes
+        return True
+
+    def Iprobe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None, *, backend=None):
+        """Whether a message from `source` with `tag` can be received now.
+
+        Arguments as ``Probe``; `status` is filled only when it returns True.
+
+        Returns
+        -------
+        bool
+        """
+        self.prologue(backend)
+        cdef int isource = as_source(source, self.nprocs())
+        cdef int itag = as_tag(tag, b"tag", True)
+        cdef MPI_Status *sp = status_ptr(status)
+        cdef int flag = 0
+        CHKERR(MPI_Iprobe(isource, itag, self.ob_mpi, &flag, sp))
+        if flag:
+            status_type(status, MPI_DATATYPE_NULL)
+        return bool(flag)
+
     # -- Collectives -----------------------------------------------------------
 
     cdef _Msg call_barrier(self, object backend, int mode, MPI_Info info, MPI_Request *req):
@@ -715,6 +762,7 @@ cdef class Comm(_MPI.Intracomm):
         Arguments as ``Send``; each ``Start`` sends what `buf` holds then.
         """
         cdef Prequest req = Prequest.__new__(Prequest)
+        req.comm = self
         req.keep = self.call_send(buf, dest, tag, backend, PERSISTENT, &req.ob_mpi)
         return req
 
@@ -724,6 +772,7 @@ cdef class Comm(_MPI.Intracomm):
         Arguments as ``Recv``; each ``Start`` receives into `buf` again.
         """
         cdef Prequest req = Prequest.__new__(Prequest)
+        req.comm = self
         cdef _Msg m = self.call_recv(buf, source, tag, None, backend, PERSISTENT, &req.ob_mpi)
         req.keep = m
         req.rtype = m.r.dtype
@@ -736,6 +785,7 @@ cdef class Comm(_MPI.Intracomm):
         ``Start`` runs the operation on what the buffers hold then.
         """
         cdef Prequest req = Prequest.__new__(Prequest)
+        req.comm = self
         req.keep = self.call_barrier(backend, req.form(),
                                     as_info(info), &req.ob_mpi)
         req.emulate(self.Ibarrier, (), backend)
@@ -748,6 +798,7 @@ cdef class Comm(_MPI.Intracomm):
         ``Start`` runs the operation on what the buffers hold then.
         """
         cdef Prequest req = Prequest.__new__(Prequest)
+        req.comm = self
         req.keep = self.call_bcast(buf, root, backend, req.form(),
                                   as_info(info), &req.ob_mpi)
         req.emulate(self.Ibcast, (buf, root), backend)
@@ -760,6 +811,7 @@ cdef class Comm(_MPI.Intracomm):
         ``Start`` runs the operation on what the buffers hold then.
         """
         cdef Prequest req = Prequest.__new__(Prequest)
+        req.comm = self
         req.keep = self.call_gather(sendbuf, recvbuf, root, False, backend, req.form(),
                                    as_info(info), &req.ob_mpi)
         req.emulate(self.Igather, (sendbuf, recvbuf, root), backend)
@@ -772,6 +824,7 @@ cdef class Comm(_MPI.Intracomm):
         ``Start`` runs the operation on what the buffers hold then.
         """
         cdef Prequest req = Prequest.__new__(Prequest)
+        req.comm = self
         req.keep = self.call_gather(sendbuf, recvbuf, root, True, backend, req.form(),
                                    as_info(info), &req.ob_mpi)
         req.emulate(self.Igatherv, (sendbuf, recvbuf, root), backend)
@@ -784,6 +837,7 @@ cdef class Comm(_MPI.Intracomm):
         ``Start`` runs the operation on what the buffers hold then.
         """
         cdef Prequest req = Prequest.__new__(Prequest)
+        req.comm = self
         req.keep = self.call_scatter(sendbuf, recvbuf, root, False, backend, req.form(),
                                     as_info(info), &req.ob_mpi)
         req.emulate(self.Iscatter, (sendbuf, recvbuf, root), backend)
@@ -796,6 +850,7 @@ cdef class Comm(_MPI.Intracomm):
         ``Start`` runs the operation on what the buffers hold then.
         """
         cdef Prequest req = Prequest.__new__(Prequest)
+        req.comm = self
         req.keep = self.call_scatter(sendbuf, recvbuf, root, True, backend, req.form(),
                                     as_info(info), &req.ob_mpi)
         req.emulate(self.Iscatterv, (sendbuf, recvbuf, root), backend)
@@ -808,6 +863,7 @@ cdef class Comm(_MPI.Intracomm):
         ``Start`` runs the operation on what the buffers hold then.
         """
         cdef Prequest req = Prequest.__new__(Prequest)
+        req.comm = self
         req.keep = self.call_allgather(sendbuf, recvbuf, False, backend, req.form(),
                                       as_info(info), &req.ob_mpi)
         req.emulate(self.Iallgather, (sendbuf, recvbuf), backend)
@@ -820,6 +876,7 @@ cdef class Comm(_MPI.Intracomm):
         ``Start`` runs the operation on what the buffers hold then.
         """
         cdef Prequest req = Prequest.__new__(Prequest)
+        req.comm = self
         req.keep = self.call_allgather(sendbuf, recvbuf, True, backend, req.form(),
                                       as_info(info), &req.ob_mpi)
         req.emulate(self.Iallgatherv, (sendbuf, recvbuf), backend)
@@ -832,6 +889,7 @@ cdef class Comm(_MPI.Intracomm):
         ``Start`` runs the operation on what the buffers hold then.
         """
         cdef Prequest req = Prequest.__new__(Prequest)
+        req.comm = self
         req.keep = self.call_alltoall(sendbuf, recvbuf, False, backend, req.form(),
                                      as_info(info), &req.ob_mpi)
         req.emulate(self.Ialltoall, (sendbuf, recvbuf), backend)
@@ -844,6 +902,7 @@ cdef class Comm(_MPI.Intracomm):
         ``Start`` runs the operation on what the buffers hold then.
         """
         cdef Prequest req = Prequest.__new__(Prequest)
+        req.comm = self
         req.keep = self.call_alltoall(sendbuf, recvbuf, True, backend, req.form(),
                                      as_info(info), &req.ob_mpi)
         req.emulate(self.Ialltoallv, (sendbuf, recvbuf), backend)
@@ -856,6 +915,7 @@ cdef class Comm(_MPI.Intracomm):
         ``Start`` runs the operation on what the buffers hold then.
         """
         cdef Prequest req = Prequest.__new__(Prequest)
+        req.comm = self
         req.keep = self.call_reduce(sendbuf, recvbuf, op, root, backend, req.form(),
                                    as_info(info), &req.ob_mpi)
         req.emulate(self.Ireduce, (sendbuf, recvbuf, op, root), backend)
@@ -868,6 +928,7 @@ cdef class Comm(_MPI.Intracomm):
         ``Start`` runs the operation on what the buffers hold then.
         """
         cdef Prequest req = Prequest.__new__(Prequest)
+        req.comm = self
         req.keep = self.call_allreduce(sendbuf, recvbuf, op, 0, backend, req.form(),
                                       as_info(info), &req.ob_mpi)
         req.emulate(self.Iallreduce, (sendbuf, recvbuf, op), backend)
@@ -880,6 +941,7 @@ cdef class Comm(_MPI.Intracomm):
         ``Start`` runs the operation on what the buffers hold then.
         """
         cdef Prequest req = Prequest.__new__(Prequest)
+        req.comm = self
         req.keep = self.call_reduce_scatter(sendbuf, recvbuf, None, op, True, backend, req.form(),
                                            as_info(info), &req.ob_mpi)
         req.emulate(self.Ireduce_scatter_block, (sendbuf, recvbuf, op), backend)
@@ -892,6 +954,7 @@ cdef class Comm(_MPI.Intracomm):
         ``Start`` runs the operation on what the buffers hold then.
         """
         cdef Prequest req = Prequest.__new__(Prequest)
+        req.comm = self
         req.keep = self.call_reduce_scatter(sendbuf, recvbuf, recvcounts, op, False, backend, req.form(),
                                            as_info(info), &req.ob_mpi)
         req.emulate(self.Ireduce_scatter, (sendbuf, recvbuf, recvcounts, op), backend)
@@ -904,6 +967,7 @@ cdef class Comm(_MPI.Intracomm):
         ``Start`` runs the operation on what the buffers hold then.
         """
         cdef Prequest req = Prequest.__new__(Prequest)
+        req.comm = self
         req.keep = self.call_allreduce(sendbuf, recvbuf, op, 1, backend, req.form(),
                                       as_info(info), &req.ob_mpi)
         req.emulate(self.Iscan, (sendbuf, recvbuf, op), backend)
@@ -916,6 +980,7 @@ cdef class Comm(_MPI.Intracomm):
         ``Start`` runs the operation on what the buffers hold then.
         """
         cdef Prequest req = Prequest.__new__(Prequest)
+        req.comm = self
         req.keep = self.call_allreduce(sendbuf, recvbuf, op, 2, backend, req.form(),
                                       as_info(info), &req.ob_mpi)
         req.emulate(self.Iexscan, (sendbuf, recvbuf, op), backend)

@@ -318,6 +318,7 @@ cdef class Prequest(Request):
     """
     cdef object keep          # the parsed message: the buffers, for the request's life
     cdef object start_fn      # emulation: posts the non-blocking form, returns a Request
+    cdef object comm          # the communicator it was made on
 
     cdef int form(self) noexcept:
         return VALIDATE if emulate_persistent else PERSISTENT
@@ -333,11 +334,16 @@ cdef class Prequest(Request):
         Raises
         ------
         ValueError
-            If the request was freed or (emulated) is still active.
+            If the request or its communicator was freed, or (emulated) the
+            request is still active.
         mcr.Exception
             If MPI reports an error (e.g. starting an active request).
         """
         cdef int ierr
+        if self.comm is not None and (<_MPI.Comm>self.comm).ob_mpi == MPI_COMM_NULL:
+            # Open MPI crashes starting a persistent collective on a freed comm
+            raise ValueError("request: its communicator was freed; free persistent "
+                             "requests before their communicator")
         if self.start_fn is None:
             if self.ob_mpi == MPI_REQUEST_NULL:
                 raise ValueError("request: it was freed (or never created)")
@@ -377,6 +383,8 @@ cdef class Prequest(Request):
             if req.start_fn is not None and req.ob_mpi != MPI_REQUEST_NULL:
                 raise ValueError(f"requests[{i}]: still active; complete it before "
                                  "starting it again")
+            if req.comm is not None and (<_MPI.Comm>req.comm).ob_mpi == MPI_COMM_NULL:
+                raise ValueError(f"requests[{i}]: its communicator was freed")
         for r in requests:
             r.Start()
 
