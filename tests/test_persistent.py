@@ -1124,4 +1124,34 @@ def start_after_the_communicator_was_freed_raises(comm):
     assert_comm_works(comm)
 
 
+@case
+def collectives_on_numpy_arrays(comm):
+    size, rank = comm.size, comm.rank
+    counts = [(r % 3) for r in range(size)]            # uneven, with zeros
+    displs = list(np.cumsum([0] + counts[:-1]))
+    for on in (False, True):
+        with emulation(on):
+            x = np.zeros(4, dtype=np.float64)
+            total = np.zeros(4, dtype=np.float64)
+            prefix = np.zeros(4, dtype=np.float64)
+            mine = np.zeros(counts[rank], dtype=np.int32)
+            gathered = np.zeros(sum(counts), dtype=np.int32)
+            reqs = [comm.Allreduce_init(x, total, op=mcr.SUM),
+                    comm.Scan_init(x, prefix, op=mcr.MAX),
+                    comm.Allgatherv_init(mine, [gathered, counts, displs])]
+            for it in range(3):
+                data = [np.arange(4.0) * (r + 1) + it for r in range(size)]
+                x[:] = data[rank]
+                mine[:] = np.arange(counts[rank], dtype=np.int32) + 10 * rank + it
+                mcr.Prequest.Startall(reqs)
+                mcr.Request.Waitall(reqs)
+                np.testing.assert_array_equal(total, np.sum(data, axis=0))
+                np.testing.assert_array_equal(prefix, np.max(data[:rank + 1], axis=0))
+                expected = np.concatenate([np.arange(counts[r], dtype=np.int32) + 10 * r + it
+                                           for r in range(size)])
+                np.testing.assert_array_equal(gathered, expected)
+            for req in reqs:
+                req.Free()
+
+
 test_mpi = mpi_cases(__name__)
