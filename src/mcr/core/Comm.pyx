@@ -1,7 +1,8 @@
 # Comm: an mpi4py Intracomm whose buffer methods run on tensors and any buffer.
 # Each operation has one `call_*` method that parses and validates the message
-# and calls MPI with the GIL released (blocking when `req` is NULL, otherwise
-# non-blocking into `req`); the public methods are thin wrappers around it.
+# and calls MPI with the GIL released, in the form `mode` asks for (blocking,
+# non-blocking or persistent into `req`; include/mcr/dispatch.h); the public
+# methods are thin wrappers around it.
 
 cdef object SUM = _mpi4py.SUM
 cdef object ANY_SOURCE = _mpi4py.ANY_SOURCE
@@ -46,9 +47,9 @@ cdef class Comm(_MPI.Intracomm):
 
     ``mcr.Comm(comm)`` wraps an ``mpi4py.MPI.Intracomm`` (or another
     ``mcr.Comm``) and shares its MPI communicator. A ``mcr.Comm`` *is* an
-    ``mpi4py.MPI.Intracomm``: methods mcr does not define (``Dup``, ``Split``,
-    ``Free``, ``Compare``, the lowercase pickle-based methods, ...) are mpi4py's
-    and return ``mcr.Comm`` objects where they create communicators.
+    ``mpi4py.MPI.Intracomm``: methods mcr does not define (``Dup``,
+    ``Compare``, the lowercase pickle-based methods, ...) are mpi4py's, and
+    those that create communicators return ``mcr.Comm`` objects.
 
     Every buffer method takes mpi4py's arguments plus a keyword-only
     ``backend`` (``None``, ``"mpi"`` or ``"auto"``: today every call runs on
