@@ -521,52 +521,41 @@ def scatterv_init(comm):
     r.done()
 
 
-@case
-def allgather_init(comm):
+def run_in_place_variants(comm, name, build, seed_of):
+    """Run `build(comm, dtype, in_place, seed)` in both modes, for every dtype and
+    with and without IN_PLACE."""
     r = Runner(comm)
     for emulated in MODES:
         with emulation(emulated):
             for seed, dtype in enumerate(MOVE_DTYPES):
                 for in_place in (False, True):
-                    r.run(f"Allgather_init {mode_name(emulated)} {dtype} in_place={in_place}",
-                          build_allgather(comm, dtype, in_place, 10 * seed))
+                    r.run(f"{name} {mode_name(emulated)} {dtype} in_place={in_place}",
+                          build(comm, dtype, in_place, seed_of(seed, in_place)))
     r.done()
+
+
+@case
+def allgather_init(comm):
+    run_in_place_variants(comm, "Allgather_init", build_allgather,
+                          lambda seed, in_place: 10 * seed)
 
 
 @case
 def allgatherv_init(comm):
-    r = Runner(comm)
-    for emulated in MODES:
-        with emulation(emulated):
-            for seed, dtype in enumerate(MOVE_DTYPES):
-                for in_place in (False, True):
-                    r.run(f"Allgatherv_init {mode_name(emulated)} {dtype} in_place={in_place}",
-                          build_allgatherv(comm, dtype, in_place, 10 * seed + in_place))
-    r.done()
+    run_in_place_variants(comm, "Allgatherv_init", build_allgatherv,
+                          lambda seed, in_place: 10 * seed + in_place)
 
 
 @case
 def alltoall_init(comm):
-    r = Runner(comm)
-    for emulated in MODES:
-        with emulation(emulated):
-            for seed, dtype in enumerate(MOVE_DTYPES):
-                for in_place in (False, True):
-                    r.run(f"Alltoall_init {mode_name(emulated)} {dtype} in_place={in_place}",
-                          build_alltoall(comm, dtype, in_place, 10 * seed))
-    r.done()
+    run_in_place_variants(comm, "Alltoall_init", build_alltoall,
+                          lambda seed, in_place: 10 * seed)
 
 
 @case
 def alltoallv_init(comm):
-    r = Runner(comm)
-    for emulated in MODES:
-        with emulation(emulated):
-            for seed, dtype in enumerate(MOVE_DTYPES):
-                for in_place in (False, True):
-                    r.run(f"Alltoallv_init {mode_name(emulated)} {dtype} in_place={in_place}",
-                          build_alltoallv(comm, dtype, in_place, 10 * seed + in_place))
-    r.done()
+    run_in_place_variants(comm, "Alltoallv_init", build_alltoallv,
+                          lambda seed, in_place: 10 * seed + in_place)
 
 
 @case
