@@ -448,7 +448,7 @@ def non_contiguous_numpy_arrays(comm):
 @case
 def cuda_like_objects(comm):
     dst, src = right(comm), left(comm)
-    check(comm, TypeError, ["buf", "CUDA buffers (FakeCudaArray) are not supported"],
+    check(comm, TypeError, ["buf", "CUDA buffer (FakeCudaArray)", "no CUDA device"],
           comm.Send, FakeCudaArray(4), dst)
     check(comm, TypeError, ["buf", "CUDA"], comm.Irecv, FakeCudaArray(4), src)
     check(comm, TypeError, ["sendbuf", "CUDA"], comm.Allreduce, FakeCudaArray(4), torch.zeros(4))
@@ -580,15 +580,20 @@ def tag_above_tag_ub(comm):
 @case
 def bad_backends(comm):
     x = torch.ones(2)
-    for name in ("nccl", "gloo", "", "MPI", "ucc"):
-        check(comm, ValueError, ["backend", f"unknown backend {name!r}", "mpi"],
+    for name in ("nccl-x", "Gloo", "", "MPI", "ucc"):
+        check(comm, ValueError, ["backend", f"unknown backend {name!r}", "mpi, gloo, nccl"],
               comm.Allreduce, x, torch.zeros(2), backend=name)
         check(comm, ValueError, ["backend", f"{name!r}"], comm.Send, x, right(comm), backend=name)
         check(comm, ValueError, ["backend"], comm.Ibarrier, backend=name)
     check(comm, TypeError, ["backend", "expected a string or None", "int"],
           comm.Bcast, x, 0, backend=3)
+    # a backend that cannot serve the buffer names itself and the buffer
+    check(comm, ValueError, ["sendbuf", "backend 'nccl'", "host memory"],
+          comm.Allreduce, x, torch.zeros(2), backend="nccl")
+    check(comm, ValueError, ["buf", "backend 'nccl'", "host memory"],
+          comm.Send, x, right(comm), backend="nccl")
     # the valid names work
-    for name in (None, "mpi", "auto"):
+    for name in (None, "mpi", "auto", "gloo"):
         y = torch.zeros(2)
         comm.Allreduce(x, y, backend=name)
         assert_equal(y, torch.full((2,), float(comm.size)))
@@ -752,7 +757,9 @@ def test_errors_in_process_on_comm_self():
     check(comm, TypeError, ["op", "MPI.BAND", "float32"], comm.Allreduce, torch.ones(2),
           torch.zeros(2), mcr.BAND)
     check(comm, BufferError, ["buf", "not contiguous"], comm.Send, torch.zeros(4)[::2], 0)
-    check(comm, ValueError, ["backend", "'nccl'"], comm.Barrier, backend="nccl")
+    check(comm, ValueError, ["backend", "'nccl-x'"], comm.Barrier, backend="nccl-x")
+    check(comm, ValueError, ["backend 'nccl'", "host memory"], comm.Bcast, torch.ones(2),
+          backend="nccl")
     sreq = comm.Isend(torch.arange(6.0), 0, 0)
     with raises(mcr.Exception):
         comm.Recv(torch.zeros(2), 0, 0)

@@ -1,5 +1,6 @@
 # cython: embedsignature=True
-"""mcr's compiled core: message parsing, validation, and the MPI backend.
+"""mcr's compiled core: message parsing, validation, the MPI backend, and the
+requests and progress shared by all backends.
 
 The core calls the MPI C API directly (through mpi4py's ``libmpi`` declarations)
 with the GIL released. Its classes extend mpi4py's, so a ``mcr.Comm`` is an
@@ -29,6 +30,8 @@ include "msgbuffer.pxi"
 include "dispatch.pxi"
 include "Exception.pyx"
 include "Status.pyx"
+include "staging.pxi"
+include "progress.pxi"
 include "Request.pyx"
 include "Comm.pyx"
 include "initialize.pxi"

@@ -8,7 +8,15 @@ cdef object SUM = _mpi4py.SUM
 cdef object ANY_SOURCE = _mpi4py.ANY_SOURCE
 cdef object ANY_TAG = _mpi4py.ANY_TAG
 cdef int TAG_UB = 32767          # read from MPI at import (MPI guarantees >= 32767)
-BACKENDS = ("mpi",)
+cdef object _backends = None     # mcr.backends: the registry, imported at first use
+
+
+cdef object backends_module():
+    global _backends
+    if _backends is None:
+        from mcr import backends
+        _backends = backends
+    return _backends
 
 
 cdef int as_tag(object value, const char *arg, bint allow_any) except? -1:
@@ -34,12 +42,22 @@ cdef inline int as_source(object value, int size) except? -1:
 
 
 cdef int check_backend(object backend) except -1:
-    if backend in ("mpi", "auto"):
+    if backend == "mpi" or backend == "auto":
         return 0
-    if not isinstance(backend, str):
-        raise TypeError(f"backend: expected a string or None, got {type(backend).__name__}")
-    raise ValueError(f"backend: unknown backend {backend!r}; available: "
-                     f"{', '.join(BACKENDS)}, or 'auto'")
+    backends_module().check_name(backend)
+    return 0
+
+
+cdef object default_backend():
+    """The backend new communicators use: $MCR_BACKEND, else MPI (None)."""
+    import os
+    name = os.environ.get("MCR_BACKEND") or None
+    if name is not None:
+        try:
+            check_backend(name)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"MCR_BACKEND: {exc}") from None
+    return None if name == "mpi" else name
 
 
 cdef class Comm(_MPI.Intracomm):
@@ -52,11 +70,30 @@ cdef class Comm(_MPI.Intracomm):
     those that create communicators return ``mcr.Comm`` objects.
 
     Every buffer method takes mpi4py's arguments plus a keyword-only
-    ``backend`` (``None``, ``"mpi"`` or ``"auto"``: today every call runs on
-    MPI). Bad arguments raise ``TypeError``, ``ValueError``, ``IndexError`` or
-    ``BufferError`` naming the argument, before any MPI call; MPI errors raise
-    ``mcr.Exception``.
+    ``backend``: ``"mpi"``, ``"gloo"``, ``"nccl"`` (CUDA tensors), ``"auto"``,
+    or ``None`` for the communicator's default (the ``backend`` attribute,
+    initially ``$MCR_BACKEND`` or ``"mpi"``). Bad arguments raise
+    ``TypeError``, ``ValueError``, ``IndexError`` or ``BufferError`` naming the
+    argument, before any communication; MPI errors raise ``mcr.Exception``.
     """
+    cdef object dflt              # default backend name; None means MPI
+
+    def __cinit__(self, *args, **kwargs):
+        self.dflt = ENV_BACKEND
+
+    @property
+    def backend(self):
+        """The backend used when a call passes ``backend=None`` (``"mpi"``,
+        ``"gloo"``, ``"nccl"`` or ``"auto"``); settable. Communicators made
+        from this one (``Dup``, ``Split``, ...) start with the same."""
+        return "mpi" if self.dflt is None else self.dflt
+
+    @backend.setter
+    def backend(self, value):
+        if value is None:
+            value = "mpi"
+        check_backend(value)
+        self.dflt = None if value == "mpi" else value
 
     def __repr__(self):
         if self.ob_mpi == MPI_COMM_NULL:
@@ -66,6 +103,17 @@ cdef class Comm(_MPI.Intracomm):
     def to_mpi4py(self):
         """Return an ``mpi4py.MPI.Intracomm`` sharing this communicator."""
         return _mpi4py.Intracomm(self)
+
+    cdef inline object sub(self, object backend):
+        """The sub-communicator of a backend other than MPI to run on, or None
+        for MPI (the fast path: two pointer tests when nothing is chosen)."""
+        if backend is None:
+            backend = self.dflt
+            if backend is None:
+                return None
+        if backend == "mpi" or backend == "auto":
+            return None
+        return backends_module().subcomm(self, backend)
 
     cdef int prologue(self, object backend) except -1:
         if backend is not None:
@@ -94,10 +142,14 @@ cdef class Comm(_MPI.Intracomm):
         cdef int itag = as_tag(tag, b"tag", False)
         cdef _Msg m = _Msg.__new__(_Msg)
         m.sown = parse_simple(buf, &m.s, False, b"buf")
+        if needs_staging(m):
+            stage(m, mode)
         cdef int ierr
         with nogil:
             ierr = mcr_send(mode, m.s.addr, m.s.count, m.s.dtype, idest, itag, self.ob_mpi, req)
         CHKERR(ierr)
+        if mode == BLOCKING and m.staged is not None:
+            unstage(m)
         return m
 
     cdef _Msg call_recv(self, object buf, object source, object tag, object status,
@@ -108,11 +160,15 @@ cdef class Comm(_MPI.Intracomm):
         cdef _Msg m = _Msg.__new__(_Msg)
         m.rown = parse_simple(buf, &m.r, True, b"buf")
         cdef MPI_Status *sp = status_ptr(status)
+        if needs_staging(m):
+            stage(m, mode)
         cdef int ierr
         with nogil:
             ierr = mcr_recv(mode, m.r.addr, m.r.count, m.r.dtype, isource, itag, self.ob_mpi,
                             sp, req)
         CHKERR(ierr)
+        if mode == BLOCKING and m.staged is not None:
+            unstage(m)
         status_type(status, m.r.dtype)
         return m
 
@@ -128,10 +184,19 @@ cdef class Comm(_MPI.Intracomm):
         tag : int
             Message tag, 0 to ``TAG_UB``.
         """
+        sub = self.sub(backend)
+        if sub is not None:
+            sub.run("Isend", self.call_send(buf, dest, tag, None, VALIDATE, NULL),
+                    dest=dest, tag=tag).Wait()
+            return
         self.call_send(buf, dest, tag, backend, BLOCKING, NULL)
 
     def Isend(self, buf, dest, tag=0, *, backend=None):
         """Start sending a message; return a ``Request``. Arguments as ``Send``."""
+        sub = self.sub(backend)
+        if sub is not None:
+            return sub.run("Isend", self.call_send(buf, dest, tag, None, VALIDATE, NULL),
+                           dest=dest, tag=tag)
         cdef Request req = Request.__new__(Request)
         req.ob_buf = self.call_send(buf, dest, tag, backend, NONBLOCKING, &req.ob_mpi)
         return req
@@ -151,10 +216,19 @@ cdef class Comm(_MPI.Intracomm):
         status : mcr.Status, optional
             Filled with the source, tag and count of the message.
         """
+        sub = self.sub(backend)
+        if sub is not None:
+            m = self.call_recv(buf, source, tag, None, None, VALIDATE, NULL)
+            sub.run("Irecv", m, source=source, tag=tag).Wait(status)
+            return
         self.call_recv(buf, source, tag, status, backend, BLOCKING, NULL)
 
     def Irecv(self, buf, source=ANY_SOURCE, tag=ANY_TAG, *, backend=None):
         """Start receiving a message; return a ``Request``. Arguments as ``Recv``."""
+        sub = self.sub(backend)
+        if sub is not None:
+            return sub.run("Irecv", self.call_recv(buf, source, tag, None, None, VALIDATE,
+                                                   NULL), source=source, tag=tag)
         cdef Request req = Request.__new__(Request)
         cdef _Msg m = self.call_recv(buf, source, tag, None,
                                      backend, NONBLOCKING, &req.ob_mpi)
@@ -184,6 +258,12 @@ cdef class Comm(_MPI.Intracomm):
         status : mcr.Status, optional
             Filled with the status of the receive.
         """
+        sub = self.sub(backend)
+        if sub is not None:
+            sreq = self.Isend(sendbuf, dest, sendtag, backend=backend)
+            self.Recv(recvbuf, source, recvtag, status, backend=backend)
+            sreq.Wait()
+            return
         self.prologue(backend)
         cdef int idest = as_rank(dest, self.nprocs(), b"dest", True)
         cdef int isource = as_source(source, self.nprocs())
@@ -193,6 +273,8 @@ cdef class Comm(_MPI.Intracomm):
         m.sown = parse_simple(sendbuf, &m.s, False, b"sendbuf")
         m.rown = parse_simple(recvbuf, &m.r, True, b"recvbuf")
         check_disjoint(&m.s, &m.r)
+        if needs_staging(m):
+            stage(m, BLOCKING)
         cdef MPI_Status *sp = status_ptr(status)
         cdef int ierr
         with nogil:
@@ -200,6 +282,8 @@ cdef class Comm(_MPI.Intracomm):
                                 m.r.addr, m.r.count, m.r.dtype, isource, irecvtag,
                                 self.ob_mpi, sp)
         CHKERR(ierr)
+        if m.staged is not None:
+            unstage(m)
         status_type(status, m.r.dtype)
 
     def Sendrecv_replace(self, buf, dest, sendtag=0, source=ANY_SOURCE, recvtag=ANY_TAG,
@@ -214,6 +298,13 @@ cdef class Comm(_MPI.Intracomm):
         dest, sendtag, source, recvtag, status
             As in ``Sendrecv``.
         """
+        sub = self.sub(backend)
+        if sub is not None:
+            self.call_send(buf, dest, sendtag, None, VALIDATE, NULL)
+            sub.run("Sendrecv_replace",
+                    self.call_recv(buf, source, recvtag, None, None, VALIDATE, NULL),
+                    dest=dest, sendtag=sendtag, source=source, tag=recvtag).Wait(status)
+            return
         self.prologue(backend)
         cdef int idest = as_rank(dest, self.nprocs(), b"dest", True)
         cdef int isource = as_source(source, self.nprocs())
@@ -221,12 +312,16 @@ cdef class Comm(_MPI.Intracomm):
         cdef int irecvtag = as_tag(recvtag, b"recvtag", True)
         cdef _Msg m = _Msg.__new__(_Msg)
         m.rown = parse_simple(buf, &m.r, True, b"buf")
+        if needs_staging(m):
+            stage(m, BLOCKING)
         cdef MPI_Status *sp = status_ptr(status)
         cdef int ierr
         with nogil:
             ierr = MPI_Sendrecv_replace(m.r.addr, m.r.count, m.r.dtype, idest, isendtag,
                                         isource, irecvtag, self.ob_mpi, sp)
         CHKERR(ierr)
+        if m.staged is not None:
+            unstage(m)
         status_type(status, m.r.dtype)
 
     def Probe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None, *, backend=None):
@@ -246,6 +341,10 @@ cdef class Comm(_MPI.Intracomm):
         -------
         True
         """
+        sub = self.sub(backend)
+        if sub is not None:
+            return sub.probe(as_source(source, self.nprocs()), as_tag(tag, b"tag", True),
+                             status, True)
         self.prologue(backend)
         cdef int isource = as_source(source, self.nprocs())
         cdef int itag = as_tag(tag, b"tag", True)
@@ -266,6 +365,10 @@ cdef class Comm(_MPI.Intracomm):
         -------
         bool
         """
+        sub = self.sub(backend)
+        if sub is not None:
+            return sub.probe(as_source(source, self.nprocs()), as_tag(tag, b"tag", True),
+                             status, False)
         self.prologue(backend)
         cdef int isource = as_source(source, self.nprocs())
         cdef int itag = as_tag(tag, b"tag", True)
@@ -293,10 +396,14 @@ cdef class Comm(_MPI.Intracomm):
         cdef int iroot = as_rank(root, size, b"root", False)
         cdef _Msg m = _Msg.__new__(_Msg)
         m.for_bcast(buf, iroot, self.myrank(), size)
+        if needs_staging(m):
+            stage(m, mode)
         cdef int ierr
         with nogil:
             ierr = mcr_bcast(mode, m.r.addr, m.r.count, m.r.dtype, iroot, self.ob_mpi, info, req)
         CHKERR(ierr)
+        if mode == BLOCKING and m.staged is not None:
+            unstage(m)
         return m
 
     cdef _Msg call_gather(self, object sendbuf, object recvbuf, object root, bint v,
@@ -306,6 +413,8 @@ cdef class Comm(_MPI.Intracomm):
         cdef int iroot = as_rank(root, size, b"root", False)
         cdef _Msg m = _Msg.__new__(_Msg)
         m.for_gather(sendbuf, recvbuf, iroot, self.myrank(), size, v)
+        if needs_staging(m):
+            stage(m, mode)
         cdef int ierr
         with nogil:
             if v:
@@ -315,6 +424,8 @@ cdef class Comm(_MPI.Intracomm):
                 ierr = mcr_gather(mode, m.s.addr, m.s.count, m.s.dtype, m.r.addr, m.r.count,
                                   m.r.dtype, iroot, self.ob_mpi, info, req)
         CHKERR(ierr)
+        if mode == BLOCKING and m.staged is not None:
+            unstage(m)
         return m
 
     cdef _Msg call_scatter(self, object sendbuf, object recvbuf, object root, bint v,
@@ -324,6 +435,8 @@ cdef class Comm(_MPI.Intracomm):
         cdef int iroot = as_rank(root, size, b"root", False)
         cdef _Msg m = _Msg.__new__(_Msg)
         m.for_scatter(sendbuf, recvbuf, iroot, self.myrank(), size, v)
+        if needs_staging(m):
+            stage(m, mode)
         cdef int ierr
         with nogil:
             if v:
@@ -334,6 +447,8 @@ cdef class Comm(_MPI.Intracomm):
                 ierr = mcr_scatter(mode, m.s.addr, m.s.count, m.s.dtype, m.r.addr, m.r.count,
                                    m.r.dtype, iroot, self.ob_mpi, info, req)
         CHKERR(ierr)
+        if mode == BLOCKING and m.staged is not None:
+            unstage(m)
         return m
 
     cdef _Msg call_allgather(self, object sendbuf, object recvbuf, bint v, object backend,
@@ -341,6 +456,8 @@ cdef class Comm(_MPI.Intracomm):
         self.prologue(backend)
         cdef _Msg m = _Msg.__new__(_Msg)
         m.for_allgather(sendbuf, recvbuf, self.myrank(), self.nprocs(), v)
+        if needs_staging(m):
+            stage(m, mode)
         cdef int ierr
         with nogil:
             if v:
@@ -350,6 +467,8 @@ cdef class Comm(_MPI.Intracomm):
                 ierr = mcr_allgather(mode, m.s.addr, m.s.count, m.s.dtype, m.r.addr, m.r.count,
                                      m.r.dtype, self.ob_mpi, info, req)
         CHKERR(ierr)
+        if mode == BLOCKING and m.staged is not None:
+            unstage(m)
         return m
 
     cdef _Msg call_alltoall(self, object sendbuf, object recvbuf, bint v, object backend,
@@ -357,6 +476,8 @@ cdef class Comm(_MPI.Intracomm):
         self.prologue(backend)
         cdef _Msg m = _Msg.__new__(_Msg)
         m.for_alltoall(sendbuf, recvbuf, self.nprocs(), v)
+        if needs_staging(m):
+            stage(m, mode)
         cdef int ierr
         with nogil:
             if v:
@@ -367,6 +488,8 @@ cdef class Comm(_MPI.Intracomm):
                 ierr = mcr_alltoall(mode, m.s.addr, m.s.count, m.s.dtype, m.r.addr, m.r.count,
                                     m.r.dtype, self.ob_mpi, info, req)
         CHKERR(ierr)
+        if mode == BLOCKING and m.staged is not None:
+            unstage(m)
         return m
 
     cdef _Msg call_reduce(self, object sendbuf, object recvbuf, object op, object root,
@@ -380,11 +503,15 @@ cdef class Comm(_MPI.Intracomm):
         cdef side *x = &m.r if m.s.addr == <char*>MPI_IN_PLACE else &m.s
         cdef MPI_Op mop
         resolve_op(op, x.tindex, &mop)
+        if needs_staging(m):
+            stage(m, mode)
         cdef int ierr
         with nogil:
             ierr = mcr_reduce(mode, m.s.addr, m.r.addr, x.count, x.dtype, mop, iroot,
                               self.ob_mpi, info, req)
         CHKERR(ierr)
+        if mode == BLOCKING and m.staged is not None:
+            unstage(m)
         return m
 
     cdef _Msg call_allreduce(self, object sendbuf, object recvbuf, object op, int kind,
@@ -395,6 +522,8 @@ cdef class Comm(_MPI.Intracomm):
         cdef MPI_Op mop
         m.for_allreduce(sendbuf, recvbuf)
         resolve_op(op, m.r.tindex, &mop)
+        if needs_staging(m):
+            stage(m, mode)
         cdef int ierr
         with nogil:
             if kind == 0:
@@ -407,6 +536,8 @@ cdef class Comm(_MPI.Intracomm):
                 ierr = mcr_exscan(mode, m.s.addr, m.r.addr, m.r.count, m.r.dtype, mop,
                                   self.ob_mpi, info, req)
         CHKERR(ierr)
+        if mode == BLOCKING and m.staged is not None:
+            unstage(m)
         return m
 
     cdef _Msg call_reduce_scatter(self, object sendbuf, object recvbuf, object recvcounts,
@@ -420,6 +551,8 @@ cdef class Comm(_MPI.Intracomm):
         else:
             m.for_reduce_scatter(sendbuf, recvbuf, recvcounts, self.myrank(), self.nprocs())
         resolve_op(op, m.r.tindex, &mop)
+        if needs_staging(m):
+            stage(m, mode)
         cdef int ierr
         with nogil:
             if block:
@@ -429,15 +562,26 @@ cdef class Comm(_MPI.Intracomm):
                 ierr = mcr_reduce_scatter(mode, m.s.addr, m.r.addr, m.r.counts, m.r.dtype, mop,
                                           self.ob_mpi, info, req)
         CHKERR(ierr)
+        if mode == BLOCKING and m.staged is not None:
+            unstage(m)
         return m
 
 
     def Barrier(self, *, backend=None):
         """Block until every process of the communicator has called it."""
+        sub = self.sub(backend)
+        if sub is not None:
+            m = self.call_barrier(None, VALIDATE, MPI_INFO_NULL, NULL)
+            sub.run("Barrier", m).Wait()
+            return
         self.call_barrier(backend, BLOCKING, MPI_INFO_NULL, NULL)
 
     def Ibarrier(self, *, backend=None):
         """Start a barrier; return a ``Request``."""
+        sub = self.sub(backend)
+        if sub is not None:
+            m = self.call_barrier(None, VALIDATE, MPI_INFO_NULL, NULL)
+            return sub.run("Ibarrier", m)
         cdef Request req = Request.__new__(Request)
         self.call_barrier(backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
         return req
@@ -452,10 +596,19 @@ cdef class Comm(_MPI.Intracomm):
         root : int
             Rank of the sending process.
         """
+        sub = self.sub(backend)
+        if sub is not None:
+            m = self.call_bcast(buf, root, None, VALIDATE, MPI_INFO_NULL, NULL)
+            sub.run("Bcast", m, root=root).Wait()
+            return
         self.call_bcast(buf, root, backend, BLOCKING, MPI_INFO_NULL, NULL)
 
     def Ibcast(self, buf, root=0, *, backend=None):
         """Start a broadcast; return a ``Request``. Arguments as ``Bcast``."""
+        sub = self.sub(backend)
+        if sub is not None:
+            m = self.call_bcast(buf, root, None, VALIDATE, MPI_INFO_NULL, NULL)
+            return sub.run("Ibcast", m, root=root)
         cdef Request req = Request.__new__(Request)
         req.ob_buf = self.call_bcast(buf, root,
                                      backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
@@ -475,11 +628,22 @@ cdef class Comm(_MPI.Intracomm):
         root : int
             Rank of the gathering process.
         """
+        sub = self.sub(backend)
+        if sub is not None:
+            m = self.call_gather(sendbuf, recvbuf, root, False,
+                                 None, VALIDATE, MPI_INFO_NULL, NULL)
+            sub.run("Gather", m, root=root).Wait()
+            return
         self.call_gather(sendbuf, recvbuf, root, False,
                          backend, BLOCKING, MPI_INFO_NULL, NULL)
 
     def Igather(self, sendbuf, recvbuf, root=0, *, backend=None):
         """Start a gather; return a ``Request``. Arguments as ``Gather``."""
+        sub = self.sub(backend)
+        if sub is not None:
+            m = self.call_gather(sendbuf, recvbuf, root, False,
+                                 None, VALIDATE, MPI_INFO_NULL, NULL)
+            return sub.run("Igather", m, root=root)
         cdef Request req = Request.__new__(Request)
         req.ob_buf = self.call_gather(sendbuf, recvbuf, root, False,
                                       backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
@@ -498,11 +662,22 @@ cdef class Comm(_MPI.Intracomm):
         root : int
             Rank of the gathering process.
         """
+        sub = self.sub(backend)
+        if sub is not None:
+            m = self.call_gather(sendbuf, recvbuf, root, True,
+                                 None, VALIDATE, MPI_INFO_NULL, NULL)
+            sub.run("Gatherv", m, root=root).Wait()
+            return
         self.call_gather(sendbuf, recvbuf, root, True,
                          backend, BLOCKING, MPI_INFO_NULL, NULL)
 
     def Igatherv(self, sendbuf, recvbuf, root=0, *, backend=None):
         """Start a vector gather; return a ``Request``. Arguments as ``Gatherv``."""
+        sub = self.sub(backend)
+        if sub is not None:
+            m = self.call_gather(sendbuf, recvbuf, root, True,
+                                 None, VALIDATE, MPI_INFO_NULL, NULL)
+            return sub.run("Igatherv", m, root=root)
         cdef Request req = Request.__new__(Request)
         req.ob_buf = self.call_gather(sendbuf, recvbuf, root, True,
                                       backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
@@ -520,11 +695,22 @@ cdef class Comm(_MPI.Intracomm):
         root : int
             Rank of the scattering process.
         """
+        sub = self.sub(backend)
+        if sub is not None:
+            m = self.call_scatter(sendbuf, recvbuf, root, False,
+                                  None, VALIDATE, MPI_INFO_NULL, NULL)
+            sub.run("Scatter", m, root=root).Wait()
+            return
         self.call_scatter(sendbuf, recvbuf, root, False,
                           backend, BLOCKING, MPI_INFO_NULL, NULL)
 
     def Iscatter(self, sendbuf, recvbuf, root=0, *, backend=None):
         """Start a scatter; return a ``Request``. Arguments as ``Scatter``."""
+        sub = self.sub(backend)
+        if sub is not None:
+            m = self.call_scatter(sendbuf, recvbuf, root, False,
+                                  None, VALIDATE, MPI_INFO_NULL, NULL)
+            return sub.run("Iscatter", m, root=root)
         cdef Request req = Request.__new__(Request)
         req.ob_buf = self.call_scatter(sendbuf, recvbuf, root, False,
                                        backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
@@ -543,11 +729,22 @@ cdef class Comm(_MPI.Intracomm):
         root : int
             Rank of the scattering process.
         """
+        sub = self.sub(backend)
+        if sub is not None:
+            m = self.call_scatter(sendbuf, recvbuf, root, True,
+                                  None, VALIDATE, MPI_INFO_NULL, NULL)
+            sub.run("Scatterv", m, root=root).Wait()
+            return
         self.call_scatter(sendbuf, recvbuf, root, True,
                           backend, BLOCKING, MPI_INFO_NULL, NULL)
 
     def Iscatterv(self, sendbuf, recvbuf, root=0, *, backend=None):
         """Start a vector scatter; return a ``Request``. Arguments as ``Scatterv``."""
+        sub = self.sub(backend)
+        if sub is not None:
+            m = self.call_scatter(sendbuf, recvbuf, root, True,
+                                  None, VALIDATE, MPI_INFO_NULL, NULL)
+            return sub.run("Iscatterv", m, root=root)
         cdef Request req = Request.__new__(Request)
         req.ob_buf = self.call_scatter(sendbuf, recvbuf, root, True,
                                        backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
@@ -563,10 +760,21 @@ cdef class Comm(_MPI.Intracomm):
         recvbuf : message spec
             Room for one block per process, in rank order.
         """
+        sub = self.sub(backend)
+        if sub is not None:
+            m = self.call_allgather(sendbuf, recvbuf, False,
+                                    None, VALIDATE, MPI_INFO_NULL, NULL)
+            sub.run("Allgather", m).Wait()
+            return
         self.call_allgather(sendbuf, recvbuf, False, backend, BLOCKING, MPI_INFO_NULL, NULL)
 
     def Iallgather(self, sendbuf, recvbuf, *, backend=None):
         """Start an allgather; return a ``Request``. Arguments as ``Allgather``."""
+        sub = self.sub(backend)
+        if sub is not None:
+            m = self.call_allgather(sendbuf, recvbuf, False,
+                                    None, VALIDATE, MPI_INFO_NULL, NULL)
+            return sub.run("Iallgather", m)
         cdef Request req = Request.__new__(Request)
         req.ob_buf = self.call_allgather(sendbuf, recvbuf, False,
                                          backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
@@ -582,10 +790,21 @@ cdef class Comm(_MPI.Intracomm):
         recvbuf : vector message spec
             ``[buf, counts, displs]``: block ``i`` lands at ``displs[i]``.
         """
+        sub = self.sub(backend)
+        if sub is not None:
+            m = self.call_allgather(sendbuf, recvbuf, True,
+                                    None, VALIDATE, MPI_INFO_NULL, NULL)
+            sub.run("Allgatherv", m).Wait()
+            return
         self.call_allgather(sendbuf, recvbuf, True, backend, BLOCKING, MPI_INFO_NULL, NULL)
 
     def Iallgatherv(self, sendbuf, recvbuf, *, backend=None):
         """Start a vector allgather; return a ``Request``. Arguments as ``Allgatherv``."""
+        sub = self.sub(backend)
+        if sub is not None:
+            m = self.call_allgather(sendbuf, recvbuf, True,
+                                    None, VALIDATE, MPI_INFO_NULL, NULL)
+            return sub.run("Iallgatherv", m)
         cdef Request req = Request.__new__(Request)
         req.ob_buf = self.call_allgather(sendbuf, recvbuf, True,
                                          backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
@@ -601,10 +820,21 @@ cdef class Comm(_MPI.Intracomm):
         recvbuf : message spec
             One equal block per source, in rank order.
         """
+        sub = self.sub(backend)
+        if sub is not None:
+            m = self.call_alltoall(sendbuf, recvbuf, False,
+                                   None, VALIDATE, MPI_INFO_NULL, NULL)
+            sub.run("Alltoall", m).Wait()
+            return
         self.call_alltoall(sendbuf, recvbuf, False, backend, BLOCKING, MPI_INFO_NULL, NULL)
 
     def Ialltoall(self, sendbuf, recvbuf, *, backend=None):
         """Start an all-to-all; return a ``Request``. Arguments as ``Alltoall``."""
+        sub = self.sub(backend)
+        if sub is not None:
+            m = self.call_alltoall(sendbuf, recvbuf, False,
+                                   None, VALIDATE, MPI_INFO_NULL, NULL)
+            return sub.run("Ialltoall", m)
         cdef Request req = Request.__new__(Request)
         req.ob_buf = self.call_alltoall(sendbuf, recvbuf, False,
                                         backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
@@ -622,10 +852,19 @@ cdef class Comm(_MPI.Intracomm):
             ``[buf, counts, displs]``: ``counts[i]`` elements from process ``i``
             land at ``displs[i]``.
         """
+        sub = self.sub(backend)
+        if sub is not None:
+            m = self.call_alltoall(sendbuf, recvbuf, True, None, VALIDATE, MPI_INFO_NULL, NULL)
+            sub.run("Alltoallv", m).Wait()
+            return
         self.call_alltoall(sendbuf, recvbuf, True, backend, BLOCKING, MPI_INFO_NULL, NULL)
 
     def Ialltoallv(self, sendbuf, recvbuf, *, backend=None):
         """Start a vector all-to-all; return a ``Request``. Arguments as ``Alltoallv``."""
+        sub = self.sub(backend)
+        if sub is not None:
+            m = self.call_alltoall(sendbuf, recvbuf, True, None, VALIDATE, MPI_INFO_NULL, NULL)
+            return sub.run("Ialltoallv", m)
         cdef Request req = Request.__new__(Request)
         req.ob_buf = self.call_alltoall(sendbuf, recvbuf, True,
                                         backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
@@ -647,10 +886,21 @@ cdef class Comm(_MPI.Intracomm):
         root : int
             Rank that receives the result.
         """
+        sub = self.sub(backend)
+        if sub is not None:
+            m = self.call_reduce(sendbuf, recvbuf, op, root,
+                                 None, VALIDATE, MPI_INFO_NULL, NULL)
+            sub.run("Reduce", m, op=op, root=root).Wait()
+            return
         self.call_reduce(sendbuf, recvbuf, op, root, backend, BLOCKING, MPI_INFO_NULL, NULL)
 
     def Ireduce(self, sendbuf, recvbuf, op=SUM, root=0, *, backend=None):
         """Start a reduce; return a ``Request``. Arguments as ``Reduce``."""
+        sub = self.sub(backend)
+        if sub is not None:
+            m = self.call_reduce(sendbuf, recvbuf, op, root,
+                                 None, VALIDATE, MPI_INFO_NULL, NULL)
+            return sub.run("Ireduce", m, op=op, root=root)
         cdef Request req = Request.__new__(Request)
         req.ob_buf = self.call_reduce(sendbuf, recvbuf, op, root,
                                       backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
@@ -668,10 +918,21 @@ cdef class Comm(_MPI.Intracomm):
         op : mpi4py.MPI.Op
             The reduction, as in ``Reduce``.
         """
+        sub = self.sub(backend)
+        if sub is not None:
+            m = self.call_allreduce(sendbuf, recvbuf, op, 0,
+                                    None, VALIDATE, MPI_INFO_NULL, NULL)
+            sub.run("Allreduce", m, op=op).Wait()
+            return
         self.call_allreduce(sendbuf, recvbuf, op, 0, backend, BLOCKING, MPI_INFO_NULL, NULL)
 
     def Iallreduce(self, sendbuf, recvbuf, op=SUM, *, backend=None):
         """Start an allreduce; return a ``Request``. Arguments as ``Allreduce``."""
+        sub = self.sub(backend)
+        if sub is not None:
+            m = self.call_allreduce(sendbuf, recvbuf, op, 0,
+                                    None, VALIDATE, MPI_INFO_NULL, NULL)
+            return sub.run("Iallreduce", m, op=op)
         cdef Request req = Request.__new__(Request)
         req.ob_buf = self.call_allreduce(sendbuf, recvbuf, op, 0,
                                          backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
@@ -690,12 +951,23 @@ cdef class Comm(_MPI.Intracomm):
         op : mpi4py.MPI.Op
             The reduction, as in ``Reduce``.
         """
+        sub = self.sub(backend)
+        if sub is not None:
+            m = self.call_reduce_scatter(sendbuf, recvbuf, None, op, True,
+                                         None, VALIDATE, MPI_INFO_NULL, NULL)
+            sub.run("Reduce_scatter_block", m, op=op).Wait()
+            return
         self.call_reduce_scatter(sendbuf, recvbuf, None, op, True,
                                  backend, BLOCKING, MPI_INFO_NULL, NULL)
 
     def Ireduce_scatter_block(self, sendbuf, recvbuf, op=SUM, *, backend=None):
         """Start a reduce-scatter-block; return a ``Request``. Arguments as
         ``Reduce_scatter_block``."""
+        sub = self.sub(backend)
+        if sub is not None:
+            m = self.call_reduce_scatter(sendbuf, recvbuf, None, op, True,
+                                         None, VALIDATE, MPI_INFO_NULL, NULL)
+            return sub.run("Ireduce_scatter_block", m, op=op)
         cdef Request req = Request.__new__(Request)
         req.ob_buf = self.call_reduce_scatter(sendbuf, recvbuf, None, op, True,
                                               backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
@@ -716,11 +988,22 @@ cdef class Comm(_MPI.Intracomm):
         op : mpi4py.MPI.Op
             The reduction, as in ``Reduce``.
         """
+        sub = self.sub(backend)
+        if sub is not None:
+            m = self.call_reduce_scatter(sendbuf, recvbuf, recvcounts, op, False,
+                                         None, VALIDATE, MPI_INFO_NULL, NULL)
+            sub.run("Reduce_scatter", m, op=op).Wait()
+            return
         self.call_reduce_scatter(sendbuf, recvbuf, recvcounts, op, False,
                                  backend, BLOCKING, MPI_INFO_NULL, NULL)
 
     def Ireduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=SUM, *, backend=None):
         """Start a reduce-scatter; return a ``Request``. Arguments as ``Reduce_scatter``."""
+        sub = self.sub(backend)
+        if sub is not None:
+            m = self.call_reduce_scatter(sendbuf, recvbuf, recvcounts, op, False,
+                                         None, VALIDATE, MPI_INFO_NULL, NULL)
+            return sub.run("Ireduce_scatter", m, op=op)
         cdef Request req = Request.__new__(Request)
         req.ob_buf = self.call_reduce_scatter(sendbuf, recvbuf, recvcounts, op, False,
                                               backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
@@ -731,10 +1014,21 @@ cdef class Comm(_MPI.Intracomm):
 
         Arguments as ``Allreduce``.
         """
+        sub = self.sub(backend)
+        if sub is not None:
+            m = self.call_allreduce(sendbuf, recvbuf, op, 1,
+                                    None, VALIDATE, MPI_INFO_NULL, NULL)
+            sub.run("Scan", m, op=op).Wait()
+            return
         self.call_allreduce(sendbuf, recvbuf, op, 1, backend, BLOCKING, MPI_INFO_NULL, NULL)
 
     def Iscan(self, sendbuf, recvbuf, op=SUM, *, backend=None):
         """Start an inclusive scan; return a ``Request``. Arguments as ``Scan``."""
+        sub = self.sub(backend)
+        if sub is not None:
+            m = self.call_allreduce(sendbuf, recvbuf, op, 1,
+                                    None, VALIDATE, MPI_INFO_NULL, NULL)
+            return sub.run("Iscan", m, op=op)
         cdef Request req = Request.__new__(Request)
         req.ob_buf = self.call_allreduce(sendbuf, recvbuf, op, 1,
                                          backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
@@ -746,10 +1040,21 @@ cdef class Comm(_MPI.Intracomm):
 
         Arguments as ``Allreduce``.
         """
+        sub = self.sub(backend)
+        if sub is not None:
+            m = self.call_allreduce(sendbuf, recvbuf, op, 2,
+                                    None, VALIDATE, MPI_INFO_NULL, NULL)
+            sub.run("Exscan", m, op=op).Wait()
+            return
         self.call_allreduce(sendbuf, recvbuf, op, 2, backend, BLOCKING, MPI_INFO_NULL, NULL)
 
     def Iexscan(self, sendbuf, recvbuf, op=SUM, *, backend=None):
         """Start an exclusive scan; return a ``Request``. Arguments as ``Exscan``."""
+        sub = self.sub(backend)
+        if sub is not None:
+            m = self.call_allreduce(sendbuf, recvbuf, op, 2,
+                                    None, VALIDATE, MPI_INFO_NULL, NULL)
+            return sub.run("Iexscan", m, op=op)
         cdef Request req = Request.__new__(Request)
         req.ob_buf = self.call_allreduce(sendbuf, recvbuf, op, 2,
                                          backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
@@ -764,7 +1069,14 @@ cdef class Comm(_MPI.Intracomm):
         """
         cdef Prequest req = Prequest.__new__(Prequest)
         req.comm = self
-        req.keep = self.call_send(buf, dest, tag, backend, PERSISTENT, &req.ob_mpi)
+        req.foreign = self.sub(backend) is not None
+        req.foreign = self.sub(backend) is not None
+        req.keep = self.call_send(buf, dest, tag, backend,
+                                  VALIDATE if req.foreign else PERSISTENT, &req.ob_mpi)
+        if req.foreign:
+            req.emulate(self.Isend, (buf, dest, tag), backend)
+        else:
+            req.ob_buf = req.keep         # staged device buffers: copied at each start
         return req
 
     def Recv_init(self, buf, source=ANY_SOURCE, tag=ANY_TAG, *, backend=None):
@@ -774,9 +1086,15 @@ cdef class Comm(_MPI.Intracomm):
         """
         cdef Prequest req = Prequest.__new__(Prequest)
         req.comm = self
-        cdef _Msg m = self.call_recv(buf, source, tag, None, backend, PERSISTENT, &req.ob_mpi)
+        req.foreign = self.sub(backend) is not None
+        cdef _Msg m = self.call_recv(buf, source, tag, None, backend,
+                                     VALIDATE if req.foreign else PERSISTENT, &req.ob_mpi)
         req.keep = m
         req.rtype = m.r.dtype
+        if req.foreign:
+            req.emulate(self.Irecv, (buf, source, tag), backend)
+        else:
+            req.ob_buf = m
         return req
 
     def Barrier_init(self, info=None, *, backend=None):
@@ -787,6 +1105,7 @@ cdef class Comm(_MPI.Intracomm):
         """
         cdef Prequest req = Prequest.__new__(Prequest)
         req.comm = self
+        req.foreign = self.sub(backend) is not None
         req.keep = self.call_barrier(backend, req.form(),
                                     as_info(info), &req.ob_mpi)
         req.emulate(self.Ibarrier, (), backend)
@@ -800,6 +1119,7 @@ cdef class Comm(_MPI.Intracomm):
         """
         cdef Prequest req = Prequest.__new__(Prequest)
         req.comm = self
+        req.foreign = self.sub(backend) is not None
         req.keep = self.call_bcast(buf, root, backend, req.form(),
                                   as_info(info), &req.ob_mpi)
         req.emulate(self.Ibcast, (buf, root), backend)
@@ -813,6 +1133,7 @@ cdef class Comm(_MPI.Intracomm):
         """
         cdef Prequest req = Prequest.__new__(Prequest)
         req.comm = self
+        req.foreign = self.sub(backend) is not None
         req.keep = self.call_gather(sendbuf, recvbuf, root, False, backend, req.form(),
                                    as_info(info), &req.ob_mpi)
         req.emulate(self.Igather, (sendbuf, recvbuf, root), backend)
@@ -826,6 +1147,7 @@ cdef class Comm(_MPI.Intracomm):
         """
         cdef Prequest req = Prequest.__new__(Prequest)
         req.comm = self
+        req.foreign = self.sub(backend) is not None
         req.keep = self.call_gather(sendbuf, recvbuf, root, True, backend, req.form(),
                                    as_info(info), &req.ob_mpi)
         req.emulate(self.Igatherv, (sendbuf, recvbuf, root), backend)
@@ -839,6 +1161,7 @@ cdef class Comm(_MPI.Intracomm):
         """
         cdef Prequest req = Prequest.__new__(Prequest)
         req.comm = self
+        req.foreign = self.sub(backend) is not None
         req.keep = self.call_scatter(sendbuf, recvbuf, root, False, backend, req.form(),
                                     as_info(info), &req.ob_mpi)
         req.emulate(self.Iscatter, (sendbuf, recvbuf, root), backend)
@@ -852,6 +1175,7 @@ cdef class Comm(_MPI.Intracomm):
         """
         cdef Prequest req = Prequest.__new__(Prequest)
         req.comm = self
+        req.foreign = self.sub(backend) is not None
         req.keep = self.call_scatter(sendbuf, recvbuf, root, True, backend, req.form(),
                                     as_info(info), &req.ob_mpi)
         req.emulate(self.Iscatterv, (sendbuf, recvbuf, root), backend)
@@ -865,6 +1189,7 @@ cdef class Comm(_MPI.Intracomm):
         """
         cdef Prequest req = Prequest.__new__(Prequest)
         req.comm = self
+        req.foreign = self.sub(backend) is not None
         req.keep = self.call_allgather(sendbuf, recvbuf, False, backend, req.form(),
                                       as_info(info), &req.ob_mpi)
         req.emulate(self.Iallgather, (sendbuf, recvbuf), backend)
@@ -878,6 +1203,7 @@ cdef class Comm(_MPI.Intracomm):
         """
         cdef Prequest req = Prequest.__new__(Prequest)
         req.comm = self
+        req.foreign = self.sub(backend) is not None
         req.keep = self.call_allgather(sendbuf, recvbuf, True, backend, req.form(),
                                       as_info(info), &req.ob_mpi)
         req.emulate(self.Iallgatherv, (sendbuf, recvbuf), backend)
@@ -891,6 +1217,7 @@ cdef class Comm(_MPI.Intracomm):
         """
         cdef Prequest req = Prequest.__new__(Prequest)
         req.comm = self
+        req.foreign = self.sub(backend) is not None
         req.keep = self.call_alltoall(sendbuf, recvbuf, False, backend, req.form(),
                                      as_info(info), &req.ob_mpi)
         req.emulate(self.Ialltoall, (sendbuf, recvbuf), backend)
@@ -904,6 +1231,7 @@ cdef class Comm(_MPI.Intracomm):
         """
         cdef Prequest req = Prequest.__new__(Prequest)
         req.comm = self
+        req.foreign = self.sub(backend) is not None
         req.keep = self.call_alltoall(sendbuf, recvbuf, True, backend, req.form(),
                                      as_info(info), &req.ob_mpi)
         req.emulate(self.Ialltoallv, (sendbuf, recvbuf), backend)
@@ -917,6 +1245,7 @@ cdef class Comm(_MPI.Intracomm):
         """
         cdef Prequest req = Prequest.__new__(Prequest)
         req.comm = self
+        req.foreign = self.sub(backend) is not None
         req.keep = self.call_reduce(sendbuf, recvbuf, op, root, backend, req.form(),
                                    as_info(info), &req.ob_mpi)
         req.emulate(self.Ireduce, (sendbuf, recvbuf, op, root), backend)
@@ -930,6 +1259,7 @@ cdef class Comm(_MPI.Intracomm):
         """
         cdef Prequest req = Prequest.__new__(Prequest)
         req.comm = self
+        req.foreign = self.sub(backend) is not None
         req.keep = self.call_allreduce(sendbuf, recvbuf, op, 0, backend, req.form(),
                                       as_info(info), &req.ob_mpi)
         req.emulate(self.Iallreduce, (sendbuf, recvbuf, op), backend)
@@ -943,6 +1273,7 @@ cdef class Comm(_MPI.Intracomm):
         """
         cdef Prequest req = Prequest.__new__(Prequest)
         req.comm = self
+        req.foreign = self.sub(backend) is not None
         req.keep = self.call_reduce_scatter(sendbuf, recvbuf, None, op, True, backend, req.form(),
                                            as_info(info), &req.ob_mpi)
         req.emulate(self.Ireduce_scatter_block, (sendbuf, recvbuf, op), backend)
@@ -956,6 +1287,7 @@ cdef class Comm(_MPI.Intracomm):
         """
         cdef Prequest req = Prequest.__new__(Prequest)
         req.comm = self
+        req.foreign = self.sub(backend) is not None
         req.keep = self.call_reduce_scatter(sendbuf, recvbuf, recvcounts, op, False, backend, req.form(),
                                            as_info(info), &req.ob_mpi)
         req.emulate(self.Ireduce_scatter, (sendbuf, recvbuf, recvcounts, op), backend)
@@ -969,6 +1301,7 @@ cdef class Comm(_MPI.Intracomm):
         """
         cdef Prequest req = Prequest.__new__(Prequest)
         req.comm = self
+        req.foreign = self.sub(backend) is not None
         req.keep = self.call_allreduce(sendbuf, recvbuf, op, 1, backend, req.form(),
                                       as_info(info), &req.ob_mpi)
         req.emulate(self.Iscan, (sendbuf, recvbuf, op), backend)
@@ -982,6 +1315,7 @@ cdef class Comm(_MPI.Intracomm):
         """
         cdef Prequest req = Prequest.__new__(Prequest)
         req.comm = self
+        req.foreign = self.sub(backend) is not None
         req.keep = self.call_allreduce(sendbuf, recvbuf, op, 2, backend, req.form(),
                                       as_info(info), &req.ob_mpi)
         req.emulate(self.Iexscan, (sendbuf, recvbuf, op), backend)
@@ -1007,10 +1341,25 @@ cdef class Comm(_MPI.Intracomm):
             return None
         if self.ob_mpi == MPI_COMM_WORLD or self.ob_mpi == MPI_COMM_SELF:
             raise ValueError("comm: COMM_WORLD and COMM_SELF cannot be freed")
+        if _backends is not None:
+            _backends.release(self)       # the Gloo/NCCL sub-communicators first
         cdef int ierr
         with nogil:
             ierr = MPI_Comm_free(&self.ob_mpi)
         CHKERR(ierr)
+
+    def Dup(self, info=None):
+        """Duplicate the communicator: same processes, new context; the copy
+        has the same default ``backend`` and its own backend sub-communicators
+        (made at its first call on each backend)."""
+        if info is None:
+            return self.derived(_MPI.Intracomm.Dup(self))
+        return self.derived(_MPI.Intracomm.Dup(self, info))
+
+    cdef Comm derived(self, _MPI.Comm comm):
+        cdef Comm out = as_comm(comm)
+        out.dflt = self.dflt
+        return out
 
     def Split(self, int color=0, int key=0):
         """Split into disjoint communicators by `color`, ordered by `key`.
@@ -1018,25 +1367,28 @@ cdef class Comm(_MPI.Intracomm):
         Returns an ``mcr.Comm``; with ``color=UNDEFINED`` a null one (as
         mpi4py's ``COMM_NULL``), on which every operation raises ``ValueError``.
         """
-        return as_comm(_MPI.Intracomm.Split(self, color, key))
+        return self.derived(_MPI.Intracomm.Split(self, color, key))
 
     def Split_type(self, int split_type, int key=0, info=None):
         """Split by a type such as ``COMM_TYPE_SHARED`` (processes sharing memory),
         ordered by `key`; returns an ``mcr.Comm`` (null for ``UNDEFINED``)."""
         if info is None:
-            return as_comm(_MPI.Intracomm.Split_type(self, split_type, key))
-        return as_comm(_MPI.Intracomm.Split_type(self, split_type, key, info))
+            return self.derived(_MPI.Intracomm.Split_type(self, split_type, key))
+        return self.derived(_MPI.Intracomm.Split_type(self, split_type, key, info))
 
     def Create(self, group):
         """Create a communicator from a group (collective); see mpi4py."""
-        return as_comm(_MPI.Intracomm.Create(self, group))
+        return self.derived(_MPI.Intracomm.Create(self, group))
 
     def Create_group(self, group, int tag=0):
         """Create a communicator from a group (collective over the group); see mpi4py."""
-        return as_comm(_MPI.Intracomm.Create_group(self, group, tag))
+        return self.derived(_MPI.Intracomm.Create_group(self, group, tag))
 
 
 cdef Comm as_comm(_MPI.Comm comm):
     cdef Comm out = Comm.__new__(Comm)
     out.ob_mpi = comm.ob_mpi
     return out
+
+
+cdef object ENV_BACKEND = default_backend()

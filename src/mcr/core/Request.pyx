@@ -11,6 +11,7 @@ cdef class Request(_MPI.Request):
     ``Waitall``) reports completion.
     """
     cdef MPI_Datatype rtype      # element type of a receive, for Status.Get_count
+    cdef _Work ext               # the non-MPI part (backend works, steps), or None
 
     def __cinit__(self, *args, **kwargs):
         self.rtype = MPI_DATATYPE_NULL
@@ -19,8 +20,7 @@ cdef class Request(_MPI.Request):
         # a completed persistent request stays allocated (inactive), and keeps
         # its buffers; a completed non-blocking one lets them go
         status_type(status, self.rtype)
-        if self.ob_mpi == MPI_REQUEST_NULL:
-            self.ob_buf = None
+        release_buffers(self)
         return 0
 
     def Wait(self, status=None):
@@ -42,6 +42,10 @@ cdef class Request(_MPI.Request):
         """
         cdef MPI_Status *sp = status_ptr(status)
         cdef int ierr
+        if self.ext is not None:
+            wait_work(self.ext)
+            self.ext.fill(status)
+            return True
         with nogil:
             ierr = MPI_Wait(&self.ob_mpi, sp)
         CHKERR(ierr)
@@ -63,6 +67,12 @@ cdef class Request(_MPI.Request):
         """
         cdef MPI_Status *sp = status_ptr(status)
         cdef int flag = 0
+        if self.ext is not None:
+            if not self.ext.test():
+                mpi_progress()
+                return False
+            self.ext.fill(status)
+            return True
         CHKERR(MPI_Test(&self.ob_mpi, &flag, sp))
         if flag:
             self.complete(status)
@@ -82,10 +92,44 @@ cdef class Request(_MPI.Request):
         """
         cdef MPI_Status *sp = status_ptr(status)
         cdef int flag = 0
+        if self.ext is not None:
+            if self.ext.test():
+                self.ext.fill(status)
+                return True
+            return False
         CHKERR(MPI_Request_get_status(self.ob_mpi, &flag, sp))
         if flag:
             status_type(status, self.rtype)
         return bool(flag)
+
+    def Cancel(self):
+        """Ask for the operation to be cancelled (MPI receives; see mpi4py).
+
+        Raises
+        ------
+        ValueError
+            For an operation on another backend than MPI, which cannot be
+            cancelled.
+        """
+        if self.ext is not None:
+            if self.ext.done:
+                return None
+            raise ValueError(f"request: an operation on backend {self.ext.backend!r} "
+                             "cannot be cancelled")
+        _MPI.Request.Cancel(self)
+
+    def Free(self):
+        """Release the request; the operation goes on, its buffers must not be
+        touched until it would have completed."""
+        if self.ext is not None:
+            detach(self.ext)
+            self.ext = None
+            self.ob_buf = None
+            return None
+        _MPI.Request.Free(self)
+
+    def __bool__(self):
+        return self.ob_mpi != MPI_REQUEST_NULL or (self.ext is not None and not self.ext.done)
 
     @classmethod
     def Waitall(cls, requests, statuses=None):
@@ -102,7 +146,8 @@ cdef class Request(_MPI.Request):
         -------
         True
         """
-        return complete_all(requests, statuses, True)
+        return complete_all(requests, statuses, True) if not has_work(requests) else \
+            mixed_all(requests, statuses, True)
 
     @classmethod
     def Testall(cls, requests, statuses=None):
@@ -119,7 +164,8 @@ cdef class Request(_MPI.Request):
         bool
             True when every request has completed.
         """
-        return complete_all(requests, statuses, False)
+        return complete_all(requests, statuses, False) if not has_work(requests) else \
+            mixed_all(requests, statuses, False)
 
     @classmethod
     def Waitany(cls, requests, status=None):
@@ -137,7 +183,8 @@ cdef class Request(_MPI.Request):
             The index of the completed request, or ``UNDEFINED`` if none of
             `requests` is active.
         """
-        return complete_any(requests, status, True)
+        return complete_any(requests, status, True) if not has_work(requests) else \
+            mixed_any(requests, status, True)
 
     @classmethod
     def Testany(cls, requests, status=None):
@@ -149,7 +196,8 @@ cdef class Request(_MPI.Request):
             ``(index, True)`` for a completed request, ``(UNDEFINED, True)`` if
             none is active, ``(UNDEFINED, False)`` if none has completed yet.
         """
-        return complete_any(requests, status, False)
+        return complete_any(requests, status, False) if not has_work(requests) else \
+            mixed_any(requests, status, False)
 
     @classmethod
     def Waitsome(cls, requests, statuses=None):
@@ -168,12 +216,14 @@ cdef class Request(_MPI.Request):
             The indices of the requests that completed, or None if none of
             `requests` is active.
         """
-        return complete_some(requests, statuses, True)
+        return complete_some(requests, statuses, True) if not has_work(requests) else \
+            mixed_some(requests, statuses, True)
 
     @classmethod
     def Testsome(cls, requests, statuses=None):
         """Like ``Waitsome`` without blocking: the list may be empty."""
-        return complete_some(requests, statuses, False)
+        return complete_some(requests, statuses, False) if not has_work(requests) else \
+            mixed_some(requests, statuses, False)
 
 
 cdef class _Handles:
@@ -206,13 +256,18 @@ cdef class _Handles:
         PyMem_Free(self.statuses)
         PyMem_Free(self.indices)
 
-    cdef int put_back(self) except -1:
+    cdef int put_back(self, object completed=None) except -1:
+        """Return the handles; release the buffers of the requests that
+        completed: those in `completed` (indices), or by default those whose
+        handle MPI has set to null."""
         cdef _MPI.Request req
         for i in range(self.n):
             req = <_MPI.Request>self.requests[i]
+            done = (req.ob_mpi != MPI_REQUEST_NULL and self.handles[i] == MPI_REQUEST_NULL) \
+                if completed is None else i in completed
             req.ob_mpi = self.handles[i]
-            if req.ob_mpi == MPI_REQUEST_NULL:
-                req.ob_buf = None
+            if done:
+                release_buffers(req)
         return 0
 
     cdef int fill_status(self, object status, int index, int k) except -1:
@@ -241,7 +296,7 @@ cdef object complete_all(object requests, object statuses, bint wait):
             ierr = MPI_Waitall(h.n, h.handles, h.statuses)
     else:
         ierr = MPI_Testall(h.n, h.handles, &flag, h.statuses)
-    h.put_back()
+    h.put_back(range(h.n) if flag and ierr == MPI_SUCCESS else ())
     CHKERR(ierr)
     if not flag:
         return False
@@ -257,7 +312,7 @@ cdef object complete_any(object requests, object status, bint wait):
             ierr = MPI_Waitany(h.n, h.handles, &index, h.statuses)
     else:
         ierr = MPI_Testany(h.n, h.handles, &index, &flag, h.statuses)
-    h.put_back()
+    h.put_back((index,) if flag and index != MPI_UNDEFINED else ())
     CHKERR(ierr)
     if flag and status is not None:
         if index != MPI_UNDEFINED:
@@ -275,12 +330,131 @@ cdef object complete_some(object requests, object statuses, bint wait):
             ierr = MPI_Waitsome(h.n, h.handles, &outcount, h.indices, h.statuses)
     else:
         ierr = MPI_Testsome(h.n, h.handles, &outcount, h.indices, h.statuses)
-    h.put_back()
+    h.put_back(() if outcount == MPI_UNDEFINED else
+               {h.indices[k] for k in range(max(outcount, 0))})
     CHKERR(ierr)
     if outcount == MPI_UNDEFINED:
         return None
     h.fill_list(statuses, outcount, True)
     return [h.indices[k] for k in range(outcount)]
+
+
+# Requests with a non-MPI part (Gloo, NCCL, staged work) mixed with MPI ones:
+# the MPI requests go through the functions above as a group; the others are
+# polled, and every turn of a waiting loop drives MPI (progress.pxi).
+
+cdef inline _Work work_of(object req):
+    if type(req) is Request or type(req) is Prequest:
+        return (<Request>req).ext
+    if isinstance(req, Request):
+        return (<Request>req).ext
+    return None
+
+
+cdef bint has_work(object requests) except -1:
+    for req in requests:
+        if work_of(req) is not None:
+            return True
+    return False
+
+
+cdef tuple split_work(list requests):
+    """(indices of the requests with a _Work, indices of the MPI-only ones)."""
+    works, plain = [], []
+    for i, req in enumerate(requests):
+        if not isinstance(req, _MPI.Request):
+            raise TypeError(f"requests[{i}]: expected an MPI.Request, got "
+                            f"{type(req).__name__}")
+        (works if work_of(req) is not None else plain).append(i)
+    return works, plain
+
+
+cdef object put_statuses(object statuses, list indices, list sub):
+    while len(statuses) < len(indices) and statuses is not None:
+        statuses.append(Status())
+    for k, st in zip(indices, sub):
+        (<_MPI.Status>statuses[k]).ob_mpi = (<_MPI.Status>st).ob_mpi
+        if type(statuses[k]) is Status and type(st) is Status:
+            (<Status>statuses[k]).rtype = (<Status>st).rtype
+    return statuses
+
+
+cdef object mixed_all(object requests, object statuses, bint wait):
+    requests = list(requests)
+    works, plain = split_work(requests)
+    cdef int spins = 0
+    if wait:
+        while not all([work_of(requests[i]).test() for i in works]):
+            idle(spins)
+            spins += 1
+    elif not all([work_of(requests[i]).test() for i in works]):
+        mpi_progress()
+        return False
+    sub = [] if statuses is not None else None
+    if not complete_all([requests[i] for i in plain], sub, wait):
+        return False
+    if statuses is not None:
+        while len(statuses) < len(requests):
+            statuses.append(Status())
+        put_statuses(statuses, plain, sub)
+        for i in works:
+            work_of(requests[i]).fill(statuses[i])
+    return True
+
+
+cdef object any_result(object index, bint flag, bint wait):
+    return index if wait else (index, flag)
+
+
+cdef object mixed_any(object requests, object status, bint wait):
+    requests = list(requests)
+    works, plain = split_work(requests)
+    active = [i for i in works if not work_of(requests[i]).done]
+    cdef int spins = 0
+    while True:
+        for i in active:
+            if work_of(requests[i]).test():
+                work_of(requests[i]).fill(status)
+                return any_result(i, True, wait)
+        index, flag = complete_any([requests[i] for i in plain], status, False)
+        if flag and index != MPI_UNDEFINED:
+            return any_result(plain[index], True, wait)
+        if flag and not active:       # nothing active at all
+            return any_result(MPI_UNDEFINED, True, wait)
+        if not wait:
+            mpi_progress()
+            return (MPI_UNDEFINED, False)
+        idle(spins)
+        spins += 1
+
+
+cdef object mixed_some(object requests, object statuses, bint wait):
+    requests = list(requests)
+    works, plain = split_work(requests)
+    active = [i for i in works if not work_of(requests[i]).done]
+    cdef int spins = 0
+    while True:
+        done = [i for i in active if work_of(requests[i]).test()]
+        sub = [] if statuses is not None else None
+        got = complete_some([requests[i] for i in plain], sub, False)
+        if got is None and not active:
+            return None
+        finished = sorted(done + [plain[k] for k in (got or [])])
+        if finished or not wait:
+            if statuses is not None:
+                while len(statuses) < len(finished):
+                    statuses.append(Status())
+                from_mpi = {plain[k]: st for k, st in zip(got or [], sub or [])}
+                for pos, i in enumerate(finished):
+                    if i in from_mpi:
+                        put_statuses(statuses, [pos], [from_mpi[i]])
+                    else:
+                        work_of(requests[i]).fill(statuses[pos])
+            if not finished:
+                mpi_progress()
+            return finished
+        idle(spins)
+        spins += 1
 
 
 # Persistent requests. MPI-4 persistent collectives are used where the library
@@ -320,12 +494,16 @@ cdef class Prequest(Request):
     cdef object start_fn      # emulation: posts the non-blocking form, returns a Request
     cdef object comm          # the communicator it was made on
 
+    cdef bint foreign         # runs on a backend other than MPI: always emulated
+
     cdef int form(self) noexcept:
-        return VALIDATE if emulate_persistent else PERSISTENT
+        return VALIDATE if emulate_persistent or self.foreign else PERSISTENT
 
     cdef int emulate(self, object nonblocking, tuple args, object backend) except -1:
-        if emulate_persistent:
+        if emulate_persistent or self.foreign:
             self.start_fn = partial(nonblocking, *args, backend=backend)
+        else:
+            self.ob_buf = self.keep       # staged device buffers are copied at each start
         return 0
 
     def Start(self):
@@ -347,16 +525,19 @@ cdef class Prequest(Request):
         if self.start_fn is None:
             if self.ob_mpi == MPI_REQUEST_NULL:
                 raise ValueError("request: it was freed (or never created)")
+            if type(self.ob_buf) is _Msg and (<_Msg>self.ob_buf).staged is not None:
+                restage(<_Msg>self.ob_buf)
             with nogil:
                 ierr = MPI_Start(&self.ob_mpi)
             CHKERR(ierr)
             return None
-        if self.ob_mpi != MPI_REQUEST_NULL:
+        if self.ob_mpi != MPI_REQUEST_NULL or (self.ext is not None and not self.ext.done):
             raise ValueError("request: still active; complete it (Wait/Test) before "
                              "starting it again")
         cdef Request inner = self.start_fn()
         self.ob_mpi, inner.ob_mpi = inner.ob_mpi, MPI_REQUEST_NULL
         self.ob_buf, inner.ob_buf = inner.ob_buf, None
+        self.ext, inner.ext = inner.ext, None
         self.rtype = inner.rtype
         return None
 
@@ -380,7 +561,8 @@ cdef class Prequest(Request):
             req = <Prequest>r
             if not req:
                 raise ValueError(f"requests[{i}]: it was freed (or never created)")
-            if req.start_fn is not None and req.ob_mpi != MPI_REQUEST_NULL:
+            if req.start_fn is not None and (req.ob_mpi != MPI_REQUEST_NULL or (
+                    req.ext is not None and not req.ext.done)):
                 raise ValueError(f"requests[{i}]: still active; complete it before "
                                  "starting it again")
             if req.comm is not None and (<_MPI.Comm>req.comm).ob_mpi == MPI_COMM_NULL:
@@ -396,9 +578,12 @@ cdef class Prequest(Request):
         ValueError
             If an emulated request is still active (complete it first).
         """
-        if self.start_fn is not None and self.ob_mpi != MPI_REQUEST_NULL:
+        if self.start_fn is not None and (self.ob_mpi != MPI_REQUEST_NULL or
+                                          (self.ext is not None and not self.ext.done)):
             raise ValueError("request: still active; complete it (Wait/Test) before "
                              "freeing it")
         if self.ob_mpi != MPI_REQUEST_NULL:
             CHKERR(MPI_Request_free(&self.ob_mpi))
         self.start_fn = None
+        self.ext = None
+        self.ob_buf = None

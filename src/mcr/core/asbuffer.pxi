@@ -16,6 +16,7 @@ cdef struct bufinfo:
     char *addr
     Py_ssize_t nbytes
     int tindex           # element type (index into TYPES)
+    int device           # CUDA device ordinal, or -1 for host memory
 
 
 cdef class _View:
@@ -32,14 +33,14 @@ cdef class _View:
 cdef object _Tensor = None           # torch.Tensor: exact-type fast path
 cdef object _TensorBase = None       # torch._C.TensorBase: subclasses
 cdef object _d_data_ptr, _d_numel, _d_is_contiguous, _d_is_conj, _d_is_neg
-cdef object _g_dtype, _g_is_cpu
+cdef object _g_dtype, _g_is_cpu, _g_is_cuda
 cdef object _torch = None
 
 
 cdef int bind_torch() except -1:
     global _Tensor, _TensorBase, _torch
     global _d_data_ptr, _d_numel, _d_is_contiguous, _d_is_conj, _d_is_neg
-    global _g_dtype, _g_is_cpu
+    global _g_dtype, _g_is_cpu, _g_is_cuda
     import torch
     base = torch._C.TensorBase
     attrs = base.__dict__
@@ -50,6 +51,7 @@ cdef int bind_torch() except -1:
     _d_is_neg = attrs["is_neg"]
     _g_dtype = attrs["dtype"]
     _g_is_cpu = attrs["is_cpu"]
+    _g_is_cuda = attrs["is_cuda"]
     bind_torch_dtypes(torch)
     _torch = torch
     _TensorBase = base
@@ -63,11 +65,14 @@ cdef inline bint torch_loaded() noexcept:
 
 
 cdef int slow_tensor_info(object t, bufinfo *b, const char *arg) except -1:
-    """Fill `b` from a CPU torch tensor through torch's Python API; reject what
-    MPI cannot read directly, with the reason."""
+    """Fill `b` from a CPU or CUDA torch tensor through torch's Python API;
+    reject what cannot be communicated directly, with the reason."""
+    cdef int device = -1
     if mcr_getattr(_g_is_cpu, t) is not True:
-        raise TypeError(f"{arg.decode()}: tensor on device {t.device} is not supported "
-                        "yet (mcr handles CPU tensors; CUDA comes with the GPU backends)")
+        if mcr_getattr(_g_is_cuda, t) is not True:
+            raise TypeError(f"{arg.decode()}: tensor on device {t.device} is not "
+                            "supported (mcr handles CPU and CUDA tensors)")
+        device = t.device.index
     cdef int tindex = torch_type_index(mcr_getattr(_g_dtype, t))
     if tindex < 0:
         raise TypeError(f"{arg.decode()}: tensor dtype {t.dtype} is not supported; "
@@ -93,6 +98,7 @@ cdef int slow_tensor_info(object t, bufinfo *b, const char *arg) except -1:
     b.addr = <char*>PyLong_AsVoidPtr(mcr_call0(_d_data_ptr, t))
     b.nbytes = PyLong_AsSsize_t(mcr_call0(_d_numel, t)) * TYPES[tindex].itemsize
     b.tindex = tindex
+    b.device = device
     return 0
 
 
@@ -125,6 +131,7 @@ cdef object view_info(object obj, bufinfo *b, bint writable, const char *arg):
     b.addr = <char*>v.view.buf
     b.nbytes = v.view.len
     b.tindex = tindex
+    b.device = -1
     return v
 
 
@@ -142,8 +149,14 @@ cdef object as_buffer(object obj, bufinfo *b, bint writable, const char *arg):
     if PyObject_CheckBuffer(obj):
         return view_info(obj, b, writable, arg)
     if hasattr(obj, "__cuda_array_interface__"):
-        raise TypeError(f"{arg.decode()}: CUDA buffers ({type(obj).__name__}) are not "
-                        "supported yet; mcr handles host memory")
+        if not torch_loaded():
+            bind_torch()
+        if not _torch.cuda.is_available():
+            raise TypeError(f"{arg.decode()}: CUDA buffer ({type(obj).__name__}) but torch "
+                            "sees no CUDA device; mcr reads CUDA memory through torch")
+        tensor = _torch.as_tensor(obj, device="cuda")     # shares the memory
+        tensor_info(tensor, b, arg)
+        return tensor
     if hasattr(obj, "__dlpack__"):
         if not torch_loaded():
             bind_torch()

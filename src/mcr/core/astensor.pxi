@@ -68,11 +68,12 @@ cdef inline int fast_tensor_info(object t, bufinfo *b) noexcept:
     b.addr = <char*>ptr
     b.nbytes = numel * TYPES[tindex].itemsize
     b.tindex = tindex
+    b.device = -1
     return 0
 
 
 cdef int tensor_info(object t, bufinfo *b, const char *arg) except -1:
-    """Fill `b` from a CPU torch tensor; reject what MPI cannot read directly."""
+    """Fill `b` from a torch tensor; reject what cannot be communicated directly."""
     if fast_ok and (type(t) is _Tensor or type(t) is _Parameter):
         if fast_tensor_info(t, b) == 0:
             return 0

@@ -17,6 +17,7 @@ cdef struct side:
     Py_ssize_t nelems    # elements available from the start of the buffer
     Py_ssize_t extent    # bytes per element
     bint explicit        # the count was given (per process in block collectives)
+    int device           # CUDA device ordinal of the buffer, -1 for host memory
 
 
 cdef class _Ints:
@@ -92,6 +93,7 @@ cdef int set_datatype(side *x, object datatype, const char *arg) except -1:
 cdef int set_buffer(side *x, bufinfo *b, object datatype, const char *arg) except -1:
     """Point the message at a buffer, with its own or an explicit element type."""
     x.addr = b.addr
+    x.device = b.device
     x.counts = x.displs = NULL
     if datatype is None:
         x.dtype = TYPES[b.tindex].mpi
@@ -122,6 +124,7 @@ cdef object parse_simple(object spec, side *x, bint writable, const char *arg):
     if type(spec) is _Tensor:                    # the hot path: a plain tensor
         tensor_info(spec, &b, arg)
         x.addr = b.addr
+        x.device = b.device
         x.dtype = TYPES[b.tindex].mpi
         x.tindex = b.tindex
         x.extent = TYPES[b.tindex].itemsize
@@ -290,6 +293,7 @@ cdef int set_in_place(side *x, side *other) noexcept:
     # MPI ignores the in-place side's count and type, but some implementations
     # (Open MPI's non-blocking alltoall) still read the type: give it the other's
     x.addr = <char*>MPI_IN_PLACE
+    x.device = -1
     x.counts = x.displs = NULL
     x.count = 0
     x.nelems = 0
@@ -302,6 +306,7 @@ cdef int set_in_place(side *x, side *other) noexcept:
 
 cdef int set_null(side *x) noexcept:
     x.addr = NULL
+    x.device = -1
     x.counts = x.displs = NULL
     x.count = 0
     x.nelems = 0
@@ -381,6 +386,14 @@ cdef class _Msg:
     """The parsed send and receive sides of one call, and what keeps them alive."""
     cdef side s, r
     cdef object sown, rown
+    cdef object staged       # device buffers staged through host memory (staging.pxi)
+
+    def side(self, int which):
+        """Side 0 (send) or 1 (receive) for the Python backends: (kind, address,
+        count, counts, displs, nelems, element type name, extent, device, owner),
+        kind being "buf", "in_place" or "null"."""
+        return describe_side(&self.s if which == 0 else &self.r,
+                             self.sown if which == 0 else self.rown)
 
     # -- simple messages -------------------------------------------------
 

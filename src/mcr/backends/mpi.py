@@ -1,0 +1,22 @@
+"""The MPI backend: mcr's compiled core (``mcr._core``) runs every operation
+on MPI directly; this module only registers it and declares what it serves."""
+
+from .base import Backend
+
+__all__ = ["BACKEND"]
+
+
+class MpiBackend(Backend):
+    name = "mpi"
+    devices = frozenset({"cpu", "cuda"})   # CUDA: directly if CUDA-aware, else staged
+    native = frozenset({
+        "Send", "Recv", "Sendrecv", "Sendrecv_replace", "Probe", "Iprobe",
+        "Barrier", "Bcast", "Gather", "Gatherv", "Scatter", "Scatterv", "Allgather",
+        "Allgatherv", "Alltoall", "Alltoallv", "Reduce", "Allreduce",
+        "Reduce_scatter_block", "Reduce_scatter", "Scan", "Exscan"})
+
+    def create(self, comm):
+        raise ValueError("backend 'mpi' runs in mcr's core")
+
+
+BACKEND = MpiBackend()

@@ -1,0 +1,155 @@
+# Completion across backends. A request on Gloo or NCCL holds a _Work: the
+# backend's work handles (and CUDA events), objects with is_completed() and
+# wait(), plus the steps to run once they are complete (unpack a composed
+# collective, copy a staged buffer back). Gloo and NCCL progress on their own
+# threads and streams; MPI progresses only inside MPI calls, so every loop that
+# waits here drives MPI (an Iprobe on a private communicator) between polls.
+# That is what keeps a program that waits on Gloo while its peers wait on MPI
+# (or the other way round) from deadlocking.
+
+from libc.time cimport time_t
+
+cdef extern from "<unistd.h>" nogil:
+    int usleep(unsigned int usec)
+
+cdef MPI_Comm progress_comm = MPI_COMM_NULL
+cdef list detached = []        # works of freed requests, kept until they complete
+
+
+cdef int init_progress() except -1:
+    global progress_comm
+    CHKERR(MPI_Comm_dup(MPI_COMM_SELF, &progress_comm))
+    return 0
+
+
+cdef int mpi_progress() except -1:
+    """Let MPI advance its outstanding operations (non-blocking collectives
+    progress only inside MPI calls)."""
+    cdef int flag = 0
+    if progress_comm != MPI_COMM_NULL:
+        CHKERR(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, progress_comm, &flag,
+                          MPI_STATUS_IGNORE))
+    return 0
+
+
+cdef int idle(int spins) except -1:
+    """One turn of a wait loop: drive MPI, and after a while yield the core."""
+    mpi_progress()
+    if detached:
+        detached[:] = [w for w in detached if not (<_Work>w).test()]
+    cdef unsigned int usec
+    if spins > 32:
+        usec = 20 << min((spins - 32) // 64, 6)      # up to ~1.3 ms
+        with nogil:
+            usleep(usec)
+    return 0
+
+
+cdef class _Work:
+    """The non-MPI part of a request: backend work handles, then steps to run
+    once they are all complete, and the status of a receive."""
+    cdef readonly str backend
+    cdef list works
+    cdef list steps
+    cdef readonly bint done
+    cdef tuple status          # (source, tag, bytes, element MPI datatype) of a receive
+    cdef object keep           # buffers, until completion
+
+    cdef bint test(self) except -1:
+        """Whether everything is complete; runs the steps the first time it is."""
+        if self.done:
+            return True
+        for w in self.works:
+            if not w.is_completed():
+                return False
+        works, self.works = self.works, []
+        for w in works:
+            w.wait()            # raises the backend's error; stream-orders CUDA results
+        steps, self.steps = self.steps, []
+        for step in steps:
+            step()
+        self.done = True
+        self.keep = None
+        return True
+
+    cdef int fill(self, object status) except -1:
+        if status is None:
+            return 0
+        if not isinstance(status, _MPI.Status):
+            raise TypeError(f"status: expected an MPI.Status or None, got "
+                            f"{type(status).__name__}")
+        cdef _MPI.Status st = <_MPI.Status>status
+        if self.status is None:     # not a receive: the empty status
+            st.ob_mpi.MPI_SOURCE = MPI_ANY_SOURCE
+            st.ob_mpi.MPI_TAG = MPI_ANY_TAG
+            st.ob_mpi.MPI_ERROR = MPI_SUCCESS
+            CHKERR(MPI_Status_set_elements(&st.ob_mpi, MPI_BYTE, 0))
+            status_type(status, MPI_DATATYPE_NULL)
+            return 0
+        source, tag, nbytes, rtype = self.status
+        st.ob_mpi.MPI_SOURCE = source
+        st.ob_mpi.MPI_TAG = tag
+        st.ob_mpi.MPI_ERROR = MPI_SUCCESS
+        CHKERR(MPI_Status_set_elements(&st.ob_mpi, MPI_BYTE, nbytes))
+        status_type(status, <MPI_Datatype><Py_ssize_t>rtype if rtype else MPI_DATATYPE_NULL)
+        return 0
+
+
+cdef int wait_work(_Work w) except -1:
+    cdef int spins = 0
+    while not w.test():
+        idle(spins)
+        spins += 1
+    return 0
+
+
+cdef int detach(_Work w) except -1:
+    if not w.test():
+        detached.append(w)
+    return 0
+
+
+def _drain_detached():
+    """Wait for the works of freed requests (at exit, and before a backend
+    communicator is destroyed)."""
+    cdef int spins = 0
+    while detached:
+        idle(spins)
+        spins += 1
+
+
+def _work_request(str backend, list works, list steps=None, object keep=None,
+                  object status=None):
+    """A Request completed by `works` (objects with is_completed() and wait()),
+    running `steps` (callables) once they are; for the Python backends.
+    `status`, for a receive: a callable returning (source, tag, bytes, MPI
+    datatype handle) once the works are complete."""
+    cdef Request req = Request.__new__(Request)
+    cdef _Work w = _Work.__new__(_Work)
+    w.backend = backend
+    w.works = works
+    w.steps = list(steps) if steps else []
+    w.keep = keep
+    if status is not None:
+        w.steps.append(lambda: set_work_status(w, status()))
+    req.ext = w
+    return req
+
+
+cdef int set_work_status(_Work w, tuple value) except -1:
+    w.status = value
+    return 0
+
+
+def _datatype_handle(str type_name):
+    """The MPI datatype handle (as int) mcr uses for an element type name."""
+    return <Py_ssize_t>TYPES[TYPE_NAMES.index(type_name)].mpi
+
+
+def _fill_status(status, int source, int tag, Py_ssize_t nbytes, Py_ssize_t rtype=0):
+    """Fill `status` (None: nothing) for a message of `nbytes` bytes."""
+    if status is None:
+        return
+    cdef _Work w = _Work.__new__(_Work)
+    w.status = (source, tag, nbytes, rtype)
+    w.fill(status)

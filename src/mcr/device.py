@@ -1,0 +1,117 @@
+"""The device interface: what mcr needs from the memory a buffer lives in.
+
+The MPI backend gives MPI a CUDA buffer as it is when the library is
+CUDA-aware, after the caller's current stream has finished writing it; otherwise
+it stages the buffer through pinned host memory (``to_host`` before the call,
+``copy`` back when the operation completes, on the caller's current stream so
+that the stream observes the result). The core (``staging.pxi``) does all of
+this through the few methods below, so the same logic runs on host memory
+(``HostInterface``, which stages through a plain copy) and is tested without a
+GPU; ``CudaInterface`` is the real thing.
+
+``MCR_CUDA_AWARE=1`` (or ``0``) overrides what the MPI library reports.
+"""
+
+import ctypes
+import os
+
+import torch
+
+__all__ = ["interface", "mpi_cuda_aware", "byte_region", "HostInterface", "CudaInterface"]
+
+
+def byte_region(owner, addr, nbytes):
+    """A uint8 tensor over the ``nbytes`` bytes at ``addr`` inside ``owner``.
+
+    ``owner`` is the object that keeps the memory alive: a torch tensor (CPU or
+    CUDA; the region is a view of it) or any host buffer (the region is a view
+    of its memory by address, and must not outlive it).
+    """
+    if isinstance(owner, torch.Tensor):
+        flat = owner.detach().reshape(-1).view(torch.uint8)
+        offset = addr - flat.data_ptr()
+        if not 0 <= offset <= flat.numel() - nbytes:
+            raise ValueError(f"region of {nbytes} bytes at offset {offset} lies outside "
+                             f"the tensor's {flat.numel()} bytes")
+        return flat[offset:offset + nbytes]
+    if nbytes == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    memory = (ctypes.c_char * nbytes).from_address(addr)
+    return torch.frombuffer(memory, dtype=torch.uint8)
+
+
+class HostInterface:
+    """Host memory staged through a copy, exactly as device memory is staged
+    (used by tests through ``mcr._core._set_host_staging``)."""
+
+    mpi_reads_device = False
+
+    def region(self, owner, addr, nbytes):
+        return byte_region(owner, addr, nbytes)
+
+    def synchronize(self, region):
+        pass
+
+    def to_host(self, region):
+        """A host copy of ``region``, for MPI to read and write."""
+        return region.clone()
+
+    def copy(self, dst, src):
+        dst.copy_(src)
+
+
+class CudaInterface:
+    """CUDA memory: stream-ordered copies through pinned host memory, or (for
+    a CUDA-aware MPI) a synchronization with the caller's stream."""
+
+    def __init__(self, ordinal, aware):
+        self.ordinal = ordinal
+        self.mpi_reads_device = aware
+
+    def region(self, owner, addr, nbytes):
+        if not isinstance(owner, torch.Tensor) or not owner.is_cuda:
+            raise TypeError(f"CUDA buffer of type {type(owner).__name__}: mcr reads CUDA "
+                            "memory through torch tensors")
+        return byte_region(owner, addr, nbytes)
+
+    def synchronize(self, region):
+        # the caller's writes, queued on its current stream, must be done
+        # before MPI reads the memory from the host thread
+        torch.cuda.current_stream(region.device).synchronize()
+
+    def to_host(self, region):
+        host = torch.empty(region.numel(), dtype=torch.uint8, pin_memory=True)
+        host.copy_(region)            # on the current stream, after its work; waits
+        return host
+
+    def copy(self, dst, src):
+        if dst.is_cuda:
+            # queued on the caller's current stream: later work on it sees the
+            # result; torch keeps the pinned source alive until the copy is done
+            dst.copy_(src, non_blocking=True)
+        else:
+            dst.copy_(src)
+
+
+def mpi_cuda_aware():
+    """Whether MPI is given CUDA memory directly: ``$MCR_CUDA_AWARE`` if set,
+    else what the MPI library reports (unknown counts as not aware)."""
+    value = os.environ.get("MCR_CUDA_AWARE")
+    if value is not None and value.strip():
+        return value.strip().lower() not in ("0", "no", "false", "off")
+    from mcr import _core
+    return _core._mpi_cuda_aware() == 1
+
+
+_HOST = HostInterface()
+_CUDA = {}
+
+
+def interface(ordinal):
+    """The interface for device ``ordinal`` (-1: host memory)."""
+    if ordinal < 0:
+        return _HOST
+    found = _CUDA.get(ordinal)
+    if found is None:
+        found = _CUDA[ordinal] = CudaInterface(ordinal, mpi_cuda_aware())
+    return found
