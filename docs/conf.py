@@ -54,7 +54,7 @@ add_module_names = False
 # no network: no intersphinx, no remote images
 intersphinx_mapping = {}
 
-exclude_patterns = ["_build"]
+exclude_patterns = ["_build", "_generated"]
 templates_path = []
 html_static_path = []
 html_theme = "alabaster"
@@ -102,6 +102,48 @@ def check_api_documented(app, env):
     for name in sorted(public_api() - documented):
         logger.warning("api.rst does not document %s (every public name of mcr "
                        "must be in the API reference)", name)
+
+
+# -- the backends table, from the backends' own declarations ---------------
+
+OPERATIONS = ("Send", "Recv", "Sendrecv", "Sendrecv_replace", "Probe", "Iprobe", "Barrier",
+              "Bcast", "Gather", "Gatherv", "Scatter", "Scatterv", "Allgather", "Allgatherv",
+              "Alltoall", "Alltoallv", "Reduce", "Allreduce", "Reduce_scatter_block",
+              "Reduce_scatter", "Scan", "Exscan")
+
+
+def write_backend_table():
+    """docs/_generated/backends_table.rst: how each backend runs each operation
+    (mcr.backends.<name>.BACKEND is the one source of truth)."""
+    from mcr import backends
+
+    found = [backends.get(name) for name in backends.names()]
+    width = max(len(op) for op in OPERATIONS) + 4
+    cols = [max(len(b.name), 9) for b in found]
+    rule = " ".join(["=" * width] + ["=" * c for c in cols])
+    lines = [rule, " ".join([f"{'Operation':<{width}}"] + [f"{b.name:<{c}}" for b, c in
+                                                             zip(found, cols)]), rule]
+    for op in OPERATIONS:
+        cells = ["native" if op in b.native else "composed" for b in found]
+        lines.append(" ".join([f"``{op}``".ljust(width)] +
+                              [f"{cell:<{c}}" for cell, c in zip(cells, cols)]))
+    lines.append(rule)
+    lines.append("")
+    lines.append("Buffers served: " + "; ".join(
+        f"``{b.name}``: {', '.join(sorted(b.devices))}" for b in found) + ".")
+    lines.append("")
+    for b in found:
+        if b.reductions:
+            ops = ", ".join(f"{op} ({len(types)} types)" for op, types in b.reductions.items())
+            lines.append(f"Reductions ``{b.name}`` runs itself: {ops}; mcr reduces the "
+                         "other op/type pairs after gathering the operands.")
+            lines.append("")
+    os.makedirs(os.path.join(HERE, "_generated"), exist_ok=True)
+    with open(os.path.join(HERE, "_generated", "backends_table.rst"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+write_backend_table()
 
 
 def setup(app):
