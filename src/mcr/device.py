@@ -14,13 +14,14 @@ GPU; ``CudaInterface`` is the real thing.
 
 import ctypes
 import os
+from typing import Any
 
 import torch
 
 __all__ = ["interface", "mpi_cuda_aware", "byte_region", "HostInterface", "CudaInterface"]
 
 
-def byte_region(owner, addr, nbytes):
+def byte_region(owner: Any, addr: int, nbytes: int) -> torch.Tensor:
     """A uint8 tensor over the ``nbytes`` bytes at ``addr`` inside ``owner``.
 
     ``owner`` is the object that keeps the memory alive: a torch tensor (CPU or
@@ -46,17 +47,17 @@ class HostInterface:
 
     mpi_reads_device = False
 
-    def region(self, owner, addr, nbytes):
+    def region(self, owner: Any, addr: int, nbytes: int) -> torch.Tensor:
         return byte_region(owner, addr, nbytes)
 
-    def synchronize(self, region):
+    def synchronize(self, region: torch.Tensor) -> None:
         pass
 
-    def to_host(self, region):
+    def to_host(self, region: torch.Tensor) -> torch.Tensor:
         """A host copy of ``region``, for MPI to read and write."""
         return region.clone()
 
-    def copy(self, dst, src):
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         dst.copy_(src)
 
 
@@ -64,27 +65,27 @@ class CudaInterface:
     """CUDA memory: stream-ordered copies through pinned host memory, or (for
     a CUDA-aware MPI) a synchronization with the caller's stream."""
 
-    def __init__(self, ordinal, aware):
+    def __init__(self, ordinal: int, aware: bool) -> None:
         self.ordinal = ordinal
         self.mpi_reads_device = aware
 
-    def region(self, owner, addr, nbytes):
+    def region(self, owner: Any, addr: int, nbytes: int) -> torch.Tensor:
         if not isinstance(owner, torch.Tensor) or not owner.is_cuda:
             raise TypeError(f"CUDA buffer of type {type(owner).__name__}: mcr reads CUDA "
                             "memory through torch tensors")
         return byte_region(owner, addr, nbytes)
 
-    def synchronize(self, region):
+    def synchronize(self, region: torch.Tensor) -> None:
         # the caller's writes, queued on its current stream, must be done
         # before MPI reads the memory from the host thread
         torch.cuda.current_stream(region.device).synchronize()
 
-    def to_host(self, region):
+    def to_host(self, region: torch.Tensor) -> torch.Tensor:
         host = torch.empty(region.numel(), dtype=torch.uint8, pin_memory=True)
         host.copy_(region)            # on the current stream, after its work; waits
         return host
 
-    def copy(self, dst, src):
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         if dst.is_cuda:
             # queued on the caller's current stream: later work on it sees the
             # result; torch keeps the pinned source alive until the copy is done
@@ -93,21 +94,21 @@ class CudaInterface:
             dst.copy_(src)
 
 
-def mpi_cuda_aware():
+def mpi_cuda_aware() -> bool:
     """Whether MPI is given CUDA memory directly: ``$MCR_CUDA_AWARE`` if set,
     else what the MPI library reports (unknown counts as not aware)."""
     value = os.environ.get("MCR_CUDA_AWARE")
     if value is not None and value.strip():
         return value.strip().lower() not in ("0", "no", "false", "off")
     from mcr import _core
-    return _core._mpi_cuda_aware() == 1
+    return bool(_core._mpi_cuda_aware() == 1)
 
 
 _HOST = HostInterface()
-_CUDA = {}
+_CUDA: dict[int, CudaInterface] = {}
 
 
-def interface(ordinal):
+def interface(ordinal: int) -> HostInterface | CudaInterface:
     """The interface for device ``ordinal`` (-1: host memory)."""
     if ordinal < 0:
         return _HOST

@@ -14,25 +14,26 @@ handle shares it), and shut down by ``Comm.Free``.
 
 import importlib
 import pkgutil
+from typing import Any
 
 _HELPERS = frozenset({"base", "compose", "store"})
-_KEYVAL = None
+_KEYVAL: int | None = None
 
 
-def names():
+def names() -> tuple[str, ...]:
     """The names of the registered backends, ``mpi`` first."""
     found = sorted(m.name for m in pkgutil.iter_modules(__path__)
                    if m.name not in _HELPERS and not m.name.startswith("_"))
     return tuple(sorted(found, key=lambda n: n != "mpi"))
 
 
-def get(name):
+def get(name: str) -> Any:
     """The ``Backend`` object registered under ``name``."""
     check_name(name)
     return importlib.import_module(f"{__name__}.{name}").BACKEND
 
 
-def check_name(name):
+def check_name(name: object) -> None:
     """Raise TypeError/ValueError unless ``name`` is a backend or ``"auto"``."""
     if not isinstance(name, str):
         raise TypeError(f"backend: expected a string or None, got {type(name).__name__}")
@@ -41,7 +42,7 @@ def check_name(name):
                          f"{', '.join(names())}, or 'auto'")
 
 
-def _keyval():
+def _keyval() -> int:
     global _KEYVAL
     if _KEYVAL is None:
         from mpi4py import MPI
@@ -51,7 +52,7 @@ def _keyval():
     return _KEYVAL
 
 
-def subcomm(comm, name):
+def subcomm(comm: Any, name: str) -> Any:
     """``comm``'s sub-communicator on backend ``name``, made at first use
     (collective over ``comm``)."""
     subs = comm.Get_attr(_keyval())
@@ -68,7 +69,7 @@ def subcomm(comm, name):
     return found
 
 
-def release(comm):
+def release(comm: Any) -> None:
     """Shut down ``comm``'s sub-communicators (before the MPI communicator is
     freed). Outstanding sends are delivered first."""
     if _KEYVAL is None:

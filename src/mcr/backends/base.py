@@ -1,5 +1,7 @@
 """The interface every backend implements, and what each declares about itself."""
 
+from typing import Any
+
 __all__ = ["Backend"]
 
 
@@ -24,22 +26,22 @@ class Backend:
         own (Gloo's only does inside ``wait()``).
     """
 
-    name = ""
-    devices = frozenset()
-    native = frozenset()
-    reductions = {}
-    p2p_pollable = True
+    name: str = ""
+    devices: frozenset[str] = frozenset()
+    native: frozenset[str] = frozenset()
+    reductions: dict[str, frozenset[str]] = {}
+    p2p_pollable: bool = True
 
-    def unavailable(self):
+    def unavailable(self) -> str | None:
         """None when the backend can run here, else the reason it cannot."""
         return None
 
-    def create(self, comm):
+    def create(self, comm: Any) -> Any:
         """The sub-communicator of ``comm`` on this backend. It may defer the
         collective set-up to its first operation (the torch backends do)."""
         raise NotImplementedError
 
-    def device_error(self, arg, device):
+    def device_error(self, arg: str, device: int) -> ValueError | None:
         """The error for a buffer this backend cannot serve, or None."""
         where = "cuda" if device >= 0 else "cpu"
         if where in self.devices:

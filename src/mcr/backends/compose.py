@@ -23,6 +23,9 @@ and a request never needs another process to make progress on its behalf.
   for the receiver's host thread.
 """
 
+from collections.abc import Callable, Sequence
+from typing import Any
+
 import torch
 from mpi4py import MPI
 
@@ -31,7 +34,7 @@ from mcr.device import byte_region
 
 __all__ = ["TorchSubcomm"]
 
-_OP_NAMES = {}
+_OP_NAMES: dict[int, str] = {}
 for _name in ("SUM", "PROD", "MAX", "MIN", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR"):
     _OP_NAMES[getattr(MPI, _name).py2f()] = _name
 
@@ -40,7 +43,7 @@ _BYTE = torch.uint8
 _SEQ_MOD = 1 << 30
 
 
-_waiters = None
+_waiters: Any = None
 
 
 class _Waited:
@@ -51,21 +54,21 @@ class _Waited:
 
     __slots__ = ("future",)
 
-    def __init__(self, work):
+    def __init__(self, work: Any) -> None:
         global _waiters
         if _waiters is None:
             from concurrent.futures import ThreadPoolExecutor
             _waiters = ThreadPoolExecutor(max_workers=4, thread_name_prefix="mcr-p2p")
         self.future = _waiters.submit(work.wait)
 
-    def is_completed(self):
-        return self.future.done()
+    def is_completed(self) -> bool:
+        return bool(self.future.done())
 
-    def wait(self):
+    def wait(self) -> None:
         self.future.result()
 
 
-def op_name(op, backend):
+def op_name(op: object, backend: str) -> str:
     name = _OP_NAMES.get(op.py2f()) if isinstance(op, MPI.Op) else None
     if name is None:
         raise TypeError(f"op: user-defined operations run on backend 'mpi' only, not "
@@ -79,12 +82,12 @@ class Side:
     __slots__ = ("kind", "addr", "count", "counts", "displs", "nelems", "tname",
                  "extent", "device", "owner", "_bytes")
 
-    def __init__(self, described):
+    def __init__(self, described: tuple[Any, ...]) -> None:
         (self.kind, self.addr, self.count, self.counts, self.displs, self.nelems,
          self.tname, self.extent, self.device, self.owner) = described
-        self._bytes = None
+        self._bytes: torch.Tensor | None = None
 
-    def bytes(self):
+    def bytes(self) -> torch.Tensor:
         """All the bytes of the buffer from the message's start."""
         if self._bytes is None:
             nbytes = self.nelems * self.extent
@@ -94,25 +97,25 @@ class Side:
                 self._bytes = byte_region(self.owner, self.addr, nbytes)
         return self._bytes
 
-    def block(self, displ, count):
+    def block(self, displ: int, count: int) -> torch.Tensor:
         """Bytes of ``count`` elements at element displacement ``displ``."""
         return self.bytes()[displ * self.extent:(displ + count) * self.extent]
 
-    def typed(self, count, displ=0):
+    def typed(self, count: int, displ: int = 0) -> torch.Tensor:
         """``count`` elements at ``displ``, as a tensor of the element type."""
         return self.block(displ, count).view(getattr(torch, self.tname))
 
-    def blocks(self, size):
+    def blocks(self, size: int) -> tuple[list[int], list[int]]:
         """(counts, displs) in elements, for the block or vector form."""
         if self.counts is not None and self.displs is not None:
             return self.counts, self.displs
         return [self.count] * size, [i * self.count for i in range(size)]
 
-    def torch_device(self):
+    def torch_device(self) -> torch.device:
         return torch.device("cuda", self.device) if self.device >= 0 else torch.device("cpu")
 
 
-def pack(src, sizes, offsets):
+def pack(src: torch.Tensor, sizes: Sequence[int], offsets: Sequence[int]) -> torch.Tensor:
     """The byte blocks (``sizes`` at ``offsets`` in ``src``) one after another;
     a view of ``src`` when they already are."""
     total, at = sum(sizes), 0
@@ -126,7 +129,8 @@ def pack(src, sizes, offsets):
     return out
 
 
-def unpack(packed, sizes, dst, offsets):
+def unpack(packed: torch.Tensor, sizes: Sequence[int], dst: torch.Tensor,
+           offsets: Sequence[int]) -> None:
     at = 0
     for n, o in zip(sizes, offsets):
         if n:
@@ -134,7 +138,7 @@ def unpack(packed, sizes, dst, offsets):
             at += n
 
 
-def fold(op, operands):
+def fold(op: str, operands: Sequence[torch.Tensor]) -> torch.Tensor:
     """Reduce ``operands`` (tensors of one type) in rank order, as MPI's
     predefined ``op`` does."""
     dtype = operands[0].dtype
@@ -180,11 +184,11 @@ class _Inflight:
 
     __slots__ = ("header_req", "work", "keep")
 
-    def __init__(self, header_req, work, keep):
+    def __init__(self, header_req: Any, work: Any, keep: object) -> None:
         self.header_req, self.work, self.keep = header_req, work, keep
 
-    def done(self):
-        return (self.header_req.Test()
+    def done(self) -> bool:
+        return bool(self.header_req.Test()
                 and (self.work is None or self.work.is_completed()))
 
 
@@ -193,21 +197,22 @@ class _Received:
 
     __slots__ = ("source", "tag", "nbytes", "seq")
 
-    def __init__(self, source, tag, nbytes, seq):
+    def __init__(self, source: int, tag: int, nbytes: int, seq: int) -> None:
         self.source, self.tag, self.nbytes, self.seq = source, tag, nbytes, seq
 
-    def matches(self, source, tag):
+    def matches(self, source: int, tag: int) -> bool:
         return (source in (MPI.ANY_SOURCE, self.source)) and tag in (MPI.ANY_TAG, self.tag)
 
 
 class _RecvWork:
     """A receive: the header (MPI) first, then the payload (the backend)."""
 
-    def __init__(self, sub, r, source, tag):
+    def __init__(self, sub: "TorchSubcomm", r: Side, source: int, tag: int) -> None:
         self.sub, self.r = sub, r
-        self.work = None
-        self.error = None
-        self.got = None
+        self.work: Any = None
+        self.error: str | None = None
+        self.got: _Received | None = None
+        self.target: torch.Tensor | None = None
         self.header = torch.zeros(2, dtype=torch.int64).numpy()
         for i, h in enumerate(sub.stash):
             if h.matches(source, tag):
@@ -217,7 +222,7 @@ class _RecvWork:
         self.hstatus = MPI.Status()
         self.hreq = sub.hcomm.Irecv(self.header, source, tag)
 
-    def arrived(self, h):
+    def arrived(self, h: _Received) -> None:
         self.got = h
         capacity = self.r.count * self.r.extent
         if h.nbytes > capacity:
@@ -230,15 +235,15 @@ class _RecvWork:
             self.work = self.sub.p2p(self.sub.pg.recv([target], h.source, h.seq))
             self.target = target
 
-    def is_completed(self):
+    def is_completed(self) -> bool:
         if self.got is None:
             if not self.hreq.Test(self.hstatus):
                 return False
             self.arrived(_Received(self.hstatus.Get_source(), self.hstatus.Get_tag(),
                                    int(self.header[0]), int(self.header[1])))
-        return self.work is None or self.work.is_completed()
+        return self.work is None or bool(self.work.is_completed())
 
-    def wait(self):
+    def wait(self) -> None:
         if self.work is not None:
             self.work.wait()
         if self.error is not None:
@@ -246,8 +251,9 @@ class _RecvWork:
             exc.add_note(f"buf: {self.error}")
             raise exc
 
-    def status(self):
+    def status(self) -> tuple[int, int, int, int]:
         h = self.got
+        assert h is not None
         nbytes = min(h.nbytes, self.r.count * self.r.extent)
         rtype = _core._datatype_handle(self.r.tname) if self.r.tname else 0
         return (h.source, h.tag, nbytes, rtype)
@@ -261,20 +267,23 @@ class TorchSubcomm:
     that bad input is reported before any process blocks in the bootstrap.
     """
 
-    def __init__(self, backend, comm, make_group):
+    def __init__(self, backend: Any, comm: Any,
+                 make_group: Callable[[Any], tuple[Any, Any]]) -> None:
         self.backend = backend
         self.name = backend.name
         self.comm = comm
         self.make_group = make_group    # comm -> (process group, store)
-        self._pg = self.store = self._hcomm = None
+        self._pg: Any = None
+        self.store: Any = None
+        self._hcomm: Any = None
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self.seq = [0] * self.size
-        self.stash = []
-        self.inflight = []
+        self.stash: list[_Received] = []
+        self.inflight: list[_Inflight] = []
 
     @property
-    def pg(self):
+    def pg(self) -> Any:
         if self._pg is None:
             reason = self.backend.unavailable()
             if reason is not None:
@@ -284,20 +293,20 @@ class TorchSubcomm:
         return self._pg
 
     @property
-    def hcomm(self):
+    def hcomm(self) -> Any:
         if self._hcomm is None:
             self.pg
         return self._hcomm
 
     # -- plumbing -------------------------------------------------------------
 
-    def run(self, name, msg, **kw):
+    def run(self, name: str, msg: Any, **kw: Any) -> Any:
         """Post operation ``name`` (a Comm method name) on the parsed message
         ``msg``; return its Request."""
         key = name[1:] if name[0] == "I" and name[1].islower() else name
         return getattr(self, key.lower())(msg, **kw)
 
-    def side(self, msg, which, arg):
+    def side(self, msg: Any, which: int, arg: str) -> Side:
         x = Side(msg.side(which))
         if x.kind == "buf":
             err = self.backend.device_error(arg, x.device)
@@ -308,18 +317,19 @@ class TorchSubcomm:
                                 "torch tensors only, not derived MPI datatypes")
         return x
 
-    def request(self, works, steps=(), keep=None, status=None):
+    def request(self, works: Sequence[Any], steps: Sequence[Callable[[], object]] = (),
+                keep: object = None, status: object = None) -> Any:
         return _core._work_request(self.name, [w for w in works if w is not None],
                                    list(steps), keep, status)
 
-    def p2p(self, work):
+    def p2p(self, work: Any) -> Any:
         """A pollable handle for a point-to-point work."""
         return work if self.backend.p2p_pollable else _Waited(work)
 
-    def native_reduction(self, op, tname):
+    def native_reduction(self, op: str, tname: str | None) -> bool:
         return tname in self.backend.reductions.get(op, ())
 
-    def free(self):
+    def free(self) -> None:
         """Deliver outstanding sends, then release the group."""
         if self._pg is None:
             return
@@ -343,7 +353,7 @@ class TorchSubcomm:
 
     # -- Point-to-point -----------------------------------------------------
 
-    def send(self, msg, dest, tag):
+    def send(self, msg: Any, dest: int, tag: int) -> Any:
         s = self.side(msg, 0, "buf")
         if dest == MPI.PROC_NULL:
             return self.request([])
@@ -360,19 +370,20 @@ class TorchSubcomm:
         self.inflight.append(_Inflight(hreq, work, (header, payload)))
         return self.request([])
 
-    def recv(self, msg, source, tag):
+    def recv(self, msg: Any, source: int, tag: int) -> Any:
         r = self.side(msg, 1, "buf")
         if source == MPI.PROC_NULL:
             return self.request([], status=lambda: (MPI.PROC_NULL, MPI.ANY_TAG, 0, 0))
         work = _RecvWork(self, r, source, tag)
         return self.request([work], status=work.status, keep=msg)
 
-    def sendrecv_replace(self, msg, dest, sendtag, source, tag):
+    def sendrecv_replace(self, msg: Any, dest: int, sendtag: int, source: int,
+                         tag: int) -> Any:
         # the send copies the buffer at once, so receiving into it is safe
         self.send(msg, dest, sendtag)
         return self.recv(msg, source, tag)
 
-    def probe(self, source, tag, status, blocking):
+    def probe(self, source: int, tag: int, status: Any, blocking: bool) -> bool:
         if source == MPI.PROC_NULL:
             _core._fill_status(status, MPI.PROC_NULL, MPI.ANY_TAG, 0)
             return True
@@ -396,16 +407,16 @@ class TorchSubcomm:
 
     # -- Collectives ----------------------------------------------------------
 
-    def barrier(self, msg):
+    def barrier(self, msg: Any) -> Any:
         return self.request([self.pg.barrier()])
 
-    def bcast(self, msg, root):
+    def bcast(self, msg: Any, root: int) -> Any:
         r = self.side(msg, 1, "buf")
         if r.count == 0:
             return self.request([])
         return self.request([self.pg.broadcast([r.block(0, r.count)], root)], keep=msg)
 
-    def gather(self, msg, root, v=False):
+    def gather(self, msg: Any, root: int, v: bool = False) -> Any:
         s, r = self.side(msg, 0, "sendbuf"), self.side(msg, 1, "recvbuf")
         size, rank, extent = self.size, self.rank, s.extent
         mine = 0 if s.kind == "in_place" else s.count * extent
@@ -425,10 +436,10 @@ class TorchSubcomm:
         work = self.pg.alltoall_base(out, inp.contiguous(), out_split, in_split)
         return self.request([work], steps, keep=(msg, out, inp))
 
-    def gatherv(self, msg, root):
+    def gatherv(self, msg: Any, root: int) -> Any:
         return self.gather(msg, root, True)
 
-    def scatter(self, msg, root, v=False):
+    def scatter(self, msg: Any, root: int, v: bool = False) -> Any:
         s, r = self.side(msg, 0, "sendbuf"), self.side(msg, 1, "recvbuf")
         size, rank = self.size, self.rank
         extent = r.extent
@@ -445,10 +456,10 @@ class TorchSubcomm:
         work = self.pg.alltoall_base(out, inp.contiguous(), out_split, in_split)
         return self.request([work], keep=(msg, inp))
 
-    def scatterv(self, msg, root):
+    def scatterv(self, msg: Any, root: int) -> Any:
         return self.scatter(msg, root, True)
 
-    def allgather(self, msg, v=False):
+    def allgather(self, msg: Any, v: bool = False) -> Any:
         s, r = self.side(msg, 0, "sendbuf"), self.side(msg, 1, "recvbuf")
         size, rank, extent = self.size, self.rank, r.extent
         counts, displs = r.blocks(size)
@@ -462,16 +473,16 @@ class TorchSubcomm:
         outs = [torch.empty(longest, dtype=_BYTE, device=mine.device) for _ in range(size)]
         work = self.pg.allgather([outs], [inp])
 
-        def unpack_blocks():
+        def unpack_blocks() -> None:
             for i in range(size):
                 if counts[i]:
                     r.block(displs[i], counts[i]).copy_(outs[i][:counts[i] * extent])
         return self.request([work], [unpack_blocks], keep=(msg, inp, outs))
 
-    def allgatherv(self, msg):
+    def allgatherv(self, msg: Any) -> Any:
         return self.allgather(msg, True)
 
-    def alltoall(self, msg, v=False):
+    def alltoall(self, msg: Any, v: bool = False) -> Any:
         s, r = self.side(msg, 0, "sendbuf"), self.side(msg, 1, "recvbuf")
         size, extent = self.size, r.extent
         rcounts, rdispls = r.blocks(size)
@@ -488,17 +499,18 @@ class TorchSubcomm:
         return self.request([work], [lambda: unpack(out, out_split, r.bytes(), offsets)],
                             keep=(msg, inp, out))
 
-    def alltoallv(self, msg):
+    def alltoallv(self, msg: Any) -> Any:
         return self.alltoall(msg, True)
 
     # -- Reductions -----------------------------------------------------------
 
-    def operand(self, msg):
+    def operand(self, msg: Any) -> tuple[Side, Side, Side]:
         """(send side, receive side, the side holding this rank's operand)."""
         s, r = self.side(msg, 0, "sendbuf"), self.side(msg, 1, "recvbuf")
         return s, r, (r if s.kind == "in_place" else s)
 
-    def gathered(self, x, count, to_root=None):
+    def gathered(self, x: Side, count: int, to_root: int | None = None
+                 ) -> tuple[Any, Callable[[], list[torch.Tensor]], object]:
         """Post a gather of every rank's ``count`` elements of ``x`` (to all,
         or to ``to_root``); return (work, function giving the operands)."""
         size, nbytes = self.size, count * x.extent
@@ -514,9 +526,9 @@ class TorchSubcomm:
         in_split[to_root] = nbytes
         out_split = [nbytes if here else 0] * size
         work = self.pg.alltoall_base(out, mine, out_split, in_split)
-        return work, lambda: list(out.view(dtype).split(count)), (mine, out)
+        return work, lambda: list(out.view(dtype).view(size, count).unbind(0)), (mine, out)
 
-    def allreduce(self, msg, op, kind="all"):
+    def allreduce(self, msg: Any, op: object, kind: str = "all") -> Any:
         s, r, x = self.operand(msg)
         name = op_name(op, self.name)
         count = r.count
@@ -530,7 +542,7 @@ class TorchSubcomm:
         work, operands, keep = self.gathered(x, count)
         rank = self.rank
 
-        def reduce_here():
+        def reduce_here() -> None:
             values = operands()
             if kind == "all":
                 out.copy_(fold(name, values))
@@ -540,13 +552,13 @@ class TorchSubcomm:
                 out.copy_(fold(name, values[:rank]))
         return self.request([work], [reduce_here], keep=(msg, keep))
 
-    def scan(self, msg, op):
+    def scan(self, msg: Any, op: object) -> Any:
         return self.allreduce(msg, op, "scan")
 
-    def exscan(self, msg, op):
+    def exscan(self, msg: Any, op: object) -> Any:
         return self.allreduce(msg, op, "exscan")
 
-    def reduce(self, msg, op, root):
+    def reduce(self, msg: Any, op: object, root: int) -> Any:
         s, r, x = self.operand(msg)
         name = op_name(op, self.name)
         count = x.count
@@ -566,7 +578,7 @@ class TorchSubcomm:
         steps = [lambda: r.typed(count).copy_(fold(name, operands()))] if here else []
         return self.request([work], steps, keep=(msg, keep))
 
-    def reduce_scatter(self, msg, op, block=False):
+    def reduce_scatter(self, msg: Any, op: object, block: bool = False) -> Any:
         s, r, _ = self.operand(msg)
         name = op_name(op, self.name)
         size, rank = self.size, self.rank
@@ -577,7 +589,7 @@ class TorchSubcomm:
         if total == 0:
             return self.request([])
 
-        def take(result):
+        def take(result: torch.Tensor) -> None:
             if counts[rank]:
                 r.typed(counts[rank]).copy_(result[start:start + counts[rank]])
         if self.native_reduction(name, whole.tname):
@@ -588,11 +600,11 @@ class TorchSubcomm:
         return self.request([work], [lambda: take(fold(name, operands()))],
                             keep=(msg, keep))
 
-    def reduce_scatter_block(self, msg, op):
+    def reduce_scatter_block(self, msg: Any, op: object) -> Any:
         return self.reduce_scatter(msg, op, True)
 
 
-def _reduce_op(name):
+def _reduce_op(name: str) -> Any:
     from torch.distributed import ReduceOp
     return {"SUM": ReduceOp.SUM, "PROD": ReduceOp.PRODUCT, "MAX": ReduceOp.MAX,
             "MIN": ReduceOp.MIN, "BAND": ReduceOp.BAND, "BOR": ReduceOp.BOR,

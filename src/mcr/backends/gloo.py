@@ -4,9 +4,11 @@ Gloo moves bytes for every operation; it reduces the element types and ops
 listed in ``reductions`` itself, and mcr reduces the rest (``compose``).
 """
 
+from typing import Any
+
 from .base import Backend
 from .compose import TorchSubcomm
-from .store import rendezvous, timeout
+from .store import c10d, rendezvous, timeout
 
 __all__ = ["BACKEND"]
 
@@ -27,7 +29,7 @@ class GlooBackend(Backend):
         "BAND": _INTS, "BOR": _INTS, "BXOR": _INTS,
     }
 
-    def unavailable(self):
+    def unavailable(self) -> str | None:
         try:
             import torch.distributed as dist
         except ImportError as exc:
@@ -36,12 +38,12 @@ class GlooBackend(Backend):
             return "this torch build has no Gloo"
         return None
 
-    def create(self, comm):
+    def create(self, comm: Any) -> TorchSubcomm:
         return TorchSubcomm(self, comm, self.make_group)
 
     @staticmethod
-    def make_group(comm):
-        import torch.distributed as dist
+    def make_group(comm: Any) -> tuple[Any, Any]:
+        dist = c10d()
         store = rendezvous(comm)
         pg = dist.ProcessGroupGloo(dist.PrefixStore("mcr/gloo/", store), comm.Get_rank(),
                                    comm.Get_size(), timeout())

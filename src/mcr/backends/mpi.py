@@ -1,6 +1,8 @@
 """The MPI backend: mcr's compiled core (``mcr._core``) runs every operation
 on MPI directly; this module only registers it and declares what it serves."""
 
+from typing import Any, NoReturn
+
 from .base import Backend
 
 __all__ = ["BACKEND"]
@@ -15,7 +17,7 @@ class MpiBackend(Backend):
         "Allgatherv", "Alltoall", "Alltoallv", "Reduce", "Allreduce",
         "Reduce_scatter_block", "Reduce_scatter", "Scan", "Exscan"})
 
-    def create(self, comm):
+    def create(self, comm: Any) -> NoReturn:
         raise ValueError("backend 'mpi' runs in mcr's core")
 
 

@@ -8,9 +8,11 @@ sent (NCCL has no tags): receives that match messages out of order by tag are
 not supported on this backend.
 """
 
+from typing import Any
+
 from .base import Backend
 from .compose import TorchSubcomm
-from .store import rendezvous, timeout
+from .store import c10d, rendezvous, timeout
 
 __all__ = ["BACKEND"]
 
@@ -26,7 +28,7 @@ class NcclBackend(Backend):
     reductions = {"SUM": _REDUCED | {"complex64", "complex128"}, "PROD": _REDUCED,
                   "MAX": _REDUCED, "MIN": _REDUCED}
 
-    def unavailable(self):
+    def unavailable(self) -> str | None:
         try:
             import torch
             import torch.distributed as dist
@@ -38,12 +40,12 @@ class NcclBackend(Backend):
             return "no CUDA device is available"
         return None
 
-    def create(self, comm):
+    def create(self, comm: Any) -> TorchSubcomm:
         return TorchSubcomm(self, comm, self.make_group)
 
     @staticmethod
-    def make_group(comm):
-        import torch.distributed as dist
+    def make_group(comm: Any) -> tuple[Any, Any]:
+        dist = c10d()
         store = rendezvous(comm)
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout()

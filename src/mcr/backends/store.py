@@ -8,29 +8,38 @@ address over MPI; the other ranks connect to it. On one node the address is
 import datetime
 import os
 import socket
+from typing import Any
 
-__all__ = ["rendezvous", "timeout"]
+__all__ = ["c10d", "rendezvous", "timeout"]
 
 
-def timeout():
+def c10d() -> Any:
+    """torch.distributed (typed loosely: its stubs do not export the store and
+    process-group classes mcr uses)."""
+    import torch.distributed
+    return torch.distributed
+
+
+def timeout() -> datetime.timedelta:
     """How long backend operations may take before they fail
     (``MCR_BACKEND_TIMEOUT`` seconds, default 600)."""
     return datetime.timedelta(seconds=float(os.environ.get("MCR_BACKEND_TIMEOUT", 600)))
 
 
-def rendezvous(comm):
+def rendezvous(comm: Any) -> Any:
     """A torch TCPStore shared by the processes of ``comm`` (collective)."""
-    from torch.distributed import TCPStore
-
+    dist = c10d()
     rank, size = comm.Get_rank(), comm.Get_size()
     host = os.environ.get("MCR_STORE_HOST")
     if not host:
         hosts = comm.allgather(socket.gethostname())
         host = "127.0.0.1" if len(set(hosts)) == 1 else hosts[0]
-    store, port = None, None
+    store: Any = None
+    port: int | str | None = None
     if rank == 0:
         try:
-            store = TCPStore(host, 0, size, True, timeout=timeout(), wait_for_workers=False)
+            store = dist.TCPStore(host, 0, size, True, timeout=timeout(),
+                                  wait_for_workers=False)
             port = store.port
         except Exception as exc:           # every rank must learn of the failure
             port = f"{type(exc).__name__}: {exc}"
@@ -39,5 +48,5 @@ def rendezvous(comm):
         raise RuntimeError(f"backend bootstrap: rank 0 could not start a TCPStore on "
                            f"{host}: {port}")
     if rank != 0:
-        store = TCPStore(host, port, size, False, timeout=timeout())
+        store = dist.TCPStore(host, port, size, False, timeout=timeout())
     return store
