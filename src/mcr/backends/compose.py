@@ -32,6 +32,8 @@ from mpi4py import MPI
 from mcr import _core
 from mcr.device import byte_region
 
+from .store import c10d
+
 __all__ = ["TorchSubcomm"]
 
 _OP_NAMES: dict[int, str] = {}
@@ -414,7 +416,9 @@ class TorchSubcomm:
         r = self.side(msg, 1, "buf")
         if r.count == 0:
             return self.request([])
-        return self.request([self.pg.broadcast([r.block(0, r.count)], root)], keep=msg)
+        opts = c10d().BroadcastOptions()
+        opts.rootRank = root
+        return self.request([self.pg.broadcast([r.block(0, r.count)], opts)], keep=msg)
 
     def gather(self, msg: Any, root: int, v: bool = False) -> Any:
         s, r = self.side(msg, 0, "sendbuf"), self.side(msg, 1, "recvbuf")
@@ -572,8 +576,10 @@ class TorchSubcomm:
                     t.copy_(s.typed(count))
             else:
                 t = s.typed(count).clone()   # the backend may overwrite it
-            return self.request([self.pg.reduce([t], root, _reduce_op(name))],
-                                keep=(msg, t))
+            opts = c10d().ReduceOptions()
+            opts.rootRank = root
+            opts.reduceOp = _reduce_op(name)
+            return self.request([self.pg.reduce([t], opts)], keep=(msg, t))
         work, operands, keep = self.gathered(x, count, to_root=root)
         steps = [lambda: r.typed(count).copy_(fold(name, operands()))] if here else []
         return self.request([work], steps, keep=(msg, keep))
@@ -605,7 +611,7 @@ class TorchSubcomm:
 
 
 def _reduce_op(name: str) -> Any:
-    from torch.distributed import ReduceOp
+    ReduceOp = c10d().ReduceOp
     return {"SUM": ReduceOp.SUM, "PROD": ReduceOp.PRODUCT, "MAX": ReduceOp.MAX,
             "MIN": ReduceOp.MIN, "BAND": ReduceOp.BAND, "BOR": ReduceOp.BOR,
             "BXOR": ReduceOp.BXOR}[name]

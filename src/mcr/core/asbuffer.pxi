@@ -154,7 +154,7 @@ cdef object as_buffer(object obj, bufinfo *b, bint writable, const char *arg):
         if not _torch.cuda.is_available():
             raise TypeError(f"{arg.decode()}: CUDA buffer ({type(obj).__name__}) but torch "
                             "sees no CUDA device; mcr reads CUDA memory through torch")
-        tensor = _torch.as_tensor(obj, device="cuda")     # shares the memory
+        tensor = _torch.as_tensor(obj)       # shares the memory, on the object's device
         tensor_info(tensor, b, arg)
         return tensor
     if hasattr(obj, "__dlpack__"):
