@@ -1,0 +1,50 @@
+"""The GPU checks (tests/gpu/check_gpu.py) pass on a machine with a CUDA device.
+
+The script runs its own jobs under mpiexec (MPI on CUDA tensors at 2
+processes, NCCL at 1, the two mixed) within a time budget; here it runs once,
+with a hard limit. Without a CUDA device the test is skipped.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "tests", "gpu", "check_gpu.py")
+LIMIT = 300
+# set by MPI launchers; the script must start its own jobs
+LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE",
+                 "MPI_LOCALNRANKS", "MCR_DEMO_NPROCS")
+
+
+@pytest.mark.timeout(LIMIT + 30)
+def test_gpu_checks():
+    if not torch.cuda.is_available():
+        pytest.skip(f"no CUDA device (torch {torch.__version__}, "
+                    f"torch.cuda.is_available() is False)")
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
+    try:
+        proc = subprocess.run([sys.executable, SCRIPT, "--budget", str(LIMIT - 20)],
+                              cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=LIMIT)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"tests/gpu/check_gpu.py did not finish in {exc.timeout:.0f} s")
+    assert proc.returncode == 0, (f"check_gpu.py exited with {proc.returncode}:\n"
+                                  f"{proc.stdout[-12000:]}")
+    assert "RESULT PASS" in proc.stdout, proc.stdout[-12000:]
+
+
+@pytest.mark.timeout(LIMIT + 30)
+def test_gpu_checks_dry_run_on_cpu():
+    # the same check code on CPU tensors (Gloo for NCCL, host staging for
+    # CUDA staging), so that the script itself is tested where there is no GPU
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
+    proc = subprocess.run([sys.executable, SCRIPT, "--device", "cpu", "--budget",
+                           str(LIMIT - 20)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=LIMIT)
+    assert proc.returncode == 0, proc.stdout[-12000:]
+    assert "RESULT PASS" in proc.stdout, proc.stdout[-12000:]
