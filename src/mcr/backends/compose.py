@@ -233,7 +233,9 @@ class _RecvWork:
             target = torch.empty(h.nbytes, dtype=_BYTE, device=self.r.torch_device())
         else:
             target = self.r.bytes()[:h.nbytes]
-        if h.nbytes:
+        if h.nbytes and h.source == self.sub.rank:
+            target.copy_(self.sub.loopback.pop(h.seq))    # a message to itself
+        elif h.nbytes:
             self.work = self.sub.p2p(self.sub.pg.recv([target], h.source, h.seq))
             self.target = target
 
@@ -283,6 +285,7 @@ class TorchSubcomm:
         self.seq = [0] * self.size
         self.stash: list[_Received] = []
         self.inflight: list[_Inflight] = []
+        self.loopback: dict[int, torch.Tensor] = {}     # payloads sent to this rank
 
     @property
     def pg(self) -> Any:
@@ -318,6 +321,18 @@ class TorchSubcomm:
                 raise TypeError(f"{arg}: backend {self.name!r} moves the element types of "
                                 "torch tensors only, not derived MPI datatypes")
         return x
+
+    def check(self, msg: Any, args: Sequence[object], one_buffer: bool) -> None:
+        """Raise what running ``msg`` (with the operation's ``args``) on this
+        backend would raise, without communicating: for persistent requests,
+        which must report bad arguments when they are made. ``one_buffer``:
+        the operation has a single ``buf`` argument (Send, Recv, Bcast)."""
+        if msg is not None:
+            for which, name in ((0, "sendbuf"), (1, "recvbuf")):
+                self.side(msg, which, "buf" if one_buffer else name)
+        for arg in args:
+            if isinstance(arg, MPI.Op):
+                op_name(arg, self.name)
 
     def request(self, works: Sequence[Any], steps: Sequence[Callable[[], object]] = (),
                 keep: object = None, status: object = None) -> Any:
@@ -356,7 +371,10 @@ class TorchSubcomm:
     # -- Point-to-point -----------------------------------------------------
 
     def send(self, msg: Any, dest: int, tag: int) -> Any:
-        s = self.side(msg, 0, "buf")
+        return self.post_send(self.side(msg, 0, "buf"), dest, tag)
+
+    def post_send(self, s: Side, dest: int, tag: int) -> Any:
+        """Send the message of side ``s``, buffered: the request is complete."""
         if dest == MPI.PROC_NULL:
             return self.request([])
         nbytes = s.count * s.extent
@@ -367,7 +385,10 @@ class TorchSubcomm:
         work = payload = None
         if nbytes:
             payload = s.bytes()[:nbytes].clone()
-            work = self.p2p(self.pg.send([payload], dest, seq))
+            if dest == self.rank:       # Gloo pairs do not connect a rank to itself
+                self.loopback[seq] = payload
+            else:
+                work = self.p2p(self.pg.send([payload], dest, seq))
         self.inflight = [f for f in self.inflight if not f.done()]
         self.inflight.append(_Inflight(hreq, work, (header, payload)))
         return self.request([])
@@ -382,7 +403,7 @@ class TorchSubcomm:
     def sendrecv_replace(self, msg: Any, dest: int, sendtag: int, source: int,
                          tag: int) -> Any:
         # the send copies the buffer at once, so receiving into it is safe
-        self.send(msg, dest, sendtag)
+        self.post_send(self.side(msg, 1, "buf"), dest, sendtag)
         return self.recv(msg, source, tag)
 
     def probe(self, source: int, tag: int, status: Any, blocking: bool) -> bool:

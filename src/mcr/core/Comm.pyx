@@ -8,15 +8,6 @@ cdef object SUM = _mpi4py.SUM
 cdef object ANY_SOURCE = _mpi4py.ANY_SOURCE
 cdef object ANY_TAG = _mpi4py.ANY_TAG
 cdef int TAG_UB = 32767          # read from MPI at import (MPI guarantees >= 32767)
-cdef object _backends = None     # mcr.backends: the registry, imported at first use
-
-
-cdef object backends_module():
-    global _backends
-    if _backends is None:
-        from mcr import backends
-        _backends = backends
-    return _backends
 
 
 cdef int as_tag(object value, const char *arg, bint allow_any) except? -1:

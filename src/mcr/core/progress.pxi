@@ -12,6 +12,17 @@ from libc.time cimport time_t
 cdef extern from "<unistd.h>" nogil:
     int usleep(unsigned int usec)
 
+cdef object _backends = None     # mcr.backends: the registry, imported at first use
+
+
+cdef object backends_module():
+    global _backends
+    if _backends is None:
+        from mcr import backends
+        _backends = backends
+    return _backends
+
+
 cdef MPI_Comm progress_comm = MPI_COMM_NULL
 cdef list detached = []        # works of freed requests, kept until they complete
 
