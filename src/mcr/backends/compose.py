@@ -32,9 +32,10 @@ from mpi4py import MPI
 from mcr import _core
 from mcr.device import byte_region
 
+from .base import Backend
 from .store import c10d
 
-__all__ = ["TorchSubcomm"]
+__all__ = ["TorchBackend", "TorchSubcomm"]
 
 _OP_NAMES: dict[int, str] = {}
 for _name in ("SUM", "PROD", "MAX", "MIN", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR"):
@@ -636,3 +637,25 @@ def _reduce_op(name: str) -> Any:
     return {"SUM": ReduceOp.SUM, "PROD": ReduceOp.PRODUCT, "MAX": ReduceOp.MAX,
             "MIN": ReduceOp.MIN, "BAND": ReduceOp.BAND, "BOR": ReduceOp.BOR,
             "BXOR": ReduceOp.BXOR}[name]
+
+
+class TorchBackend(Backend):
+    """A backend on a torch process group: it only says how to make the group
+    (``make_group``); every operation comes from ``TorchSubcomm``."""
+
+    def unavailable(self) -> str | None:
+        try:
+            dist = c10d()
+        except ImportError as exc:
+            return f"torch.distributed cannot be imported ({exc})"
+        if not dist.is_available() or not getattr(dist, f"is_{self.name}_available")():
+            return f"this torch build has no {self.name.upper()}"
+        return None
+
+    def create(self, comm: Any) -> TorchSubcomm:
+        return TorchSubcomm(self, comm, self.make_group)
+
+    def make_group(self, comm: Any) -> tuple[Any, Any]:
+        """The process group over ``comm`` and the store it rendezvoused
+        through (collective over ``comm``)."""
+        raise NotImplementedError

@@ -6,8 +6,7 @@ listed in ``reductions`` itself, and mcr reduces the rest (``compose``).
 
 from typing import Any
 
-from .base import Backend
-from .compose import TorchSubcomm
+from .compose import TorchBackend
 from .store import c10d, rendezvous, timeout
 
 __all__ = ["BACKEND"]
@@ -17,7 +16,7 @@ _REDUCED = frozenset({"uint8", "int8", "int32", "int64", "float16", "bfloat16",
 _INTS = frozenset({"uint8", "int8", "int32", "int64"})
 
 
-class GlooBackend(Backend):
+class GlooBackend(TorchBackend):
     name = "gloo"
     devices = frozenset({"cpu"})
     p2p_pollable = False
@@ -29,20 +28,7 @@ class GlooBackend(Backend):
         "BAND": _INTS, "BOR": _INTS, "BXOR": _INTS,
     }
 
-    def unavailable(self) -> str | None:
-        try:
-            import torch.distributed as dist
-        except ImportError as exc:
-            return f"torch.distributed cannot be imported ({exc})"
-        if not dist.is_available() or not dist.is_gloo_available():
-            return "this torch build has no Gloo"
-        return None
-
-    def create(self, comm: Any) -> TorchSubcomm:
-        return TorchSubcomm(self, comm, self.make_group)
-
-    @staticmethod
-    def make_group(comm: Any) -> tuple[Any, Any]:
+    def make_group(self, comm: Any) -> tuple[Any, Any]:
         dist = c10d()
         store = rendezvous(comm)
         pg = dist.ProcessGroupGloo(dist.PrefixStore("mcr/gloo/", store), comm.Get_rank(),

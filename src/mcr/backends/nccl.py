@@ -10,8 +10,7 @@ not supported on this backend.
 
 from typing import Any
 
-from .base import Backend
-from .compose import TorchSubcomm
+from .compose import TorchBackend
 from .store import c10d, rendezvous, timeout
 
 __all__ = ["BACKEND"]
@@ -20,7 +19,7 @@ _REDUCED = frozenset({"uint8", "int8", "int32", "int64", "float16", "bfloat16",
                       "float32", "float64"})
 
 
-class NcclBackend(Backend):
+class NcclBackend(TorchBackend):
     name = "nccl"
     devices = frozenset({"cuda"})
     native = frozenset({"Barrier", "Bcast", "Allgather", "Alltoall", "Reduce",
@@ -29,22 +28,14 @@ class NcclBackend(Backend):
                   "MAX": _REDUCED, "MIN": _REDUCED}
 
     def unavailable(self) -> str | None:
-        try:
+        reason = super().unavailable()
+        if reason is None:
             import torch
-            import torch.distributed as dist
-        except ImportError as exc:
-            return f"torch.distributed cannot be imported ({exc})"
-        if not dist.is_available() or not dist.is_nccl_available():
-            return "this torch build has no NCCL"
-        if not torch.cuda.is_available():
-            return "no CUDA device is available"
-        return None
+            if not torch.cuda.is_available():
+                reason = "no CUDA device is available"
+        return reason
 
-    def create(self, comm: Any) -> TorchSubcomm:
-        return TorchSubcomm(self, comm, self.make_group)
-
-    @staticmethod
-    def make_group(comm: Any) -> tuple[Any, Any]:
+    def make_group(self, comm: Any) -> tuple[Any, Any]:
         dist = c10d()
         store = rendezvous(comm)
         options = dist.ProcessGroupNCCL.Options()
