@@ -2,7 +2,7 @@
 
 The MPI backend gives MPI a CUDA buffer as it is when the library is
 CUDA-aware, after the caller's current stream has finished writing it; otherwise
-it stages the buffer through pinned host memory (``to_host`` before the call,
+it stages the buffer through pinned host memory (``alloc_host``, ``copy`` before the call,
 ``copy`` back when the operation completes, on the caller's current stream so
 that the stream observes the result). The core (``staging.pxi``) does all of
 this through the few methods below, so the same logic runs on host memory
@@ -53,9 +53,9 @@ class HostInterface:
     def synchronize(self, region: torch.Tensor) -> None:
         pass
 
-    def to_host(self, region: torch.Tensor) -> torch.Tensor:
-        """A host copy of ``region``, for MPI to read and write."""
-        return region.clone()
+    def alloc_host(self, nbytes: int) -> torch.Tensor:
+        """Host memory for MPI to read and write in place of a buffer."""
+        return torch.empty(nbytes, dtype=torch.uint8)
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         dst.copy_(src)
@@ -80,12 +80,12 @@ class CudaInterface:
         # before MPI reads the memory from the host thread
         torch.cuda.current_stream(region.device).synchronize()
 
-    def to_host(self, region: torch.Tensor) -> torch.Tensor:
-        host = torch.empty(region.numel(), dtype=torch.uint8, pin_memory=True)
-        host.copy_(region)            # on the current stream, after its work; waits
-        return host
+    def alloc_host(self, nbytes: int) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        # device to host: on the current stream, after the work queued on it,
+        # and waited for, since MPI reads the host copy next
         if dst.is_cuda:
             # queued on the caller's current stream: later work on it sees the
             # result; torch keeps the pinned source alive until the copy is done

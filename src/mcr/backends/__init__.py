@@ -30,6 +30,9 @@ def names() -> tuple[str, ...]:
 def get(name: str) -> Any:
     """The ``Backend`` object registered under ``name``."""
     check_name(name)
+    if name == "auto":
+        raise ValueError("backend: 'auto' is not a backend, it asks mcr to choose one "
+                         f"({', '.join(names())})")
     return importlib.import_module(f"{__name__}.{name}").BACKEND
 
 

@@ -104,6 +104,9 @@ cdef class Comm(_MPI.Intracomm):
                 return None
         if backend == "mpi" or backend == "auto":
             return None
+        backends_module().check_name(backend)
+        if self.ob_mpi == MPI_COMM_NULL:
+            self.prologue(None)           # the null-communicator error
         return backends_module().subcomm(self, backend)
 
     cdef int prologue(self, object backend) except -1:
@@ -134,13 +137,12 @@ cdef class Comm(_MPI.Intracomm):
         cdef _Msg m = _Msg.__new__(_Msg)
         m.sown = parse_simple(buf, &m.s, False, b"buf")
         if needs_staging(m):
-            stage(m, mode)
+            stage(m, mode, 1, 1)
         cdef int ierr
         with nogil:
             ierr = mcr_send(mode, m.s.addr, m.s.count, m.s.dtype, idest, itag, self.ob_mpi, req)
         CHKERR(ierr)
-        if mode == BLOCKING and m.staged is not None:
-            unstage(m)
+        finish_call(m, mode)
         return m
 
     cdef _Msg call_recv(self, object buf, object source, object tag, object status,
@@ -152,14 +154,13 @@ cdef class Comm(_MPI.Intracomm):
         m.rown = parse_simple(buf, &m.r, True, b"buf")
         cdef MPI_Status *sp = status_ptr(status)
         if needs_staging(m):
-            stage(m, mode)
+            stage(m, mode, 1, 1)
         cdef int ierr
         with nogil:
             ierr = mcr_recv(mode, m.r.addr, m.r.count, m.r.dtype, isource, itag, self.ob_mpi,
                             sp, req)
         CHKERR(ierr)
-        if mode == BLOCKING and m.staged is not None:
-            unstage(m)
+        finish_call(m, mode)
         status_type(status, m.r.dtype)
         return m
 
@@ -265,7 +266,7 @@ cdef class Comm(_MPI.Intracomm):
         m.rown = parse_simple(recvbuf, &m.r, True, b"recvbuf")
         check_disjoint(&m.s, &m.r)
         if needs_staging(m):
-            stage(m, BLOCKING)
+            stage(m, BLOCKING, 1, 1)
         cdef MPI_Status *sp = status_ptr(status)
         cdef int ierr
         with nogil:
@@ -273,8 +274,7 @@ cdef class Comm(_MPI.Intracomm):
                                 m.r.addr, m.r.count, m.r.dtype, isource, irecvtag,
                                 self.ob_mpi, sp)
         CHKERR(ierr)
-        if m.staged is not None:
-            unstage(m)
+        finish_call(m, BLOCKING)
         status_type(status, m.r.dtype)
 
     def Sendrecv_replace(self, buf, dest, sendtag=0, source=ANY_SOURCE, recvtag=ANY_TAG,
@@ -304,15 +304,14 @@ cdef class Comm(_MPI.Intracomm):
         cdef _Msg m = _Msg.__new__(_Msg)
         m.rown = parse_simple(buf, &m.r, True, b"buf")
         if needs_staging(m):
-            stage(m, BLOCKING)
+            stage(m, BLOCKING, 1, 1)
         cdef MPI_Status *sp = status_ptr(status)
         cdef int ierr
         with nogil:
             ierr = MPI_Sendrecv_replace(m.r.addr, m.r.count, m.r.dtype, idest, isendtag,
                                         isource, irecvtag, self.ob_mpi, sp)
         CHKERR(ierr)
-        if m.staged is not None:
-            unstage(m)
+        finish_call(m, BLOCKING)
         status_type(status, m.r.dtype)
 
     def Probe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None, *, backend=None):
@@ -388,13 +387,12 @@ cdef class Comm(_MPI.Intracomm):
         cdef _Msg m = _Msg.__new__(_Msg)
         m.for_bcast(buf, iroot, self.myrank(), size)
         if needs_staging(m):
-            stage(m, mode)
+            stage(m, mode, 1, 1)
         cdef int ierr
         with nogil:
             ierr = mcr_bcast(mode, m.r.addr, m.r.count, m.r.dtype, iroot, self.ob_mpi, info, req)
         CHKERR(ierr)
-        if mode == BLOCKING and m.staged is not None:
-            unstage(m)
+        finish_call(m, mode)
         return m
 
     cdef _Msg call_gather(self, object sendbuf, object recvbuf, object root, bint v,
@@ -405,7 +403,7 @@ cdef class Comm(_MPI.Intracomm):
         cdef _Msg m = _Msg.__new__(_Msg)
         m.for_gather(sendbuf, recvbuf, iroot, self.myrank(), size, v)
         if needs_staging(m):
-            stage(m, mode)
+            stage(m, mode, 1, self.nprocs())
         cdef int ierr
         with nogil:
             if v:
@@ -415,8 +413,7 @@ cdef class Comm(_MPI.Intracomm):
                 ierr = mcr_gather(mode, m.s.addr, m.s.count, m.s.dtype, m.r.addr, m.r.count,
                                   m.r.dtype, iroot, self.ob_mpi, info, req)
         CHKERR(ierr)
-        if mode == BLOCKING and m.staged is not None:
-            unstage(m)
+        finish_call(m, mode)
         return m
 
     cdef _Msg call_scatter(self, object sendbuf, object recvbuf, object root, bint v,
@@ -427,7 +424,7 @@ cdef class Comm(_MPI.Intracomm):
         cdef _Msg m = _Msg.__new__(_Msg)
         m.for_scatter(sendbuf, recvbuf, iroot, self.myrank(), size, v)
         if needs_staging(m):
-            stage(m, mode)
+            stage(m, mode, self.nprocs(), 1)
         cdef int ierr
         with nogil:
             if v:
@@ -438,8 +435,7 @@ cdef class Comm(_MPI.Intracomm):
                 ierr = mcr_scatter(mode, m.s.addr, m.s.count, m.s.dtype, m.r.addr, m.r.count,
                                    m.r.dtype, iroot, self.ob_mpi, info, req)
         CHKERR(ierr)
-        if mode == BLOCKING and m.staged is not None:
-            unstage(m)
+        finish_call(m, mode)
         return m
 
     cdef _Msg call_allgather(self, object sendbuf, object recvbuf, bint v, object backend,
@@ -448,7 +444,7 @@ cdef class Comm(_MPI.Intracomm):
         cdef _Msg m = _Msg.__new__(_Msg)
         m.for_allgather(sendbuf, recvbuf, self.myrank(), self.nprocs(), v)
         if needs_staging(m):
-            stage(m, mode)
+            stage(m, mode, 1, self.nprocs())
         cdef int ierr
         with nogil:
             if v:
@@ -458,8 +454,7 @@ cdef class Comm(_MPI.Intracomm):
                 ierr = mcr_allgather(mode, m.s.addr, m.s.count, m.s.dtype, m.r.addr, m.r.count,
                                      m.r.dtype, self.ob_mpi, info, req)
         CHKERR(ierr)
-        if mode == BLOCKING and m.staged is not None:
-            unstage(m)
+        finish_call(m, mode)
         return m
 
     cdef _Msg call_alltoall(self, object sendbuf, object recvbuf, bint v, object backend,
@@ -468,7 +463,7 @@ cdef class Comm(_MPI.Intracomm):
         cdef _Msg m = _Msg.__new__(_Msg)
         m.for_alltoall(sendbuf, recvbuf, self.nprocs(), v)
         if needs_staging(m):
-            stage(m, mode)
+            stage(m, mode, self.nprocs(), self.nprocs())
         cdef int ierr
         with nogil:
             if v:
@@ -479,8 +474,7 @@ cdef class Comm(_MPI.Intracomm):
                 ierr = mcr_alltoall(mode, m.s.addr, m.s.count, m.s.dtype, m.r.addr, m.r.count,
                                     m.r.dtype, self.ob_mpi, info, req)
         CHKERR(ierr)
-        if mode == BLOCKING and m.staged is not None:
-            unstage(m)
+        finish_call(m, mode)
         return m
 
     cdef _Msg call_reduce(self, object sendbuf, object recvbuf, object op, object root,
@@ -495,14 +489,13 @@ cdef class Comm(_MPI.Intracomm):
         cdef MPI_Op mop
         resolve_op(op, x.tindex, &mop)
         if needs_staging(m):
-            stage(m, mode)
+            stage(m, mode, 1, 1)
         cdef int ierr
         with nogil:
             ierr = mcr_reduce(mode, m.s.addr, m.r.addr, x.count, x.dtype, mop, iroot,
                               self.ob_mpi, info, req)
         CHKERR(ierr)
-        if mode == BLOCKING and m.staged is not None:
-            unstage(m)
+        finish_call(m, mode)
         return m
 
     cdef _Msg call_allreduce(self, object sendbuf, object recvbuf, object op, int kind,
@@ -514,7 +507,7 @@ cdef class Comm(_MPI.Intracomm):
         m.for_allreduce(sendbuf, recvbuf)
         resolve_op(op, m.r.tindex, &mop)
         if needs_staging(m):
-            stage(m, mode)
+            stage(m, mode, 1, 1)
         cdef int ierr
         with nogil:
             if kind == 0:
@@ -527,8 +520,7 @@ cdef class Comm(_MPI.Intracomm):
                 ierr = mcr_exscan(mode, m.s.addr, m.r.addr, m.r.count, m.r.dtype, mop,
                                   self.ob_mpi, info, req)
         CHKERR(ierr)
-        if mode == BLOCKING and m.staged is not None:
-            unstage(m)
+        finish_call(m, mode)
         return m
 
     cdef _Msg call_reduce_scatter(self, object sendbuf, object recvbuf, object recvcounts,
@@ -543,7 +535,9 @@ cdef class Comm(_MPI.Intracomm):
             m.for_reduce_scatter(sendbuf, recvbuf, recvcounts, self.myrank(), self.nprocs())
         resolve_op(op, m.r.tindex, &mop)
         if needs_staging(m):
-            stage(m, mode)
+            # in place, the input is the whole of recvbuf: one block per process
+            stage(m, mode, 1, self.nprocs() if block and m.s.addr == <char*>MPI_IN_PLACE
+                  else 1)
         cdef int ierr
         with nogil:
             if block:
@@ -553,8 +547,7 @@ cdef class Comm(_MPI.Intracomm):
                 ierr = mcr_reduce_scatter(mode, m.s.addr, m.r.addr, m.r.counts, m.r.dtype, mop,
                                           self.ob_mpi, info, req)
         CHKERR(ierr)
-        if mode == BLOCKING and m.staged is not None:
-            unstage(m)
+        finish_call(m, mode)
         return m
 
 

@@ -45,6 +45,8 @@ cdef class Request(_MPI.Request):
         if self.ext is not None:
             wait_work(self.ext)
             self.ext.fill(status)
+            self.ext = None           # completed: the request is inactive now
+            self.ob_buf = None
             return True
         with nogil:
             ierr = MPI_Wait(&self.ob_mpi, sp)
@@ -72,6 +74,8 @@ cdef class Request(_MPI.Request):
                 mpi_progress()
                 return False
             self.ext.fill(status)
+            self.ext = None
+            self.ob_buf = None
             return True
         CHKERR(MPI_Test(&self.ob_mpi, &flag, sp))
         if flag:
@@ -126,10 +130,14 @@ cdef class Request(_MPI.Request):
             self.ext = None
             self.ob_buf = None
             return None
+        if (type(self.ob_buf) is _Msg and (<_Msg>self.ob_buf).live
+                and self.ob_mpi != MPI_REQUEST_NULL):
+            detach_staged(self)      # its staged result must still be copied back
+            return None
         _MPI.Request.Free(self)
 
     def __bool__(self):
-        return self.ob_mpi != MPI_REQUEST_NULL or (self.ext is not None and not self.ext.done)
+        return self.ob_mpi != MPI_REQUEST_NULL or self.ext is not None
 
     @classmethod
     def Waitall(cls, requests, statuses=None):
@@ -351,6 +359,42 @@ cdef inline _Work work_of(object req):
     return None
 
 
+cdef int completed(Request req) except -1:
+    """The caller has been told `req` completed: it becomes inactive."""
+    req.ext = None
+    req.ob_buf = None
+    return 0
+
+
+cdef int detach_staged(Request req) except -1:
+    """Free a request whose staged result is still to be copied back: a
+    stand-in request keeps the handle and the message, and is completed (and
+    copies back) in the background, like the works of freed requests."""
+    cdef Request keeper = Request.__new__(Request)
+    keeper.ob_mpi, req.ob_mpi = req.ob_mpi, MPI_REQUEST_NULL
+    keeper.ob_buf, req.ob_buf = req.ob_buf, None
+    cdef _Work w = _Work.__new__(_Work)
+    w.backend = "mpi"
+    w.works = [_Tested(keeper)]
+    w.steps = []
+    detach(w)
+    return 0
+
+
+cdef class _Tested:
+    """An MPI request as a work handle (is_completed runs Test)."""
+    cdef Request req
+
+    def __cinit__(self, Request req):
+        self.req = req
+
+    def is_completed(self):
+        return self.req.Test()
+
+    def wait(self):
+        pass
+
+
 cdef bint has_work(object requests) except -1:
     for req in requests:
         if work_of(req) is not None:
@@ -399,6 +443,8 @@ cdef object mixed_all(object requests, object statuses, bint wait):
         put_statuses(statuses, plain, sub)
         for i in works:
             work_of(requests[i]).fill(statuses[i])
+    for i in works:
+        completed(requests[i])
     return True
 
 
@@ -409,12 +455,13 @@ cdef object any_result(object index, bint flag, bint wait):
 cdef object mixed_any(object requests, object status, bint wait):
     requests = list(requests)
     works, plain = split_work(requests)
-    active = [i for i in works if not work_of(requests[i]).done]
+    active = works
     cdef int spins = 0
     while True:
         for i in active:
             if work_of(requests[i]).test():
                 work_of(requests[i]).fill(status)
+                completed(requests[i])
                 return any_result(i, True, wait)
         index, flag = complete_any([requests[i] for i in plain], status, False)
         if flag and index != MPI_UNDEFINED:
@@ -431,7 +478,7 @@ cdef object mixed_any(object requests, object status, bint wait):
 cdef object mixed_some(object requests, object statuses, bint wait):
     requests = list(requests)
     works, plain = split_work(requests)
-    active = [i for i in works if not work_of(requests[i]).done]
+    active = works
     cdef int spins = 0
     while True:
         done = [i for i in active if work_of(requests[i]).test()]
@@ -450,6 +497,8 @@ cdef object mixed_some(object requests, object statuses, bint wait):
                         put_statuses(statuses, [pos], [from_mpi[i]])
                     else:
                         work_of(requests[i]).fill(statuses[pos])
+            for i in done:
+                completed(requests[i])
             if not finished:
                 mpi_progress()
             return finished
@@ -535,7 +584,7 @@ cdef class Prequest(Request):
                 ierr = MPI_Start(&self.ob_mpi)
             CHKERR(ierr)
             return None
-        if self.ob_mpi != MPI_REQUEST_NULL or (self.ext is not None and not self.ext.done):
+        if self.ob_mpi != MPI_REQUEST_NULL or self.ext is not None:
             raise ValueError("request: still active; complete it (Wait/Test) before "
                              "starting it again")
         cdef Request inner = self.start_fn()
@@ -566,7 +615,7 @@ cdef class Prequest(Request):
             if not req:
                 raise ValueError(f"requests[{i}]: it was freed (or never created)")
             if req.start_fn is not None and (req.ob_mpi != MPI_REQUEST_NULL or (
-                    req.ext is not None and not req.ext.done)):
+                    req.ext is not None)):
                 raise ValueError(f"requests[{i}]: still active; complete it before "
                                  "starting it again")
             if req.comm is not None and (<_MPI.Comm>req.comm).ob_mpi == MPI_COMM_NULL:
@@ -583,7 +632,7 @@ cdef class Prequest(Request):
             If an emulated request is still active (complete it first).
         """
         if self.start_fn is not None and (self.ob_mpi != MPI_REQUEST_NULL or
-                                          (self.ext is not None and not self.ext.done)):
+                                          self.ext is not None):
             raise ValueError("request: still active; complete it (Wait/Test) before "
                              "freeing it")
         if self.ob_mpi != MPI_REQUEST_NULL:

@@ -387,6 +387,7 @@ cdef class _Msg:
     cdef side s, r
     cdef object sown, rown
     cdef object staged       # device buffers staged through host memory (staging.pxi)
+    cdef bint live           # staged and started: the result is still to copy back
 
     def side(self, int which):
         """Side 0 (send) or 1 (receive) for the Python backends: (kind, address,

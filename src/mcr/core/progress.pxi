@@ -43,11 +43,34 @@ cdef int mpi_progress() except -1:
     return 0
 
 
+cdef int poll_detached() except -1:
+    detached[:] = [w for w in detached if not (<_Work>w).test()]
+    return 0
+
+
+cdef inline int finish_call(_Msg m, int mode) except -1:
+    """After an operation was called: a blocking one copies its staged result
+    back; and the works of freed requests get a turn."""
+    if mode == BLOCKING and m.staged is not None:
+        unstage(m)
+    if detached:
+        poll_detached()
+    return 0
+
+
+def _poll():
+    """Drive MPI and the works of freed requests once (for the backends'
+    own waiting loops)."""
+    mpi_progress()
+    if detached:
+        poll_detached()
+
+
 cdef int idle(int spins) except -1:
     """One turn of a wait loop: drive MPI, and after a while yield the core."""
     mpi_progress()
     if detached:
-        detached[:] = [w for w in detached if not (<_Work>w).test()]
+        poll_detached()
     cdef unsigned int usec
     if spins > 32:
         usec = 20 << min((spins - 32) // 64, 6)      # up to ~1.3 ms

@@ -38,51 +38,69 @@ cdef inline object base_owner(object owner):
     return owner
 
 
-cdef int stage(_Msg m, int mode) except -1:
-    """Prepare the buffers of `m` for MPI; nothing to do when only validating."""
+cdef list message_ranges(side *x, int blocks):
+    """The (byte offset, byte count) ranges of the message from x.addr:
+    `blocks` blocks of x.count elements, or the vector message's blocks."""
+    cdef Py_ssize_t e = x.extent
+    if x.displs != NULL:
+        return [(x.displs[i] * e, x.counts[i] * e) for i in range(blocks) if x.counts[i]]
+    return [(0, x.count * blocks * e)] if x.count else []
+
+
+cdef int stage(_Msg m, int mode, int sblocks, int rblocks) except -1:
+    """Prepare the buffers of `m` for MPI (nothing to do when only
+    validating); `sblocks`/`rblocks`: how many blocks of the side's count the
+    operation moves (the number of processes for block collectives)."""
     if mode == VALIDATE:
         return 0
     dev = device_module()
     m.staged = []
     cdef side *x
-    cdef Py_ssize_t nbytes
     for which in range(2):
         x = &m.s if which == 0 else &m.r
         if x.addr == NULL or x.addr == <char*>MPI_IN_PLACE:
             continue
         if x.device < 0 and not stage_host:
             continue
-        nbytes = x.nelems * x.extent
-        if nbytes == 0:
+        ranges = message_ranges(x, sblocks if which == 0 else rblocks)
+        if not ranges:
             continue
+        nbytes = max([offset + n for offset, n in ranges])
         owner = base_owner(m.sown if which == 0 else m.rown)
         interface = dev.interface(x.device)
         region = interface.region(owner, <Py_ssize_t>x.addr, nbytes)
         if interface.mpi_reads_device:
-            interface.synchronize(region)     # MPI reads what the stream has written
-            m.staged.append((which, region, None, interface))
+            m.staged.append((which, region, None, interface, ranges))
             continue
-        host = interface.to_host(region)
+        host = interface.alloc_host(nbytes)
         x.addr = <char*>PyLong_AsVoidPtr(host.data_ptr())
-        m.staged.append((which, region, host, interface))
+        m.staged.append((which, region, host, interface, ranges))
+    restage(m)
     return 0
 
 
 cdef int restage(_Msg m) except -1:
-    """Before each start of a persistent request: refresh the host copies."""
-    for which, region, host, interface in m.staged:
+    """Before the operation starts (each start of a persistent request):
+    MPI reads what the caller's stream has written, through the host copy."""
+    for which, region, host, interface, ranges in m.staged:
         if host is None:
             interface.synchronize(region)
         else:
-            interface.copy(host, region)
+            for offset, n in ranges:
+                interface.copy(host[offset:offset + n], region[offset:offset + n])
+    m.live = True
     return 0
 
 
 cdef int unstage(_Msg m) except -1:
-    """After completion: copy the staged receive side back to the device."""
-    for which, region, host, interface in m.staged:
+    """After completion: copy the receive side's message back, once."""
+    if not m.live:
+        return 0
+    m.live = False
+    for which, region, host, interface, ranges in m.staged:
         if which == 1 and host is not None:
-            interface.copy(region, host)
+            for offset, n in ranges:
+                interface.copy(region[offset:offset + n], host[offset:offset + n])
     return 0
 
 
