@@ -316,6 +316,41 @@ def step_blocking(comm, MPI, torch):
     return records
 
 
+def step_mixing(comm, MPI, torch):
+    """MPI and Gloo in one step: an Ialltoall on MPI stays outstanding while a
+    blocking Allreduce runs on Gloo, and rank 0 waits on Gloo first while the
+    others wait on MPI first; one Request.Waitall completes requests of both."""
+    rank, size = comm.rank, comm.size
+    tokens = torch.arange(2 * size, dtype=torch.float32) + 100 * rank
+    routed = torch.empty(2 * size)
+    moe = comm.Ialltoall(tokens, routed, backend="mpi")
+    grad = torch.full((4,), float(rank + 1))
+    if rank == 0:
+        comm.Allreduce(MPI.IN_PLACE, grad, op=MPI.SUM, backend="gloo")
+        moe.Wait()
+    else:
+        moe.Wait()
+        comm.Allreduce(MPI.IN_PLACE, grad, op=MPI.SUM, backend="gloo")
+    counts = [r + 1 for r in range(size)]
+    gathered = torch.empty(sum(counts))
+    both = [comm.Iallgatherv(torch.full((rank + 1,), float(rank)), [gathered, counts],
+                             backend="gloo"),
+            comm.Iallreduce(MPI.IN_PLACE, grad, op=MPI.MAX, backend="mpi")]
+    MPI.Request.Waitall(both)
+    expected_routed = torch.cat([torch.arange(2 * rank, 2 * rank + 2, dtype=torch.float32)
+                                 + 100 * src for src in range(size)])
+    return [
+        Record("# Mixing backends: MPI and Gloo requests outstanding together, waited "
+               "in rank-dependent orders:", None),
+        checked("Ialltoall on MPI (tokens 100*rank + k) while Allreduce runs on Gloo",
+                routed, expected_routed),
+        checked("Allreduce SUM on Gloo of rank + 1", grad,
+                torch.full((4,), float(size * (size + 1) // 2))),
+        checked(f"Iallgatherv on Gloo, counts {counts}, one Waitall with an MPI request",
+                gathered, torch.cat([torch.full((r + 1,), float(r)) for r in range(size)])),
+    ]
+
+
 def step_bad_input(comm, MPI, torch):
     """A wrong call raises before any communication; the communicator still works."""
     records = [Record("# Bad input raises before any communication:", None)]
@@ -334,7 +369,7 @@ def step_bad_input(comm, MPI, torch):
     return records
 
 
-STEPS = [step_nonblocking, step_blocking, step_bad_input]
+STEPS = [step_nonblocking, step_blocking, step_mixing, step_bad_input]
 
 
 def main():
