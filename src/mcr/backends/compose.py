@@ -23,6 +23,7 @@ and a request never needs another process to make progress on its behalf.
   for the receiver's host thread.
 """
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -248,6 +249,11 @@ class _RecvWork:
                                    int(self.header[0]), int(self.header[1])))
         return self.work is None or bool(self.work.is_completed())
 
+    def payload_pending(self) -> bool:
+        """The header has matched and the payload is still arriving."""
+        return self.got is not None and self.work is not None and \
+            not self.work.is_completed()
+
     def wait(self) -> None:
         if self.work is not None:
             self.work.wait()
@@ -287,6 +293,7 @@ class TorchSubcomm:
         self.stash: list[_Received] = []
         self.inflight: list[_Inflight] = []
         self.loopback: dict[int, torch.Tensor] = {}     # payloads sent to this rank
+        self.receives: list[_RecvWork] = []             # posted, not yet complete
 
     @property
     def pg(self) -> Any:
@@ -348,17 +355,30 @@ class TorchSubcomm:
         return tname in self.backend.reductions.get(op, ())
 
     def free(self) -> None:
-        """Deliver outstanding sends, then release the group."""
+        """Deliver outstanding sends, then release the group (collective).
+
+        Once every rank's sends are delivered (a barrier after its own), the
+        payloads of all receives here that have matched a message have
+        arrived: those receives (freed ones too) are finished before the
+        group goes away."""
         if self._pg is None:
             return
+        everyone = self._hcomm.Ibarrier()
+        sent = False
         spins = 0
-        while self.inflight:
+        while True:
             self.inflight = [f for f in self.inflight if not f.done()]
             _core._poll()       # MPI, and freed receives that the peers' sends wait for
+            if not self.inflight and not sent:
+                sent = True
+            if sent and everyone.Test():
+                break
             spins += 1
             if spins > 64:
-                import time
                 time.sleep(1e-4)
+        while any(r.payload_pending() for r in self.receives):
+            _core._poll()
+            time.sleep(1e-5)
         shutdown = getattr(self._pg, "shutdown", None)
         if shutdown is not None:
             try:
@@ -399,6 +419,8 @@ class TorchSubcomm:
         if source == MPI.PROC_NULL:
             return self.request([], status=lambda: (MPI.PROC_NULL, MPI.ANY_TAG, 0, 0))
         work = _RecvWork(self, r, source, tag)
+        self.receives = [w for w in self.receives if w.payload_pending() or w.got is None]
+        self.receives.append(work)
         return self.request([work], status=work.status, keep=msg)
 
     def sendrecv_replace(self, msg: Any, dest: int, sendtag: int, source: int,
