@@ -3,6 +3,7 @@
 # against the buffer it points into before any MPI call.
 
 cimport cython
+from cpython.long cimport PyLong_AsLongAndOverflow
 
 cdef object IN_PLACE = _mpi4py.IN_PLACE
 
@@ -40,6 +41,18 @@ cdef _Ints new_ints(Py_ssize_t n):
 
 cdef inline str argstr(const char *arg):
     return arg.decode()
+
+
+cdef inline int item_count(object value, const char *arg, str what, Py_ssize_t i) except -1:
+    """Entry `i` of a counts or displacements list; the name `what[i]` is only
+    formatted for the error (a list of small ints is the common case)."""
+    cdef int overflow = 0
+    cdef long n
+    if type(value) is int:
+        n = PyLong_AsLongAndOverflow(value, &overflow)
+        if not overflow and 0 <= n <= INT_MAX:
+            return <int>n
+    return as_count(value, arg, f"{what}[{i}]")
 
 
 cdef int as_count(object value, const char *arg, str what) except -1:
@@ -197,6 +210,8 @@ cdef inline bint is_scalar_int(object x):
 
 
 cdef list int_list(object values, const char *arg, str what):
+    if type(values) is list:
+        return <list>values
     if hasattr(values, "tolist") and hasattr(values, "dtype"):    # tensor, ndarray
         if getattr(values, "ndim", 1) != 1:
             raise ValueError(f"{argstr(arg)}: {what} must be 1-D, got shape "
@@ -258,7 +273,7 @@ cdef object parse_vector(object spec, side *x, bint writable, int size, const ch
             raise ValueError(f"{argstr(arg)}: counts has {len(values)} entries, expected "
                              f"{size} (one per process)")
         for i in range(size):
-            c.data[i] = as_count(values[i], arg, f"counts[{i}]")
+            c.data[i] = item_count(values[i], arg, "counts", i)
     if is_scalar_int(displs):                          # mpi4py: a stride
         stride = as_count(displs, arg, "displacement stride")
         for i in range(size):
@@ -279,7 +294,7 @@ cdef object parse_vector(object spec, side *x, bint writable, int size, const ch
             raise ValueError(f"{argstr(arg)}: displs has {len(values)} entries, expected "
                              f"{size} (one per process)")
         for i in range(size):
-            d.data[i] = as_count(values[i], arg, f"displs[{i}]")
+            d.data[i] = item_count(values[i], arg, "displs", i)
     for i in range(size):
         if <Py_ssize_t>d.data[i] + c.data[i] > x.nelems:
             raise ValueError(f"{argstr(arg)}: block {i} (count {c.data[i]} at displacement "
@@ -530,7 +545,7 @@ cdef class _Msg:
                              "(one per process)")
         cdef _Ints c = new_ints(size)
         for i in range(size):
-            c.data[i] = as_count(values[i], b"recvcounts", f"recvcounts[{i}]")
+            c.data[i] = item_count(values[i], b"recvcounts", "recvcounts", i)
             total += c.data[i]
         if whole.count != total:
             raise ValueError(f"{'recvbuf' if sendbuf is IN_PLACE else 'sendbuf'}: has "
