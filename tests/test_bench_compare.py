@@ -1,0 +1,174 @@
+"""python -m mcr.bench compare: the peers side by side, their tables and targets.
+
+One short comparison at 2 ranks (allreduce and bcast, 4 to 64 bytes, one
+round) checks the printed tables, the targets section, the --json file and the
+--plot figure; the C reference (mcr/bench/osu_c.c) is compiled and checks its
+own results for every operation and form; the report's arithmetic is checked
+on made-up numbers.
+"""
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+import mcr
+from mcr.bench import compare
+from mpiharness import mpi_env, mpiexec_command
+
+LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE")
+PEERS = ("C", "mpi4py-numpy", "mpi4py-torch", "torch-gloo", "mcr-gloo", "mcr-mpi",
+         "C pers", "mcr-mpi pers")
+SIZES = (4, 8, 16, 32, 64)
+HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """One comparison, shared by the tests that read its output."""
+    tmp = tmp_path_factory.mktemp("compare")
+    out_json, out_png = tmp / "compare.json", tmp / "compare.png"
+    cmd = [sys.executable, "-m", "mcr.bench.compare", "-n", "2", "--ops", "allreduce,bcast",
+           "-m", "4:64", "-i", "20", "-x", "5", "--rounds", "1", "--json", str(out_json)]
+    if HAVE_MATPLOTLIB:
+        cmd += ["--plot", str(out_png)]
+    env = {k: v for k, v in mpi_env().items() if k not in LAUNCHER_VARS}
+    try:
+        proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, timeout=240)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"{' '.join(cmd)} did not finish in {exc.timeout:.0f} s")
+    assert proc.returncode == 0, f"exit {proc.returncode}:\n{proc.stdout}"
+    return proc.stdout, out_json, out_png
+
+
+def table(out, op):
+    """The header and rows of the 'minimum' table of `op`."""
+    lines = out.splitlines()
+    start = lines.index(f"{op}: minimum of the round averages, us per call")
+    rows = []
+    for line in lines[start + 1:]:
+        if not line.strip():
+            break
+        rows.append(line.split())
+    return rows[0], rows[1:]
+
+
+def test_tables(run):
+    out, _, _ = run
+    for op in ("allreduce", "bcast"):
+        head, rows = table(out, op)
+        text = " ".join(head)
+        for peer in PEERS:
+            assert re.search(rf"(^| ){re.escape(peer)}( |$)", text), (peer, text)
+        for ratio in ("mcr-C (us)", "mcr/mpi4py-np", "mcr/mpi4py-pt", "mcr/C",
+                      "pers/nonpers"):
+            assert ratio in text, (ratio, text)
+        assert [int(r[0]) for r in rows] == list(SIZES)
+        for r in rows:
+            # every timed column has a number: all peers have these operations
+            assert all(re.fullmatch(r"[+-]?\d+(\.\d+)?", x) for x in r), r
+    assert "Not measured" not in out, out
+
+
+def test_targets_section(run):
+    out, _, _ = run
+    section = out[out.index("Targets (issue 5"):]
+    text = " ".join(section.split())              # the lines wrap
+    for what in ("mcr - C <= 1.0 us", "mcr / mpi4py-numpy <= 0.8",
+                 "mcr / mpi4py-torch <= 1/20", ">= 1 MiB: mcr / C", "mcr pers / mcr <="):
+        # nothing of 1 MiB or more was measured
+        verdict = r"n/a" if ">= 1 MiB" in what else r"(met|NOT met) \(worst "
+        assert re.search(re.escape(what) + r"[^:]*: " + verdict, text), (what, section)
+
+
+def test_json(run):
+    _, out_json, _ = run
+    data = json.loads(out_json.read_text())
+    assert data["nprocs"] == 2
+    assert data["info"]["build_info"]["mpicc"] == mcr.build_info()["mpicc"]
+    assert set(data["results"]) == {"allreduce", "bcast"}
+    for op, rows in data["results"].items():
+        assert list(rows) == [str(n) for n in SIZES]
+        for nbytes, cells in rows.items():
+            for peer in PEERS:
+                cell = cells[peer]
+                assert cell["error"] is None, (op, nbytes, peer, cell)
+                assert len(cell["rounds_us"]) == 1 and cell["rounds_us"][0] > 0
+                assert cell["iters"] >= 5
+            summary = data["summary"][op][nbytes]
+            assert summary["us"]["mcr-mpi"]["min"] == cells["mcr-mpi"]["rounds_us"][0]
+            ratio = summary["ratios"]["min"]["mcr/C"]
+            assert ratio == pytest.approx(cells["mcr-mpi"]["rounds_us"][0]
+                                          / cells["C"]["rounds_us"][0])
+    names = [t["name"] for t in data["targets"]]
+    assert len(names) == 5 and all(t["applies"] for t in data["targets"])
+
+
+@pytest.mark.skipif(not HAVE_MATPLOTLIB, reason="matplotlib is not installed")
+def test_plot(run):
+    _, _, out_png = run
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_osu_c_builds_and_checks_itself(tmp_path):
+    exe = compare.build_c(mcr.build_info()["mpicc"], cache=str(tmp_path))
+    assert os.access(exe, os.X_OK)
+    assert compare.build_c(mcr.build_info()["mpicc"], cache=str(tmp_path)) == exe  # cached
+    cmd = mpiexec_command(2) + [exe, "-o", ",".join(compare.OPS), "-f",
+                                "blocking,nonblocking,persistent", "-i", "3", "-w", "1",
+                                "-r", "2", "4", "12"]
+    proc = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    results = [json.loads(line) for line in proc.stdout.splitlines()]
+    # every operation in every form at both sizes (barrier: one, no data)
+    assert len(results) == 3 * (1 + 2 * (len(compare.OPS) - 1))
+    for r in results:
+        assert r["ok"] and r["error"] == "" and len(r["rounds_us"]) == 2, r
+
+
+def test_sizes_and_lists():
+    args = compare.parse_args(["-m", "3:20", "--ops", "all", "--forms", "persistent"])
+    assert args.sizes == [3, 6, 12]
+    assert args.ops == list(compare.OPS)
+    assert args.forms == ["blocking", "persistent"]
+    assert "mcr-nccl" not in args.peers           # CPU tensors: no NCCL peers
+    assert compare.parse_args(["-m", "64"]).sizes == [1, 2, 4, 8, 16, 32, 64]
+    with pytest.raises(SystemExit):
+        compare.parse_args(["--ops", "allreduce,nosuchop"])
+
+
+def test_plot_without_matplotlib_says_how_to_get_it(monkeypatch, capsys):
+    real = compare.importlib.import_module
+
+    def no_matplotlib(name, *a):
+        if name.startswith("matplotlib"):
+            raise ImportError(name)
+        return real(name, *a)
+    monkeypatch.setattr(compare.importlib, "import_module", no_matplotlib)
+    with pytest.raises(SystemExit) as info:
+        compare.parse_args(["--plot", "x.png"])
+    assert "pip install 'mcr[bench]'" in str(info.value)
+
+
+def test_targets_arithmetic():
+    def cell(us):
+        return {"rounds_us": [us, us + 5], "error": None}
+    results = {"allreduce": {
+        "4": {"C": cell(0.5), "mcr-mpi": cell(1.0), "mpi4py-numpy": cell(2.0),
+              "mpi4py-torch": cell(25.0), "mcr-mpi pers": cell(0.9), "C pers": cell(0.6)},
+        "1048576": {"C": cell(100.0), "mcr-mpi": cell(104.0), "mcr-mpi pers": cell(104.0),
+                    "C pers": cell(99.0)},
+    }}
+    got = {t["ratio"]: t for t in compare.targets(results, 2, "torch")}
+    assert got["mcr-C (us)"]["met"] and got["mcr-C (us)"]["worst"]["value"] == 0.5
+    assert got["mcr/mpi4py-np"]["met"]                      # 0.5
+    assert got["mcr/mpi4py-pt"]["met"]                      # 0.04
+    assert not got["mcr/C"]["met"]                          # 1.04 at 1 MiB
+    assert got["mcr/C"]["misses"] == [{"op": "allreduce", "bytes": 1048576, "value": 1.04}]
+    assert got["pers/nonpers"]["met"]                       # 0.9 and 1.0
+    assert compare.targets(results, 3, "torch")[0]["applies"] is False
