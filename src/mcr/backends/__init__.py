@@ -20,11 +20,18 @@ _HELPERS = frozenset({"base", "compose", "store"})
 _KEYVAL: int | None = None
 
 
+_NAMES: tuple[str, ...] = ()
+
+
 def names() -> tuple[str, ...]:
-    """The names of the registered backends, ``mpi`` first."""
-    found = sorted(m.name for m in pkgutil.iter_modules(__path__)
-                   if m.name not in _HELPERS and not m.name.startswith("_"))
-    return tuple(sorted(found, key=lambda n: n != "mpi"))
+    """The names of the registered backends, ``mpi`` first (the package is
+    scanned once)."""
+    global _NAMES
+    if not _NAMES:
+        found = sorted(m.name for m in pkgutil.iter_modules(__path__)
+                       if m.name not in _HELPERS and not m.name.startswith("_"))
+        _NAMES = tuple(sorted(found, key=lambda n: n != "mpi"))
+    return _NAMES
 
 
 def get(name: str) -> Any:

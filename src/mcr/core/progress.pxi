@@ -12,6 +12,9 @@ from libc.time cimport time_t
 cdef extern from "<unistd.h>" nogil:
     int usleep(unsigned int usec)
 
+cdef extern from "<sched.h>" nogil:
+    int sched_yield()
+
 cdef object _backends = None     # mcr.backends: the registry, imported at first use
 
 
@@ -71,9 +74,14 @@ cdef int idle(int spins) except -1:
     mpi_progress()
     if detached:
         poll_detached()
+    # first yield the core (the backend's threads may need it: 2 ranks on 2
+    # cores), then sleep, longer and longer, so that a long wait costs little
     cdef unsigned int usec
-    if spins > 32:
-        usec = 20 << min((spins - 32) // 64, 6)      # up to ~1.3 ms
+    if spins < 256:
+        with nogil:
+            sched_yield()
+    else:
+        usec = 10 << min((spins - 256) // 64, 7)     # 10 us, up to ~1.3 ms
         with nogil:
             usleep(usec)
     return 0
