@@ -33,7 +33,7 @@ import torch
 import mcr
 from mcr import MPI
 from mpiharness import case, mpi_cases, run_script
-from util import assert_comm_works, assert_equal, raises, rank_data
+from util import Failures, assert_comm_works, assert_equal, raises, rank_data
 
 BACKENDS = ("mpi", "gloo")
 BIG = 1 << 20                   # float32 elements: 4 MiB, past every eager limit
@@ -53,24 +53,6 @@ def warm_up(comm):
 
 def other(backend):
     return "gloo" if backend == "mpi" else "mpi"
-
-
-class Failures:
-    """Wrong results and errors, recorded so that every rank goes on."""
-
-    def __init__(self, comm):
-        self.rank = comm.rank
-        self.found = []
-
-    def check(self, label, got, want):
-        if got.dtype != want.dtype or not torch.equal(got, want):
-            self.found.append(f"{label}: got {got}, expected {want}")
-
-    def error(self, label, exc):
-        self.found.append(f"{label}: {type(exc).__name__}: {str(exc)[:300]}")
-
-    def done(self):
-        assert not self.found, f"rank {self.rank}:\n" + "\n".join(self.found)
 
 
 def backoff(polls):

@@ -30,7 +30,7 @@ import mcr.backends
 from mcr import MPI
 from mcr.backends.base import Backend
 from mpiharness import case, mpi_cases, run_script
-from util import assert_comm_works, assert_equal, raises, rank_data
+from util import Failures, assert_comm_works, assert_equal, raises, rank_data
 
 # what each backend must declare: where its buffers live
 DEVICES = {"mpi": {"cpu", "cuda"}, "gloo": {"cpu"}, "nccl": {"cuda"}}
@@ -448,25 +448,6 @@ def every_method_rejects_bad_backends_before_communicating(comm):
         with raises(ValueError, *[n for n in mcr.backends.names()]):
             getattr(comm, method)(*args, backend="nope", **kwargs)
     assert_comm_works(comm)
-
-
-class Failures:
-    """Wrong results and errors, recorded (not raised) so that every rank keeps
-    making the same calls; the case fails at its end with all of them."""
-
-    def __init__(self, comm):
-        self.rank = comm.rank
-        self.found = []
-
-    def check(self, label, got, want):
-        if got.dtype != want.dtype or not torch.equal(got, want):
-            self.found.append(f"{label}: got {got}, expected {want}")
-
-    def error(self, label, exc):
-        self.found.append(f"{label}: {type(exc).__name__}: {str(exc)[:300]}")
-
-    def done(self):
-        assert not self.found, f"rank {self.rank}:\n" + "\n".join(self.found)
 
 
 @case

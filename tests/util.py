@@ -59,3 +59,22 @@ def assert_equal(actual, expected):
         return
     assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
     assert torch.equal(actual, expected), f"\nactual:   {actual}\nexpected: {expected}"
+
+
+class Failures:
+    """Wrong results and errors, recorded (not raised) so that every rank keeps
+    making the same calls; the case fails at its end with all of them."""
+
+    def __init__(self, comm):
+        self.rank = comm.rank
+        self.found = []
+
+    def check(self, label, got, want):
+        if got.dtype != want.dtype or not torch.equal(got, want):
+            self.found.append(f"{label}: got {got}, expected {want}")
+
+    def error(self, label, exc):
+        self.found.append(f"{label}: {type(exc).__name__}: {str(exc)[:300]}")
+
+    def done(self):
+        assert not self.found, f"rank {self.rank}:\n" + "\n".join(self.found)
