@@ -21,20 +21,27 @@ cdef struct side:
     int device           # CUDA device ordinal of the buffer, -1 for host memory
 
 
+@cython.freelist(16)
 cdef class _Ints:
-    """A C array of ints (counts or displacements) owned by a message."""
+    """A C array of ints (counts or displacements) owned by a message; small
+    ones (up to 16 processes) live in the object itself."""
     cdef int *data
     cdef Py_ssize_t n
+    cdef int small[16]
 
     def __dealloc__(self):
-        PyMem_Free(self.data)
+        if self.data != self.small:
+            PyMem_Free(self.data)
 
 
 cdef _Ints new_ints(Py_ssize_t n):
     cdef _Ints a = _Ints.__new__(_Ints)
-    a.data = <int*>PyMem_Malloc(max(n, 1) * sizeof(int))
-    if a.data == NULL:
-        raise MemoryError
+    if n <= 16:
+        a.data = a.small
+    else:
+        a.data = <int*>PyMem_Malloc(n * sizeof(int))
+        if a.data == NULL:
+            raise MemoryError
     a.n = n
     return a
 
@@ -204,14 +211,18 @@ cdef tuple pair(object item, const char *arg):
 
 
 cdef inline bint is_scalar_int(object x):
-    # ints, numpy integers, 0-d integer arrays/tensors (1-D ones have __index__ too)
-    return isinstance(x, int) or (hasattr(x, "__index__") and getattr(x, "ndim", 0) == 0
-                                  and not isinstance(x, (list, tuple)))
+    # ints, numpy integers, 0-d integer arrays/tensors (1-D ones have __index__ too);
+    # lists first: a failing hasattr costs an exception
+    if type(x) is list or type(x) is tuple or x is None:
+        return False
+    return isinstance(x, int) or (hasattr(x, "__index__") and getattr(x, "ndim", 0) == 0)
 
 
 cdef list int_list(object values, const char *arg, str what):
     if type(values) is list:
         return <list>values
+    if type(values) is tuple:
+        return list(values)
     if hasattr(values, "tolist") and hasattr(values, "dtype"):    # tensor, ndarray
         if getattr(values, "ndim", 1) != 1:
             raise ValueError(f"{argstr(arg)}: {what} must be 1-D, got shape "
