@@ -1,6 +1,8 @@
 # The element types mcr knows: one table, from which buffer formats, torch
 # dtypes, MPI datatypes and the allowed reduction ops are all derived.
 
+from libc.limits cimport CHAR_MIN
+
 cdef enum:
     CAT_BOOL = 1
     CAT_INT = 2
@@ -11,9 +13,9 @@ cdef enum:
 cdef enum:
     T_BOOL, T_UINT8, T_INT8, T_UINT16, T_INT16, T_UINT32, T_INT32,
     T_UINT64, T_INT64, T_FLOAT16, T_BFLOAT16, T_FLOAT32, T_FLOAT64,
-    T_COMPLEX64, T_COMPLEX128, NTYPES
+    T_COMPLEX64, T_COMPLEX128, T_LONGDOUBLE, T_CLONGDOUBLE, NTYPES
 
-# name (torch.<name>), category, itemsize, buffer format codes
+# name (torch.<name>, where torch has it), category, itemsize, buffer format codes
 TYPE_TABLE = (
     ("bool",       CAT_BOOL,    1, "?"),
     ("uint8",      CAT_INT,     1, "B"),
@@ -30,6 +32,9 @@ TYPE_TABLE = (
     ("float64",    CAT_FLOAT,   8, "d"),
     ("complex64",  CAT_COMPLEX, 8, "Zf"),
     ("complex128", CAT_COMPLEX, 16, "Zd"),
+    # C long double (x86-64: 80-bit extended in 16 bytes); torch has no such dtype
+    ("longdouble", CAT_FLOAT,   sizeof(long double), "g"),
+    ("clongdouble", CAT_COMPLEX, 2 * sizeof(long double), "Zg"),
 )
 
 cdef struct typeinfo:
@@ -53,7 +58,8 @@ cdef void init_type_table() noexcept:
     handles[:] = [MPI_C_BOOL, MPI_UINT8_T, MPI_INT8_T, MPI_UINT16_T,
                   MPI_INT16_T, MPI_UINT32_T, MPI_INT32_T, MPI_UINT64_T,
                   MPI_INT64_T, MPI_UINT16_T, MPI_UINT16_T, MPI_FLOAT,
-                  MPI_DOUBLE, MPI_C_FLOAT_COMPLEX, MPI_C_DOUBLE_COMPLEX]
+                  MPI_DOUBLE, MPI_C_FLOAT_COMPLEX, MPI_C_DOUBLE_COMPLEX,
+                  MPI_LONG_DOUBLE, MPI_C_LONG_DOUBLE_COMPLEX]
     cdef int i
     for i, (name, category, itemsize, codes) in enumerate(TYPE_TABLE):
         TYPES[i].mpi = handles[i]
@@ -62,7 +68,7 @@ cdef void init_type_table() noexcept:
         TYPES[i].torch_dtype = NULL
         if codes:
             FORMAT_TO_TYPE[codes] = i
-        if category != CAT_HALF:
+        if category != CAT_HALF and handles[i] != MPI_DATATYPE_NULL:
             HANDLE_TO_TYPE[handle_key(handles[i])] = i
     # C integer codes whose size depends on the platform
     import struct
@@ -71,24 +77,25 @@ cdef void init_type_table() noexcept:
     for code in "bhilqn":
         FORMAT_TO_TYPE[code] = ints[struct.calcsize(code), True]
         FORMAT_TO_TYPE[code.upper()] = ints[struct.calcsize(code), False]
-    FORMAT_TO_TYPE["c"] = T_UINT8
+    # struct's "c" and mpi4py's typecode "c" are C char, as MPI_CHAR is
+    FORMAT_TO_TYPE["c"] = T_INT8 if CHAR_MIN < 0 else T_UINT8
     FORMAT_TO_TYPE["p"] = T_INT64 if struct.calcsize("P") == 8 else T_INT32
     # Named MPI datatypes a user may pass explicitly, with the same meaning.
-    cdef MPI_Datatype aliases[20]
-    cdef int alias_types[20]
+    cdef MPI_Datatype aliases[21]
+    cdef int alias_types[21]
     aliases[:] = [MPI_CHAR, MPI_SIGNED_CHAR, MPI_UNSIGNED_CHAR, MPI_SHORT,
                   MPI_UNSIGNED_SHORT, MPI_INT, MPI_UNSIGNED, MPI_LONG,
                   MPI_UNSIGNED_LONG, MPI_LONG_LONG, MPI_UNSIGNED_LONG_LONG,
                   MPI_CXX_BOOL, MPI_C_COMPLEX, MPI_CXX_FLOAT_COMPLEX,
                   MPI_CXX_DOUBLE_COMPLEX, MPI_SHORT, MPI_INT, MPI_LONG,
-                  MPI_LONG_LONG, MPI_FLOAT]
-    alias_types[:] = [T_INT8, T_INT8, T_UINT8, FORMAT_TO_TYPE["h"],
+                  MPI_LONG_LONG, MPI_FLOAT, MPI_CXX_LONG_DOUBLE_COMPLEX]
+    alias_types[:] = [FORMAT_TO_TYPE["c"], T_INT8, T_UINT8, FORMAT_TO_TYPE["h"],
                       FORMAT_TO_TYPE["H"], FORMAT_TO_TYPE["i"], FORMAT_TO_TYPE["I"],
                       FORMAT_TO_TYPE["l"], FORMAT_TO_TYPE["L"], FORMAT_TO_TYPE["q"],
                       FORMAT_TO_TYPE["Q"], T_BOOL, T_COMPLEX64, T_COMPLEX64,
                       T_COMPLEX128, FORMAT_TO_TYPE["h"], FORMAT_TO_TYPE["i"],
-                      FORMAT_TO_TYPE["l"], FORMAT_TO_TYPE["q"], T_FLOAT32]
-    for i in range(20):
+                      FORMAT_TO_TYPE["l"], FORMAT_TO_TYPE["q"], T_FLOAT32, T_CLONGDOUBLE]
+    for i in range(21):
         if aliases[i] != MPI_DATATYPE_NULL:
             HANDLE_TO_TYPE.setdefault(handle_key(aliases[i]), alias_types[i])
 
@@ -102,7 +109,7 @@ cdef int bind_torch_dtypes(object torch) except -1:
 
 
 cdef inline int torch_type_index(object dtype) noexcept:
-    # float32 and int64 come first in practice; a scan of 15 pointers beats a dict
+    # float32 and int64 come first in practice; a scan of 17 pointers beats a dict
     cdef PyObject *p = <PyObject*>dtype
     if p == TYPES[T_FLOAT32].torch_dtype:
         return T_FLOAT32
