@@ -1,6 +1,6 @@
 # Turning Python objects into (address, bytes, element type): torch tensors
 # through their C-level descriptors, everything else through the buffer
-# protocol or DLPack.
+# protocol or DLPack (asdlpack.pxi).
 
 cdef extern from "Python.h":
     int PyObject_CheckBuffer(object)
@@ -102,10 +102,12 @@ cdef int slow_tensor_info(object t, bufinfo *b, const char *arg) except -1:
     return 0
 
 
-cdef object view_info(object obj, bufinfo *b, bint writable, const char *arg):
-    """Fill `b` through the buffer protocol; return the view that holds it."""
+cdef object view_info(object obj, bufinfo *b, bint writable, bint typed, const char *arg):
+    """Fill `b` through the buffer protocol; return the view that holds it.
+    `typed`: an explicit datatype gives the element type, so the buffer's
+    format (any, even a struct or a foreign byte order) is not read."""
     cdef _View v = _View.__new__(_View)
-    cdef int flags = PyBUF_FORMAT | PyBUF_ANY_CONTIGUOUS
+    cdef int flags = PyBUF_ANY_CONTIGUOUS if typed else PyBUF_FORMAT | PyBUF_ANY_CONTIGUOUS
     if writable:
         flags |= PyBUF_WRITABLE
     try:
@@ -123,11 +125,13 @@ cdef object view_info(object obj, bufinfo *b, bint writable, const char *arg):
         raise BufferError(f"{arg.decode()}: cannot use the buffer of "
                           f"{type(obj).__name__}: {exc}") from None
     v.held = True
-    fmt = v.view.format.decode() if v.view.format != NULL else "B"
-    cdef int tindex = format_type_index(fmt, arg)
-    if v.view.itemsize != TYPES[tindex].itemsize:
-        raise BufferError(f"{arg.decode()}: buffer format {fmt!r} has item size "
-                          f"{v.view.itemsize}, expected {TYPES[tindex].itemsize}")
+    cdef int tindex = -1
+    if not typed:
+        fmt = v.view.format.decode() if v.view.format != NULL else "B"
+        tindex = format_type_index(fmt, arg)
+        if v.view.itemsize != TYPES[tindex].itemsize:
+            raise BufferError(f"{arg.decode()}: buffer format {fmt!r} has item size "
+                              f"{v.view.itemsize}, expected {TYPES[tindex].itemsize}")
     b.addr = <char*>v.view.buf
     b.nbytes = v.view.len
     b.tindex = tindex
@@ -135,19 +139,23 @@ cdef object view_info(object obj, bufinfo *b, bint writable, const char *arg):
     return v
 
 
-cdef object as_buffer(object obj, bufinfo *b, bint writable, const char *arg):
-    """Fill `b` from any supported buffer; return the object keeping it alive."""
+cdef object as_buffer(object obj, bufinfo *b, bint writable, bint typed, const char *arg):
+    """Fill `b` from any supported buffer; return the object keeping it alive.
+    `typed`: the message gives an explicit datatype (see view_info); `b.tindex`
+    may then be -1."""
     if type(obj) is _Tensor:
         tensor_info(obj, b, arg)
         return obj
     if not torch_loaded() and "torch" in _sys.modules:
         bind_torch()
-        return as_buffer(obj, b, writable, arg)
+        return as_buffer(obj, b, writable, typed, arg)
     if _TensorBase is not None and isinstance(obj, _TensorBase):
         tensor_info(obj, b, arg)
         return obj
     if PyObject_CheckBuffer(obj):
-        return view_info(obj, b, writable, arg)
+        return view_info(obj, b, writable, typed, arg)
+    if hasattr(obj, "__dlpack__"):
+        return dlpack_info(obj, b, writable, typed, arg)
     if hasattr(obj, "__cuda_array_interface__"):
         if not torch_loaded():
             bind_torch()
@@ -155,12 +163,6 @@ cdef object as_buffer(object obj, bufinfo *b, bint writable, const char *arg):
             raise TypeError(f"{arg.decode()}: CUDA buffer ({type(obj).__name__}) but torch "
                             "sees no CUDA device; mcr reads CUDA memory through torch")
         tensor = _torch.as_tensor(obj)       # shares the memory, on the object's device
-        tensor_info(tensor, b, arg)
-        return tensor
-    if hasattr(obj, "__dlpack__"):
-        if not torch_loaded():
-            bind_torch()
-        tensor = _torch.from_dlpack(obj)
         tensor_info(tensor, b, arg)
         return tensor
     raise TypeError(f"{arg.decode()}: expected a torch.Tensor, a numpy array or an "

@@ -111,7 +111,9 @@ cdef int set_datatype(side *x, object datatype, const char *arg) except -1:
 
 
 cdef int set_buffer(side *x, bufinfo *b, object datatype, const char *arg) except -1:
-    """Point the message at a buffer, with its own or an explicit element type."""
+    """Point the message at a buffer, with its own or an explicit element type.
+    As in mpi4py, an explicit datatype is trusted: the buffer is its bytes,
+    counted in the datatype's extent (as_buffer did not read its format)."""
     x.addr = b.addr
     x.device = b.device
     x.counts = x.displs = NULL
@@ -158,7 +160,7 @@ cdef object parse_simple(object spec, side *x, bint writable, const char *arg):
         set_null(x)
         return None
     if not isinstance(spec, (list, tuple)):
-        owner = as_buffer(spec, &b, writable, arg)
+        owner = as_buffer(spec, &b, writable, False, arg)
         set_buffer(x, &b, None, arg)
         infer_count(x, b.nbytes, arg)
         x.explicit = False
@@ -183,7 +185,7 @@ cdef object parse_simple(object spec, side *x, bint writable, const char *arg):
             count, displ = spec[1], spec[2]
     elif n == 4:
         count, displ, datatype = spec[1], spec[2], spec[3]
-    owner = as_buffer(spec[0], &b, writable, arg)
+    owner = as_buffer(spec[0], &b, writable, datatype is not None, arg)
     set_buffer(x, &b, datatype, arg)
     cdef Py_ssize_t offset = 0 if displ is None else as_count(displ, arg, "displacement")
     if count is None:
@@ -263,7 +265,7 @@ cdef object parse_vector(object spec, side *x, bint writable, int size, const ch
                 counts, displs = spec[1]               # mpi4py: a pair is (counts, displs)
             else:
                 counts = spec[1]
-    owner = as_buffer(buf, &b, writable, arg)
+    owner = as_buffer(buf, &b, writable, datatype is not None, arg)
     set_buffer(x, &b, datatype, arg)
     cdef _Ints c = new_ints(size)
     cdef _Ints d = new_ints(size)
