@@ -20,7 +20,10 @@ def _set_host_staging(bint on):
 
 
 cdef inline bint needs_staging(_Msg m) noexcept:
-    return m.s.device >= 0 or m.r.device >= 0 or stage_host
+    # a side the call does not use (the receive side of a Send) is all zeros,
+    # device 0 included: only a side with an address is on a device
+    return ((m.s.device >= 0 and m.s.addr != NULL) or (m.r.device >= 0 and m.r.addr != NULL)
+            or stage_host)
 
 
 cdef object device_module():
