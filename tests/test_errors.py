@@ -117,10 +117,6 @@ def vector_counts_past_the_buffer(comm):
           comm.Allgatherv, x, [out, [2.0] * size])
     check(comm, TypeError, ["recvbuf", "counts must be a sequence of ints", "object"],
           comm.Allgatherv, x, [out, object()])
-    if size > 1:
-        check(comm, ValueError, ["recvbuf", f"cannot split {2 * size + 1} elements evenly",
-                                 f"among {size} processes"],
-              comm.Allgatherv, x, torch.zeros(2 * size + 1))
     check(comm, ValueError, ["sendbuf", f"has {size + 1} elements", f"sum(recvcounts) is {size}"],
           comm.Reduce_scatter, torch.ones(size + 1), torch.zeros(1), [1] * size)
 
@@ -144,6 +140,104 @@ def vector_counts_bad_at_the_root_only(comm):
                torch.zeros(2), root)
     check_root(comm, ValueError, ["sendbuf", f"counts has {size - 1} entries"],
                comm.Scatterv, [torch.ones(2 * size), [2] * (size - 1)], torch.zeros(2), root)
+
+
+@case
+def overlapping_receive_blocks(comm):
+    """MPI forbids receiving into one location twice: overlapping blocks of a
+    vector receive are refused, with the blocks and their elements."""
+    size = comm.size
+    if size < 2:
+        return
+    x = torch.ones(2)
+    out = torch.zeros(2 * size)
+    displs = list(range(0, 2 * size, 2))
+    displs[1] = 1                     # block 1 (elements 1..2) overlaps block 0 (0..1)
+    check(comm, ValueError, ["recvbuf", "blocks 0 (elements 0..1) and 1 (elements 1..2) "
+                             "overlap", "twice"],
+          comm.Allgatherv, x, [out, [2] * size, displs])
+    # out of order: the last block on top of the first
+    displs = list(range(2, 2 * size + 2, 2))
+    displs[-1] = 1
+    check(comm, ValueError, ["recvbuf", f"blocks {size - 1} (elements 1..2) and 0 "
+                             "(elements 2..3) overlap"],
+          comm.Allgatherv, x, [torch.zeros(2 * size + 2), [2] * size, displs])
+    check(comm, ValueError, ["recvbuf", "overlap"],
+          comm.Alltoallv, torch.ones(2 * size), [out, [2] * size, [0] * size])
+    check(comm, ValueError, ["recvbuf", "overlap"],
+          comm.Ialltoallv, torch.ones(2 * size), [out, 2, 1])
+    # empty blocks overlap nothing; the same buffer for send and receive is IN_PLACE's job
+    comm.Allgatherv(torch.ones(0), [torch.zeros(1), [0] * size, [0] * size])
+    root = size - 1
+    if comm.rank == root:
+        check(comm, ValueError, ["recvbuf", "overlap"],
+              comm.Gatherv, x, [out, [2] * size, [0] * size], root)
+    else:
+        assert_comm_works(comm)
+
+
+@case
+def in_place_where_no_buffer_may_be(comm):
+    """IN_PLACE is a sendbuf marker, not a buffer: refused, naming the argument,
+    wherever a buffer is needed."""
+    dst, src = right(comm), left(comm)
+    where = "only valid as the sendbuf of a collective"
+    check(comm, ValueError, ["recvbuf", "IN_PLACE is not a buffer", where],
+          comm.Allreduce, torch.ones(2), MPI.IN_PLACE)
+    check(comm, ValueError, ["recvbuf", "IN_PLACE is not a buffer"],
+          comm.Allreduce, MPI.IN_PLACE, MPI.IN_PLACE)
+    check(comm, ValueError, ["buf", "IN_PLACE is not a buffer"], comm.Bcast, MPI.IN_PLACE)
+    check(comm, ValueError, ["buf", "IN_PLACE is not a buffer"], comm.Ibcast, MPI.IN_PLACE)
+    check(comm, ValueError, ["buf", "IN_PLACE is not a buffer"], comm.Send, MPI.IN_PLACE, dst)
+    check(comm, ValueError, ["buf", "IN_PLACE is not a buffer"],
+          comm.Isend, [MPI.IN_PLACE, 0, MPI.INT], dst)
+    check(comm, ValueError, ["buf", "IN_PLACE is not a buffer"], comm.Recv, MPI.IN_PLACE, src)
+    check(comm, ValueError, ["sendbuf", "IN_PLACE is not a buffer"],
+          comm.Sendrecv, MPI.IN_PLACE, dst, 0, torch.zeros(2), src, 0)
+    check(comm, ValueError, ["recvbuf", "IN_PLACE is not a buffer"],
+          comm.Sendrecv, torch.ones(2), dst, 0, MPI.IN_PLACE, src, 0)
+    check(comm, ValueError, ["recvbuf", "IN_PLACE is not a buffer"],
+          comm.Allgatherv, torch.ones(2), MPI.IN_PLACE)
+    check(comm, ValueError, ["recvbuf", "IN_PLACE is not a buffer"],
+          comm.Allgather, MPI.IN_PLACE, MPI.IN_PLACE)
+    # None is not a buffer for the result of a reduction
+    check(comm, TypeError, ["recvbuf", "None is not a buffer", "2 elements of float32"],
+          comm.Allreduce, torch.ones(2), None)
+    check(comm, TypeError, ["recvbuf", "None is not a buffer"], comm.Allreduce, None, None)
+    check(comm, TypeError, ["recvbuf", "None is not a buffer"],
+          comm.Iallreduce, MPI.IN_PLACE, None)
+    check(comm, TypeError, ["recvbuf", "None is not a buffer"], comm.Scan, torch.ones(2), None)
+
+
+@case
+def none_buffer_with_a_count(comm):
+    dst = right(comm)
+    check(comm, ValueError, ["buf", "buffer is None but count is 1"],
+          comm.Send, [None, 1, MPI.INT], dst)
+    check(comm, ValueError, ["buf", "buffer is BOTTOM but count is 2"],
+          comm.Send, [MPI.BOTTOM, 2, MPI.INT], dst)
+    check(comm, ValueError, ["buf", "displacement 1", "empty message"],
+          comm.Send, [None, 0, 1, MPI.INT], dst)
+    check(comm, ValueError, ["recvbuf", "buffer is None but counts[0] is 1"],
+          comm.Allgatherv, [None, 0, MPI.INT], [None, [1] * comm.size, MPI.INT])
+
+
+@case
+def reduce_scatter_refused_on_one_rank_is_refused_on_all(comm):
+    """Reduce_scatter without recvcounts gathers every process's counts: when
+    one process's arguments are wrong, all of them raise (none hangs)."""
+    size, rank = comm.size, comm.rank
+    if rank == 0:
+        check(comm, TypeError, ["recvbuf", "got object"],
+              comm.Reduce_scatter, torch.ones(size), object(), None, mcr.SUM)
+    else:
+        check(comm, ValueError, ["refused at rank 0"],
+              comm.Reduce_scatter, torch.ones(size), torch.zeros(1), None, mcr.SUM)
+    # a send count that does not match the sum of the receive counts, at one rank
+    n = size + 1 if rank == size - 1 else size
+    check(comm, ValueError, ["sendbuf", f"has {size + 1} elements at rank {size - 1}",
+                             f"sum to {size}"],
+          comm.Reduce_scatter, torch.ones(n), torch.zeros(1), None, mcr.SUM)
 
 
 # -- simple messages: counts, displacements, datatypes ---------------------------------

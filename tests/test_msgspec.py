@@ -384,6 +384,137 @@ def none_as_empty_message(comm):
     assert st.source == left and st.tag == 3 and st.Get_count() == 0
 
 
+@case
+def none_and_bottom_buffers_make_empty_messages(comm):
+    """[None, datatype], [None, 0, datatype], [BOTTOM, 0, BYTE]: empty messages,
+    in point-to-point (a probed message of zero bytes too) and collectives."""
+    right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+    empties = [[None, MPI.INT], [None, 0, MPI.INT], [None, 0, "i"], [None, "B"],
+               [MPI.BOTTOM, 0, MPI.BYTE], [MPI.BOTTOM, "B"], [None, 0, 0, MPI.INT],
+               (None, (0, None), MPI.INT), None]
+    for i, empty in enumerate(empties):
+        st = mcr.Status()
+        comm.Sendrecv(empty, right, i, empty, left, i, st)
+        assert (st.source, st.tag, st.Get_count(MPI.BYTE)) == (left, i, 0)
+        rreq = comm.Irecv(empty, left, i)
+        comm.Isend(empty, right, i).Wait()
+        rreq.Wait()
+    # a probed message of zero bytes, received into None (mpi4py.util.pkl5 does this)
+    sreq = comm.Isend([None, 0, MPI.BYTE], right, 7)
+    st = mcr.Status()
+    comm.Probe(left, 7, st)
+    assert st.Get_count(MPI.BYTE) == 0
+    comm.Recv([None, st.Get_count(MPI.BYTE), MPI.BYTE], left, 7)
+    sreq.Wait()
+    null_b, null_v = [None, MPI.INT], [None, (0, None), MPI.INT]
+    comm.Bcast(null_b)
+    comm.Gather(null_b, null_b)
+    comm.Scatter(null_b, null_b)
+    comm.Allgather(null_b, null_b)
+    comm.Alltoall(null_b, null_b)
+    comm.Gatherv(null_b, null_v)
+    comm.Scatterv(null_v, null_b)
+    comm.Allgatherv(null_b, null_v)
+    comm.Alltoallv(null_v, null_v)
+    comm.Allgatherv([None, 0, MPI.FLOAT], [None, 0, MPI.FLOAT])
+
+
+@case
+def none_sendbuf_is_in_place(comm):
+    """As in mpi4py, None stands for IN_PLACE where IN_PLACE is allowed: the
+    sendbuf of Allgather, Alltoall and the reductions, at the root of Gather
+    and Reduce, and the recvbuf of Scatter at its root."""
+    size, rank = comm.size, comm.rank
+    data = all_data(size, 3, torch.float32)
+    total = torch.stack(data).sum(0)
+    out = torch.zeros(3 * size)
+    out[3 * rank:3 * rank + 3] = data[rank]
+    comm.Allgather(None, out)
+    assert_equal(out, torch.cat(data))
+    counts, displs, ltotal = uneven(size)
+    out = torch.full((ltotal,), FILL)
+    out[displs[rank]:displs[rank] + counts[rank]] = data[rank][:counts[rank]]
+    comm.Allgatherv(None, [out, counts, displs])
+    assert_equal(out, gathered(data, counts, displs, ltotal))
+    a = torch.arange(size, dtype=torch.float32) + 100 * rank
+    comm.Alltoall(None, a)
+    assert_equal(a, torch.arange(size, dtype=torch.float32) * 100 + rank)
+    for method, want in (("Allreduce", total), ("Scan", torch.stack(data[:rank + 1]).sum(0))):
+        buf = data[rank].clone()
+        getattr(comm, method)(None, buf)
+        assert_equal(buf, want)
+    buf = torch.cat(data) * (rank + 1)       # block r of every rank is data[r] x (rank + 1)
+    comm.Reduce_scatter_block(None, buf)
+    assert_equal(buf[:3], data[rank] * (size * (size + 1) // 2))
+    root = size - 1
+    if rank == root:
+        out = torch.zeros(3 * size)
+        out[3 * root:] = data[root]
+        comm.Gather(None, out, root)
+        assert_equal(out, torch.cat(data))
+        red = data[root].clone()
+        comm.Reduce(None, red, mcr.SUM, root)
+        assert_equal(red, total)
+        whole = torch.cat(data)
+        comm.Scatter(whole, None, root)
+        assert_equal(whole, torch.cat(data))          # the root's block stays
+    else:
+        comm.Gather(data[rank], None, root)
+        comm.Reduce(data[rank], None, mcr.SUM, root)
+        got = torch.zeros(3)
+        comm.Scatter(None, got, root)
+        assert_equal(got, data[rank])
+
+
+@case
+def vector_counts_inferred_unevenly(comm):
+    """A vector buffer without counts is split as mpi4py splits it: the first
+    n % size blocks one element longer."""
+    size, rank = comm.size, comm.rank
+    n = 2 * size + 1
+    counts = [n // size + (i < n % size) for i in range(size)]
+    displs = [sum(counts[:i]) for i in range(size)]
+    data = all_data(size, 3, torch.float64)
+    out = torch.full((n,), FILL, dtype=torch.float64)
+    comm.Allgatherv(data[rank][:counts[rank]], out)
+    assert_equal(out, torch.cat([data[i][:counts[i]] for i in range(size)]))
+    got = torch.full((counts[rank],), FILL, dtype=torch.float64)
+    comm.Scatterv(out if rank == 0 else None, got, 0)
+    assert_equal(got, out[displs[rank]:displs[rank] + counts[rank]])
+
+
+@case
+def reduce_scatter_counts_are_each_recvbuf(comm):
+    """Reduce_scatter without recvcounts: each process receives what its
+    recvbuf holds (rank r: r + 1 elements), as in mpi4py."""
+    size, rank = comm.size, comm.rank
+    counts = [r + 1 for r in range(size)]
+    n = sum(counts)
+    data = all_data(size, n, torch.float32)
+    total = torch.stack(data).sum(0)
+    mine = total[sum(counts[:rank]):sum(counts[:rank + 1])]
+    out = torch.zeros(counts[rank])
+    comm.Reduce_scatter(data[rank], out, None, mcr.SUM)
+    assert_equal(out, mine)
+    out = torch.zeros(counts[rank])
+    comm.Ireduce_scatter(data[rank], out, None, mcr.SUM).Wait()
+    assert_equal(out, mine)
+    out = torch.zeros(counts[rank])
+    req = comm.Reduce_scatter_init(data[rank], out, None, mcr.SUM)
+    req.Start()
+    req.Wait()
+    req.Free()
+    assert_equal(out, mine)
+    # numpy buffers, and an empty block on rank 0
+    counts = [0] + [2] * (size - 1)
+    x = np.arange(sum(counts), dtype=np.int32) * (rank + 1)
+    out = np.zeros(counts[rank], dtype=np.int32)
+    comm.Reduce_scatter(x, out, None, mcr.SUM)
+    start = sum(counts[:rank])
+    want = np.arange(sum(counts), dtype=np.int32) * (size * (size + 1) // 2)
+    np.testing.assert_array_equal(out, want[start:start + counts[rank]])
+
+
 # -- explicit datatypes: mpi4py Datatype objects and typecodes ------------------------
 
 

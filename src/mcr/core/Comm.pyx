@@ -532,7 +532,8 @@ cdef class Comm(_MPI.Intracomm):
         if block:
             m.for_reduce_scatter_block(sendbuf, recvbuf, self.nprocs())
         else:
-            m.for_reduce_scatter(sendbuf, recvbuf, recvcounts, self.myrank(), self.nprocs())
+            m.for_reduce_scatter(sendbuf, recvbuf, recvcounts, self.myrank(), self.nprocs(),
+                                 self.ob_mpi)
         resolve_op(op, m.r.tindex, &mop)
         if needs_staging(m):
             # in place, the input is the whole of recvbuf: one block per process

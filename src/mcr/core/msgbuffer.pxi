@@ -6,6 +6,7 @@ cimport cython
 from cpython.long cimport PyLong_AsLongAndOverflow
 
 cdef object IN_PLACE = _mpi4py.IN_PLACE
+cdef object BOTTOM = _mpi4py.BOTTOM
 
 
 cdef struct side:
@@ -159,6 +160,8 @@ cdef object parse_simple(object spec, side *x, bint writable, const char *arg):
     if spec is None:                             # an empty message, as in mpi4py
         set_null(x)
         return None
+    if spec is IN_PLACE:
+        reject_in_place(arg)
     if not isinstance(spec, (list, tuple)):
         owner = as_buffer(spec, &b, writable, False, arg)
         set_buffer(x, &b, None, arg)
@@ -185,6 +188,9 @@ cdef object parse_simple(object spec, side *x, bint writable, const char *arg):
             count, displ = spec[1], spec[2]
     elif n == 4:
         count, displ, datatype = spec[1], spec[2], spec[3]
+    if spec[0] is None or spec[0] is BOTTOM:
+        empty_message(x, spec[0], count, displ, datatype, arg)
+        return None
     owner = as_buffer(spec[0], &b, writable, datatype is not None, arg)
     set_buffer(x, &b, datatype, arg)
     cdef Py_ssize_t offset = 0 if displ is None else as_count(displ, arg, "displacement")
@@ -203,6 +209,33 @@ cdef object parse_simple(object spec, side *x, bint writable, const char *arg):
     x.nelems -= offset
     x.explicit = count is not None
     return owner
+
+
+cdef int reject_in_place(const char *arg) except -1:
+    raise ValueError(f"{argstr(arg)}: IN_PLACE is not a buffer; it is only valid as the "
+                     "sendbuf of a collective (the recvbuf of Scatter at its root)")
+
+
+cdef int empty_message(side *x, object buf, object count, object displ, object datatype,
+                       const char *arg) except -1:
+    """[None | BOTTOM, ...]: a message of no elements, as in mpi4py (which also
+    takes BOTTOM with absolute addresses in a derived datatype; mcr cannot
+    check those, so it refuses a count)."""
+    set_null(x)
+    if datatype is not None:
+        set_datatype(x, datatype, arg)
+    x.addr = NULL
+    x.nelems = 0
+    name = "None" if buf is None else "BOTTOM"
+    if count is not None and as_count(count, arg, "count") > 0:
+        raise ValueError(f"{argstr(arg)}: buffer is {name} but count is {count}; "
+                         f"{name} only makes an empty message")
+    if displ is not None and as_count(displ, arg, "displacement") > 0:
+        raise ValueError(f"{argstr(arg)}: displacement {displ} is past the end of "
+                         f"an empty message ({name})")
+    x.count = 0
+    x.explicit = count is not None
+    return 0
 
 
 cdef tuple pair(object item, const char *arg):
@@ -265,18 +298,26 @@ cdef object parse_vector(object spec, side *x, bint writable, int size, const ch
                 counts, displs = spec[1]               # mpi4py: a pair is (counts, displs)
             else:
                 counts = spec[1]
-    owner = as_buffer(buf, &b, writable, datatype is not None, arg)
-    set_buffer(x, &b, datatype, arg)
+    if buf is IN_PLACE:
+        reject_in_place(arg)
+    cdef bint empty = buf is None or buf is BOTTOM
+    if empty:
+        empty_message(x, buf, None, None, datatype, arg)
+        owner = None
+    else:
+        owner = as_buffer(buf, &b, writable, datatype is not None, arg)
+        set_buffer(x, &b, datatype, arg)
     cdef _Ints c = new_ints(size)
     cdef _Ints d = new_ints(size)
     cdef Py_ssize_t i, total = 0
     if counts is None:
-        infer_count(x, b.nbytes, arg)
-        if x.nelems % size:
-            raise ValueError(f"{argstr(arg)}: cannot split {x.nelems} elements evenly "
-                             f"among {size} processes; give counts")
-        counts = x.nelems // size
-    if is_scalar_int(counts):
+        # as mpi4py: the buffer split into `size` blocks, the first ones one
+        # element longer when it does not split evenly
+        if not empty:
+            infer_count(x, b.nbytes, arg)
+        for i in range(size):
+            c.data[i] = <int>(x.count // size + (i < x.count % size))
+    elif is_scalar_int(counts):
         each = as_count(counts, arg, "count")
         for i in range(size):
             c.data[i] = each
@@ -309,12 +350,41 @@ cdef object parse_vector(object spec, side *x, bint writable, int size, const ch
         for i in range(size):
             d.data[i] = item_count(values[i], arg, "displs", i)
     for i in range(size):
-        if <Py_ssize_t>d.data[i] + c.data[i] > x.nelems:
+        if c.data[i] and <Py_ssize_t>d.data[i] + c.data[i] > x.nelems:
+            if empty:
+                raise ValueError(f"{argstr(arg)}: buffer is {'None' if buf is None else 'BOTTOM'}"
+                                 f" but counts[{i}] is {c.data[i]}; it only makes an empty "
+                                 "message")
             raise ValueError(f"{argstr(arg)}: block {i} (count {c.data[i]} at displacement "
                              f"{d.data[i]}) reaches past the buffer of {x.nelems} elements")
     x.counts = c.data
     x.displs = d.data
     return (owner, c, d)
+
+
+cdef int check_blocks_disjoint(side *x, int size, const char *arg) except -1:
+    """MPI forbids receiving into one location twice: the blocks of a vector
+    receive must not overlap."""
+    cdef int i, j
+    cdef Py_ssize_t end = 0
+    for i in range(size):             # blocks in increasing order: one pass
+        if x.counts[i] == 0:
+            continue
+        if x.displs[i] < end:
+            break
+        end = <Py_ssize_t>x.displs[i] + x.counts[i]
+    else:
+        return 0
+    blocks = sorted((x.displs[i], i) for i in range(size) if x.counts[i])
+    for k in range(1, len(blocks)):
+        i, j = blocks[k - 1][1], blocks[k][1]
+        if <Py_ssize_t>x.displs[i] + x.counts[i] > x.displs[j]:
+            a_end = <Py_ssize_t>x.displs[i] + x.counts[i] - 1
+            b_end = <Py_ssize_t>x.displs[j] + x.counts[j] - 1
+            raise ValueError(f"{argstr(arg)}: blocks {i} (elements {x.displs[i]}..{a_end}) "
+                             f"and {j} (elements {x.displs[j]}..{b_end}) overlap; MPI "
+                             "forbids receiving into one location twice")
+    return 0
 
 
 cdef int set_in_place(side *x, side *other) noexcept:
@@ -342,6 +412,21 @@ cdef int set_null(side *x) noexcept:
     x.dtype = MPI_BYTE
     x.tindex = -1
     x.extent = 1
+    return 0
+
+
+cdef inline bint in_place(object sendbuf):
+    # mpi4py reads None as IN_PLACE where IN_PLACE is allowed
+    return sendbuf is IN_PLACE or sendbuf is None
+
+
+cdef int no_null_recvbuf(object recvbuf, side *s) except -1:
+    """A reduction's recvbuf given as None: say so, rather than report the
+    empty message's element size or count."""
+    if recvbuf is None:
+        raise TypeError(f"recvbuf: None is not a buffer; the reduction needs room for "
+                        f"{s.count} elements" + ("" if s.tindex < 0 else
+                                                 f" of {TYPE_NAMES[s.tindex]}"))
     return 0
 
 
@@ -429,15 +514,26 @@ cdef class _Msg:
     cdef int for_allreduce(self, object sendbuf, object recvbuf) except -1:
         # Allreduce, Scan, Exscan: same count on both sides
         self.rown = parse_simple(recvbuf, &self.r, True, b"recvbuf")
-        if sendbuf is IN_PLACE:
+        if sendbuf is IN_PLACE or sendbuf is None:
+            if recvbuf is None:           # (IN_PLACE was refused by parse_simple)
+                raise TypeError(f"recvbuf: None is not a buffer; with sendbuf "
+                                f"{'None (IN_PLACE)' if sendbuf is None else 'IN_PLACE'} it "
+                                "holds the operand and receives the result")
             set_in_place(&self.s, &self.r)
             return 0
         self.sown = parse_simple(sendbuf, &self.s, False, b"sendbuf")
+        if self.s.tindex != self.r.tindex or self.s.tindex < 0 or self.s.count != self.r.count:
+            self.mismatch(recvbuf)
+        check_disjoint(&self.s, &self.r)
+        return 0
+
+    cdef int mismatch(self, object recvbuf) except -1:
+        # the slow path of for_allreduce: name what differs
+        no_null_recvbuf(recvbuf, &self.s)
         check_same_type(&self.s, &self.r)
         if self.s.count != self.r.count:
             raise ValueError(f"sendbuf has {self.s.count} elements but recvbuf has "
                              f"{self.r.count}: the counts must match")
-        check_disjoint(&self.s, &self.r)
         return 0
 
     cdef int for_reduce(self, object sendbuf, object recvbuf, int root, int rank,
@@ -461,7 +557,7 @@ cdef class _Msg:
             self.rown = self.recv_blocks(recvbuf, size, v)
         else:
             set_null(&self.r)
-        if sendbuf is IN_PLACE:
+        if sendbuf is IN_PLACE or (sendbuf is None and rank == root):
             if rank != root:
                 raise ValueError(f"sendbuf: IN_PLACE is only valid at the root ({root}), "
                                  f"this is rank {rank}")
@@ -478,7 +574,7 @@ cdef class _Msg:
             self.sown = self.send_blocks(sendbuf, size, v)
         else:
             set_null(&self.s)
-        if recvbuf is IN_PLACE:
+        if recvbuf is IN_PLACE or (recvbuf is None and rank == root):
             if rank != root:
                 raise ValueError(f"recvbuf: IN_PLACE is only valid at the root ({root}), "
                                  f"this is rank {rank}")
@@ -496,7 +592,7 @@ cdef class _Msg:
     cdef int for_allgather(self, object sendbuf, object recvbuf, int rank, int size,
                            bint v) except -1:
         self.rown = self.recv_blocks(recvbuf, size, v)
-        if sendbuf is IN_PLACE:
+        if in_place(sendbuf):
             set_in_place(&self.s, &self.r)
             return 0
         self.sown = parse_simple(sendbuf, &self.s, False, b"sendbuf")
@@ -505,7 +601,7 @@ cdef class _Msg:
 
     cdef int for_alltoall(self, object sendbuf, object recvbuf, int size, bint v) except -1:
         self.rown = self.recv_blocks(recvbuf, size, v)
-        if sendbuf is IN_PLACE:
+        if in_place(sendbuf):
             set_in_place(&self.s, &self.r)
             return 0
         self.sown = self.send_blocks(sendbuf, size, v)
@@ -517,7 +613,7 @@ cdef class _Msg:
 
     cdef int for_reduce_scatter_block(self, object sendbuf, object recvbuf,
                                       int size) except -1:
-        if sendbuf is IN_PLACE:
+        if in_place(sendbuf):
             # the input is the whole of recvbuf, one block per process; the
             # result is its first block
             self.rown = parse_simple(recvbuf, &self.r, True, b"recvbuf")
@@ -533,11 +629,17 @@ cdef class _Msg:
         return 0
 
     cdef int for_reduce_scatter(self, object sendbuf, object recvbuf, object recvcounts,
-                                int rank, int size) except -1:
+                                int rank, int size, MPI_Comm comm) except -1:
         cdef Py_ssize_t total = 0
         cdef int i
         cdef side *whole
-        if sendbuf is IN_PLACE:
+        cdef bint inplace = in_place(sendbuf)
+        cdef _Ints c = new_ints(size)
+        if recvcounts is None and not inplace:
+            # as mpi4py: each process receives what its recvbuf holds; gather those
+            # counts (every process, so that none waits in the reduction alone)
+            return self.reduce_scatter_gathered(sendbuf, recvbuf, c, rank, size, comm)
+        if inplace:
             self.rown = parse_simple(recvbuf, &self.r, True, b"recvbuf")
             set_in_place(&self.s, &self.r)
             whole = &self.r
@@ -548,23 +650,59 @@ cdef class _Msg:
             whole = &self.s
         if recvcounts is None:
             if whole.count % size:
-                raise ValueError(f"{'recvbuf' if sendbuf is IN_PLACE else 'sendbuf'}: "
-                                 f"cannot split {whole.count} elements evenly among "
-                                 f"{size} processes; give recvcounts")
+                raise ValueError(f"recvbuf: cannot split {whole.count} elements evenly "
+                                 f"among {size} processes; give recvcounts")
             recvcounts = [whole.count // size] * size
         values = int_list(recvcounts, b"recvcounts", "recvcounts")
         if len(values) != size:
             raise ValueError(f"recvcounts: has {len(values)} entries, expected {size} "
                              "(one per process)")
-        cdef _Ints c = new_ints(size)
         for i in range(size):
             c.data[i] = item_count(values[i], b"recvcounts", "recvcounts", i)
             total += c.data[i]
         if whole.count != total:
-            raise ValueError(f"{'recvbuf' if sendbuf is IN_PLACE else 'sendbuf'}: has "
+            raise ValueError(f"{'recvbuf' if inplace else 'sendbuf'}: has "
                              f"{whole.count} elements, sum(recvcounts) is {total}")
-        if sendbuf is not IN_PLACE:
+        if not inplace:
             check_capacity(&self.r, c.data[rank], b"recvbuf", f"recvcounts[{rank}]")
+        self.r.counts = c.data
+        self.rown = (self.rown, c)
+        return 0
+
+    cdef int reduce_scatter_gathered(self, object sendbuf, object recvbuf, _Ints c,
+                                     int rank, int size, MPI_Comm comm) except -1:
+        """Reduce_scatter without recvcounts: gather every process's (receive,
+        send) counts, so that all of them refuse the call together when one
+        process's arguments are wrong, instead of the others hanging."""
+        cdef _Ints pairs = new_ints(2 * size)
+        cdef int mine[2]
+        cdef Py_ssize_t total = 0
+        cdef int i, ierr
+        failure = None
+        try:
+            self.sown = parse_simple(sendbuf, &self.s, False, b"sendbuf")
+            self.rown = parse_simple(recvbuf, &self.r, True, b"recvbuf")
+            check_same_type(&self.s, &self.r)
+            mine[0], mine[1] = self.r.count, self.s.count
+        except Exception as exc:
+            failure = exc
+            mine[0] = mine[1] = -1
+        with nogil:
+            ierr = MPI_Allgather(mine, 2, MPI_INT, pairs.data, 2, MPI_INT, comm)
+        CHKERR(ierr)
+        if failure is not None:
+            raise failure
+        for i in range(size):
+            if pairs.data[2 * i] < 0:
+                raise ValueError(f"sendbuf, recvbuf: refused at rank {i}, so the "
+                                 "reduction cannot run (see the error there)")
+            c.data[i] = pairs.data[2 * i]
+            total += c.data[i]
+        for i in range(size):
+            if pairs.data[2 * i + 1] != total:
+                raise ValueError(f"sendbuf: has {pairs.data[2 * i + 1]} elements at rank "
+                                 f"{i}, but the receive counts (the recvbuf sizes) sum to "
+                                 f"{total}")
         self.r.counts = c.data
         self.rown = (self.rown, c)
         return 0
@@ -573,7 +711,9 @@ cdef class _Msg:
 
     cdef object recv_blocks(self, object recvbuf, int size, bint v):
         if v:
-            return parse_vector(recvbuf, &self.r, True, size, b"recvbuf")
+            owner = parse_vector(recvbuf, &self.r, True, size, b"recvbuf")
+            check_blocks_disjoint(&self.r, size, b"recvbuf")
+            return owner
         owner = parse_simple(recvbuf, &self.r, True, b"recvbuf")
         per_process(&self.r, size, b"recvbuf")
         return owner
