@@ -7,7 +7,21 @@
 cdef object SUM = _mpi4py.SUM
 cdef object ANY_SOURCE = _mpi4py.ANY_SOURCE
 cdef object ANY_TAG = _mpi4py.ANY_TAG
-cdef int TAG_UB = 32767          # read from MPI at import (MPI guarantees >= 32767)
+cdef int TAG_UB = 32767          # MPI guarantees >= 32767; MPI's value is read lazily
+cdef bint tag_ub_read = False
+
+
+cdef int read_tag_ub() except -1:
+    """Read MPI's TAG_UB, at the first tag above 32767 (not at import, where
+    MPI may not be initialized yet)."""
+    global TAG_UB, tag_ub_read
+    cdef int *value = NULL
+    cdef int flag = 0
+    CHKERR(MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &value, &flag))
+    if flag and value != NULL:
+        TAG_UB = value[0]
+    tag_ub_read = True
+    return 0
 
 
 cdef int as_tag(object value, const char *arg, bint allow_any) except? -1:
@@ -22,6 +36,10 @@ cdef int as_tag(object value, const char *arg, bint allow_any) except? -1:
                         f"{type(value).__name__}") from None
     if 0 <= tag <= TAG_UB or (allow_any and tag == MPI_ANY_TAG):
         return tag
+    if not tag_ub_read:           # the error message gives MPI's own bound
+        read_tag_ub()
+        if 0 <= tag <= TAG_UB:
+            return tag
     raise ValueError(f"{argstr(arg)}: tag {value} is out of range (valid: 0..{TAG_UB}"
                      f"{', or ANY_TAG' if allow_any else ''})")
 
@@ -1373,6 +1391,21 @@ cdef class Comm(_MPI.Intracomm):
 cdef Comm as_comm(_MPI.Comm comm):
     cdef Comm out = Comm.__new__(Comm)
     out.ob_mpi = comm.ob_mpi
+    return out
+
+
+# mpi4py's flag for its module constants: their free() leaves them alone
+# (PyMPI_FLAGS_CONST in mpi4py's objmodel.pxi)
+cdef enum:
+    FLAGS_CONST = 1 << 1
+
+
+cdef Comm predefined_comm(MPI_Comm handle):
+    # no MPI call: mpi4py's constructor (Comm(comm)) would call
+    # MPI_Comm_test_inter, which needs MPI initialized
+    cdef Comm out = Comm.__new__(Comm)
+    out.ob_mpi = handle
+    out.flags |= FLAGS_CONST
     return out
 
 

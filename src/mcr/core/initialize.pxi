@@ -1,16 +1,13 @@
-# Module initialization: check the libmpi first, before any other MPI call.
+# Module initialization: check the libmpi first. Nothing here calls an MPI
+# function that needs MPI_Init: a program may import mcr with
+# ``mpi4py.rc.initialize = False`` and call ``MPI.Init()`` later. What needs
+# MPI is made at first use: the float16/bfloat16 ops (opimpl.pxi), TAG_UB
+# (Comm.pyx), the progress communicator (progress.pxi).
 
 cdef int initialize() except -1:
-    global TAG_UB
     check_same_libmpi()
     init_type_table()
-    create_half_ops()
-    cdef int *value = NULL
-    cdef int flag = 0
-    CHKERR(MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &value, &flag))
-    if flag and value != NULL:
-        TAG_UB = value[0]
-    init_progress()
+    init_ops()
     return 0
 
 
@@ -24,5 +21,5 @@ def _mpi_cuda_aware():
 
 initialize()
 
-COMM_WORLD = Comm(_mpi4py.COMM_WORLD)
-COMM_SELF = Comm(_mpi4py.COMM_SELF)
+COMM_WORLD = predefined_comm(MPI_COMM_WORLD)
+COMM_SELF = predefined_comm(MPI_COMM_SELF)

@@ -41,15 +41,31 @@ cdef MPI_Op OPS[NOPS]
 cdef MPI_Op HALF_OPS[2][4]      # [float16, bfloat16][SUM, PROD, MAX, MIN]
 
 
+cdef int init_ops() noexcept:
+    # MPI's predefined ops are link-time constants: no MPI call, safe at import
+    OPS[:] = [MPI_SUM, MPI_PROD, MPI_MAX, MPI_MIN, MPI_LAND, MPI_LOR,
+              MPI_LXOR, MPI_BAND, MPI_BOR, MPI_BXOR]
+    return 0
+
+
+cdef bint half_ops_ready = False
+
+
 cdef int create_half_ops() except -1:
+    """Create the float16/bfloat16 ops, at the first reduction on those types:
+    MPI_Op_create needs MPI initialized, which importing mcr must not assume
+    (``mpi4py.rc.initialize = False``). They are never freed, as MPI frees
+    user ops at MPI_Finalize; freeing them at exit could come after it."""
+    global half_ops_ready
+    if half_ops_ready:
+        return 0
     cdef MPI_User_function *fns[8]
     fns[:] = [mcr_f16_sum, mcr_f16_prod, mcr_f16_max, mcr_f16_min,
               mcr_bf16_sum, mcr_bf16_prod, mcr_bf16_max, mcr_bf16_min]
     cdef int i
     for i in range(8):
         CHKERR(MPI_Op_create(fns[i], 1, &HALF_OPS[i // 4][i % 4]))
-    OPS[:] = [MPI_SUM, MPI_PROD, MPI_MAX, MPI_MIN, MPI_LAND, MPI_LOR,
-              MPI_LXOR, MPI_BAND, MPI_BOR, MPI_BXOR]
+    half_ops_ready = True
     return 0
 
 
@@ -70,6 +86,7 @@ cdef int resolve_op(object op, int tindex, MPI_Op *out) except -1:
         raise TypeError(f"op: MPI.{OP_NAMES[k]} does not apply to {TYPE_NAMES[tindex]} "
                         f"elements (it takes: {', '.join(allowed)})")
     if category == CAT_HALF:
+        create_half_ops()
         out[0] = HALF_OPS[tindex == T_BFLOAT16][k]
     else:
         out[0] = handle

@@ -31,18 +31,27 @@ cdef list detached = []        # works of freed requests, kept until they comple
 
 
 cdef int init_progress() except -1:
+    """Make the private communicator, at the first wait that drives MPI (not
+    at import: MPI may not be initialized yet). Returns 0 when MPI is not
+    active (not yet initialized, or finalized): there is nothing to drive."""
     global progress_comm
+    cdef int initialized = 0, finalized = 1
+    MPI_Initialized(&initialized)
+    MPI_Finalized(&finalized)
+    if not initialized or finalized:
+        return 0
     CHKERR(MPI_Comm_dup(MPI_COMM_SELF, &progress_comm))
-    return 0
+    return 1
 
 
 cdef int mpi_progress() except -1:
     """Let MPI advance its outstanding operations (non-blocking collectives
     progress only inside MPI calls)."""
     cdef int flag = 0
-    if progress_comm != MPI_COMM_NULL:
-        CHKERR(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, progress_comm, &flag,
-                          MPI_STATUS_IGNORE))
+    if progress_comm == MPI_COMM_NULL and not init_progress():
+        return 0
+    CHKERR(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, progress_comm, &flag,
+                      MPI_STATUS_IGNORE))
     return 0
 
 
