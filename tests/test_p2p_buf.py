@@ -1,4 +1,5 @@
-"""Point-to-point on buffers: Send/Recv, Isend/Irecv and Sendrecv.
+"""Point-to-point on buffers: Send/Recv, Isend/Irecv, Sendrecv, the send modes
+(Bsend/Ssend/Rsend, their I- and _init forms) and Isendrecv(_replace).
 
 Rings and pairs at world sizes 1-4 on every element type, PROC_NULL,
 ANY_SOURCE/ANY_TAG with the Status they fill, messages shorter than the
@@ -9,6 +10,7 @@ receive buffer that the message does not cover must stay untouched.
 """
 
 import array
+import contextlib
 
 import numpy as np
 import torch
@@ -16,7 +18,7 @@ import torch
 import mcr
 from mcr import MPI
 from mpiharness import case, mpi_cases
-from util import assert_equal, rank_data
+from util import assert_comm_works, assert_equal, raises, rank_data
 
 # every element type mcr moves
 P2P_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.bool,
@@ -526,6 +528,256 @@ def array_array_buffers(comm):
     t = torch.zeros(4, dtype=torch.float64)
     comm.Sendrecv(array.array("d", [comm.rank + 0.5] * 4), dst, 1, t, src, 1)
     assert_equal(t, torch.full((4,), src + 0.5, dtype=torch.float64))
+
+
+# -- Send modes: Bsend, Ssend, Rsend and their I- and _init forms -----------------------
+
+SEND_MODES = ("Bsend", "Ssend", "Rsend")
+
+
+@contextlib.contextmanager
+def attached_buffer(nbytes):
+    """MPI's buffer for Bsend (what it must hold: the messages plus an overhead each)."""
+    MPI.Attach_buffer(bytearray(nbytes + 16 * MPI.BSEND_OVERHEAD))
+    try:
+        yield
+    finally:
+        MPI.Detach_buffer()
+
+
+def send_in_mode(comm, name, form, buf, dest, tag, backend=None):
+    """Send `buf` with method `name` in `form` (blocking, nonblocking, persistent)
+    after the matching receive is posted (Rsend needs it); return once sent."""
+    kw = {} if backend is None else {"backend": backend}
+    if form == "blocking":
+        getattr(comm, name)(buf, dest, tag, **kw)
+    elif form == "nonblocking":
+        getattr(comm, "I" + name[0].lower() + name[1:])(buf, dest, tag, **kw).Wait()
+    else:
+        req = getattr(comm, name + "_init")(buf, dest, tag, **kw)
+        assert isinstance(req, mcr.Prequest)
+        req.Start()
+        req.Wait()
+        req.Free()
+
+
+@case
+def send_modes_ring_every_form(comm):
+    """Each mode, each form, torch tensors and numpy arrays: the ring pass arrives."""
+    dst, src = right(comm), left(comm)
+    with attached_buffer(1 << 12):
+        for k, (name, form) in enumerate((n, f) for n in SEND_MODES
+                                         for f in ("blocking", "nonblocking", "persistent")):
+            for j, dtype in enumerate((torch.float64, torch.int16, torch.complex64)):
+                tag = 10 * k + j
+                exp = rank_data(src, 5 + j, dtype, tag)
+                buf = blank_like(exp)
+                r = comm.Irecv(buf, src, tag)
+                comm.Barrier()                  # every receive is posted: Rsend is legal
+                send_in_mode(comm, name, form, rank_data(comm.rank, 5 + j, dtype, tag),
+                             dst, tag)
+                st = mcr.Status()
+                r.Wait(st)
+                assert_equal(buf, exp)
+                assert (st.source, st.tag, st.Get_count()) == (src, tag, 5 + j)
+            y = np.zeros(4, np.int32)
+            r = comm.Irecv(y, src, 99)
+            comm.Barrier()
+            send_in_mode(comm, name, form, np_data(comm.rank, 4, np.int32, k), dst, 99)
+            r.Wait()
+            np.testing.assert_array_equal(y, np_data(src, 4, np.int32, k))
+
+
+@case
+def send_modes_explicit_specs_and_proc_null(comm):
+    """[buf, count, displ, datatype] specs in every mode; PROC_NULL sends nothing."""
+    dst, src = right(comm), left(comm)
+    x = rank_data(comm.rank, 8, torch.int32)
+    with attached_buffer(1 << 10):
+        for k, name in enumerate(SEND_MODES):
+            y = torch.zeros(8, dtype=torch.int32)
+            r = comm.Irecv([y, 3, 2, MPI.INT], src, k)
+            comm.Barrier()
+            send_in_mode(comm, name, "blocking", [x, 3, 4, MPI.INT], dst, k)
+            r.Wait()
+            expected = torch.zeros(8, dtype=torch.int32)
+            expected[2:5] = rank_data(src, 8, torch.int32)[4:7]
+            assert_equal(y, expected)
+            for form in ("blocking", "nonblocking", "persistent"):
+                send_in_mode(comm, name, form, x, MPI.PROC_NULL, k)
+
+
+@case
+def issend_completes_only_once_received(comm):
+    """A synchronous send is not complete before the receive starts (MPI and Gloo)."""
+    if comm.size == 1:
+        return
+    for backend in ("mpi", "gloo"):
+        x = rank_data(comm.rank, 3, torch.float32)
+        y = torch.zeros(3)
+        if comm.rank % 2 == 0 and comm.rank + 1 < comm.size:
+            req = comm.Issend(x, comm.rank + 1, 5, backend=backend)
+            comm.Barrier()                   # the receiver has not posted its receive
+            assert not req.Test(), backend
+            comm.Barrier()
+            req.Wait()
+        elif comm.rank % 2 == 1:
+            comm.Barrier()
+            comm.Barrier()
+            comm.Recv(y, comm.rank - 1, 5, backend=backend)
+            assert_equal(y, rank_data(comm.rank - 1, 3, torch.float32))
+        else:
+            comm.Barrier()
+            comm.Barrier()
+
+
+@case
+def send_modes_on_gloo(comm):
+    """Composed on Gloo: every mode and form delivers, and Bsend needs no
+    attached buffer (Gloo's sends are buffered)."""
+    dst, src = right(comm), left(comm)
+    for k, name in enumerate(SEND_MODES):
+        for f, form in enumerate(("blocking", "nonblocking", "persistent")):
+            tag = 10 * k + f
+            y = torch.zeros(6, dtype=torch.int64)
+            r = comm.Irecv(y, src, tag, backend="gloo")
+            comm.Barrier()
+            if name == "Ssend" and form == "blocking" and comm.size == 1:
+                comm.Issend(rank_data(comm.rank, 6, torch.int64), dst, tag,
+                            backend="gloo").Wait()
+            else:
+                send_in_mode(comm, name, form, rank_data(comm.rank, 6, torch.int64), dst,
+                             tag, backend="gloo")
+            r.Wait()
+            assert_equal(y, rank_data(src, 6, torch.int64))
+
+
+@case
+def bsend_needs_the_attached_buffer(comm):
+    """Bsend copies into the attached buffer, so it returns before any receive.
+    (Not tested: a Bsend larger than the buffer, which raises MPI_ERR_BUFFER
+    but leaves Open MPI 5.0 hanging in a later Isendrecv, mpi4py's too.)"""
+    dst, src = right(comm), left(comm)
+    x = rank_data(comm.rank, 256, torch.float64)
+    with attached_buffer(x.numel() * 8):
+        comm.Bsend(x, dst, 1)                # no receive posted yet: buffered
+        x.zero_()                            # the copy went out, not the tensor
+        y = torch.zeros(256, dtype=torch.float64)
+        comm.Recv(y, src, 1)
+        assert_equal(y, rank_data(src, 256, torch.float64))
+    comm.Barrier()
+
+
+@case
+def send_modes_errors(comm):
+    """Bad arguments raise before anything is sent, naming the argument."""
+    x = torch.arange(4.)
+    with attached_buffer(1 << 10):
+        for name in SEND_MODES:
+            i_name = "I" + name[0].lower() + name[1:]
+            for method in (getattr(comm, name), getattr(comm, i_name),
+                           getattr(comm, name + "_init")):
+                with raises(IndexError, "dest", str(comm.size)):
+                    method(x, comm.size, 0)
+                with raises(ValueError, "tag"):
+                    method(x, 0, -5)
+                with raises(ValueError, "buf", "count 10", "past the buffer of 4"):
+                    method([x, 10], 0, 0)
+                with raises(TypeError, "buf"):
+                    method("not a buffer", 0, 0)
+                with raises(TypeError):
+                    method(x, 0, 0, backend=3)
+                with raises(ValueError, "backend"):
+                    method(x, 0, 0, backend="nope")
+    assert_comm_works(comm)
+
+
+# -- Isendrecv, Isendrecv_replace -----------------------------------------------------
+
+
+@case
+def isendrecv_ring_every_dtype(comm):
+    dst, src = right(comm), left(comm)
+    reqs, expect = [], []
+    for seed, dtype in enumerate(P2P_DTYPES):
+        exp = rank_data(src, 7, dtype, seed)
+        buf = blank_like(exp)
+        reqs.append(comm.Isendrecv(rank_data(comm.rank, 7, dtype, seed), dst, seed, buf,
+                                   src, seed))
+        expect.append((buf, exp, seed))
+    statuses = []
+    mcr.Request.Waitall(reqs, statuses)
+    for (buf, exp, seed), st in zip(expect, statuses):
+        assert_equal(buf, exp)
+        assert (st.source, st.tag, st.Get_count()) == (src, seed, 7)
+    # numpy arrays, ANY_SOURCE/ANY_TAG, a status of the request
+    y = np.zeros(5, np.float32)
+    st = mcr.Status()
+    comm.Isendrecv(np_data(comm.rank, 3, np.float32), dst, 40 + comm.rank, y,
+                   MPI.ANY_SOURCE, MPI.ANY_TAG).Wait(st)
+    np.testing.assert_array_equal(y[:3], np_data(src, 3, np.float32))
+    np.testing.assert_array_equal(y[3:], 0)
+    assert (st.source, st.tag, st.Get_count(), st.Get_count(MPI.BYTE)) == \
+        (src, 40 + src, 3, 12)
+
+
+@case
+def isendrecv_replace_ring(comm):
+    dst, src = right(comm), left(comm)
+    for seed, dtype in enumerate((torch.float32, torch.int64, torch.complex128,
+                                  torch.bfloat16, torch.bool)):
+        buf = rank_data(comm.rank, 6, dtype, seed)
+        st = mcr.Status()
+        comm.Isendrecv_replace(buf, dst, seed, src, seed).Wait(st)
+        assert_equal(buf, rank_data(src, 6, dtype, seed))
+        assert (st.source, st.tag, st.Get_count()) == (src, seed, 6)
+    a = np_data(comm.rank, 4, np.int16)
+    comm.Isendrecv_replace([a, 2, 1, MPI.SHORT], dst, 9, src, 9).Wait()
+    expected = np_data(comm.rank, 4, np.int16)
+    expected[1:3] = np_data(src, 4, np.int16)[1:3]
+    np.testing.assert_array_equal(a, expected)
+
+
+@case
+def isendrecv_proc_null_and_gloo(comm):
+    x = rank_data(comm.rank, 4, torch.float32)
+    y = torch.full((4,), -1.0)
+    st = mcr.Status()
+    comm.Isendrecv(x, MPI.PROC_NULL, 0, y, MPI.PROC_NULL, 0).Wait(st)
+    assert_equal(y, torch.full((4,), -1.0))
+    assert st.source == MPI.PROC_NULL
+    dst, src = right(comm), left(comm)
+    st = mcr.Status()
+    comm.Isendrecv(x, dst, 3, y, src, 3, backend="gloo").Wait(st)
+    assert_equal(y, rank_data(src, 4, torch.float32))
+    assert (st.source, st.tag, st.Get_count()) == (src, 3, 4)
+    z = rank_data(comm.rank, 5, torch.int32)
+    comm.Isendrecv_replace(z, dst, 4, src, 4, backend="gloo").Wait()
+    assert_equal(z, rank_data(src, 5, torch.int32))
+
+
+@case
+def isendrecv_errors(comm):
+    x = torch.arange(4.)
+    y = torch.zeros(4)
+    with raises(ValueError, "overlap"):
+        comm.Isendrecv(x, 0, 0, [x, 2], 0, 0)
+    with raises(ValueError, "recvbuf", "count 9"):
+        comm.Isendrecv(x, 0, 0, [y, 9], 0, 0)
+    with raises(BufferError, "recvbuf", "read-only"):
+        comm.Isendrecv(x, 0, 0, b"read-only", 0, 0)
+    with raises(IndexError, "source"):
+        comm.Isendrecv(x, 0, 0, y, comm.size + 3, 0)
+    with raises(ValueError, "sendtag"):
+        comm.Isendrecv(x, 0, -2, y, 0, 0)
+    with raises(BufferError, "buf", "read-only"):
+        comm.Isendrecv_replace(b"read-only", 0, 0, 0, 0)
+    with raises(IndexError, "dest"):
+        comm.Isendrecv_replace(y, -7, 0, 0, 0)
+    for backend in ("mpi", "gloo"):
+        with raises(ValueError, "recvbuf", "count 9"):
+            comm.Isendrecv(x, 0, 0, [y, 9], 0, 0, backend=backend)
+    assert_comm_works(comm)
 
 
 test_mpi = mpi_cases(__name__)

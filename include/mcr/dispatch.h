@@ -49,6 +49,71 @@ static inline int mcr_recv(int mode, void *b, int n, MPI_Datatype t, int source,
                   return MPI_Recv_init(b, n, t, source, tag, c, req))
 }
 
+/* The send modes: standard (MPI_Send), buffered (MPI_Bsend, into the buffer
+ * attached with MPI_Buffer_attach), synchronous (MPI_Ssend: completes once the
+ * receive has started) and ready (MPI_Rsend: the receive must be posted). */
+enum { MCR_STANDARD = 0, MCR_BUFFERED = 1, MCR_SYNCHRONOUS = 2, MCR_READY = 3 };
+
+static inline int mcr_bsend(int mode, const void *b, int n, MPI_Datatype t, int dest, int tag,
+                            MPI_Comm c, MPI_Request *req)
+{
+  MCR_THREE_FORMS(MPI_Bsend(b, n, t, dest, tag, c), MPI_Ibsend(b, n, t, dest, tag, c, req),
+                  return MPI_Bsend_init(b, n, t, dest, tag, c, req))
+}
+
+static inline int mcr_ssend(int mode, const void *b, int n, MPI_Datatype t, int dest, int tag,
+                            MPI_Comm c, MPI_Request *req)
+{
+  MCR_THREE_FORMS(MPI_Ssend(b, n, t, dest, tag, c), MPI_Issend(b, n, t, dest, tag, c, req),
+                  return MPI_Ssend_init(b, n, t, dest, tag, c, req))
+}
+
+static inline int mcr_rsend(int mode, const void *b, int n, MPI_Datatype t, int dest, int tag,
+                            MPI_Comm c, MPI_Request *req)
+{
+  MCR_THREE_FORMS(MPI_Rsend(b, n, t, dest, tag, c), MPI_Irsend(b, n, t, dest, tag, c, req),
+                  return MPI_Rsend_init(b, n, t, dest, tag, c, req))
+}
+
+static inline int mcr_send_in(int send_mode, int mode, const void *b, int n, MPI_Datatype t,
+                              int dest, int tag, MPI_Comm c, MPI_Request *req)
+{
+  switch (send_mode) {
+  case MCR_BUFFERED: return mcr_bsend(mode, b, n, t, dest, tag, c, req);
+  case MCR_SYNCHRONOUS: return mcr_ssend(mode, b, n, t, dest, tag, c, req);
+  case MCR_READY: return mcr_rsend(mode, b, n, t, dest, tag, c, req);
+  default: return mcr_send(mode, b, n, t, dest, tag, c, req);
+  }
+}
+
+/* MPI_Isendrecv and MPI_Isendrecv_replace are MPI-4 (MPICH 4; Open MPI 5
+ * declares them although it reports MPI 3.1); they have only the
+ * non-blocking form. Without them these return MCR_ERR_NO_ISENDRECV. */
+#define MCR_ERR_NO_ISENDRECV (-2)
+#if (MPI_VERSION >= 4) || (defined(OMPI_MAJOR_VERSION) && OMPI_MAJOR_VERSION >= 5)
+#define MCR_HAVE_ISENDRECV 1
+#define MCR_ISENDRECV(call) return (call)
+#else
+#define MCR_HAVE_ISENDRECV 0
+#define MCR_ISENDRECV(call) return MCR_ERR_NO_ISENDRECV
+#endif
+
+static inline int mcr_isendrecv(int mode, const void *s, int sn, MPI_Datatype st, int dest,
+                                int sendtag, void *r, int rn, MPI_Datatype rt, int source,
+                                int recvtag, MPI_Comm c, MPI_Request *req)
+{
+  if (mode == MCR_VALIDATE) return MPI_SUCCESS;
+  MCR_ISENDRECV(MPI_Isendrecv(s, sn, st, dest, sendtag, r, rn, rt, source, recvtag, c, req));
+}
+
+static inline int mcr_isendrecv_replace(int mode, void *b, int n, MPI_Datatype t, int dest,
+                                        int sendtag, int source, int recvtag, MPI_Comm c,
+                                        MPI_Request *req)
+{
+  if (mode == MCR_VALIDATE) return MPI_SUCCESS;
+  MCR_ISENDRECV(MPI_Isendrecv_replace(b, n, t, dest, sendtag, source, recvtag, c, req));
+}
+
 /* -- Collectives --------------------------------------------------------- */
 
 static inline int mcr_barrier(int mode, MPI_Comm c, MPI_Info info, MPI_Request *req)
@@ -133,6 +198,17 @@ static inline int mcr_alltoallv(int mode, const void *s, const int *sns, const i
   MCR_THREE_FORMS(MPI_Alltoallv(s, sns, sds, st, r, rns, rds, rt, c),
                   MPI_Ialltoallv(s, sns, sds, st, r, rns, rds, rt, c, req),
                   MCR_PCOLL(MPI_Alltoallv_init(s, sns, sds, st, r, rns, rds, rt, c, info, req)))
+}
+
+static inline int mcr_alltoallw(int mode, const void *s, const int *sns, const int *sds,
+                                const MPI_Datatype *sts, void *r, const int *rns,
+                                const int *rds, const MPI_Datatype *rts, MPI_Comm c,
+                                MPI_Info info, MPI_Request *req)
+{
+  MCR_THREE_FORMS(MPI_Alltoallw(s, sns, sds, sts, r, rns, rds, rts, c),
+                  MPI_Ialltoallw(s, sns, sds, sts, r, rns, rds, rts, c, req),
+                  MCR_PCOLL(MPI_Alltoallw_init(s, sns, sds, sts, r, rns, rds, rts, c, info,
+                                               req)))
 }
 
 static inline int mcr_reduce(int mode, const void *s, void *r, int n, MPI_Datatype t, MPI_Op op,

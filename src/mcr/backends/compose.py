@@ -196,6 +196,22 @@ class _Inflight:
                 and (self.work is None or self.work.is_completed()))
 
 
+class _Matched:
+    """A synchronous send's work: complete once the receiver has matched the
+    header (the MPI request of its synchronous send)."""
+
+    __slots__ = ("req",)
+
+    def __init__(self, req: Any) -> None:
+        self.req = req
+
+    def is_completed(self) -> bool:
+        return bool(self.req.Test())
+
+    def wait(self) -> None:
+        self.req.Wait()
+
+
 class _Received:
     """A header taken off MPI by Probe, until a receive claims it."""
 
@@ -394,15 +410,31 @@ class TorchSubcomm:
     def send(self, msg: Any, dest: int, tag: int) -> Any:
         return self.post_send(self.side(msg, 0, "buf"), dest, tag)
 
-    def post_send(self, s: Side, dest: int, tag: int) -> Any:
-        """Send the message of side ``s``, buffered: the request is complete."""
+    # The send modes. Sends here are buffered already, which is all a buffered
+    # send asks (it needs no buffer attached with MPI.Attach_buffer); a ready
+    # send is a standard send whose receive is known to be posted.
+    bsend = rsend = send
+
+    def ssend(self, msg: Any, dest: int, tag: int) -> Any:
+        """A synchronous send: complete once the receiver has matched the
+        message (its header goes by MPI's synchronous send)."""
+        return self.post_send(self.side(msg, 0, "buf"), dest, tag, synchronous=True)
+
+    def sendrecv(self, msg: Any, dest: int, sendtag: int, source: int, tag: int) -> Any:
+        # the send completes at once (buffered): the request is the receive's
+        self.post_send(self.side(msg, 0, "sendbuf"), dest, sendtag)
+        return self.recv(msg, source, tag, "recvbuf")
+
+    def post_send(self, s: Side, dest: int, tag: int, synchronous: bool = False) -> Any:
+        """Send the message of side ``s``, buffered: the request is complete
+        (``synchronous``: once the receiver has matched the header)."""
         if dest == MPI.PROC_NULL:
             return self.request([])
         nbytes = s.count * s.extent
         seq = self.seq[dest]
         self.seq[dest] = (seq + 1) % _SEQ_MOD
         header = torch.tensor([nbytes, seq], dtype=torch.int64).numpy()
-        hreq = self.hcomm.Isend(header, dest, tag)
+        hreq = (self.hcomm.Issend if synchronous else self.hcomm.Isend)(header, dest, tag)
         work = payload = None
         if nbytes:
             payload = s.bytes()[:nbytes].clone()
@@ -412,10 +444,10 @@ class TorchSubcomm:
                 work = self.p2p(self.pg.send([payload], dest, seq))
         self.inflight = [f for f in self.inflight if not f.done()]
         self.inflight.append(_Inflight(hreq, work, (header, payload)))
-        return self.request([])
+        return self.request([_Matched(hreq)] if synchronous else [])
 
-    def recv(self, msg: Any, source: int, tag: int) -> Any:
-        r = self.side(msg, 1, "buf")
+    def recv(self, msg: Any, source: int, tag: int, arg: str = "buf") -> Any:
+        r = self.side(msg, 1, arg)
         if source == MPI.PROC_NULL:
             return self.request([], status=lambda: (MPI.PROC_NULL, MPI.ANY_TAG, 0, 0))
         work = _RecvWork(self, r, source, tag)

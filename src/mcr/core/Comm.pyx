@@ -50,6 +50,17 @@ cdef inline int as_source(object value, int size) except? -1:
     return as_rank(value, size, b"source", True)
 
 
+# the compose.py operation of each send mode (dispatch.h's MCR_STANDARD ...)
+cdef tuple SEND_MODE_NAMES = ("Isend", "Ibsend", "Issend", "Irsend")
+
+
+cdef int check_isendrecv(int mode, const char *name) except -1:
+    if mode != VALIDATE and not HAVE_ISENDRECV:
+        raise NotImplementedError(f"{name.decode()}: the MPI library lacks it (MPI-4); "
+                                  f"use Isend and Irecv")
+    return 0
+
+
 cdef int check_backend(object backend) except -1:
     if backend == "mpi" or backend == "auto":
         return 0
@@ -148,7 +159,7 @@ cdef class Comm(_MPI.Intracomm):
     # -- Point-to-point ------------------------------------------------------
 
     cdef _Msg call_send(self, object buf, object dest, object tag, object backend, int mode,
-                        MPI_Request *req):
+                        MPI_Request *req, int send_mode=STANDARD):
         self.prologue(backend)
         cdef int idest = as_rank(dest, self.nprocs(), b"dest", True)
         cdef int itag = as_tag(tag, b"tag", False)
@@ -158,7 +169,8 @@ cdef class Comm(_MPI.Intracomm):
             stage(m, mode, 1, 1)
         cdef int ierr
         with nogil:
-            ierr = mcr_send(mode, m.s.addr, m.s.count, m.s.dtype, idest, itag, self.ob_mpi, req)
+            ierr = mcr_send_in(send_mode, mode, m.s.addr, m.s.count, m.s.dtype, idest, itag,
+                               self.ob_mpi, req)
         CHKERR(ierr)
         finish_call(m, mode)
         return m
@@ -387,6 +399,152 @@ cdef class Comm(_MPI.Intracomm):
             status_type(status, MPI_DATATYPE_NULL)
         return bool(flag)
 
+    # -- Send modes (buffered, synchronous, ready) and Isendrecv -------------------
+
+    cdef object send_in(self, int send_mode, object buf, object dest, object tag,
+                        object backend, bint nonblocking):
+        """Bsend/Ssend/Rsend and their I- forms (the modes of dispatch.h): on
+        MPI its own send of that mode, elsewhere the backend's (compose.py)."""
+        sub = self.sub(backend)
+        if sub is not None:
+            req = sub.run(SEND_MODE_NAMES[send_mode],
+                          self.call_send(buf, dest, tag, None, VALIDATE, NULL, send_mode),
+                          dest=dest, tag=tag)
+            if nonblocking:
+                return req
+            req.Wait()
+            return None
+        if not nonblocking:
+            self.call_send(buf, dest, tag, backend, BLOCKING, NULL, send_mode)
+            return None
+        cdef Request r = Request.__new__(Request)
+        r.ob_buf = self.call_send(buf, dest, tag, backend, NONBLOCKING, &r.ob_mpi, send_mode)
+        return r
+
+    def Bsend(self, buf, dest, tag=0, *, backend=None):
+        """Send a message in buffered mode (blocking until it is copied out).
+
+        Arguments as ``Send``. On MPI the message is copied into the buffer
+        attached with ``MPI.Attach_buffer`` (an ``mcr.Exception`` if none or
+        too small); the Gloo and NCCL backends buffer every send themselves.
+        """
+        self.send_in(BUFFERED, buf, dest, tag, backend, False)
+
+    def Ssend(self, buf, dest, tag=0, *, backend=None):
+        """Send a message in synchronous mode: return once the receiver has
+        started to receive it. Arguments as ``Send``."""
+        self.send_in(SYNCHRONOUS, buf, dest, tag, backend, False)
+
+    def Rsend(self, buf, dest, tag=0, *, backend=None):
+        """Send a message in ready mode: the matching receive must already be
+        posted (MPI may fail otherwise). Arguments as ``Send``."""
+        self.send_in(READY, buf, dest, tag, backend, False)
+
+    def Ibsend(self, buf, dest, tag=0, *, backend=None):
+        """Start a buffered send; return a ``Request``. Arguments as ``Bsend``."""
+        return self.send_in(BUFFERED, buf, dest, tag, backend, True)
+
+    def Issend(self, buf, dest, tag=0, *, backend=None):
+        """Start a synchronous send; return a ``Request``, complete once the
+        receiver has started to receive. Arguments as ``Ssend``."""
+        return self.send_in(SYNCHRONOUS, buf, dest, tag, backend, True)
+
+    def Irsend(self, buf, dest, tag=0, *, backend=None):
+        """Start a ready send; return a ``Request``. Arguments as ``Rsend``."""
+        return self.send_in(READY, buf, dest, tag, backend, True)
+
+    cdef _Msg call_isendrecv(self, object sendbuf, object dest, object sendtag,
+                             object recvbuf, object source, object recvtag, object backend,
+                             int mode, MPI_Request *req):
+        self.prologue(backend)
+        cdef int idest = as_rank(dest, self.nprocs(), b"dest", True)
+        cdef int isource = as_source(source, self.nprocs())
+        cdef int isendtag = as_tag(sendtag, b"sendtag", False)
+        cdef int irecvtag = as_tag(recvtag, b"recvtag", True)
+        cdef _Msg m = _Msg.__new__(_Msg)
+        m.sown = parse_simple(sendbuf, &m.s, False, b"sendbuf")
+        m.rown = parse_simple(recvbuf, &m.r, True, b"recvbuf")
+        check_disjoint(&m.s, &m.r)
+        check_isendrecv(mode, b"Isendrecv")
+        if needs_staging(m):
+            stage(m, mode, 1, 1)
+        cdef int ierr
+        with nogil:
+            ierr = mcr_isendrecv(mode, m.s.addr, m.s.count, m.s.dtype, idest, isendtag,
+                                 m.r.addr, m.r.count, m.r.dtype, isource, irecvtag,
+                                 self.ob_mpi, req)
+        CHKERR(ierr)
+        finish_call(m, mode)
+        return m
+
+    def Isendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None,
+                  source=ANY_SOURCE, recvtag=ANY_TAG, *, backend=None):
+        """Start sending one message and receiving another; return a
+        ``Request`` (MPI-4). Arguments as ``Sendrecv``, less `status`: the
+        request's ``Wait(status)`` gives the receive's.
+
+        Raises
+        ------
+        NotImplementedError
+            If the MPI library lacks ``MPI_Isendrecv`` (before MPI-4).
+        """
+        sub = self.sub(backend)
+        if sub is not None:
+            m = self.call_isendrecv(sendbuf, dest, sendtag, recvbuf, source, recvtag,
+                                    None, VALIDATE, NULL)
+            return sub.run("Isendrecv", m, dest=dest, sendtag=sendtag, source=source,
+                           tag=recvtag)
+        cdef Request req = Request.__new__(Request)
+        cdef _Msg m2 = self.call_isendrecv(sendbuf, dest, sendtag, recvbuf, source, recvtag,
+                                           backend, NONBLOCKING, &req.ob_mpi)
+        req.ob_buf = m2
+        req.rtype = m2.r.dtype
+        return req
+
+    cdef _Msg call_isendrecv_replace(self, object buf, object dest, object sendtag,
+                                     object source, object recvtag, object backend, int mode,
+                                     MPI_Request *req):
+        self.prologue(backend)
+        cdef int idest = as_rank(dest, self.nprocs(), b"dest", True)
+        cdef int isource = as_source(source, self.nprocs())
+        cdef int isendtag = as_tag(sendtag, b"sendtag", False)
+        cdef int irecvtag = as_tag(recvtag, b"recvtag", True)
+        cdef _Msg m = _Msg.__new__(_Msg)
+        m.rown = parse_simple(buf, &m.r, True, b"buf")
+        check_isendrecv(mode, b"Isendrecv_replace")
+        if needs_staging(m):
+            stage(m, mode, 1, 1)
+        cdef int ierr
+        with nogil:
+            ierr = mcr_isendrecv_replace(mode, m.r.addr, m.r.count, m.r.dtype, idest,
+                                         isendtag, isource, irecvtag, self.ob_mpi, req)
+        CHKERR(ierr)
+        finish_call(m, mode)
+        return m
+
+    def Isendrecv_replace(self, buf, dest, sendtag=0, source=ANY_SOURCE, recvtag=ANY_TAG,
+                          *, backend=None):
+        """Start sending `buf` and receiving into it; return a ``Request``
+        (MPI-4). Arguments as ``Sendrecv_replace``, less `status`.
+
+        Raises
+        ------
+        NotImplementedError
+            If the MPI library lacks ``MPI_Isendrecv_replace`` (before MPI-4).
+        """
+        sub = self.sub(backend)
+        if sub is not None:
+            self.call_send(buf, dest, sendtag, None, VALIDATE, NULL)
+            return sub.run("Sendrecv_replace",
+                           self.call_recv(buf, source, recvtag, None, None, VALIDATE, NULL),
+                           dest=dest, sendtag=sendtag, source=source, tag=recvtag)
+        cdef Request req = Request.__new__(Request)
+        cdef _Msg m = self.call_isendrecv_replace(buf, dest, sendtag, source, recvtag,
+                                                  backend, NONBLOCKING, &req.ob_mpi)
+        req.ob_buf = m
+        req.rtype = m.r.dtype
+        return req
+
     # -- Collectives -----------------------------------------------------------
 
     cdef _Msg call_barrier(self, object backend, int mode, MPI_Info info, MPI_Request *req):
@@ -493,6 +651,23 @@ cdef class Comm(_MPI.Intracomm):
                                     m.r.dtype, self.ob_mpi, info, req)
         CHKERR(ierr)
         finish_call(m, mode)
+        return m
+
+    cdef _MsgW call_alltoallw(self, object sendbuf, object recvbuf, object backend, int mode,
+                              MPI_Info info, MPI_Request *req):
+        self.prologue(backend)
+        cdef _MsgW m = _MsgW.__new__(_MsgW)
+        cdef int size = self.nprocs()
+        m.for_alltoallw(sendbuf, recvbuf, size)
+        if size == 1 and mode != VALIDATE:
+            m.move_own_block(self.ob_mpi)
+        cdef int ierr
+        with nogil:
+            ierr = mcr_alltoallw(mode, m.saddr, m.scounts, m.sdispls, m.stypes, m.raddr,
+                                 m.rcounts, m.rdispls, m.rtypes, self.ob_mpi, info, req)
+        CHKERR(ierr)
+        if detached:
+            poll_detached()
         return m
 
     cdef _Msg call_reduce(self, object sendbuf, object recvbuf, object op, object root,
@@ -873,6 +1048,43 @@ cdef class Comm(_MPI.Intracomm):
                                         backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
         return req
 
+    cdef object mpi_only(self, object backend, str name):
+        """Refuse a backend other than MPI for an operation only MPI runs."""
+        sub = self.sub(backend)
+        if sub is not None:
+            raise ValueError(f"{name}: backend {sub.name!r} cannot run it (one MPI "
+                             f"datatype per process); use backend='mpi'")
+        return None
+
+    def Alltoallw(self, sendbuf, recvbuf, *, backend=None):
+        """All-to-all with a count, byte displacement and datatype per process.
+
+        Parameters
+        ----------
+        sendbuf : [buf, counts, displs, datatypes] or IN_PLACE
+            Also ``[buf, (counts, displs), datatypes]`` and ``[buf,
+            datatypes]`` (one element of each type at the start of `buf`):
+            ``counts[j]`` elements of ``datatypes[j]`` from byte ``displs[j]``
+            go to process ``j``. `buf` may be ``BOTTOM`` (absolute addresses).
+        recvbuf : [buf, counts, displs, datatypes]
+            The same forms: what process ``i`` sends lands at byte ``displs[i]``.
+
+        Raises
+        ------
+        ValueError
+            For a backend other than MPI, or a block past the end of its buffer.
+        """
+        self.mpi_only(backend, "Alltoallw")
+        self.call_alltoallw(sendbuf, recvbuf, backend, BLOCKING, MPI_INFO_NULL, NULL)
+
+    def Ialltoallw(self, sendbuf, recvbuf, *, backend=None):
+        """Start an ``Alltoallw``; return a ``Request``. Arguments as ``Alltoallw``."""
+        self.mpi_only(backend, "Ialltoallw")
+        cdef Request req = Request.__new__(Request)
+        req.ob_buf = self.call_alltoallw(sendbuf, recvbuf,
+                                         backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
+        return req
+
     def Reduce(self, sendbuf, recvbuf, op=SUM, root=0, *, backend=None):
         """Reduce element-wise over all processes, result at `root`.
 
@@ -1100,6 +1312,41 @@ cdef class Comm(_MPI.Intracomm):
             req.ob_buf = m
         return req
 
+    cdef Prequest send_init_in(self, int send_mode, object buf, object dest, object tag,
+                               object backend, object nonblocking):
+        cdef Prequest req = Prequest.__new__(Prequest)
+        req.comm = self
+        req.foreign = self.sub(backend) is not None
+        req.keep = self.call_send(buf, dest, tag, backend,
+                                  VALIDATE if req.foreign else PERSISTENT, &req.ob_mpi,
+                                  send_mode)
+        if req.foreign:
+            req.emulate(nonblocking, (buf, dest, tag), backend)
+        else:
+            req.ob_buf = req.keep         # staged device buffers: copied at each start
+        return req
+
+    def Bsend_init(self, buf, dest, tag=0, *, backend=None):
+        """Create a persistent buffered send; return an inactive ``Prequest``.
+
+        Arguments as ``Bsend``; each ``Start`` sends what `buf` holds then.
+        """
+        return self.send_init_in(BUFFERED, buf, dest, tag, backend, self.Ibsend)
+
+    def Ssend_init(self, buf, dest, tag=0, *, backend=None):
+        """Create a persistent synchronous send; return an inactive ``Prequest``.
+
+        Arguments as ``Ssend``; each ``Start`` sends what `buf` holds then.
+        """
+        return self.send_init_in(SYNCHRONOUS, buf, dest, tag, backend, self.Issend)
+
+    def Rsend_init(self, buf, dest, tag=0, *, backend=None):
+        """Create a persistent ready send; return an inactive ``Prequest``.
+
+        Arguments as ``Rsend``; each ``Start`` sends what `buf` holds then.
+        """
+        return self.send_init_in(READY, buf, dest, tag, backend, self.Irsend)
+
     def Barrier_init(self, info=None, *, backend=None):
         """Create a persistent Barrier; return an inactive ``Prequest``.
 
@@ -1238,6 +1485,26 @@ cdef class Comm(_MPI.Intracomm):
         req.keep = self.call_alltoall(sendbuf, recvbuf, True, backend, req.form(),
                                      as_info(info), &req.ob_mpi)
         req.emulate(self.Ialltoallv, (sendbuf, recvbuf), backend)
+        return req
+
+    def Alltoallw_init(self, sendbuf, recvbuf, info=None, *, backend=None):
+        """Create a persistent Alltoallw; return an inactive ``Prequest``.
+
+        Arguments as ``Alltoallw``, plus `info` (an ``MPI.Info`` or None); each
+        ``Start`` runs the operation on what the buffers hold then.
+        """
+        self.mpi_only(backend, "Alltoallw_init")
+        cdef Prequest req = Prequest.__new__(Prequest)
+        req.comm = self
+        # one process: the block moves at each start (call_alltoallw), so emulated
+        cdef bint alone = self.prologue(backend) == 0 and self.nprocs() == 1
+        req.keep = self.call_alltoallw(sendbuf, recvbuf, backend,
+                                       VALIDATE if alone else req.form(),
+                                       as_info(info), &req.ob_mpi)
+        if alone:
+            req.start_fn = partial(self.Ialltoallw, sendbuf, recvbuf, backend=backend)
+        else:
+            req.emulate(self.Ialltoallw, (sendbuf, recvbuf), backend)
         return req
 
     def Reduce_init(self, sendbuf, recvbuf, op=SUM, root=0, info=None, *, backend=None):

@@ -7,8 +7,19 @@ cdef extern from "mcr/dispatch.h" nogil:
         PERSISTENT "MCR_PERSISTENT"
         VALIDATE "MCR_VALIDATE"
         HAVE_PERSISTENT_COLL "MCR_HAVE_PERSISTENT_COLL"
+        STANDARD "MCR_STANDARD"
+        BUFFERED "MCR_BUFFERED"
+        SYNCHRONOUS "MCR_SYNCHRONOUS"
+        READY "MCR_READY"
+        HAVE_ISENDRECV "MCR_HAVE_ISENDRECV"
+        ERR_NO_ISENDRECV "MCR_ERR_NO_ISENDRECV"
     int mcr_send(int, void*, int, MPI_Datatype, int, int, MPI_Comm, MPI_Request*)
     int mcr_recv(int, void*, int, MPI_Datatype, int, int, MPI_Comm, MPI_Status*, MPI_Request*)
+    int mcr_send_in(int, int, void*, int, MPI_Datatype, int, int, MPI_Comm, MPI_Request*)
+    int mcr_isendrecv(int, void*, int, MPI_Datatype, int, int, void*, int, MPI_Datatype, int,
+                      int, MPI_Comm, MPI_Request*)
+    int mcr_isendrecv_replace(int, void*, int, MPI_Datatype, int, int, int, int, MPI_Comm,
+                              MPI_Request*)
     int mcr_barrier(int, MPI_Comm, MPI_Info, MPI_Request*)
     int mcr_bcast(int, void*, int, MPI_Datatype, int, MPI_Comm, MPI_Info, MPI_Request*)
     int mcr_gather(int, void*, int, MPI_Datatype, void*, int, MPI_Datatype, int, MPI_Comm,
@@ -26,6 +37,8 @@ cdef extern from "mcr/dispatch.h" nogil:
     int mcr_alltoall(int, void*, int, MPI_Datatype, void*, int, MPI_Datatype, MPI_Comm,
                      MPI_Info, MPI_Request*)
     int mcr_alltoallv(int, void*, int*, int*, MPI_Datatype, void*, int*, int*, MPI_Datatype,
+                      MPI_Comm, MPI_Info, MPI_Request*)
+    int mcr_alltoallw(int, void*, int*, int*, MPI_Datatype*, void*, int*, int*, MPI_Datatype*,
                       MPI_Comm, MPI_Info, MPI_Request*)
     int mcr_reduce(int, void*, void*, int, MPI_Datatype, MPI_Op, int, MPI_Comm, MPI_Info,
                    MPI_Request*)

@@ -732,3 +732,158 @@ cdef class _Msg:
             raise ValueError(f"{argstr(arg)}: has {self.s.count} elements but recvbuf "
                              f"takes {count} from this process (rank {rank})")
         return 0
+
+
+# -- Alltoallw: a datatype per process ---------------------------------------------
+
+cdef object BOTTOM = _mpi4py.BOTTOM
+
+
+cdef class _Types:
+    """A C array of MPI datatypes (one per process) owned by a message."""
+    cdef MPI_Datatype *data
+    cdef object objects      # the Datatype objects: their handles stay valid
+
+    def __dealloc__(self):
+        PyMem_Free(self.data)
+
+
+cdef object parse_vector_w(object spec, char **addr, int **counts, int **displs,
+                           MPI_Datatype **types, bint writable, int size, const char *arg):
+    """Parse [buf, datatypes] | [buf, (counts, displs), datatypes] |
+    [buf, counts, displs, datatypes] (mpi4py's forms; displacements in bytes,
+    one datatype per process; the 2-item form is one element of each type at
+    the start of buf; buf may be BOTTOM, with counts and displs). Check each
+    block against the buffer. Return the objects keeping it all alive."""
+    cdef bufinfo b
+    cdef side t
+    cdef MPI_Aint lb = 0, extent = 0, tlb = 0, textent = 0
+    cdef Py_ssize_t i, lo, hi
+    if not isinstance(spec, (list, tuple)):
+        raise TypeError(f"{argstr(arg)}: expected [buf, datatypes], [buf, (counts, displs), "
+                        f"datatypes] or [buf, counts, displs, datatypes], got "
+                        f"{type(spec).__name__}")
+    n = len(spec)
+    counts_in = displs_in = None
+    if n == 2:
+        buf, types_in = spec
+    elif n == 3:
+        buf, types_in = spec[0], spec[2]
+        counts_in, displs_in = pair(spec[1], arg)
+    elif n == 4:
+        buf, counts_in, displs_in, types_in = spec
+    else:
+        raise ValueError(f"{argstr(arg)}: message must have 2 to 4 items, got {n}")
+    cdef Py_ssize_t nbytes = -1               # BOTTOM: absolute addresses, unchecked
+    if buf is BOTTOM:
+        if counts_in is None or displs_in is None:
+            raise ValueError(f"{argstr(arg)}: BOTTOM needs counts and displs")
+        owner = None
+        addr[0] = <char*>MPI_BOTTOM
+    else:
+        owner = as_buffer(buf, &b, writable, arg)
+        if b.device >= 0:
+            # per-process datatypes cannot be staged block by block through host memory
+            raise ValueError(f"{argstr(arg)}: Alltoallw moves host memory only, got a buffer "
+                             f"on CUDA device {b.device}; use Alltoallv")
+        addr[0] = b.addr
+        nbytes = b.nbytes
+    if not isinstance(types_in, (list, tuple)):
+        raise TypeError(f"{argstr(arg)}: datatypes must be a list of one MPI.Datatype per "
+                        f"process, got {type(types_in).__name__}")
+    tlist = list(types_in)
+    if len(tlist) != size:
+        raise ValueError(f"{argstr(arg)}: datatypes has {len(tlist)} entries, expected "
+                         f"{size} (one per process)")
+    cdef _Types ts = _Types.__new__(_Types)
+    ts.data = <MPI_Datatype*>PyMem_Malloc(max(size, 1) * sizeof(MPI_Datatype))
+    if ts.data == NULL:
+        raise MemoryError
+    ts.objects = tlist
+    for i in range(size):
+        if not is_datatype(tlist[i]):
+            raise TypeError(f"{argstr(arg)}: datatypes[{i}] must be an MPI.Datatype or a "
+                            f"typecode string, got {type(tlist[i]).__name__}")
+        set_datatype(&t, tlist[i], arg)
+        ts.data[i] = t.dtype
+    cdef _Ints c = new_ints(size)
+    cdef _Ints d = new_ints(size)
+    if counts_in is None:
+        for i in range(size):
+            c.data[i] = 1
+            d.data[i] = 0
+    else:
+        for values, a, what in ((int_list(counts_in, arg, "counts"), c, "counts"),
+                                (int_list(displs_in, arg, "displs"), d, "displs")):
+            if len(values) != size:
+                raise ValueError(f"{argstr(arg)}: {what} has {len(values)} entries, "
+                                 f"expected {size} (one per process)")
+            for i in range(size):
+                (<_Ints>a).data[i] = item_count(values[i], arg, what, i)
+    for i in range(size):
+        if nbytes < 0 or c.data[i] == 0:
+            continue
+        CHKERR(MPI_Type_get_extent(ts.data[i], &lb, &extent))
+        CHKERR(MPI_Type_get_true_extent(ts.data[i], &tlb, &textent))
+        lo = d.data[i] + tlb
+        hi = d.data[i] + tlb + textent + <Py_ssize_t>(c.data[i] - 1) * extent
+        if lo < 0 or hi > nbytes:
+            raise ValueError(f"{argstr(arg)}: block {i} ({c.data[i]} elements of "
+                             f"{textent} bytes at byte displacement {d.data[i]}) spans bytes "
+                             f"{lo}..{hi}, past the buffer of {nbytes} bytes")
+    counts[0] = c.data
+    displs[0] = d.data
+    types[0] = ts.data
+    return (owner, c, d, ts)
+
+
+@cython.no_gc
+cdef class _MsgW:
+    """The parsed sides of an Alltoallw: per process a count, a byte
+    displacement and a datatype on each side, and what keeps them alive."""
+    cdef char *saddr
+    cdef char *raddr
+    cdef int *scounts
+    cdef int *sdispls
+    cdef int *rcounts
+    cdef int *rdispls
+    cdef MPI_Datatype *stypes
+    cdef MPI_Datatype *rtypes
+    cdef object sown, rown
+
+    cdef int for_alltoallw(self, object sendbuf, object recvbuf, int size) except -1:
+        self.rown = parse_vector_w(recvbuf, &self.raddr, &self.rcounts, &self.rdispls,
+                                   &self.rtypes, True, size, b"recvbuf")
+        if sendbuf is IN_PLACE:
+            # MPI ignores the send arrays in place; hand it valid ones all the same
+            self.saddr = <char*>MPI_IN_PLACE
+            self.scounts, self.sdispls, self.stypes = self.rcounts, self.rdispls, self.rtypes
+            return 0
+        self.sown = parse_vector_w(sendbuf, &self.saddr, &self.scounts, &self.sdispls,
+                                   &self.stypes, False, size, b"sendbuf")
+        return 0
+
+    cdef int move_own_block(self, MPI_Comm comm) except -1:
+        """Copy this process's block to itself (through MPI_Pack, so with MPI's
+        type matching) and leave MPI nothing to move: Open MPI 5's
+        single-process Alltoallw (coll/self) scales the byte displacements by
+        the extent, reading and writing past the buffers."""
+        if self.saddr == <char*>MPI_IN_PLACE:
+            return 0
+        cdef int nbytes = 0, position = 0
+        CHKERR(MPI_Pack_size(self.scounts[0], self.stypes[0], comm, &nbytes))
+        packed = bytearray(nbytes)
+        cdef char *tmp = packed
+        CHKERR(MPI_Pack(self.saddr + self.sdispls[0], self.scounts[0], self.stypes[0], tmp,
+                        nbytes, &position, comm))
+        nbytes = position
+        position = 0
+        CHKERR(MPI_Unpack(tmp, nbytes, &position, self.raddr + self.rdispls[0],
+                          self.rcounts[0], self.rtypes[0], comm))
+        if position != nbytes:
+            exc = Exception(MPI_ERR_TRUNCATE)
+            exc.add_note(f"recvbuf: block 0 takes {position} bytes (packed), the process "
+                         f"sends itself {nbytes}")
+            raise exc
+        self.scounts[0] = self.rcounts[0] = 0
+        return 0
