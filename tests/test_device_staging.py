@@ -197,6 +197,35 @@ def test_interface_of_a_cuda_device(value, aware):
     assert proc.stdout.split() == ["CudaInterface", "0", str(aware), "1"], proc.stdout
 
 
+NUMPY_ONLY = """
+    import sys
+    import numpy as np
+    from mcr import MPI
+    comm = MPI.COMM_SELF
+    a, out = np.arange(4.0), np.zeros(4)
+    comm.Sendrecv(a, 0, 0, out, 0, 0)
+    req = comm.Irecv(out, 0, 1)
+    comm.Send([a, MPI.DOUBLE], 0, 1)
+    req.Wait()
+    comm.Bcast(out, 0)
+    comm.Allreduce(a, out)
+    comm.Allgather(bytearray(b"ab"), bytearray(2))
+    assert (out == a).all()
+    print("torch" in sys.modules)
+"""
+
+
+def test_numpy_only_program_does_not_import_torch():
+    # the staging check once read the unused side of a Send/Recv/Bcast, whose
+    # device field is 0 (the memory is zeroed), and loaded mcr.device and torch
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_COMM_WORLD",
+                                                                    "PMIX_", "PMI_"))}
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(NUMPY_ONLY)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.split() == ["False"], proc.stdout
+
+
 # -- the operations, as a table ------------------------------------------------------------
 #
 # Each builder returns an Op: the calls it makes (method, args, kwargs), with

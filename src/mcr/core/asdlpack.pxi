@@ -10,6 +10,7 @@
 # the exporter through its deleter, when the message drops the capsule.
 # CUDA tensors still go through torch, which handles their streams.
 
+import builtins as _builtins
 from libc.stdint cimport uint8_t, uint16_t, int32_t, uint32_t, int64_t, uint64_t
 
 cdef extern from "Python.h":
@@ -77,6 +78,12 @@ cdef class _DLPackView:
     communication is over; dropping the capsule returns the tensor."""
     cdef object capsule
     cdef object exporter
+
+    def __dealloc__(self):
+        # The capsule's destructor may run Python code (a ctypes exporter's
+        # does), which fails if an exception is propagating, as when a bad
+        # argument drops this message: here Cython has set the error aside.
+        self.capsule = None
 
 
 cdef int type_of_bits(int bits, int t0, int t1, int t2, int t3) noexcept:
@@ -163,7 +170,7 @@ cdef object dlpack_capsule(object obj, const char *arg):
             return obj.__dlpack__(max_version=(1, 0), copy=False)
         except TypeError:                        # DLPack 0.x: no keywords
             return obj.__dlpack__()
-    except Exception as exc:
+    except _builtins.Exception as exc:        # the module's Exception is mcr's
         raise BufferError(f"{argstr(arg)}: __dlpack__ of {name} failed: "
                           f"{type(exc).__name__}: {exc}") from exc
 
@@ -179,26 +186,29 @@ cdef object dlpack_info(object obj, bufinfo *b, bint writable, bint typed, const
     if device is not None and device[0] not in (kDLCPU, kDLCUDAHost):
         raise TypeError(f"{argstr(arg)}: DLPack device type {device[0]} of {name} is not "
                         "supported (mcr reads host and CUDA memory)")
-    capsule = dlpack_capsule(obj, arg)
+    # held from the start, so that any error below releases it through the holder
+    cdef _DLPackView holder = _DLPackView.__new__(_DLPackView)
+    holder.exporter = obj
+    holder.capsule = dlpack_capsule(obj, arg)
     cdef DLManagedTensorVersioned *versioned = NULL
     cdef DLTensor *t
-    if PyCapsule_IsValid(capsule, b"dltensor_versioned"):
-        versioned = <DLManagedTensorVersioned*>PyCapsule_GetPointer(capsule,
+    if PyCapsule_IsValid(holder.capsule, b"dltensor_versioned"):
+        versioned = <DLManagedTensorVersioned*>PyCapsule_GetPointer(holder.capsule,
                                                                   b"dltensor_versioned")
         if versioned.version.major != 1:
             raise BufferError(f"{argstr(arg)}: DLPack version {versioned.version.major}."
                               f"{versioned.version.minor} of {name} is not supported "
                               "(mcr reads 1.x)")
         t = &versioned.dl_tensor
-    elif PyCapsule_IsValid(capsule, b"dltensor"):
-        t = &(<DLManagedTensor*>PyCapsule_GetPointer(capsule, b"dltensor")).dl_tensor
-    elif (PyCapsule_IsValid(capsule, b"used_dltensor") or
-          PyCapsule_IsValid(capsule, b"used_dltensor_versioned")):
+    elif PyCapsule_IsValid(holder.capsule, b"dltensor"):
+        t = &(<DLManagedTensor*>PyCapsule_GetPointer(holder.capsule, b"dltensor")).dl_tensor
+    elif (PyCapsule_IsValid(holder.capsule, b"used_dltensor") or
+          PyCapsule_IsValid(holder.capsule, b"used_dltensor_versioned")):
         raise BufferError(f"{argstr(arg)}: __dlpack__ of {name} returned a capsule that "
                           "was already consumed")
     else:
         raise BufferError(f"{argstr(arg)}: __dlpack__ of {name} returned "
-                          f"{type(capsule).__name__}, expected a DLPack capsule")
+                          f"{type(holder.capsule).__name__}, expected a DLPack capsule")
     if t.device.device_type in (kDLCUDA, kDLCUDAManaged):
         raise TypeError(f"{argstr(arg)}: DLPack tensor of {name} is on a CUDA device; mcr "
                         "reads one through torch, which needs __dlpack_device__")
@@ -219,7 +229,7 @@ cdef object dlpack_info(object obj, bufinfo *b, bint writable, bint typed, const
         raise BufferError(f"{argstr(arg)}: DLPack tensor of {name} has an invalid shape "
                           f"(ndim {t.ndim})")
     for i in range(t.ndim):
-        if t.shape[i] < 0 or (t.shape[i] and nelems > PY_SSIZE_T_MAX // 16 // t.shape[i]):
+        if t.shape[i] < 0 or (t.shape[i] and nelems > PY_SSIZE_T_MAX // t.shape[i]):
             raise BufferError(f"{argstr(arg)}: DLPack tensor of {name} has an invalid "
                               f"shape {[t.shape[j] for j in range(t.ndim)]}")
         nelems *= t.shape[i]
@@ -231,18 +241,18 @@ cdef object dlpack_info(object obj, bufinfo *b, bint writable, bint typed, const
     cdef Py_ssize_t itemsize
     if tindex >= 0:
         itemsize = TYPES[tindex].itemsize
-    elif typed and t.dtype.lanes > 0 and t.dtype.bits % 8 == 0:
+    elif typed and t.dtype.lanes > 0 and t.dtype.bits > 0 and t.dtype.bits % 8 == 0:
         itemsize = t.dtype.bits // 8 * t.dtype.lanes
     else:
         raise TypeError(f"{argstr(arg)}: DLPack element type (code {t.dtype.code}, bits "
                         f"{t.dtype.bits}, lanes {t.dtype.lanes}) of {name} is not "
                         f"supported; supported: {', '.join(TYPE_NAMES)}, or any with an "
                         "explicit datatype")
+    if nelems > PY_SSIZE_T_MAX // itemsize:
+        raise BufferError(f"{argstr(arg)}: DLPack tensor of {name} has an invalid "
+                          f"shape {[t.shape[j] for j in range(t.ndim)]}")
     if t.data == NULL and nelems:
         raise BufferError(f"{argstr(arg)}: DLPack tensor of {name} has no data")
-    cdef _DLPackView holder = _DLPackView.__new__(_DLPackView)
-    holder.capsule = capsule
-    holder.exporter = obj
     b.addr = <char*>t.data + t.byte_offset
     b.nbytes = nelems * itemsize
     b.tindex = tindex
