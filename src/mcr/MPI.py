@@ -28,10 +28,13 @@ from mpi4py import MPI as _mpi4py
 globals().update({name: value for name, value in vars(_mpi4py).items()
                   if not name.startswith("__")})
 
-from mcr import _core  # noqa: E402
 from mcr._core import COMM_SELF, COMM_WORLD  # noqa: E402,F401  (replace mpi4py's)
+from mcr._core import Comm as _Comm  # noqa: E402
+from mcr._core import Prequest as _Prequest  # noqa: E402
+from mcr._core import Request as _Request  # noqa: E402
+from mcr._core import Status as _Status  # noqa: E402
 
-_MethodDescriptor = type(_core.Comm.__dict__["Free"])
+_MethodDescriptor = type(_Comm.__dict__["Free"])
 
 # the class of mcr.MPI -> the mpi4py class whose objects it also accepts
 _PEERS = {}
@@ -87,21 +90,25 @@ def _peer(cls, core, peer, methods):
 def _from(peer):
     """The classmethods making objects of a request class from handles, as
     mpi4py's, but of the class they are called on."""
+    # the first docstring line is the signature, as Cython writes mpi4py's
     def fromhandle(cls, handle):
-        """Create object from MPI handle."""
+        """fromhandle(handle)
+        Create object from MPI handle."""
         return cls(peer.fromhandle(handle))
 
     def fromint(cls, arg):
-        """Translate integer handle to object."""
+        """fromint(arg)
+        Translate integer handle to object."""
         return cls(peer.fromint(arg))
 
     def f2py(cls, arg):
-        """Create object from Fortran handle."""
+        """f2py(arg)
+        Create object from Fortran handle."""
         return cls(peer.f2py(arg))
     return classmethod(fromhandle), classmethod(fromint), classmethod(f2py)
 
 
-class Comm(_core.Comm, metaclass=_Namespaced):
+class Comm(_Comm, metaclass=_Namespaced):
     """
     Communicator: ``mcr.Comm``, whose buffer methods run on tensors and any buffer.
     """
@@ -109,7 +116,7 @@ class Comm(_core.Comm, metaclass=_Namespaced):
     __slots__ = ()
 
 
-class Request(_core.Request, metaclass=_Namespaced):
+class Request(_Request, metaclass=_Namespaced):
     """
     Request handle: ``mcr.Request``, completing mcr's and mpi4py's operations.
     """
@@ -118,7 +125,7 @@ class Request(_core.Request, metaclass=_Namespaced):
     fromhandle, fromint, f2py = _from(_mpi4py.Request)
 
 
-class Prequest(_core.Prequest, Request):
+class Prequest(_Prequest, Request):
     """
     Persistent request handle: ``mcr.Prequest``.
     """
@@ -129,13 +136,13 @@ class Prequest(_core.Prequest, Request):
     def __new__(cls, request=None):
         # as mpi4py's: only a persistent request (or a null one) converts
         if isinstance(request, _mpi4py.Request) and request != _mpi4py.REQUEST_NULL \
-                and not isinstance(request, (_core.Prequest, _mpi4py.Prequest)):
+                and not isinstance(request, (_Prequest, _mpi4py.Prequest)):
             raise TypeError(f"request: expected a persistent request, got "
                             f"{type(request).__name__}")
         return super().__new__(cls, request)
 
 
-class Status(_core.Status, metaclass=_Namespaced):
+class Status(_Status, metaclass=_Namespaced):
     """
     Status object: ``mcr.Status``, whose ``Get_count`` counts received elements.
     """
@@ -146,7 +153,7 @@ class Status(_core.Status, metaclass=_Namespaced):
 # MPI.Comm is mpi4py's base class (COMM_NULL, Cartcomm, Intercomm, ... are
 # communicators); mcr's Comm is an intracommunicator, so its methods that
 # mpi4py's objects may take are Intracomm's
-_peer(Comm, _core.Comm, _mpi4py.Comm, _mpi4py.Intracomm)
-_peer(Request, _core.Request, _mpi4py.Request, _mpi4py.Request)
-_peer(Prequest, _core.Prequest, _mpi4py.Prequest, _mpi4py.Prequest)
-_peer(Status, _core.Status, _mpi4py.Status, _mpi4py.Status)
+_peer(Comm, _Comm, _mpi4py.Comm, _mpi4py.Intracomm)
+_peer(Request, _Request, _mpi4py.Request, _mpi4py.Request)
+_peer(Prequest, _Prequest, _mpi4py.Prequest, _mpi4py.Prequest)
+_peer(Status, _Status, _mpi4py.Status, _mpi4py.Status)
