@@ -98,9 +98,68 @@ def free_is_idempotent_and_freed_comms_raise(comm):
     with raises(ValueError, "comm:", "null"):
         dup.Iallreduce(torch.ones(1), torch.zeros(1))
     for predefined in (mcr.COMM_WORLD, mcr.COMM_SELF):
-        with raises(ValueError, "COMM_WORLD and COMM_SELF cannot be freed"):
+        try:                                         # MPI's error, as mpi4py raises
             predefined.Free()
+        except M4.Exception as exc:
+            assert isinstance(exc, mcr.Exception)
+            assert exc.Get_error_class() == M4.ERR_COMM
+        else:
+            raise AssertionError("Free() of a predefined communicator did not raise")
+        predefined.free()                            # mpi4py's safe free: a no-op
+        assert predefined and predefined.handle == M4.Comm(predefined).handle != 0
     assert_comm_works(comm)
+
+
+class MyComm(mcr.Comm):
+    """A user's subclass."""
+
+
+@case
+def subclass_dup_and_clone_keep_the_class_and_backend(comm):
+    mine = MyComm(comm)
+    mine.backend = "gloo"
+    for copy in (mine.Dup(), mine.Clone()):
+        assert type(copy) is MyComm and copy.backend == "gloo"
+        assert comm.Compare(copy) == M4.CONGRUENT
+        copy.backend = "mpi"
+        out = torch.zeros(2)
+        copy.Allreduce(torch.ones(2), out)
+        assert out.tolist() == [comm.size] * 2
+        copy.Free()
+    sub = mine.Split(0, comm.rank)
+    assert type(sub) is mcr.Comm and sub.backend == "gloo"   # as mpi4py: not the subclass
+    sub.Free()
+
+
+@case
+def handles_round_trip(comm):
+    dup = comm.Dup()
+    for cls in (mcr.Comm, MyComm):
+        for made in (cls.fromhandle(dup.handle), cls.fromint(dup.toint()),
+                     cls.f2py(dup.py2f())):
+            assert type(made) is cls and made == dup
+    assert type(mcr.Comm.fromhandle(M4.COMM_NULL.handle)) is mcr.Comm
+    dup.Free()
+    if comm.size > 1:
+        half = comm.Split(comm.rank % 2)
+        inter = half.Create_intercomm(0, comm, 1 - comm.rank % 2)
+        with raises(TypeError, "handle:", "Intercomm"):
+            mcr.Comm.fromhandle(inter.handle)
+        inter.Free()
+        half.Free()
+
+
+def test_pickle_of_predefined_communicators():
+    import pickle
+    for predefined in (mcr.COMM_WORLD, mcr.COMM_SELF):
+        for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
+            assert pickle.loads(pickle.dumps(predefined, protocol)) is predefined
+            copy = pickle.loads(pickle.dumps(mcr.Comm(predefined), protocol))
+            assert type(copy) is mcr.Comm and copy == predefined and copy is not predefined
+    dup = mcr.COMM_SELF.Dup()
+    with raises(ValueError, "cannot serialize"):
+        pickle.dumps(dup)
+    dup.Free()
 
 
 @case

@@ -19,7 +19,7 @@ from mpiharness import case, mpi_cases
 from util import all_data, assert_comm_works, assert_equal, rank_data
 
 OPS = ["SUM", "PROD", "MAX", "MIN", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR"]
-MCR_NAMES = ["COMM_WORLD", "COMM_SELF", "Comm", "Request", "Status", "Exception"]
+MCR_NAMES = ["COMM_WORLD", "COMM_SELF", "Comm", "Request", "Prequest", "Status"]
 
 
 # -- the namespace (in-process) --------------------------------------------------------
@@ -29,8 +29,9 @@ def test_mcr_names_replace_mpi4py_names():
     assert MPI.COMM_WORLD is mcr.COMM_WORLD and MPI.COMM_SELF is mcr.COMM_SELF
     assert isinstance(MPI.COMM_WORLD, mcr.Comm) and isinstance(MPI.COMM_SELF, mcr.Comm)
     assert isinstance(MPI.COMM_WORLD, M4.Intracomm)
-    assert MPI.Comm is mcr.Comm and MPI.Request is mcr.Request and MPI.Status is mcr.Status
-    assert MPI.Exception is mcr.Exception
+    # the namespace's classes are thin subclasses of mcr's (src/mcr/MPI.py)
+    for name in ("Comm", "Request", "Prequest", "Status"):
+        assert issubclass(getattr(MPI, name), getattr(mcr, name)), name
     assert issubclass(mcr.Exception, M4.Exception)
     assert issubclass(mcr.Comm, M4.Intracomm)
     assert issubclass(mcr.Request, M4.Request)
@@ -39,8 +40,132 @@ def test_mcr_names_replace_mpi4py_names():
         assert getattr(MPI, name) is not getattr(M4, name), name
 
 
+def test_exception_is_mpi4pys_and_catches_both():
+    assert MPI.Exception is M4.Exception
+    for raiser in (lambda: mcr.COMM_WORLD.Free(),              # mcr's method
+                   lambda: M4.Intracomm(M4.COMM_NULL).Get_size()):   # mpi4py's
+        try:
+            raiser()
+        except MPI.Exception as exc:
+            assert exc.Get_error_class() == M4.ERR_COMM
+        else:
+            raise AssertionError("no MPI.Exception")
+
+
+def test_class_relations_are_mpi4pys():
+    assert isinstance(M4.COMM_NULL, MPI.Comm) and isinstance(M4.COMM_WORLD, MPI.Comm)
+    assert issubclass(M4.Cartcomm, MPI.Comm) and issubclass(M4.Intercomm, MPI.Comm)
+    assert isinstance(mcr.COMM_WORLD, MPI.Comm) and isinstance(mcr.COMM_WORLD, MPI.Intracomm)
+    assert not isinstance(M4.REQUEST_NULL, MPI.Comm)
+    req = MPI.COMM_SELF.isend("x", 0, 0)               # mpi4py's pickle-based method
+    assert type(req) is M4.Request and isinstance(req, MPI.Request)
+    assert MPI.Request.Wait(req) is True and MPI.COMM_SELF.recv(source=0, tag=0) == "x"
+    assert isinstance(M4.Prequest(), MPI.Prequest) and isinstance(M4.Prequest(), MPI.Request)
+    assert issubclass(MPI.Prequest, MPI.Request) and issubclass(mcr.Prequest, MPI.Request)
+    assert not isinstance(M4.REQUEST_NULL, MPI.Prequest)
+    assert isinstance(M4.Status(), MPI.Status) and isinstance(mcr.Status(), MPI.Status)
+    # mcr's own objects keep their compiled classes (no cost on their calls)
+    assert type(mcr.COMM_WORLD.Isend(np.zeros(1), M4.PROC_NULL)) is mcr.Request
+
+
+def test_unbound_methods_take_mpi4pys_objects():
+    m4comm = M4.COMM_SELF
+    req = MPI.Comm.Isend(m4comm, np.arange(3.0), 0, 7)          # mpi4py's Isend
+    out = np.zeros(3)
+    MPI.Comm.Recv(m4comm, out, 0, 7)
+    MPI.Request.Wait(req)
+    assert out.tolist() == [0.0, 1.0, 2.0]
+    # and mcr's on mcr's objects
+    req = MPI.Comm.Isend(mcr.COMM_SELF, torch.ones(2), 0, 8)
+    got = torch.zeros(2)
+    MPI.Comm.Recv(mcr.COMM_SELF, got, 0, 8)
+    assert type(req) is mcr.Request and MPI.Request.Wait(req)
+    assert got.tolist() == [1.0, 1.0]
+    dup = MPI.Comm.Dup(m4comm)
+    assert type(dup) is M4.Intracomm
+    MPI.Comm.Free(dup)
+    st = M4.Status()
+    assert MPI.Status.Get_count(st, M4.BYTE) == 0
+    # a user's subclass overriding a method keeps its own
+    class Mine(MPI.Comm):
+        def Free(self):
+            return "mine"
+    assert Mine.Free(None) == "mine"
+
+
+def test_requests_convert_as_mpi4pys():
+    preq = mcr.COMM_SELF.Send_init(b"", M4.PROC_NULL, 0)
+    dupe = MPI.Prequest(preq)
+    assert type(dupe) is MPI.Prequest and dupe == preq
+    for made in (MPI.Prequest.fromhandle(preq.handle), MPI.Prequest.fromint(preq.toint()),
+                 MPI.Prequest.f2py(preq.py2f())):
+        assert type(made) is MPI.Prequest and made == preq
+    assert type(MPI.Request(preq)) is MPI.Request and MPI.Request(preq) == preq
+    assert type(MPI.Request.fromhandle(preq.handle)) is MPI.Request
+    try:
+        M4.Grequest(preq)
+    except TypeError:
+        pass
+    else:
+        raise AssertionError("Grequest(preq) did not raise")
+    plain = mcr.COMM_SELF.Isend(b"", M4.PROC_NULL)
+    try:
+        MPI.Prequest(plain)
+    except TypeError as exc:
+        assert "request:" in str(exc)
+    else:
+        raise AssertionError("Prequest(non-persistent request) did not raise")
+    plain.Wait()
+    assert type(MPI.Prequest()) is MPI.Prequest and not MPI.Prequest()
+    preq.Start()
+    preq.Wait()
+    preq.Free()
+
+
+def test_user_subclasses():
+    class MyComm(MPI.Comm):
+        pass
+
+    class MyRequest(MPI.Request):
+        pass
+
+    class MyPrequest(MPI.Prequest):
+        pass
+    comm = MyComm(MPI.COMM_SELF)
+    assert isinstance(comm, MPI.Comm) and type(comm.Clone()) is MyComm
+    assert not isinstance(M4.COMM_SELF, MyComm)          # only the namespace's classes
+    dup = comm.Dup()
+    assert type(dup) is MyComm
+    dup.Free()
+    req = MyRequest(comm.Isend(torch.ones(1), M4.PROC_NULL))
+    assert isinstance(req, MPI.Request) and not isinstance(M4.REQUEST_NULL, MyRequest)
+    assert type(MyPrequest.fromhandle(M4.REQUEST_NULL.handle)) is MyPrequest
+    req.Wait()
+
+
+def test_mixed_waitall_uses_mcrs():
+    # mcr's requests (a Gloo one too) and mpi4py's in one list: mcr's Waitall
+    comm = mcr.COMM_SELF.Dup()
+    gloo_out = torch.zeros(2)
+    reqs = [comm.Iallreduce(torch.ones(2), gloo_out, backend="gloo"),
+            M4.COMM_SELF.Isend(np.zeros(1), M4.PROC_NULL),
+            comm.Isend(torch.ones(1), M4.PROC_NULL)]
+    statuses = [MPI.Status() for _ in reqs]
+    assert MPI.Request.Waitall(reqs, statuses) is True
+    assert gloo_out.tolist() == [1.0, 1.0]
+    comm.Free()
+
+
+def test_predefined_communicators_pickle_and_survive_free():
+    import pickle
+    for predefined in (MPI.COMM_WORLD, MPI.COMM_SELF):
+        assert pickle.loads(pickle.dumps(predefined)) is predefined
+        predefined.free()
+        assert predefined and predefined.handle == M4.Comm(predefined).handle
+
+
 def test_every_other_name_is_mpi4pys_own_object():
-    replaced = set(MCR_NAMES) | {"Prequest"}
+    replaced = set(MCR_NAMES)
     for name in dir(M4):
         if name.startswith("__") or name in replaced:
             continue

@@ -7,7 +7,6 @@
 from mcr._core import COMM_SELF as COMM_SELF
 from mcr._core import COMM_WORLD as COMM_WORLD
 from mcr._core import Comm as Comm
-from mcr._core import Exception as Exception
 from mcr._core import Prequest as Prequest
 from mcr._core import Request as Request
 from mcr._core import Status as Status
@@ -165,6 +164,7 @@ from mpi4py.MPI import (
     ERR_VALUE_TOO_LARGE as ERR_VALUE_TOO_LARGE,
     ERR_WIN as ERR_WIN,
     Errhandler as Errhandler,
+    Exception as Exception,
     FILE_NULL as FILE_NULL,
     FLOAT as FLOAT,
     FLOAT16_T as FLOAT16_T,

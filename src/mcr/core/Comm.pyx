@@ -1604,13 +1604,16 @@ cdef class Comm(_MPI.Intracomm):
 
         Raises
         ------
-        ValueError
-            For ``COMM_WORLD`` and ``COMM_SELF``, which MPI does not free.
+        mcr.Exception
+            For ``COMM_WORLD`` and ``COMM_SELF``, which MPI does not free
+            (error class ``MPI.ERR_COMM``, as mpi4py raises).
         """
         if self.ob_mpi == MPI_COMM_NULL:
             return None
         if self.ob_mpi == MPI_COMM_WORLD or self.ob_mpi == MPI_COMM_SELF:
-            raise ValueError("comm: COMM_WORLD and COMM_SELF cannot be freed")
+            # MPI_Comm_free would report it through the communicator's error
+            # handler, which may be ERRORS_ARE_FATAL: raise MPI's error here
+            raise Exception(MPI_ERR_COMM)
         if _backends is not None:
             _backends.release(self)       # the Gloo/NCCL sub-communicators first
         cdef int ierr
@@ -1620,11 +1623,21 @@ cdef class Comm(_MPI.Intracomm):
 
     def Dup(self, info=None):
         """Duplicate the communicator: same processes, new context; the copy
-        has the same default ``backend`` and its own backend sub-communicators
-        (made at its first call on each backend)."""
+        has the same class and default ``backend``, and its own backend
+        sub-communicators (made at its first call on each backend)."""
         if info is None:
-            return self.derived(_MPI.Intracomm.Dup(self))
-        return self.derived(_MPI.Intracomm.Dup(self, info))
+            return self.inherit(_MPI.Intracomm.Dup(self))
+        return self.inherit(_MPI.Intracomm.Dup(self, info))
+
+    def Clone(self):
+        """Duplicate the communicator, as ``Dup`` without hints."""
+        return self.inherit(_MPI.Intracomm.Clone(self))
+
+    cdef object inherit(self, object comm):
+        # mpi4py's Dup and Clone make an object of type(self): a user's
+        # subclass stays one, as with mpi4py
+        (<Comm>comm).dflt = self.dflt
+        return comm
 
     cdef Comm derived(self, _MPI.Comm comm):
         cdef Comm out = as_comm(comm)
@@ -1654,9 +1667,56 @@ cdef class Comm(_MPI.Intracomm):
         """Create a communicator from a group (collective over the group); see mpi4py."""
         return self.derived(_MPI.Intracomm.Create_group(self, group, tag))
 
+    # -- Handles and pickling --------------------------------------------------------
+
+    @classmethod
+    def fromhandle(cls, handle):
+        """Create an object of this class from an MPI handle (an integer).
+
+        Raises
+        ------
+        TypeError
+            If the handle is an intercommunicator.
+        """
+        return of_class(cls, _MPI.Comm.fromhandle(handle))
+
+    @classmethod
+    def fromint(cls, arg):
+        """Create an object of this class from the integer of ``toint()``."""
+        return of_class(cls, _MPI.Comm.fromint(arg))
+
+    @classmethod
+    def f2py(cls, arg):
+        """Create an object of this class from a Fortran handle (``py2f()``)."""
+        return of_class(cls, _MPI.Comm.f2py(arg))
+
+    def __reduce__(self):
+        # COMM_WORLD and COMM_SELF pickle by name, and unpickle as themselves;
+        # an equal copy as a copy of them (mpi4py pickles only these handles)
+        if self is COMM_WORLD or self is COMM_SELF:
+            return "COMM_WORLD" if self is COMM_WORLD else "COMM_SELF"
+        if self.ob_mpi == MPI_COMM_WORLD:
+            return (_newobj, (type(self), COMM_WORLD))
+        if self.ob_mpi == MPI_COMM_SELF:
+            return (_newobj, (type(self), COMM_SELF))
+        return _MPI.Intracomm.__reduce__(self)
+
+
+cdef object _newobj = __import__("copyreg").__newobj__
+
 
 cdef Comm as_comm(_MPI.Comm comm):
     cdef Comm out = Comm.__new__(Comm)
+    out.ob_mpi = comm.ob_mpi
+    return out
+
+
+cdef object of_class(type cls, _MPI.Comm comm):
+    """An object of `cls` (Comm or a subclass) sharing `comm`'s handle."""
+    if comm.ob_mpi != MPI_COMM_NULL and not isinstance(comm, _MPI.Intracomm):
+        raise TypeError(f"handle: {cls.__name__} is an intracommunicator, the handle "
+                        f"is a {type(comm).__name__}")
+    cdef Comm out = <Comm>cls.__new__(cls)
     out.ob_mpi = comm.ob_mpi
     return out
 

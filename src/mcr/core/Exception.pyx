@@ -3,8 +3,9 @@
 class Exception(_mpi4py.Exception):
     """An error reported by the MPI library.
 
-    A subclass of ``mpi4py.MPI.Exception``: ``except MPI.Exception`` clauses
-    written for mpi4py catch it. ``Get_error_code()`` and ``Get_error_class()``
+    A subclass of ``mpi4py.MPI.Exception``, which is ``mcr.MPI.Exception``
+    itself: one ``except MPI.Exception`` clause catches the errors of mcr's
+    methods and of mpi4py's. ``Get_error_code()`` and ``Get_error_class()``
     give the MPI error code and class; ``str()`` gives MPI's error string.
     """
 
