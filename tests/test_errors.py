@@ -364,6 +364,39 @@ def op_does_not_apply(comm):
           comm.Allreduce, torch.ones(2), torch.zeros(2), None)
 
 
+@case
+def ops_that_are_not_reductions(comm):
+    """REPLACE, NO_OP (one-sided only), OP_NULL, and MAXLOC/MINLOC on plain
+    element types: refused before MPI, naming the op and the element type, by
+    every reduction, on MPI and Gloo."""
+    size = comm.size
+    cases = [
+        (torch.float32, MPI.REPLACE, TypeError, ["MPI.REPLACE", "not a reduction", "float32"]),
+        (torch.int64, MPI.NO_OP, TypeError, ["MPI.NO_OP", "not a reduction", "int64"]),
+        (torch.float64, MPI.OP_NULL, ValueError, ["MPI.OP_NULL", "not an operation",
+                                                  "float64"]),
+        (torch.float64, MPI.MAXLOC, TypeError, ["MPI.MAXLOC", "float64", "MPI.DOUBLE_INT"]),
+        (torch.int32, MPI.MINLOC, TypeError, ["MPI.MINLOC", "int32", "pairs"]),
+    ]
+    for backend in ("mpi", "gloo"):
+        for dtype, op, exc, what in cases:
+            x = rank_data(comm.rank, size, dtype)
+            for call, args in [
+                (comm.Allreduce, (x, torch.zeros_like(x), op)),
+                (comm.Allreduce, (MPI.IN_PLACE, x.clone(), op)),
+                (comm.Iallreduce, (x, torch.zeros_like(x), op)),
+                (comm.Reduce, (x, torch.zeros_like(x), op, 0)),
+                (comm.Scan, (x, torch.zeros_like(x), op)),
+                (comm.Exscan, (x, torch.zeros_like(x), op)),
+                (comm.Reduce_scatter_block, (x, x[:1].clone(), op)),
+                (comm.Reduce_scatter, (x, x[:1].clone(), None, op)),
+                (comm.Allreduce_init, (x, torch.zeros_like(x), op)),
+            ]:
+                check(comm, exc, ["op"] + what, call, *args, backend=backend)
+    with raises(TypeError, "MPI.REPLACE", "uint8"):
+        comm.Allreduce(np.ones(2, np.uint8), np.zeros(2, np.uint8), MPI.REPLACE)
+
+
 # -- objects that are not (usable) buffers ------------------------------------------------
 
 
