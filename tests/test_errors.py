@@ -647,6 +647,36 @@ def bad_status_and_requests(comm):
 
 
 @case
+def status_checked_before_receiving_on_every_backend(comm):
+    """A bad status is refused before the message is taken: the message is
+    still there for the next receive (Recv, Sendrecv, Sendrecv_replace, Probe,
+    Iprobe; MPI and Gloo)."""
+    dst, src = right(comm), left(comm)
+    for backend in ("mpi", "gloo"):
+        sreq = comm.Isend(rank_data(comm.rank, 3), dst, 21, backend=backend)
+        out = torch.zeros(3)
+        with raises(TypeError, "status", "got int"):
+            comm.Recv(out, src, 21, 123, backend=backend)
+        with raises(TypeError, "status", "got str"):
+            comm.Probe(src, 21, "x", backend=backend)
+        with raises(TypeError, "status", "got list"):
+            comm.Iprobe(src, 21, [], backend=backend)
+        with raises(TypeError, "status", "got int"):
+            comm.Sendrecv(rank_data(comm.rank, 3, seed=1), dst, 21, out, src, 21, 5,
+                          backend=backend)
+        with raises(TypeError, "status", "got float"):
+            comm.Sendrecv_replace(out, dst, 21, src, 21, 1.0, backend=backend)
+        st = MPI.Status()
+        comm.Recv(out, src, 21, st, backend=backend)    # the first message, nothing else
+        assert_equal(out, rank_data(src, 3))
+        assert (st.Get_source(), st.Get_tag(), st.Get_count(MPI.FLOAT)) == (src, 21, 3)
+        sreq.Wait()
+        assert not comm.Iprobe(MPI.ANY_SOURCE, 21, backend=backend)
+        comm.Barrier()
+    assert_comm_works(comm)
+
+
+@case
 def aliased_send_and_receive_buffers(comm):
     x = torch.ones(4)
     check(comm, ValueError, ["sendbuf and recvbuf overlap", "IN_PLACE"], comm.Allreduce, x, x)

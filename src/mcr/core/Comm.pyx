@@ -210,6 +210,7 @@ cdef class Comm(_MPI.Intracomm):
         """
         sub = self.sub(backend)
         if sub is not None:
+            check_status(status)          # before the receive takes the message
             m = self.call_recv(buf, source, tag, None, None, VALIDATE, NULL)
             sub.run("Irecv", m, source=source, tag=tag).Wait(status)
             return
@@ -252,6 +253,7 @@ cdef class Comm(_MPI.Intracomm):
         """
         sub = self.sub(backend)
         if sub is not None:
+            check_status(status)
             sreq = self.Isend(sendbuf, dest, sendtag, backend=backend)
             self.Recv(recvbuf, source, recvtag, status, backend=backend)
             sreq.Wait()
@@ -291,6 +293,7 @@ cdef class Comm(_MPI.Intracomm):
         """
         sub = self.sub(backend)
         if sub is not None:
+            check_status(status)
             self.call_send(buf, dest, sendtag, None, VALIDATE, NULL)
             sub.run("Sendrecv_replace",
                     self.call_recv(buf, source, recvtag, None, None, VALIDATE, NULL),
@@ -333,6 +336,7 @@ cdef class Comm(_MPI.Intracomm):
         """
         sub = self.sub(backend)
         if sub is not None:
+            check_status(status)
             return sub.probe(as_source(source, self.nprocs()), as_tag(tag, b"tag", True),
                              status, True)
         self.prologue(backend)
@@ -357,6 +361,7 @@ cdef class Comm(_MPI.Intracomm):
         """
         sub = self.sub(backend)
         if sub is not None:
+            check_status(status)
             return sub.probe(as_source(source, self.nprocs()), as_tag(tag, b"tag", True),
                              status, False)
         self.prologue(backend)

@@ -147,13 +147,24 @@ cdef class Request(_MPI.Request):
         ----------
         requests : sequence of Request
             The requests (inactive and null requests are allowed).
-        statuses : list, optional
-            Filled (and extended if shorter) with one ``mcr.Status`` per request.
+        statuses : list or tuple of Status, optional
+            Filled with one status per request, as far as it goes; a list that
+            is shorter is extended with new ``mcr.Status`` objects.
 
         Returns
         -------
         True
+
+        Raises
+        ------
+        TypeError
+            If an item of `requests` is not a request, or `statuses` is not a
+            list or tuple of Status objects; before any request is waited for.
+        mcr.Exception
+            If MPI reports an error.
         """
+        requests = as_requests(requests)
+        check_statuses(statuses)
         return complete_all(requests, statuses, True) if not has_work(requests) else \
             mixed_all(requests, statuses, True)
 
@@ -164,7 +175,7 @@ cdef class Request(_MPI.Request):
         Parameters
         ----------
         requests : sequence of Request
-        statuses : list, optional
+        statuses : list or tuple of Status, optional
             Filled as in ``Waitall`` when all have completed.
 
         Returns
@@ -172,6 +183,8 @@ cdef class Request(_MPI.Request):
         bool
             True when every request has completed.
         """
+        requests = as_requests(requests)
+        check_statuses(statuses)
         return complete_all(requests, statuses, False) if not has_work(requests) else \
             mixed_all(requests, statuses, False)
 
@@ -191,6 +204,8 @@ cdef class Request(_MPI.Request):
             The index of the completed request, or ``UNDEFINED`` if none of
             `requests` is active.
         """
+        requests = as_requests(requests)
+        check_status(status)
         return complete_any(requests, status, True) if not has_work(requests) else \
             mixed_any(requests, status, True)
 
@@ -204,6 +219,8 @@ cdef class Request(_MPI.Request):
             ``(index, True)`` for a completed request, ``(UNDEFINED, True)`` if
             none is active, ``(UNDEFINED, False)`` if none has completed yet.
         """
+        requests = as_requests(requests)
+        check_status(status)
         return complete_any(requests, status, False) if not has_work(requests) else \
             mixed_any(requests, status, False)
 
@@ -214,9 +231,9 @@ cdef class Request(_MPI.Request):
         Parameters
         ----------
         requests : sequence of Request
-        statuses : list, optional
-            Its first entries are filled (the list extended if shorter) with the
-            statuses of the completed requests, in the order of the indices.
+        statuses : list or tuple of Status, optional
+            Its first entries are filled (a list is extended if shorter) with
+            the statuses of the completed requests, in the order of the indices.
 
         Returns
         -------
@@ -224,12 +241,16 @@ cdef class Request(_MPI.Request):
             The indices of the requests that completed, or None if none of
             `requests` is active.
         """
+        requests = as_requests(requests)
+        check_statuses(statuses)
         return complete_some(requests, statuses, True) if not has_work(requests) else \
             mixed_some(requests, statuses, True)
 
     @classmethod
     def Testsome(cls, requests, statuses=None):
         """Like ``Waitsome`` without blocking: the list may be empty."""
+        requests = as_requests(requests)
+        check_statuses(statuses)
         return complete_some(requests, statuses, False) if not has_work(requests) else \
             mixed_some(requests, statuses, False)
 
@@ -287,13 +308,31 @@ cdef class _Handles:
         return 0
 
     cdef int fill_list(self, object statuses, int count, bint by_index) except -1:
-        if statuses is None:
-            return 0
-        while len(statuses) < count:
-            statuses.append(Status())
-        for k in range(count):
+        for k in range(status_room(statuses, count)):
             self.fill_status(statuses[k], self.indices[k] if by_index else k, k)
         return 0
+
+
+cdef list as_requests(object requests):
+    """`requests` as a list, each item checked to be a request, before any of
+    them is waited for."""
+    try:
+        requests = list(requests)
+    except TypeError:
+        raise TypeError("requests: expected a sequence of MPI.Request, got "
+                        f"{type(requests).__name__}") from None
+    for i, req in enumerate(requests):
+        if not isinstance(req, _MPI.Request):
+            raise TypeError(f"requests[{i}]: expected an MPI.Request, got "
+                            f"{type(req).__name__}")
+    return requests
+
+
+cdef int copy_status(object status, object source) except -1:
+    (<_MPI.Status>status).ob_mpi = (<_MPI.Status>source).ob_mpi
+    if type(source) is Status:
+        status_type(status, (<Status>source).rtype)
+    return 0
 
 
 cdef object complete_all(object requests, object statuses, bint wait):
@@ -413,16 +452,6 @@ cdef tuple split_work(list requests):
     return works, plain
 
 
-cdef object put_statuses(object statuses, list indices, list sub):
-    while len(statuses) < len(indices) and statuses is not None:
-        statuses.append(Status())
-    for k, st in zip(indices, sub):
-        (<_MPI.Status>statuses[k]).ob_mpi = (<_MPI.Status>st).ob_mpi
-        if type(statuses[k]) is Status and type(st) is Status:
-            (<Status>statuses[k]).rtype = (<Status>st).rtype
-    return statuses
-
-
 cdef object mixed_all(object requests, object statuses, bint wait):
     requests = list(requests)
     works, plain = split_work(requests)
@@ -437,11 +466,12 @@ cdef object mixed_all(object requests, object statuses, bint wait):
     sub = [] if statuses is not None else None
     if not complete_all([requests[i] for i in plain], sub, wait):
         return False
-    if statuses is not None:
-        while len(statuses) < len(requests):
-            statuses.append(Status())
-        put_statuses(statuses, plain, sub)
-        for i in works:
+    cdef Py_ssize_t room = status_room(statuses, len(requests))
+    for k, i in enumerate(plain):
+        if i < room:
+            copy_status(statuses[i], sub[k])
+    for i in works:
+        if i < room:
             work_of(requests[i]).fill(statuses[i])
     for i in works:
         completed(requests[i])
@@ -489,12 +519,11 @@ cdef object mixed_some(object requests, object statuses, bint wait):
         finished = sorted(done + [plain[k] for k in (got or [])])
         if finished or not wait:
             if statuses is not None:
-                while len(statuses) < len(finished):
-                    statuses.append(Status())
-                from_mpi = {plain[k]: st for k, st in zip(got or [], sub or [])}
-                for pos, i in enumerate(finished):
+                from_mpi = {plain[k]: st for k, st in zip(got or [], sub)}
+                for pos in range(status_room(statuses, len(finished))):
+                    i = finished[pos]
                     if i in from_mpi:
-                        put_statuses(statuses, [pos], [from_mpi[i]])
+                        copy_status(statuses[pos], from_mpi[i])
                     else:
                         work_of(requests[i]).fill(statuses[pos])
             for i in done:
