@@ -734,6 +734,73 @@ def assert_mpi_error(exc, error_class):
     assert exc.Get_error_class() == error_class, (exc.Get_error_class(), error_class, str(exc))
 
 
+def assert_truncation_note(exc, arg, nbytes, capacity, source, tag):
+    """The note of a truncation: the receive buffer's size, the message's size
+    (when MPI tells it), its source and tag, as the Gloo path words it."""
+    notes = getattr(exc, "__notes__", [])
+    tail = (f" from rank {source} (tag {tag}) does not fit the receive buffer of "
+            f"{capacity} bytes")
+    sized = f"{arg}: message of {nbytes} bytes" + tail
+    assert sized in notes or f"{arg}: a message" + tail in notes, (notes, sized)
+
+
+@case
+def truncation_says_sizes_source_and_tag(comm):
+    """MPI_ERR_TRUNCATE from Recv, Wait, Test, Sendrecv, Sendrecv_replace,
+    Waitall, Waitany and a persistent receive stays an mcr.Exception of that
+    class, with a note giving the sizes, source and tag."""
+    dst, src = right(comm), left(comm)
+    data = torch.arange(10.0)                       # 40 bytes
+
+    def expect_truncation(call, arg, capacity, tag, error_class=MPI.ERR_TRUNCATE):
+        try:
+            call()
+        except _mpi4py.Exception as exc:
+            assert_mpi_error(exc, error_class)
+            assert_truncation_note(exc, arg, 40, capacity, src, tag)
+        else:
+            raise AssertionError(f"MPI_ERR_TRUNCATE not raised (tag {tag})")
+
+    sreq = comm.Isend(data, dst, 31)
+    expect_truncation(lambda: comm.Recv(torch.zeros(4), src, 31), "buf", 16, 31)
+    sreq.Wait()
+    sreq = comm.Isend(data, dst, 32)
+    rreq = comm.Irecv(torch.zeros(3), src, 32)
+    expect_truncation(rreq.Wait, "buf", 12, 32)
+    sreq.Wait()
+    sreq = comm.Isend(data, dst, 33)
+    rreq = comm.Irecv(torch.zeros(3, dtype=torch.int16), src, 33)
+
+    def test_until_done():
+        while not rreq.Test():
+            pass
+    expect_truncation(test_until_done, "buf", 6, 33)
+    sreq.Wait()
+    if comm.size > 1:     # Open MPI does not see a receive from itself posted first truncate
+        expect_truncation(lambda: comm.Sendrecv(data, dst, 34, torch.zeros(2), src, 34),
+                          "recvbuf", 8, 34)
+    sreq = comm.Isend(data, dst, 35)                # received by Sendrecv_replace
+    expect_truncation(lambda: comm.Sendrecv_replace(torch.zeros(1), MPI.PROC_NULL, 35,
+                                                    src, 35), "buf", 4, 35)
+    sreq.Wait()
+    sreq = comm.Isend(data, dst, 37)
+    rreq = comm.Irecv(torch.zeros(1), src, 37)
+    expect_truncation(lambda: mcr.Request.Waitall([sreq, rreq], (MPI.Status(),)),
+                      "requests[1]", 4, 37, MPI.ERR_IN_STATUS)
+    sreq.Wait()
+    sreq = comm.Isend(data, dst, 38)
+    rreq = comm.Irecv(torch.zeros(1), src, 38)
+    expect_truncation(lambda: mcr.Request.Waitany([rreq]), "requests[0]", 4, 38)
+    sreq.Wait()
+    preq = comm.Recv_init(torch.zeros(2), src, 39)
+    sreq = comm.Isend(data, dst, 39)
+    preq.Start()
+    expect_truncation(preq.Wait, "buf", 8, 39)
+    sreq.Wait()
+    preq.Free()
+    assert_comm_works(comm)
+
+
 @case
 def truncated_message_raises_mcr_exception(comm):
     """A message longer than the receive buffer: MPI_ERR_TRUNCATE comes back as

@@ -153,13 +153,17 @@ cdef class Comm(_MPI.Intracomm):
         cdef _Msg m = _Msg.__new__(_Msg)
         m.rown = parse_simple(buf, &m.r, True, b"buf")
         cdef MPI_Status *sp = status_ptr(status)
+        cdef MPI_Status own
+        if sp == MPI_STATUS_IGNORE:
+            sp = &own                 # it explains a truncation
         if needs_staging(m):
             stage(m, mode, 1, 1)
         cdef int ierr
         with nogil:
             ierr = mcr_recv(mode, m.r.addr, m.r.count, m.r.dtype, isource, itag, self.ob_mpi,
                             sp, req)
-        CHKERR(ierr)
+        if ierr != MPI_SUCCESS:
+            raise_recv_error(ierr, sp, &m.r, "buf")
         finish_call(m, mode)
         status_type(status, m.r.dtype)
         return m
@@ -270,12 +274,16 @@ cdef class Comm(_MPI.Intracomm):
         if needs_staging(m):
             stage(m, BLOCKING, 1, 1)
         cdef MPI_Status *sp = status_ptr(status)
+        cdef MPI_Status own
+        if sp == MPI_STATUS_IGNORE:
+            sp = &own
         cdef int ierr
         with nogil:
             ierr = MPI_Sendrecv(m.s.addr, m.s.count, m.s.dtype, idest, isendtag,
                                 m.r.addr, m.r.count, m.r.dtype, isource, irecvtag,
                                 self.ob_mpi, sp)
-        CHKERR(ierr)
+        if ierr != MPI_SUCCESS:
+            raise_recv_error(ierr, sp, &m.r, "recvbuf")
         finish_call(m, BLOCKING)
         status_type(status, m.r.dtype)
 
@@ -309,11 +317,15 @@ cdef class Comm(_MPI.Intracomm):
         if needs_staging(m):
             stage(m, BLOCKING, 1, 1)
         cdef MPI_Status *sp = status_ptr(status)
+        cdef MPI_Status own
+        if sp == MPI_STATUS_IGNORE:
+            sp = &own
         cdef int ierr
         with nogil:
             ierr = MPI_Sendrecv_replace(m.r.addr, m.r.count, m.r.dtype, idest, isendtag,
                                         isource, irecvtag, self.ob_mpi, sp)
-        CHKERR(ierr)
+        if ierr != MPI_SUCCESS:
+            raise_recv_error(ierr, sp, &m.r, "buf")
         finish_call(m, BLOCKING)
         status_type(status, m.r.dtype)
 

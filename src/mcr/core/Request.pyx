@@ -16,6 +16,10 @@ cdef class Request(_MPI.Request):
     def __cinit__(self, *args, **kwargs):
         self.rtype = MPI_DATATYPE_NULL
 
+    cdef int failed(self, int ierr, MPI_Status *sp) except -1:
+        """Raise MPI's error `ierr` from completing this request (status `sp`)."""
+        raise_recv_error(ierr, sp, recv_side(self), "buf")
+
     cdef inline int complete(self, object status) except -1:
         # a completed persistent request stays allocated (inactive), and keeps
         # its buffers; a completed non-blocking one lets them go
@@ -41,6 +45,7 @@ cdef class Request(_MPI.Request):
             If MPI reports an error.
         """
         cdef MPI_Status *sp = status_ptr(status)
+        cdef MPI_Status own
         cdef int ierr
         if self.ext is not None:
             wait_work(self.ext)
@@ -48,9 +53,12 @@ cdef class Request(_MPI.Request):
             self.ext = None           # completed: the request is inactive now
             self.ob_buf = None
             return True
+        if sp == MPI_STATUS_IGNORE and self.rtype != MPI_DATATYPE_NULL:
+            sp = &own                 # a receive's status explains a truncation
         with nogil:
             ierr = MPI_Wait(&self.ob_mpi, sp)
-        CHKERR(ierr)
+        if ierr != MPI_SUCCESS:
+            self.failed(ierr, sp)
         self.complete(status)
         return True
 
@@ -68,7 +76,8 @@ cdef class Request(_MPI.Request):
             True when the operation has completed.
         """
         cdef MPI_Status *sp = status_ptr(status)
-        cdef int flag = 0
+        cdef MPI_Status own
+        cdef int flag = 0, ierr
         if self.ext is not None:
             if not self.ext.test():
                 mpi_progress()
@@ -77,7 +86,11 @@ cdef class Request(_MPI.Request):
             self.ext = None
             self.ob_buf = None
             return True
-        CHKERR(MPI_Test(&self.ob_mpi, &flag, sp))
+        if sp == MPI_STATUS_IGNORE and self.rtype != MPI_DATATYPE_NULL:
+            sp = &own
+        ierr = MPI_Test(&self.ob_mpi, &flag, sp)
+        if ierr != MPI_SUCCESS:
+            self.failed(ierr, sp)
         if flag:
             self.complete(status)
         return bool(flag)
@@ -161,7 +174,8 @@ cdef class Request(_MPI.Request):
             If an item of `requests` is not a request, or `statuses` is not a
             list or tuple of Status objects; before any request is waited for.
         mcr.Exception
-            If MPI reports an error.
+            If MPI reports an error (``ERR_IN_STATUS``; a truncated receive is
+            noted with the sizes, source and tag).
         """
         requests = as_requests(requests)
         check_statuses(statuses)
@@ -312,6 +326,22 @@ cdef class _Handles:
             self.fill_status(statuses[k], self.indices[k] if by_index else k, k)
         return 0
 
+    cdef object error(self, int ierr, int count, int index):
+        """MPI's error `ierr` from completing the requests, to raise once the
+        handles are put back; a truncation names its request: `index` (its
+        status first in self.statuses), or the `count` statuses of the
+        requests in self.indices (Waitsome) or all (index -2)."""
+        exc = Exception(ierr)
+        if index >= 0:
+            note_truncation(exc, ierr, &self.statuses[0], recv_side(self.requests[index]),
+                            f"requests[{index}]")
+            return exc
+        for k in range(count):
+            i = k if index == -2 else self.indices[k]
+            note_truncation(exc, self.statuses[k].MPI_ERROR, &self.statuses[k],
+                            recv_side(self.requests[i]), f"requests[{i}]")
+        return exc
+
 
 cdef list as_requests(object requests):
     """`requests` as a list, each item checked to be a request, before any of
@@ -326,6 +356,14 @@ cdef list as_requests(object requests):
             raise TypeError(f"requests[{i}]: expected an MPI.Request, got "
                             f"{type(req).__name__}")
     return requests
+
+
+cdef side *recv_side(object req) noexcept:
+    """The receive side of a request's message (NULL: not a receive, or gone)."""
+    if not isinstance(req, Request) or (<Request>req).rtype == MPI_DATATYPE_NULL:
+        return NULL
+    buf = (<Request>req).ob_buf
+    return &(<_Msg>buf).r if type(buf) is _Msg else NULL
 
 
 cdef int copy_status(object status, object source) except -1:
@@ -343,8 +381,10 @@ cdef object complete_all(object requests, object statuses, bint wait):
             ierr = MPI_Waitall(h.n, h.handles, h.statuses)
     else:
         ierr = MPI_Testall(h.n, h.handles, &flag, h.statuses)
+    exc = h.error(ierr, h.n, -2) if ierr != MPI_SUCCESS else None
     h.put_back(range(h.n) if flag and ierr == MPI_SUCCESS else ())
-    CHKERR(ierr)
+    if exc is not None:
+        raise exc
     if not flag:
         return False
     h.fill_list(statuses, h.n, False)
@@ -359,8 +399,12 @@ cdef object complete_any(object requests, object status, bint wait):
             ierr = MPI_Waitany(h.n, h.handles, &index, h.statuses)
     else:
         ierr = MPI_Testany(h.n, h.handles, &index, &flag, h.statuses)
+    exc = None
+    if ierr != MPI_SUCCESS:
+        exc = h.error(ierr, 0, index if index != MPI_UNDEFINED else -1)
     h.put_back((index,) if flag and index != MPI_UNDEFINED else ())
-    CHKERR(ierr)
+    if exc is not None:
+        raise exc
     if flag and status is not None:
         if index != MPI_UNDEFINED:
             h.fill_status(status, index, 0)
@@ -377,9 +421,11 @@ cdef object complete_some(object requests, object statuses, bint wait):
             ierr = MPI_Waitsome(h.n, h.handles, &outcount, h.indices, h.statuses)
     else:
         ierr = MPI_Testsome(h.n, h.handles, &outcount, h.indices, h.statuses)
+    exc = h.error(ierr, max(outcount, 0), -1) if ierr != MPI_SUCCESS else None
     h.put_back(() if outcount == MPI_UNDEFINED else
                {h.indices[k] for k in range(max(outcount, 0))})
-    CHKERR(ierr)
+    if exc is not None:
+        raise exc
     if outcount == MPI_UNDEFINED:
         return None
     h.fill_list(statuses, outcount, True)

@@ -79,6 +79,49 @@ cdef Py_ssize_t status_room(object statuses, Py_ssize_t count) except -1:
     return min(len(statuses), count)
 
 
+cdef int raise_recv_error(int ierr, MPI_Status *sp, side *r, str arg) except -1:
+    """Raise the MPI error `ierr` of a receive into `r` (NULL: unknown) whose
+    status is `sp`, with the context of a truncation (note_truncation)."""
+    exc = Exception(ierr)
+    note_truncation(exc, ierr, sp, r, arg)
+    raise exc
+
+
+cdef int note_truncation(object exc, int ierr, MPI_Status *sp, side *r, str arg) except -1:
+    """When `ierr` is a truncation, note on `exc` the buffer's size, the
+    message's when MPI tells it, its source and tag, in the words of the
+    Python backends."""
+    cdef int eclass = MPI_SUCCESS
+    if (sp == MPI_STATUS_IGNORE or r == NULL or MPI_Error_class(ierr, &eclass) != MPI_SUCCESS
+            or eclass != MPI_ERR_TRUNCATE):
+        return 0
+    add_note(exc, truncation_note(sp, r, arg))
+    return 0
+
+
+cdef str truncation_note(MPI_Status *sp, side *r, str arg):
+    cdef Py_ssize_t capacity = <Py_ssize_t>r.count * r.extent
+    cdef int nbytes = 0
+    # on truncation MPI (Open MPI at least) counts the whole message; a count
+    # that fits the buffer is only what was written, so the size is unknown then
+    if MPI_Get_count(sp, MPI_BYTE, &nbytes) != MPI_SUCCESS or nbytes == MPI_UNDEFINED \
+            or nbytes <= capacity:
+        message = "a message"
+    else:
+        message = f"message of {nbytes} bytes"
+    return (f"{arg}: {message} from rank {sp.MPI_SOURCE} (tag {sp.MPI_TAG}) does not fit "
+            f"the receive buffer of {capacity} bytes")
+
+
+cdef int add_note(object exc, str note) except -1:
+    # BaseException.add_note is Python 3.11+; __notes__ is what it fills
+    notes = getattr(exc, "__notes__", None)
+    if notes is None:
+        notes = exc.__notes__ = []
+    notes.append(note)
+    return 0
+
+
 cdef inline void status_type(object status, MPI_Datatype rtype) noexcept:
     if type(status) is Status:
         (<Status>status).rtype = rtype
