@@ -834,12 +834,19 @@ def proc_null(comm):
     found.report()
 
 
-def assert_truncated(call):
+def assert_truncated(call, source, tag, capacity):
+    """ERR_TRUNCATE, noted in the same words on every backend (the message's
+    size only where it is known)."""
     try:
         call()
     except mcr.Exception as exc:
         assert isinstance(exc, MPI.Exception)
         assert exc.Get_error_class() == MPI.ERR_TRUNCATE, exc
+        tail = (f" from rank {source} (tag {tag}) does not fit the receive buffer of "
+                f"{capacity} bytes")
+        notes = getattr(exc, "__notes__", [])
+        assert f"buf: message of 20 bytes{tail}" in notes or f"buf: a message{tail}" in notes, \
+            notes
     else:
         raise AssertionError("no error")
 
@@ -858,11 +865,12 @@ def truncation_raises_err_truncate(comm):
                                              right, t, backend=backend))
                  for t in (1, 2, 3)]
         with found.check(f"Recv 5 elements into 3, {backend}"):
-            assert_truncated(lambda: comm.Recv(torch.zeros(3), left, 1, backend=backend))
+            assert_truncated(lambda: comm.Recv(torch.zeros(3), left, 1, backend=backend),
+                             left, 1, 12)
         req = post(found, f"Irecv, {backend}",
                    lambda: comm.Irecv(torch.zeros(2), left, 2, backend=backend))
         with found.check(f"Wait for 5 elements into 2, {backend}"):
-            assert_truncated(req.Wait)
+            assert_truncated(req.Wait, left, 2, 8)
         buf = torch.zeros(5)
         with found.check(f"the next message, {backend}"):
             comm.Recv(buf, left, 3, backend=backend)

@@ -458,6 +458,39 @@ def op_does_not_apply(comm):
           comm.Allreduce, torch.ones(2), torch.zeros(2), None)
 
 
+@case
+def ops_that_are_not_reductions(comm):
+    """REPLACE, NO_OP (one-sided only), OP_NULL, and MAXLOC/MINLOC on plain
+    element types: refused before MPI, naming the op and the element type, by
+    every reduction, on MPI and Gloo."""
+    size = comm.size
+    cases = [
+        (torch.float32, MPI.REPLACE, TypeError, ["MPI.REPLACE", "not a reduction", "float32"]),
+        (torch.int64, MPI.NO_OP, TypeError, ["MPI.NO_OP", "not a reduction", "int64"]),
+        (torch.float64, MPI.OP_NULL, ValueError, ["MPI.OP_NULL", "not an operation",
+                                                  "float64"]),
+        (torch.float64, MPI.MAXLOC, TypeError, ["MPI.MAXLOC", "float64", "MPI.DOUBLE_INT"]),
+        (torch.int32, MPI.MINLOC, TypeError, ["MPI.MINLOC", "int32", "pairs"]),
+    ]
+    for backend in ("mpi", "gloo"):
+        for dtype, op, exc, what in cases:
+            x = rank_data(comm.rank, size, dtype)
+            for call, args in [
+                (comm.Allreduce, (x, torch.zeros_like(x), op)),
+                (comm.Allreduce, (MPI.IN_PLACE, x.clone(), op)),
+                (comm.Iallreduce, (x, torch.zeros_like(x), op)),
+                (comm.Reduce, (x, torch.zeros_like(x), op, 0)),
+                (comm.Scan, (x, torch.zeros_like(x), op)),
+                (comm.Exscan, (x, torch.zeros_like(x), op)),
+                (comm.Reduce_scatter_block, (x, x[:1].clone(), op)),
+                (comm.Reduce_scatter, (x, x[:1].clone(), None, op)),
+                (comm.Allreduce_init, (x, torch.zeros_like(x), op)),
+            ]:
+                check(comm, exc, ["op"] + what, call, *args, backend=backend)
+    with raises(TypeError, "MPI.REPLACE", "uint8"):
+        comm.Allreduce(np.ones(2, np.uint8), np.zeros(2, np.uint8), MPI.REPLACE)
+
+
 # -- objects that are not (usable) buffers ------------------------------------------------
 
 
@@ -708,6 +741,36 @@ def bad_status_and_requests(comm):
 
 
 @case
+def status_checked_before_receiving_on_every_backend(comm):
+    """A bad status is refused before the message is taken: the message is
+    still there for the next receive (Recv, Sendrecv, Sendrecv_replace, Probe,
+    Iprobe; MPI and Gloo)."""
+    dst, src = right(comm), left(comm)
+    for backend in ("mpi", "gloo"):
+        sreq = comm.Isend(rank_data(comm.rank, 3), dst, 21, backend=backend)
+        out = torch.zeros(3)
+        with raises(TypeError, "status", "got int"):
+            comm.Recv(out, src, 21, 123, backend=backend)
+        with raises(TypeError, "status", "got str"):
+            comm.Probe(src, 21, "x", backend=backend)
+        with raises(TypeError, "status", "got list"):
+            comm.Iprobe(src, 21, [], backend=backend)
+        with raises(TypeError, "status", "got int"):
+            comm.Sendrecv(rank_data(comm.rank, 3, seed=1), dst, 21, out, src, 21, 5,
+                          backend=backend)
+        with raises(TypeError, "status", "got float"):
+            comm.Sendrecv_replace(out, dst, 21, src, 21, 1.0, backend=backend)
+        st = MPI.Status()
+        comm.Recv(out, src, 21, st, backend=backend)    # the first message, nothing else
+        assert_equal(out, rank_data(src, 3))
+        assert (st.Get_source(), st.Get_tag(), st.Get_count(MPI.FLOAT)) == (src, 21, 3)
+        sreq.Wait()
+        assert not comm.Iprobe(MPI.ANY_SOURCE, 21, backend=backend)
+        comm.Barrier()
+    assert_comm_works(comm)
+
+
+@case
 def aliased_send_and_receive_buffers(comm):
     x = torch.ones(4)
     check(comm, ValueError, ["sendbuf and recvbuf overlap", "IN_PLACE"], comm.Allreduce, x, x)
@@ -763,6 +826,73 @@ def assert_mpi_error(exc, error_class):
     assert isinstance(exc, mcr.Exception), type(exc)
     assert isinstance(exc, _mpi4py.Exception)
     assert exc.Get_error_class() == error_class, (exc.Get_error_class(), error_class, str(exc))
+
+
+def assert_truncation_note(exc, arg, nbytes, capacity, source, tag):
+    """The note of a truncation: the receive buffer's size, the message's size
+    (when MPI tells it), its source and tag, as the Gloo path words it."""
+    notes = getattr(exc, "__notes__", [])
+    tail = (f" from rank {source} (tag {tag}) does not fit the receive buffer of "
+            f"{capacity} bytes")
+    sized = f"{arg}: message of {nbytes} bytes" + tail
+    assert sized in notes or f"{arg}: a message" + tail in notes, (notes, sized)
+
+
+@case
+def truncation_says_sizes_source_and_tag(comm):
+    """MPI_ERR_TRUNCATE from Recv, Wait, Test, Sendrecv, Sendrecv_replace,
+    Waitall, Waitany and a persistent receive stays an mcr.Exception of that
+    class, with a note giving the sizes, source and tag."""
+    dst, src = right(comm), left(comm)
+    data = torch.arange(10.0)                       # 40 bytes
+
+    def expect_truncation(call, arg, capacity, tag, error_class=MPI.ERR_TRUNCATE):
+        try:
+            call()
+        except _mpi4py.Exception as exc:
+            assert_mpi_error(exc, error_class)
+            assert_truncation_note(exc, arg, 40, capacity, src, tag)
+        else:
+            raise AssertionError(f"MPI_ERR_TRUNCATE not raised (tag {tag})")
+
+    sreq = comm.Isend(data, dst, 31)
+    expect_truncation(lambda: comm.Recv(torch.zeros(4), src, 31), "buf", 16, 31)
+    sreq.Wait()
+    sreq = comm.Isend(data, dst, 32)
+    rreq = comm.Irecv(torch.zeros(3), src, 32)
+    expect_truncation(rreq.Wait, "buf", 12, 32)
+    sreq.Wait()
+    sreq = comm.Isend(data, dst, 33)
+    rreq = comm.Irecv(torch.zeros(3, dtype=torch.int16), src, 33)
+
+    def test_until_done():
+        while not rreq.Test():
+            pass
+    expect_truncation(test_until_done, "buf", 6, 33)
+    sreq.Wait()
+    if comm.size > 1:     # Open MPI does not see a receive from itself posted first truncate
+        expect_truncation(lambda: comm.Sendrecv(data, dst, 34, torch.zeros(2), src, 34),
+                          "recvbuf", 8, 34)
+    sreq = comm.Isend(data, dst, 35)                # received by Sendrecv_replace
+    expect_truncation(lambda: comm.Sendrecv_replace(torch.zeros(1), MPI.PROC_NULL, 35,
+                                                    src, 35), "buf", 4, 35)
+    sreq.Wait()
+    sreq = comm.Isend(data, dst, 37)
+    rreq = comm.Irecv(torch.zeros(1), src, 37)
+    expect_truncation(lambda: mcr.Request.Waitall([sreq, rreq], (MPI.Status(),)),
+                      "requests[1]", 4, 37, MPI.ERR_IN_STATUS)
+    sreq.Wait()
+    sreq = comm.Isend(data, dst, 38)
+    rreq = comm.Irecv(torch.zeros(1), src, 38)
+    expect_truncation(lambda: mcr.Request.Waitany([rreq]), "requests[0]", 4, 38)
+    sreq.Wait()
+    preq = comm.Recv_init(torch.zeros(2), src, 39)
+    sreq = comm.Isend(data, dst, 39)
+    preq.Start()
+    expect_truncation(preq.Wait, "buf", 8, 39)
+    sreq.Wait()
+    preq.Free()
+    assert_comm_works(comm)
 
 
 @case

@@ -14,7 +14,7 @@ import torch
 import mcr
 from mcr import MPI
 from mpiharness import case, mpi_cases
-from util import all_data, assert_equal, rank_data
+from util import all_data, assert_equal, raises, rank_data
 
 K = 6      # messages per (sender, receiver) pair
 
@@ -397,6 +397,137 @@ def collective_request_keeps_buffers_alive(comm):
     req.Wait()
     assert_equal(held, torch.full((n,), float(sum(range(1, comm.size + 1)))))
     del junk
+
+
+# -- status arguments (MPI and Gloo requests alike) ----------------------------------------
+
+# the backends of the requests in a list: all MPI, all Gloo, and mixed
+REQUEST_MIXES = (("mpi", "mpi", "mpi"), ("gloo", "gloo", "gloo"), ("gloo", "mpi", "gloo"))
+
+
+def post_ring(comm, backends, tag):
+    """Per entry of `backends`, an Irecv of k + 2 float32 from the left (tag
+    `tag` + k) and an Isend of as many to the right, on that backend.
+    Returns (receives, sends, receive buffers)."""
+    bufs = [torch.zeros(k + 2) for k in range(len(backends))]
+    recvs = [comm.Irecv(bufs[k], left(comm), tag + k, backend=b)
+             for k, b in enumerate(backends)]
+    sends = [comm.Isend(rank_data(comm.rank, k + 2, seed=tag + k), right(comm), tag + k,
+                        backend=b) for k, b in enumerate(backends)]
+    return recvs, sends, bufs
+
+
+def check_ring_status(comm, st, tag, k, what):
+    got = (st.Get_source(), st.Get_tag(), st.Get_count())
+    assert got == (left(comm), tag + k, k + 2), (what, got)
+
+
+def untouched():
+    """A Status whose source says that nothing wrote into it."""
+    st = MPI.Status()
+    st.source = 4321
+    return st
+
+
+@case
+def statuses_tuples_and_short_lists_filled_as_mpi4py(comm):
+    """A tuple of Status objects is filled (as far as it goes) and never
+    extended; a short list is extended; by Waitall, Testall, Waitsome and
+    Testsome, on MPI, Gloo and mixed requests."""
+    for mix in REQUEST_MIXES:
+        n = len(mix)
+        # Waitall: a full tuple, a short tuple, a short list
+        recvs, sends, _ = post_ring(comm, mix, 10)
+        full = tuple(untouched() for _ in range(n))
+        assert mcr.Request.Waitall(recvs, full) is True
+        for k in range(n):
+            check_ring_status(comm, full[k], 10, k, (mix, "Waitall tuple"))
+        mcr.Request.Waitall(sends, (untouched(),))
+        recvs, sends, _ = post_ring(comm, mix, 20)
+        short = (untouched(),)
+        mcr.Request.Waitall(recvs, short)
+        assert len(short) == 1
+        check_ring_status(comm, short[0], 20, 0, (mix, "Waitall short tuple"))
+        mcr.Request.Waitall(sends)
+        recvs, sends, _ = post_ring(comm, mix, 30)
+        listed = [untouched()]
+        mcr.Request.Waitall(recvs, listed)
+        assert len(listed) == n, (mix, len(listed))
+        for k in range(n):
+            check_ring_status(comm, listed[k], 30, k, (mix, "Waitall short list"))
+        mcr.Request.Waitall(sends)
+        # Testall: a tuple longer than the requests keeps its extra entries
+        recvs, sends, _ = post_ring(comm, mix, 40)
+        longer = tuple(untouched() for _ in range(n + 1))
+        while not mcr.Request.Testall(recvs, longer):
+            pass
+        for k in range(n):
+            check_ring_status(comm, longer[k], 40, k, (mix, "Testall tuple"))
+        assert longer[n].Get_source() == 4321
+        mcr.Request.Waitall(sends)
+        # Waitsome / Testsome: the first entries, in the order of the indices
+        for method in (mcr.Request.Waitsome, mcr.Request.Testsome):
+            recvs, sends, _ = post_ring(comm, mix, 50)
+            seen = []
+            while len(seen) < n:
+                got = tuple(untouched() for _ in range(n))
+                indices = method(recvs, got)
+                assert indices is not None
+                for pos, k in enumerate(indices):
+                    check_ring_status(comm, got[pos], 50, k, (mix, method.__name__))
+                assert all(st.Get_source() == 4321 for st in got[len(indices):])
+                seen += indices
+            assert sorted(seen) == list(range(n))
+            assert method(recvs, ()) is None              # none active
+            mcr.Request.Waitall(sends)
+
+
+@case
+def bad_status_arguments_refused_before_anything_completes(comm):
+    """statuses/status that are not Status objects (or a list or tuple of
+    them), and requests lists holding other objects: TypeError naming the
+    argument and position, before any request is waited for (they are all
+    still active, the string is not written into), on MPI, Gloo and mixed
+    requests; then the requests complete normally."""
+    for mix in REQUEST_MIXES:
+        recvs, sends, bufs = post_ring(comm, mix, 60)
+        reqs = recvs + sends
+        word = "x"
+        not_statuses = ["not-a-status"]
+        R = mcr.Request
+        bad = [
+            (lambda: R.Waitall(reqs, word), ["statuses", "list or tuple", "got str"]),
+            (lambda: R.Waitall(reqs, not_statuses), ["statuses[0]", "MPI.Status", "got str"]),
+            (lambda: R.Waitall(reqs, [MPI.Status(), 3]), ["statuses[1]", "got int"]),
+            (lambda: R.Waitall(reqs, 7), ["statuses", "got int"]),
+            (lambda: R.Testall(reqs, (MPI.Status(), "x")), ["statuses[1]", "got str"]),
+            (lambda: R.Waitsome(reqs, word), ["statuses", "got str"]),
+            (lambda: R.Waitsome(reqs, [None]), ["statuses[0]", "got NoneType"]),
+            (lambda: R.Testsome(reqs, {}), ["statuses", "got dict"]),
+            (lambda: R.Waitany(reqs, word), ["status", "got str"]),
+            (lambda: R.Testany(reqs, 1.5), ["status", "got float"]),
+            (lambda: R.Waitany(reqs, [MPI.Status()]), ["status", "got list"]),
+            (lambda: R.Waitall(reqs + ["x"]), [f"requests[{len(reqs)}]", "got str"]),
+            (lambda: R.Waitany([reqs[0], 3]), ["requests[1]", "got int"]),
+            (lambda: R.Waitsome([None] + reqs), ["requests[0]", "got NoneType"]),
+            (lambda: R.Testsome(reqs + [MPI.Status()], []), [f"requests[{len(reqs)}]"]),
+            (lambda: R.Waitall(5), ["requests", "got int"]),
+        ]
+        for req in reqs:
+            bad += [(lambda req=req: req.Wait(word), ["status", "got str"]),
+                    (lambda req=req: req.Test(b"x"), ["status", "got bytes"]),
+                    (lambda req=req: req.Get_status([]), ["status", "got list"])]
+        for call, fragments in bad:
+            with raises(TypeError, *fragments):
+                call()
+            assert all(reqs), (mix, fragments)             # nothing completed
+        assert word == "x" and not_statuses == ["not-a-status"]
+        statuses = []
+        mcr.Request.Waitall(reqs, statuses)
+        for k in range(len(mix)):
+            check_ring_status(comm, statuses[k], 60, k, (mix, "after the errors"))
+            assert_equal(bufs[k], rank_data(left(comm), k + 2, seed=60 + k))
+        assert not any(reqs)
 
 
 test_mpi = mpi_cases(__name__)

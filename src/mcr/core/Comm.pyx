@@ -183,13 +183,17 @@ cdef class Comm(_MPI.Intracomm):
         cdef _Msg m = _Msg.__new__(_Msg)
         m.rown = parse_simple(buf, &m.r, True, b"buf")
         cdef MPI_Status *sp = status_ptr(status)
+        cdef MPI_Status own
+        if sp == MPI_STATUS_IGNORE:
+            sp = &own                 # it explains a truncation
         if needs_staging(m):
             stage(m, mode, 1, 1)
         cdef int ierr
         with nogil:
             ierr = mcr_recv(mode, m.r.addr, m.r.count, m.r.dtype, isource, itag, self.ob_mpi,
                             sp, req)
-        CHKERR(ierr)
+        if ierr != MPI_SUCCESS:
+            raise_recv_error(ierr, sp, &m.r, "buf")
         finish_call(m, mode)
         status_type(status, m.r.dtype)
         return m
@@ -240,6 +244,7 @@ cdef class Comm(_MPI.Intracomm):
         """
         sub = self.sub(backend)
         if sub is not None:
+            check_status(status)          # before the receive takes the message
             m = self.call_recv(buf, source, tag, None, None, VALIDATE, NULL)
             sub.run("Irecv", m, source=source, tag=tag).Wait(status)
             return
@@ -282,6 +287,7 @@ cdef class Comm(_MPI.Intracomm):
         """
         sub = self.sub(backend)
         if sub is not None:
+            check_status(status)
             sreq = self.Isend(sendbuf, dest, sendtag, backend=backend)
             self.Recv(recvbuf, source, recvtag, status, backend=backend)
             sreq.Wait()
@@ -298,12 +304,16 @@ cdef class Comm(_MPI.Intracomm):
         if needs_staging(m):
             stage(m, BLOCKING, 1, 1)
         cdef MPI_Status *sp = status_ptr(status)
+        cdef MPI_Status own
+        if sp == MPI_STATUS_IGNORE:
+            sp = &own
         cdef int ierr
         with nogil:
             ierr = MPI_Sendrecv(m.s.addr, m.s.count, m.s.dtype, idest, isendtag,
                                 m.r.addr, m.r.count, m.r.dtype, isource, irecvtag,
                                 self.ob_mpi, sp)
-        CHKERR(ierr)
+        if ierr != MPI_SUCCESS:
+            raise_recv_error(ierr, sp, &m.r, "recvbuf")
         finish_call(m, BLOCKING)
         status_type(status, m.r.dtype)
 
@@ -321,6 +331,7 @@ cdef class Comm(_MPI.Intracomm):
         """
         sub = self.sub(backend)
         if sub is not None:
+            check_status(status)
             self.call_send(buf, dest, sendtag, None, VALIDATE, NULL)
             sub.run("Sendrecv_replace",
                     self.call_recv(buf, source, recvtag, None, None, VALIDATE, NULL),
@@ -336,11 +347,15 @@ cdef class Comm(_MPI.Intracomm):
         if needs_staging(m):
             stage(m, BLOCKING, 1, 1)
         cdef MPI_Status *sp = status_ptr(status)
+        cdef MPI_Status own
+        if sp == MPI_STATUS_IGNORE:
+            sp = &own
         cdef int ierr
         with nogil:
             ierr = MPI_Sendrecv_replace(m.r.addr, m.r.count, m.r.dtype, idest, isendtag,
                                         isource, irecvtag, self.ob_mpi, sp)
-        CHKERR(ierr)
+        if ierr != MPI_SUCCESS:
+            raise_recv_error(ierr, sp, &m.r, "buf")
         finish_call(m, BLOCKING)
         status_type(status, m.r.dtype)
 
@@ -363,6 +378,7 @@ cdef class Comm(_MPI.Intracomm):
         """
         sub = self.sub(backend)
         if sub is not None:
+            check_status(status)
             return sub.probe(as_source(source, self.nprocs()), as_tag(tag, b"tag", True),
                              status, True)
         self.prologue(backend)
@@ -387,6 +403,7 @@ cdef class Comm(_MPI.Intracomm):
         """
         sub = self.sub(backend)
         if sub is not None:
+            check_status(status)
             return sub.probe(as_source(source, self.nprocs()), as_tag(tag, b"tag", True),
                              status, False)
         self.prologue(backend)

@@ -16,6 +16,10 @@ cdef class Request(_MPI.Request):
     def __cinit__(self, *args, **kwargs):
         self.rtype = MPI_DATATYPE_NULL
 
+    cdef int failed(self, int ierr, MPI_Status *sp) except -1:
+        """Raise MPI's error `ierr` from completing this request (status `sp`)."""
+        raise_recv_error(ierr, sp, recv_side(self), "buf")
+
     cdef inline int complete(self, object status) except -1:
         # a completed persistent request stays allocated (inactive), and keeps
         # its buffers; a completed non-blocking one lets them go
@@ -41,6 +45,7 @@ cdef class Request(_MPI.Request):
             If MPI reports an error.
         """
         cdef MPI_Status *sp = status_ptr(status)
+        cdef MPI_Status own
         cdef int ierr
         if self.ext is not None:
             wait_work(self.ext)
@@ -48,9 +53,12 @@ cdef class Request(_MPI.Request):
             self.ext = None           # completed: the request is inactive now
             self.ob_buf = None
             return True
+        if sp == MPI_STATUS_IGNORE and self.rtype != MPI_DATATYPE_NULL:
+            sp = &own                 # a receive's status explains a truncation
         with nogil:
             ierr = MPI_Wait(&self.ob_mpi, sp)
-        CHKERR(ierr)
+        if ierr != MPI_SUCCESS:
+            self.failed(ierr, sp)
         self.complete(status)
         return True
 
@@ -68,7 +76,8 @@ cdef class Request(_MPI.Request):
             True when the operation has completed.
         """
         cdef MPI_Status *sp = status_ptr(status)
-        cdef int flag = 0
+        cdef MPI_Status own
+        cdef int flag = 0, ierr
         if self.ext is not None:
             if not self.ext.test():
                 mpi_progress()
@@ -77,7 +86,11 @@ cdef class Request(_MPI.Request):
             self.ext = None
             self.ob_buf = None
             return True
-        CHKERR(MPI_Test(&self.ob_mpi, &flag, sp))
+        if sp == MPI_STATUS_IGNORE and self.rtype != MPI_DATATYPE_NULL:
+            sp = &own
+        ierr = MPI_Test(&self.ob_mpi, &flag, sp)
+        if ierr != MPI_SUCCESS:
+            self.failed(ierr, sp)
         if flag:
             self.complete(status)
         return bool(flag)
@@ -147,13 +160,25 @@ cdef class Request(_MPI.Request):
         ----------
         requests : sequence of Request
             The requests (inactive and null requests are allowed).
-        statuses : list, optional
-            Filled (and extended if shorter) with one ``mcr.Status`` per request.
+        statuses : list or tuple of Status, optional
+            Filled with one status per request, as far as it goes; a list that
+            is shorter is extended with new ``mcr.Status`` objects.
 
         Returns
         -------
         True
+
+        Raises
+        ------
+        TypeError
+            If an item of `requests` is not a request, or `statuses` is not a
+            list or tuple of Status objects; before any request is waited for.
+        mcr.Exception
+            If MPI reports an error (``ERR_IN_STATUS``; a truncated receive is
+            noted with the sizes, source and tag).
         """
+        requests = as_requests(requests)
+        check_statuses(statuses)
         return complete_all(requests, statuses, True) if not has_work(requests) else \
             mixed_all(requests, statuses, True)
 
@@ -164,7 +189,7 @@ cdef class Request(_MPI.Request):
         Parameters
         ----------
         requests : sequence of Request
-        statuses : list, optional
+        statuses : list or tuple of Status, optional
             Filled as in ``Waitall`` when all have completed.
 
         Returns
@@ -172,6 +197,8 @@ cdef class Request(_MPI.Request):
         bool
             True when every request has completed.
         """
+        requests = as_requests(requests)
+        check_statuses(statuses)
         return complete_all(requests, statuses, False) if not has_work(requests) else \
             mixed_all(requests, statuses, False)
 
@@ -191,6 +218,8 @@ cdef class Request(_MPI.Request):
             The index of the completed request, or ``UNDEFINED`` if none of
             `requests` is active.
         """
+        requests = as_requests(requests)
+        check_status(status)
         return complete_any(requests, status, True) if not has_work(requests) else \
             mixed_any(requests, status, True)
 
@@ -204,6 +233,8 @@ cdef class Request(_MPI.Request):
             ``(index, True)`` for a completed request, ``(UNDEFINED, True)`` if
             none is active, ``(UNDEFINED, False)`` if none has completed yet.
         """
+        requests = as_requests(requests)
+        check_status(status)
         return complete_any(requests, status, False) if not has_work(requests) else \
             mixed_any(requests, status, False)
 
@@ -214,9 +245,9 @@ cdef class Request(_MPI.Request):
         Parameters
         ----------
         requests : sequence of Request
-        statuses : list, optional
-            Its first entries are filled (the list extended if shorter) with the
-            statuses of the completed requests, in the order of the indices.
+        statuses : list or tuple of Status, optional
+            Its first entries are filled (a list is extended if shorter) with
+            the statuses of the completed requests, in the order of the indices.
 
         Returns
         -------
@@ -224,12 +255,16 @@ cdef class Request(_MPI.Request):
             The indices of the requests that completed, or None if none of
             `requests` is active.
         """
+        requests = as_requests(requests)
+        check_statuses(statuses)
         return complete_some(requests, statuses, True) if not has_work(requests) else \
             mixed_some(requests, statuses, True)
 
     @classmethod
     def Testsome(cls, requests, statuses=None):
         """Like ``Waitsome`` without blocking: the list may be empty."""
+        requests = as_requests(requests)
+        check_statuses(statuses)
         return complete_some(requests, statuses, False) if not has_work(requests) else \
             mixed_some(requests, statuses, False)
 
@@ -287,13 +322,55 @@ cdef class _Handles:
         return 0
 
     cdef int fill_list(self, object statuses, int count, bint by_index) except -1:
-        if statuses is None:
-            return 0
-        while len(statuses) < count:
-            statuses.append(Status())
-        for k in range(count):
+        for k in range(status_room(statuses, count)):
             self.fill_status(statuses[k], self.indices[k] if by_index else k, k)
         return 0
+
+    cdef object error(self, int ierr, int count, int index):
+        """MPI's error `ierr` from completing the requests, to raise once the
+        handles are put back; a truncation names its request: `index` (its
+        status first in self.statuses), or the `count` statuses of the
+        requests in self.indices (Waitsome) or all (index -2)."""
+        exc = Exception(ierr)
+        if index >= 0:
+            note_truncation(exc, ierr, &self.statuses[0], recv_side(self.requests[index]),
+                            f"requests[{index}]")
+            return exc
+        for k in range(count):
+            i = k if index == -2 else self.indices[k]
+            note_truncation(exc, self.statuses[k].MPI_ERROR, &self.statuses[k],
+                            recv_side(self.requests[i]), f"requests[{i}]")
+        return exc
+
+
+cdef list as_requests(object requests):
+    """`requests` as a list, each item checked to be a request, before any of
+    them is waited for."""
+    try:
+        requests = list(requests)
+    except TypeError:
+        raise TypeError("requests: expected a sequence of MPI.Request, got "
+                        f"{type(requests).__name__}") from None
+    for i, req in enumerate(requests):
+        if not isinstance(req, _MPI.Request):
+            raise TypeError(f"requests[{i}]: expected an MPI.Request, got "
+                            f"{type(req).__name__}")
+    return requests
+
+
+cdef side *recv_side(object req) noexcept:
+    """The receive side of a request's message (NULL: not a receive, or gone)."""
+    if not isinstance(req, Request) or (<Request>req).rtype == MPI_DATATYPE_NULL:
+        return NULL
+    buf = (<Request>req).ob_buf
+    return &(<_Msg>buf).r if type(buf) is _Msg else NULL
+
+
+cdef int copy_status(object status, object source) except -1:
+    (<_MPI.Status>status).ob_mpi = (<_MPI.Status>source).ob_mpi
+    if type(source) is Status:
+        status_type(status, (<Status>source).rtype)
+    return 0
 
 
 cdef object complete_all(object requests, object statuses, bint wait):
@@ -304,8 +381,10 @@ cdef object complete_all(object requests, object statuses, bint wait):
             ierr = MPI_Waitall(h.n, h.handles, h.statuses)
     else:
         ierr = MPI_Testall(h.n, h.handles, &flag, h.statuses)
+    exc = h.error(ierr, h.n, -2) if ierr != MPI_SUCCESS else None
     h.put_back(range(h.n) if flag and ierr == MPI_SUCCESS else ())
-    CHKERR(ierr)
+    if exc is not None:
+        raise exc
     if not flag:
         return False
     h.fill_list(statuses, h.n, False)
@@ -320,8 +399,12 @@ cdef object complete_any(object requests, object status, bint wait):
             ierr = MPI_Waitany(h.n, h.handles, &index, h.statuses)
     else:
         ierr = MPI_Testany(h.n, h.handles, &index, &flag, h.statuses)
+    exc = None
+    if ierr != MPI_SUCCESS:
+        exc = h.error(ierr, 0, index if index != MPI_UNDEFINED else -1)
     h.put_back((index,) if flag and index != MPI_UNDEFINED else ())
-    CHKERR(ierr)
+    if exc is not None:
+        raise exc
     if flag and status is not None:
         if index != MPI_UNDEFINED:
             h.fill_status(status, index, 0)
@@ -338,9 +421,11 @@ cdef object complete_some(object requests, object statuses, bint wait):
             ierr = MPI_Waitsome(h.n, h.handles, &outcount, h.indices, h.statuses)
     else:
         ierr = MPI_Testsome(h.n, h.handles, &outcount, h.indices, h.statuses)
+    exc = h.error(ierr, max(outcount, 0), -1) if ierr != MPI_SUCCESS else None
     h.put_back(() if outcount == MPI_UNDEFINED else
                {h.indices[k] for k in range(max(outcount, 0))})
-    CHKERR(ierr)
+    if exc is not None:
+        raise exc
     if outcount == MPI_UNDEFINED:
         return None
     h.fill_list(statuses, outcount, True)
@@ -413,16 +498,6 @@ cdef tuple split_work(list requests):
     return works, plain
 
 
-cdef object put_statuses(object statuses, list indices, list sub):
-    while len(statuses) < len(indices) and statuses is not None:
-        statuses.append(Status())
-    for k, st in zip(indices, sub):
-        (<_MPI.Status>statuses[k]).ob_mpi = (<_MPI.Status>st).ob_mpi
-        if type(statuses[k]) is Status and type(st) is Status:
-            (<Status>statuses[k]).rtype = (<Status>st).rtype
-    return statuses
-
-
 cdef object mixed_all(object requests, object statuses, bint wait):
     requests = list(requests)
     works, plain = split_work(requests)
@@ -437,11 +512,12 @@ cdef object mixed_all(object requests, object statuses, bint wait):
     sub = [] if statuses is not None else None
     if not complete_all([requests[i] for i in plain], sub, wait):
         return False
-    if statuses is not None:
-        while len(statuses) < len(requests):
-            statuses.append(Status())
-        put_statuses(statuses, plain, sub)
-        for i in works:
+    cdef Py_ssize_t room = status_room(statuses, len(requests))
+    for k, i in enumerate(plain):
+        if i < room:
+            copy_status(statuses[i], sub[k])
+    for i in works:
+        if i < room:
             work_of(requests[i]).fill(statuses[i])
     for i in works:
         completed(requests[i])
@@ -489,12 +565,11 @@ cdef object mixed_some(object requests, object statuses, bint wait):
         finished = sorted(done + [plain[k] for k in (got or [])])
         if finished or not wait:
             if statuses is not None:
-                while len(statuses) < len(finished):
-                    statuses.append(Status())
-                from_mpi = {plain[k]: st for k, st in zip(got or [], sub or [])}
-                for pos, i in enumerate(finished):
+                from_mpi = {plain[k]: st for k, st in zip(got or [], sub)}
+                for pos in range(status_room(statuses, len(finished))):
+                    i = finished[pos]
                     if i in from_mpi:
-                        put_statuses(statuses, [pos], [from_mpi[i]])
+                        copy_status(statuses[pos], from_mpi[i])
                     else:
                         work_of(requests[i]).fill(statuses[pos])
             for i in done:
@@ -565,34 +640,38 @@ cdef class Prequest(Request):
         Raises
         ------
         ValueError
-            If the request or its communicator was freed, or (emulated) the
-            request is still active.
+            If the request or its communicator was freed, or the request is
+            still active.
         mcr.Exception
-            If MPI reports an error (e.g. starting an active request).
+            If MPI reports another error.
         """
+        self.start(-1)
+
+    cdef int start(self, Py_ssize_t index) except -1:
+        """Start; `index`: the request's position in Startall's list (-1: Start)."""
         cdef int ierr
         if self.comm is not None and (<_MPI.Comm>self.comm).ob_mpi == MPI_COMM_NULL:
             # Open MPI crashes starting a persistent collective on a freed comm
-            raise ValueError("request: its communicator was freed; free persistent "
-                             "requests before their communicator")
+            raise ValueError(f"{request_name(index)}: its communicator was freed; free "
+                             "persistent requests before their communicator")
         if self.start_fn is None:
             if self.ob_mpi == MPI_REQUEST_NULL:
-                raise ValueError("request: it was freed (or never created)")
+                raise ValueError(f"{request_name(index)}: it was freed (or never created)")
             if type(self.ob_buf) is _Msg and (<_Msg>self.ob_buf).staged is not None:
                 restage(<_Msg>self.ob_buf)
             with nogil:
                 ierr = MPI_Start(&self.ob_mpi)
-            CHKERR(ierr)
-            return None
+            if ierr != MPI_SUCCESS:
+                start_failed(ierr, index)
+            return 0
         if self.ob_mpi != MPI_REQUEST_NULL or self.ext is not None:
-            raise ValueError("request: still active; complete it (Wait/Test) before "
-                             "starting it again")
+            raise still_active(index)
         cdef Request inner = self.start_fn()
         self.ob_mpi, inner.ob_mpi = inner.ob_mpi, MPI_REQUEST_NULL
         self.ob_buf, inner.ob_buf = inner.ob_buf, None
         self.ext, inner.ext = inner.ext, None
         self.rtype = inner.rtype
-        return None
+        return 0
 
     def __bool__(self):
         # an emulated request between starts holds no MPI handle, yet is alive
@@ -603,7 +682,9 @@ cdef class Prequest(Request):
         """Start each of `requests` (a sequence of ``Prequest``), in order.
 
         Requests that are known not to be startable (freed, or emulated and
-        still active) raise ``ValueError`` before any request is started.
+        still active) raise ``ValueError`` before any request is started; MPI
+        tells that a native one is still active only when it is started, after
+        those before it.
         """
         requests = list(requests)
         cdef Prequest req
@@ -616,12 +697,11 @@ cdef class Prequest(Request):
                 raise ValueError(f"requests[{i}]: it was freed (or never created)")
             if req.start_fn is not None and (req.ob_mpi != MPI_REQUEST_NULL or (
                     req.ext is not None)):
-                raise ValueError(f"requests[{i}]: still active; complete it before "
-                                 "starting it again")
+                raise still_active(i)
             if req.comm is not None and (<_MPI.Comm>req.comm).ob_mpi == MPI_COMM_NULL:
                 raise ValueError(f"requests[{i}]: its communicator was freed")
-        for r in requests:
-            r.Start()
+        for i in range(len(requests)):
+            (<Prequest>requests[i]).start(i)
 
     def Free(self):
         """Release the request; freeing twice is harmless.
@@ -640,3 +720,25 @@ cdef class Prequest(Request):
         self.start_fn = None
         self.ext = None
         self.ob_buf = None
+
+
+cdef str request_name(Py_ssize_t index):
+    return "request" if index < 0 else f"requests[{index}]"
+
+
+cdef object still_active(Py_ssize_t index):
+    return ValueError(f"{request_name(index)}: still active; complete it (Wait/Test) "
+                      "before starting it again")
+
+
+cdef int start_failed(int ierr, Py_ssize_t index) except -1:
+    """Raise MPI's error from MPI_Start; MPI_ERR_REQUEST on a live persistent
+    request means it is still active (MPI keeps no other state to tell)."""
+    cdef int eclass = MPI_SUCCESS
+    exc = Exception(ierr)
+    if MPI_Error_class(ierr, &eclass) == MPI_SUCCESS and eclass == MPI_ERR_REQUEST:
+        error = still_active(index)
+        if index > 0:
+            add_note(error, f"requests[:{index}] were started")
+        raise error from exc
+    raise exc

@@ -41,9 +41,85 @@ cdef inline MPI_Status *status_ptr(object status) except? NULL:
     """The MPI_Status behind a status argument (None: ignore)."""
     if status is None:
         return MPI_STATUS_IGNORE
-    if not isinstance(status, _MPI.Status):
-        raise TypeError(f"status: expected an MPI.Status or None, got {type(status).__name__}")
+    check_status(status)
     return &(<_MPI.Status>status).ob_mpi
+
+
+cdef int check_status(object status) except -1:
+    """Refuse a status argument that is neither None nor an MPI.Status, before
+    anything is received or waited for (it would be written into)."""
+    if status is not None and not isinstance(status, _MPI.Status):
+        raise TypeError(f"status: expected an MPI.Status or None, got {type(status).__name__}")
+    return 0
+
+
+cdef int check_statuses(object statuses) except -1:
+    """Refuse a statuses argument that is not None or a list or tuple of
+    MPI.Status, naming the first wrong item, before anything is waited for."""
+    if statuses is None:
+        return 0
+    if type(statuses) is not list and type(statuses) is not tuple:
+        raise TypeError("statuses: expected a list or tuple of MPI.Status, or None, got "
+                        f"{type(statuses).__name__}")
+    for i, status in enumerate(statuses):
+        if not isinstance(status, _MPI.Status):
+            raise TypeError(f"statuses[{i}]: expected an MPI.Status, got "
+                            f"{type(status).__name__}")
+    return 0
+
+
+cdef Py_ssize_t status_room(object statuses, Py_ssize_t count) except -1:
+    """How many of `count` statuses `statuses` (checked) can take: a list is
+    extended with new Status objects, a tuple only fills what it has (as mpi4py)."""
+    if statuses is None:
+        return 0
+    if type(statuses) is list:
+        while len(statuses) < count:
+            statuses.append(Status())
+    return min(len(statuses), count)
+
+
+cdef int raise_recv_error(int ierr, MPI_Status *sp, side *r, str arg) except -1:
+    """Raise the MPI error `ierr` of a receive into `r` (NULL: unknown) whose
+    status is `sp`, with the context of a truncation (note_truncation)."""
+    exc = Exception(ierr)
+    note_truncation(exc, ierr, sp, r, arg)
+    raise exc
+
+
+cdef int note_truncation(object exc, int ierr, MPI_Status *sp, side *r, str arg) except -1:
+    """When `ierr` is a truncation, note on `exc` the buffer's size, the
+    message's when MPI tells it, its source and tag, in the words of the
+    Python backends."""
+    cdef int eclass = MPI_SUCCESS
+    if (sp == MPI_STATUS_IGNORE or r == NULL or MPI_Error_class(ierr, &eclass) != MPI_SUCCESS
+            or eclass != MPI_ERR_TRUNCATE):
+        return 0
+    add_note(exc, truncation_note(sp, r, arg))
+    return 0
+
+
+cdef str truncation_note(MPI_Status *sp, side *r, str arg):
+    cdef Py_ssize_t capacity = <Py_ssize_t>r.count * r.extent
+    cdef int nbytes = 0
+    # on truncation MPI (Open MPI at least) counts the whole message; a count
+    # that fits the buffer is only what was written, so the size is unknown then
+    if MPI_Get_count(sp, MPI_BYTE, &nbytes) != MPI_SUCCESS or nbytes == MPI_UNDEFINED \
+            or nbytes <= capacity:
+        message = "a message"
+    else:
+        message = f"message of {nbytes} bytes"
+    return (f"{arg}: {message} from rank {sp.MPI_SOURCE} (tag {sp.MPI_TAG}) does not fit "
+            f"the receive buffer of {capacity} bytes")
+
+
+cdef int add_note(object exc, str note) except -1:
+    # BaseException.add_note is Python 3.11+; __notes__ is what it fills
+    notes = getattr(exc, "__notes__", None)
+    if notes is None:
+        notes = exc.__notes__ = []
+    notes.append(note)
+    return 0
 
 
 cdef inline void status_type(object status, MPI_Datatype rtype) noexcept:

@@ -78,6 +78,8 @@ cdef int resolve_op(object op, int tindex, MPI_Op *out) except -1:
     while k < NOPS and OPS[k] != handle:
         k += 1
     if k == NOPS or tindex < 0:         # user-defined op or datatype: MPI decides
+        if k == NOPS:
+            check_reduction(handle, tindex)
         out[0] = handle
         return 0
     cdef int category = TYPES[tindex].category
@@ -90,4 +92,21 @@ cdef int resolve_op(object op, int tindex, MPI_Op *out) except -1:
         out[0] = HALF_OPS[tindex == T_BFLOAT16][k]
     else:
         out[0] = handle
+    return 0
+
+
+cdef int check_reduction(MPI_Op handle, int tindex) except -1:
+    """Refuse the predefined ops that are not reductions of `tindex` elements
+    (-1: a datatype mcr does not know), which MPI would only call invalid."""
+    elements = f"{TYPE_NAMES[tindex]} elements" if tindex >= 0 else "elements of this datatype"
+    if handle == MPI_OP_NULL:
+        raise ValueError(f"op: MPI.OP_NULL is not an operation; cannot reduce {elements}")
+    if handle == MPI_REPLACE or handle == MPI_NO_OP:
+        name = "REPLACE" if handle == MPI_REPLACE else "NO_OP"
+        raise TypeError(f"op: MPI.{name} is not a reduction (it is for one-sided "
+                        f"accumulate operations only); cannot reduce {elements}")
+    if (handle == MPI_MAXLOC or handle == MPI_MINLOC) and tindex >= 0:
+        name = "MAXLOC" if handle == MPI_MAXLOC else "MINLOC"
+        raise TypeError(f"op: MPI.{name} does not apply to {elements}: it takes "
+                        "(value, index) pairs such as MPI.DOUBLE_INT or MPI.FLOAT_INT")
     return 0
