@@ -416,13 +416,26 @@ P2P_NULL = {
     "Sendrecv_replace": lambda comm: (torch.ones(N), mcr.PROC_NULL, 0, mcr.PROC_NULL),
     "Probe": lambda comm: (mcr.PROC_NULL,),
     "Iprobe": lambda comm: (mcr.PROC_NULL,),
+    "Isendrecv": lambda comm: (torch.ones(N), mcr.PROC_NULL, 0, torch.zeros(N),
+                               mcr.PROC_NULL),
+    "Isendrecv_replace": lambda comm: (torch.ones(N), mcr.PROC_NULL, 0, mcr.PROC_NULL),
 }
-ALL_METHODS = sorted(set(COLLECTIVE_FORMS) | set(P2P_NULL))
+for _mode in ("Bsend", "Ssend", "Rsend"):
+    for _form in (_mode, "I" + _mode.lower(), _mode + "_init"):
+        P2P_NULL[_form] = P2P_NULL["Send"]
+# backend="mpi" only (a datatype per process): other backends refuse them
+MPI_ONLY = {form: lambda comm: ([torch.ones(N), [MPI.FLOAT] * comm.size],
+                                [torch.zeros(comm.size), [1] * comm.size,
+                                 [4 * i for i in range(comm.size)], [MPI.FLOAT] * comm.size])
+            for form in ("Alltoallw", "Ialltoallw", "Alltoallw_init")}
+ALL_METHODS = sorted(set(COLLECTIVE_FORMS) | set(P2P_NULL) | set(MPI_ONLY))
 
 
 def call_args(comm, method):
     if method in P2P_NULL:
         return P2P_NULL[method](comm), {}
+    if method in MPI_ONLY:
+        return MPI_ONLY[method](comm), {}
     args, kwargs, _, _ = COLLECTIVES[COLLECTIVE_FORMS[method]](comm)
     return args, kwargs
 

@@ -613,6 +613,7 @@ def issend_completes_only_once_received(comm):
     if comm.size == 1:
         return
     for backend in ("mpi", "gloo"):
+        comm.Barrier(backend=backend)        # Gloo's group is made here, by all
         x = rank_data(comm.rank, 3, torch.float32)
         y = torch.zeros(3)
         if comm.rank % 2 == 0 and comm.rank + 1 < comm.size:

@@ -222,13 +222,13 @@ class Comm(_Intracomm):
         self, buf: _BufSpec, source: int = ANY_SOURCE, tag: int = ANY_TAG, *,
         backend: _Backend = None,
     ) -> Prequest: ...
-    def Bsend_init(  # type: ignore[override]
+    def Bsend_init(
         self, buf: _BufSpec, dest: int, tag: int = 0, *, backend: _Backend = None,
     ) -> Prequest: ...
-    def Ssend_init(  # type: ignore[override]
+    def Ssend_init(
         self, buf: _BufSpec, dest: int, tag: int = 0, *, backend: _Backend = None,
     ) -> Prequest: ...
-    def Rsend_init(  # type: ignore[override]
+    def Rsend_init(
         self, buf: _BufSpec, dest: int, tag: int = 0, *, backend: _Backend = None,
     ) -> Prequest: ...
     def Barrier_init(  # type: ignore[override]

@@ -12,9 +12,10 @@ class MpiBackend(Backend):
     name = "mpi"
     devices = frozenset({"cpu", "cuda"})   # CUDA: directly if CUDA-aware, else staged
     native = frozenset({
-        "Send", "Recv", "Sendrecv", "Sendrecv_replace", "Probe", "Iprobe",
+        "Send", "Bsend", "Ssend", "Rsend", "Recv", "Sendrecv", "Sendrecv_replace", "Probe",
+        "Iprobe",
         "Barrier", "Bcast", "Gather", "Gatherv", "Scatter", "Scatterv", "Allgather",
-        "Allgatherv", "Alltoall", "Alltoallv", "Reduce", "Allreduce",
+        "Allgatherv", "Alltoall", "Alltoallv", "Alltoallw", "Reduce", "Allreduce",
         "Reduce_scatter_block", "Reduce_scatter", "Scan", "Exscan"})
 
     def create(self, comm: Any) -> NoReturn:
