@@ -83,7 +83,9 @@ class Report:
                  f"target {TARGET:.0%}, 0 crashes, 0 hangs): {'OK' if self.ok else 'FAIL'}"]
         if per_module:
             lines.append(self.module_table())
-        bad = [o for o in self.outcomes.values() if o.kind in ("fail", "error", "crash", "hang")]
+        # crashes and hangs first: they are what a long list would hide
+        bad = [o for kinds in (("crash", "hang"), ("fail", "error"))
+               for o in self.outcomes.values() if o.kind in kinds]
         bad += self.fixture_errors
         for o in bad[:max_failures]:
             lines.append(f"{o.kind.upper()}: {o.test} (ranks {','.join(map(str, o.ranks))})")
