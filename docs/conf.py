@@ -146,6 +146,26 @@ def write_backend_table():
 write_backend_table()
 
 
+# -- the conformance test's exclusions, from its one table ------------------
+
+def write_conformance_exclusions():
+    """docs/_generated/mpi4py_exclusions.rst: what the mpi4py conformance test leaves out
+    (tests/mpi4py_conformance/exclusions.py is the one source of truth)."""
+    import importlib.util
+
+    path = os.path.join(HERE, os.pardir, "tests", "mpi4py_conformance", "exclusions.py")
+    spec = importlib.util.spec_from_file_location("mcr_conformance_exclusions", path)
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    lines = [f"* ``{pattern}``: {reason}." for pattern, reason in table.EXCLUSIONS]
+    os.makedirs(os.path.join(HERE, "_generated"), exist_ok=True)
+    with open(os.path.join(HERE, "_generated", "mpi4py_exclusions.rst"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+write_conformance_exclusions()
+
+
 def setup(app):
     app.connect("autodoc-process-signature", python_signature)
     app.connect("env-check-consistency", check_api_documented)

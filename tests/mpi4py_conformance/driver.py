@@ -1,0 +1,324 @@
+"""Run mpi4py's test suite through mcr.MPI at one world size and report the outcome.
+
+All selected modules run in one mpiexec job (worker.py on every rank), which
+records each test's outcome per rank as it ends. When the job crashes or stops
+making progress, the test that was running is reported as a crash or a hang and
+the tests after it run again in a new job, so one crash hides nothing else
+(after a hang, the tests after it in its module are reported as not run: each
+hang costs the stall timeout). A
+test passes when it passes (or is skipped) on every rank.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # tests/, for mpiharness
+
+from mpiharness import mpi_env, mpiexec_command  # noqa: E402
+
+from mpi4py_conformance.exclusions import EXCLUSIONS  # noqa: E402
+
+# a test that records nothing for this long on every rank is taken as hung
+STALL_TIMEOUT = float(os.environ.get("MCR_CONFORMANCE_STALL_TIMEOUT", "60"))
+TARGET = 0.99
+TRACEBACK_LINES = 12
+
+
+class Outcome:
+    """One test's outcome over all ranks."""
+
+    def __init__(self, test, kind, detail="", ranks=(), seconds=0.0):
+        self.test, self.kind, self.detail = test, kind, detail
+        self.ranks, self.seconds = sorted(ranks), seconds
+
+    @property
+    def module(self):
+        return self.test.split(".")[0]
+
+
+class Report:
+    """The outcome of every selected test at one world size."""
+
+    def __init__(self, nprocs, version):
+        self.nprocs, self.version = nprocs, version
+        self.outcomes = {}          # test id -> Outcome, in running order
+        self.excluded = []
+        self.fixture_errors = []    # setUpClass/setUpModule errors (no test id of their own)
+        self.jobs = 0
+        self.seconds = 0.0
+
+    def count(self, kind):
+        return sum(1 for o in self.outcomes.values() if o.kind == kind)
+
+    @property
+    def ran(self):
+        return len(self.outcomes) - self.count("skip")
+
+    @property
+    def ok(self):
+        ran = self.ran
+        return (self.count("crash") == 0 and self.count("hang") == 0
+                and (ran == 0 or self.count("pass") >= TARGET * ran))
+
+    def figures(self):
+        return (f"collected {len(self.outcomes)}, passed {self.count('pass')}, failed "
+                f"{self.count('fail')}, errors {self.count('error')}, skipped "
+                f"{self.count('skip')}, excluded {len(self.excluded)}, crashes "
+                f"{self.count('crash')}, hangs {self.count('hang')}")
+
+    def text(self, per_module=True, max_failures=200):
+        ran = self.ran
+        rate = 100.0 * self.count("pass") / ran if ran else 100.0
+        lines = [f"mpi4py {self.version} test suite through mcr.MPI at {self.nprocs} "
+                 f"process{'es' if self.nprocs > 1 else ''}: {self.seconds:.0f} s, "
+                 f"{self.jobs} job{'s' if self.jobs > 1 else ''}",
+                 self.figures(),
+                 f"passed {self.count('pass')} of the {ran} tests that ran ({rate:.1f}%; "
+                 f"target {TARGET:.0%}, 0 crashes, 0 hangs): {'OK' if self.ok else 'FAIL'}"]
+        if per_module:
+            lines.append(self.module_table())
+        # crashes and hangs first: they are what a long list would hide
+        bad = [o for kinds in (("crash", "hang"), ("fail", "error"))
+               for o in self.outcomes.values() if o.kind in kinds]
+        bad += self.fixture_errors
+        for o in bad[:max_failures]:
+            lines.append(f"{o.kind.upper()}: {o.test} (ranks {','.join(map(str, o.ranks))})")
+            detail = o.detail.strip().splitlines()
+            if o.kind in ("crash", "hang") and len(detail) > TRACEBACK_LINES + 2:
+                # what happened, then the end of the job's output (the stack it died in)
+                detail = detail[:2] + ["..."] + detail[-TRACEBACK_LINES:]
+            elif len(detail) > TRACEBACK_LINES:
+                detail = detail[:TRACEBACK_LINES] + ["..."]
+            lines += ["    " + line for line in detail]
+        if len(bad) > max_failures:
+            lines.append(f"... and {len(bad) - max_failures} more")
+        return "\n".join(lines)
+
+    def module_table(self):
+        modules = {}
+        for o in self.outcomes.values():
+            row = modules.setdefault(o.module, {"seconds": 0.0})
+            row[o.kind] = row.get(o.kind, 0) + 1
+            row["seconds"] += o.seconds
+        for test in self.excluded:
+            row = modules.setdefault(test.split(".")[0], {"seconds": 0.0})
+            row["excluded"] = row.get("excluded", 0) + 1
+        kinds = ("pass", "fail", "error", "skip", "excluded", "crash", "hang")
+        head = f"  {'module':<24}" + "".join(f"{k:>9}" for k in kinds) + f"{'seconds':>9}"
+        rows = [head]
+        for name, row in modules.items():
+            rows.append(f"  {name:<24}" + "".join(f"{row.get(k, 0):>9}" for k in kinds)
+                        + f"{row['seconds']:>9.1f}")
+        return "\n".join(rows)
+
+
+def read_records(outdir, nprocs):
+    """Each rank's list of records (an empty list for a rank that wrote none)."""
+    per_rank = []
+    for rank in range(nprocs):
+        records = []
+        try:
+            with open(os.path.join(outdir, f"rank{rank}.jsonl"), encoding="utf-8") as f:
+                for line in f:
+                    try:
+                        records.append(json.loads(line))
+                    except ValueError:  # a line cut short by a crash
+                        break
+        except FileNotFoundError:
+            pass
+        per_rank.append(records)
+    return per_rank
+
+
+def progress(outdir):
+    """A value that changes whenever any rank writes a record."""
+    total = 0
+    for name in os.listdir(outdir):
+        if name.endswith(".jsonl"):
+            total += os.path.getsize(os.path.join(outdir, name))
+    return total
+
+
+def launch(nprocs, testdir, outdir, selection, log_path, deadline):
+    """Run one job; return (exit code or None when killed as hung, output)."""
+    selection_path = os.path.join(outdir, "selection.json")
+    with open(selection_path, "w", encoding="utf-8") as f:
+        json.dump(selection, f)
+    cmd = mpiexec_command(nprocs) + [sys.executable, os.path.join(HERE, "worker.py"),
+                                     testdir, outdir, selection_path]
+    env = mpi_env()
+    # mcr from wherever this process imports it (an in-place build on PYTHONPATH, or installed)
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+        last, last_change = progress(outdir), time.monotonic()
+        while True:
+            try:
+                code = proc.wait(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            now, current = time.monotonic(), progress(outdir)
+            if current != last:
+                last, last_change = current, now
+            elif now - last_change > STALL_TIMEOUT or now > deadline:
+                stop(proc, outdir)
+                code = None
+                break
+    with open(log_path, errors="replace") as f:
+        return code, f.read()
+
+
+def stop(proc, outdir):
+    """Kill a hung job: mpiexec, then any rank it left behind (ranks run in
+    process groups of their own, and record their pids)."""
+    proc.terminate()  # mpiexec forwards it to the ranks
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    ranks = sum(1 for name in os.listdir(outdir) if name.endswith(".jsonl"))
+    for records in read_records(outdir, ranks):
+        for r in records:
+            if r["event"] == "pid":
+                try:
+                    os.kill(r["pid"], signal.SIGKILL)
+                except OSError:  # gone already
+                    pass
+
+
+def run(nprocs, testdir, include=(), timeout=3600.0):
+    """Run the selected mpi4py test modules at `nprocs` ranks; return a Report.
+
+    Parameters
+    ----------
+    nprocs : int
+        World size.
+    testdir : str
+        mpi4py's ``test/`` folder (see sdist.test_dir).
+    include : sequence of str
+        Regexes of test module file names (mpi4py's ``-i``); all modules if empty.
+    timeout : float
+        Seconds for the whole run, reruns included.
+    """
+    import importlib.metadata
+    report = Report(nprocs, importlib.metadata.version("mpi4py"))
+    patterns = [pattern for pattern, _ in EXCLUSIONS]
+    order = None
+    done = set()
+    include = list(include)
+    start = time.monotonic()
+    deadline = start + timeout
+    while True:
+        with tempfile.TemporaryDirectory(prefix="mcr-conformance-") as outdir:
+            selection = {"include": include, "exclude": patterns, "skip": sorted(done)}
+            code, output = launch(nprocs, testdir, outdir, selection,
+                                  os.path.join(outdir, "job.log"), deadline)
+            per_rank = read_records(outdir, nprocs)
+        report.jobs += 1
+        finished = code is not None and all(
+            records and records[-1].get("event") == "done" for records in per_rank)
+        collected = next((r for records in per_rank for r in records
+                          if r["event"] == "collected"), None)
+        if collected is None:
+            # died before choosing its tests: nothing to attribute it to
+            kind = "hang" if code is None else "crash"
+            report.outcomes["<start-up>"] = Outcome(
+                "<start-up>", kind, f"the job {describe_exit(code)} before running any test"
+                f"\n--- job output (tail) ---\n{output[-4000:]}", range(nprocs))
+            break
+        if order is None:
+            order = list(collected["tests"])
+            report.excluded = list(collected["excluded"])
+        pending = [t for t in collected["tests"] if t not in done]
+        ends, starts = {}, {}
+        for rank, records in enumerate(per_rank):
+            for r in records:
+                if r["event"] == "start":
+                    starts.setdefault(r["test"], set()).add(rank)
+                elif r["event"] == "end" and r.get("fixture"):
+                    report.fixture_errors.append(
+                        Outcome(r["test"], r["outcome"], r["detail"], [rank]))
+                elif r["event"] == "end":
+                    ends.setdefault(r["test"], {})[rank] = r
+        everyone = set(range(nprocs))
+        complete = [t for t in pending if set(ends.get(t, {})) == everyone]
+        for test in complete:
+            report.outcomes[test] = combine(test, ends[test])
+            done.add(test)
+        if finished:
+            for test in pending:
+                if test not in done:  # a setUpClass/setUpModule failed on some rank
+                    report.outcomes[test] = Outcome(
+                        test, "error", "did not run: a class or module fixture failed "
+                        "(see the setUpClass/setUpModule error)",
+                        everyone - set(ends.get(test, {})))
+                    done.add(test)
+            break
+        unfinished = [t for t in pending if t not in done]
+        culprit = next((t for t in unfinished if starts.get(t, set()) - set(ends.get(t, {}))),
+                       unfinished[0] if unfinished else None)
+        kind = "hang" if code is None else "crash"
+        if culprit is None:
+            report.outcomes["<shutdown>"] = Outcome(
+                "<shutdown>", kind, f"the job {describe_exit(code)} after its last test"
+                f"\n--- job output (tail) ---\n{output[-4000:]}", everyone)
+            break
+        running = sorted(starts.get(culprit, set()) - set(ends.get(culprit, {})))
+        report.outcomes[culprit] = Outcome(
+            culprit, kind, f"the job {describe_exit(code)} while this test ran on ranks "
+            f"{running}\n--- job output (tail) ---\n{output[-3000:]}", running or everyone)
+        done.add(culprit)
+        if kind == "hang":
+            # a hang costs the stall timeout each time: the rest of its module is not run
+            module = culprit.split(".")[0]
+            for test in unfinished:
+                if test not in done and test.split(".")[0] == module:
+                    report.outcomes[test] = Outcome(
+                        test, "error", f"not run: {culprit} hung before it", everyone)
+                    done.add(test)
+        if time.monotonic() > deadline:
+            for test in unfinished:
+                if test not in done:
+                    report.outcomes[test] = Outcome(test, "hang", "not run: the conformance "
+                                                    f"run's {timeout:.0f} s were spent", everyone)
+            break
+        # the rest again, reading only the modules that still have tests to run
+        modules = sorted({t.split(".")[0] for t in unfinished if t not in done})
+        if not modules:
+            break
+        include = [f"^{m}\\.py$" for m in modules]
+    if order is not None:  # report in running order
+        report.outcomes = {t: report.outcomes[t] for t in
+                           [t for t in order if t in report.outcomes] +
+                           [t for t in report.outcomes if t not in set(order)]}
+    report.seconds = time.monotonic() - start
+    return report
+
+
+def describe_exit(code):
+    if code is None:
+        return f"made no progress for {STALL_TIMEOUT:.0f} s (killed)"
+    if code < 0:
+        return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def combine(test, per_rank):
+    """One Outcome from each rank's end record of `test`."""
+    kinds = {rank: r["outcome"] for rank, r in per_rank.items()}
+    seconds = max(r.get("time", 0.0) for r in per_rank.values())
+    for kind in ("fail", "error"):
+        ranks = [rank for rank, k in kinds.items() if k == kind]
+        if ranks:
+            return Outcome(test, kind, per_rank[ranks[0]]["detail"], ranks, seconds)
+    if all(k == "skip" for k in kinds.values()):
+        return Outcome(test, "skip", next(iter(per_rank.values()))["detail"], kinds, seconds)
+    return Outcome(test, "pass", "", kinds, seconds)

@@ -1,0 +1,132 @@
+"""Find mpi4py's own test suite for the installed mpi4py version.
+
+mpi4py's wheels do not ship its tests; its source distribution does (``test/``).
+The suite is taken from the sdist of exactly the installed version, fetched
+once from the package index with pip and kept unpacked in
+``$XDG_CACHE_HOME/mcr/mpi4py-<version>/`` (``~/.cache/mcr/...`` by default).
+``MCR_MPI4PY_SDIST`` may name a local sdist (``.tar.gz``) or an unpacked tree
+instead, for machines without access to the index.
+"""
+
+import importlib.metadata
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+
+ENV_VAR = "MCR_MPI4PY_SDIST"
+
+
+class SuiteUnavailable(RuntimeError):
+    """mpi4py's test suite could not be found or fetched."""
+
+
+def installed_version():
+    """The version of the installed mpi4py distribution."""
+    return importlib.metadata.version("mpi4py")
+
+
+def cache_dir(version):
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "mcr", f"mpi4py-{version}")
+
+
+def how_to_provide(version):
+    return (f"Provide it by hand: `pip download mpi4py=={version} --no-binary :all: "
+            f"--no-deps -d DIR` on a machine with access to the package index, then "
+            f"set {ENV_VAR}=DIR/mpi4py-{version}.tar.gz (or to the unpacked tree), or "
+            f"unpack it into {cache_dir(version)}/ so that its test/main.py is there.")
+
+
+def find_test_dir(tree):
+    """The folder holding mpi4py's test/main.py in an unpacked sdist, or None."""
+    for candidate in (tree, os.path.join(tree, "test")):
+        if os.path.isfile(os.path.join(candidate, "main.py")) and \
+                os.path.isfile(os.path.join(candidate, "mpiunittest.py")):
+            return candidate
+    for entry in sorted(os.listdir(tree)) if os.path.isdir(tree) else ():
+        found = os.path.join(tree, entry, "test")
+        if os.path.isfile(os.path.join(found, "main.py")):
+            return found
+    return None
+
+
+def unpack(archive, dest):
+    """Unpack the sdist `archive` into `dest` (created atomically)."""
+    parent = os.path.dirname(dest)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".unpack-", dir=parent)
+    try:
+        with tarfile.open(archive) as tar:
+            if hasattr(tarfile, "data_filter"):
+                tar.extractall(tmp, filter="data")
+            else:  # Python < 3.12 without the backported filters
+                tar.extractall(tmp)
+        try:
+            os.rename(tmp, dest)
+        except OSError:  # another process unpacked it first
+            if find_test_dir(dest) is None:
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def download(version, dest_dir):
+    """`pip download` the sdist of mpi4py `version` into `dest_dir`; its path."""
+    cmd = [sys.executable, "-m", "pip", "download", f"mpi4py=={version}",
+           "--no-binary", ":all:", "--no-deps", "--disable-pip-version-check",
+           "-d", dest_dir]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SuiteUnavailable(f"`{' '.join(cmd)}` failed: {exc}") from exc
+    archives = [f for f in os.listdir(dest_dir) if f.endswith((".tar.gz", ".zip"))]
+    if proc.returncode != 0 or not archives:
+        tail = (proc.stdout + proc.stderr).strip()[-2000:]
+        raise SuiteUnavailable(f"`{' '.join(cmd)}` failed (exit {proc.returncode}):\n{tail}")
+    return os.path.join(dest_dir, archives[0])
+
+
+def test_dir():
+    """The folder of mpi4py's test suite for the installed mpi4py version.
+
+    Raises
+    ------
+    SuiteUnavailable
+        When neither ``MCR_MPI4PY_SDIST``, the cache nor the package index
+        gives it; the message says how to provide it.
+    """
+    version = installed_version()
+    cached = cache_dir(version)
+    local = os.environ.get(ENV_VAR)
+    if local:
+        if os.path.isdir(local):
+            found = find_test_dir(local)
+        elif os.path.isfile(local):
+            found = find_test_dir(cached)
+            if found is None:
+                unpack(local, cached)
+                found = find_test_dir(cached)
+        else:
+            found = None
+        if found is None:
+            raise SuiteUnavailable(f"{ENV_VAR}={local} is not an mpi4py sdist or an unpacked "
+                                   f"tree with test/main.py. {how_to_provide(version)}")
+        return found
+    found = find_test_dir(cached) if os.path.isdir(cached) else None
+    if found is not None:
+        return found
+    with tempfile.TemporaryDirectory(prefix="mcr-mpi4py-sdist-") as tmp:
+        try:
+            archive = download(version, tmp)
+            unpack(archive, cached)
+        except (SuiteUnavailable, OSError, tarfile.TarError) as exc:
+            raise SuiteUnavailable(f"cannot fetch mpi4py {version}'s test suite from the "
+                                   f"package index: {exc}\n{how_to_provide(version)}") from exc
+    found = find_test_dir(cached)
+    if found is None:
+        raise SuiteUnavailable(f"the sdist of mpi4py {version} unpacked in {cached} has no "
+                               f"test/main.py. {how_to_provide(version)}")
+    return found

@@ -1,0 +1,34 @@
+"""mpi4py's own test suite passes through mcr.MPI (the drop-in claim).
+
+The suite of the installed mpi4py version (from its sdist, fetched once and
+cached; see tests/mpi4py_conformance/sdist.py) runs with ``mcr.MPI`` in place
+of ``mpi4py.MPI`` under mpiexec at 1, 2 and 3 processes. Each size passes when
+at least 99% of the tests that ran pass, with no crash and no hang. The tests
+left out, each with its reason, are in tests/mpi4py_conformance/exclusions.py.
+Alone: ``python -m pytest tests/test_mpi4py_conformance.py``, or
+``python tests/mpi4py_conformance/run.py -n 2 [-i REGEX]`` for the report.
+"""
+
+import pytest
+
+from mpi4py_conformance import driver, sdist
+
+SIZES = (1, 2, 3)
+TIMEOUT = 1500  # seconds per size, reruns after crashes included
+
+
+@pytest.fixture(scope="module")
+def mpi4py_tests():
+    try:
+        return sdist.test_dir()
+    except sdist.SuiteUnavailable as exc:
+        pytest.fail(f"mpi4py's test suite is not available: {exc}", pytrace=False)
+
+
+@pytest.mark.timeout(TIMEOUT + 120)
+@pytest.mark.parametrize("nprocs", SIZES)
+def test_mpi4py_suite_through_mcr(mpi4py_tests, nprocs):
+    report = driver.run(nprocs, mpi4py_tests, timeout=TIMEOUT)
+    print(report.text())
+    if not report.ok:
+        pytest.fail(report.text(), pytrace=False)
