@@ -22,9 +22,10 @@ Collectives run on a duplicate of COMM_WORLD with the same object on every
 rank, so that every rank takes the same path: a check that raises on some
 ranks while the others enter the collective hangs the job, and is a bug.
 Arguments that only the root reads (the receive buffer of Gather(v) and
-Reduce, the send buffer of Scatter(v)) are tried on a duplicate of
-COMM_SELF instead: at 2 ranks a bad one is seen by the root alone (by MPI's
-design, as in C and mpi4py) and the others would wait forever.
+Reduce, the send buffer of Scatter(v)), and IN_PLACE where only the root may
+pass it, are tried on a duplicate of COMM_SELF instead: at 2 ranks a bad one
+is seen by the root alone (by MPI's design, as in C and mpi4py) and the
+others would wait forever.
 Point-to-point and request trials also run on COMM_SELF (messages to
 oneself), so that an accepted destination, source or tag cannot leave a
 message for another rank; unmatched messages are received after each trial.
@@ -207,8 +208,13 @@ def operation(name):
 # -- Results ------------------------------------------------------------------------
 
 
+_CONTENT = {}      # id of this trial's object -> what it holds, where Python cannot tell
+
+
 def values(obj):
     """What a data object holds, as a flat numpy array, or None if it is not one."""
+    if id(obj) in _CONTENT:
+        return _CONTENT[id(obj)].copy()
     if isinstance(obj, torch.Tensor):
         return obj.detach().cpu().reshape(-1).numpy().copy()
     if isinstance(obj, np.ndarray):
@@ -345,6 +351,10 @@ def coll_recipe(base, comm):
         def out(a):
             root = as_root(a["root"], size)
             s = a["sendbuf"]
+            if a["recvbuf"] is mcr.IN_PLACE:
+                if rank != root:
+                    raise Outcome("accepted recvbuf IN_PLACE at a non-root")
+                return []                            # the root's block stays in sendbuf
             if s is not args_sendbuf and rank == root:
                 v = values(s)
                 if v is None or v.size != size * N:
@@ -424,6 +434,9 @@ obj_before = {}       # the fuzzed argument's value before the call, for in-out 
 
 ROOT_ONLY = {("Gather", "recvbuf"), ("Gatherv", "recvbuf"), ("Scatter", "sendbuf"),
              ("Scatterv", "sendbuf"), ("Reduce", "recvbuf")}
+# where IN_PLACE is valid at the root only (MPI): tried on COMM_SELF too
+IN_PLACE_AT_ROOT = {("Gather", "sendbuf"), ("Gatherv", "sendbuf"), ("Scatter", "recvbuf"),
+                    ("Scatterv", "recvbuf"), ("Reduce", "sendbuf")}
 
 
 # -- Point-to-point (on COMM_SELF: messages to oneself) --------------------------------------
@@ -638,7 +651,8 @@ def comm_trial(fz, world_comm, self_comm, method, param, obj, backend):
     base, form = operation(method)
     if base in P2P_BASES:
         comm = self_comm
-    elif (base, param) in ROOT_ONLY:
+    elif (base, param) in ROOT_ONLY or (
+            obj.name == "IN_PLACE" and (base, param) in IN_PLACE_AT_ROOT):
         comm = self_comm
     else:
         comm = world_comm
@@ -646,6 +660,9 @@ def comm_trial(fz, world_comm, self_comm, method, param, obj, backend):
 
     def run():
         value = obj.make()
+        _CONTENT.clear()
+        if obj.content is not None and values(value) is None:
+            _CONTENT[id(value)] = obj.content       # a DLPack capsule
         if param == "backend":
             call_backend = value
         else:
@@ -668,12 +685,15 @@ def comm_trial(fz, world_comm, self_comm, method, param, obj, backend):
         args, out = coll_recipe(base, comm)
         if form == "persistent":
             args["info"] = _mpi4py.INFO_NULL
+        valid = dict(args)
         if param != "backend":
             args[param] = value
         obj_before.clear()
         obj_before[param] = obj.make()              # an unused copy, to compare with
         run_form(comm, method, form, args, call_backend)
         for name, buf, want in out(args):
+            if name == param and value is not valid.get(name):
+                buf = value                         # the result is in the object given
             if isinstance(buf, np.ndarray) and not buf.flags.writeable:
                 raise Outcome(f"{name}: a read-only array was accepted as a receive buffer")
             expect_equal(name, buf, want)
