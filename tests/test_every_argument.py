@@ -629,7 +629,8 @@ class Fuzzer:
         self.comm_works(label, comm, backend)
 
     def comm_works(self, label, comm, backend):
-        for b in {"mpi", backend}:
+        # a tuple, not a set: every rank must check in the same order
+        for b in ("mpi",) if backend == "mpi" else ("mpi", backend):
             x = torch.full((3,), float(comm.rank + 1))
             y = torch.zeros(3)
             try:
