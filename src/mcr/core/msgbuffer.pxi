@@ -736,7 +736,6 @@ cdef class _Msg:
 
 # -- Alltoallw: a datatype per process ---------------------------------------------
 
-cdef object BOTTOM = _mpi4py.BOTTOM
 
 
 cdef class _Types:
@@ -781,7 +780,7 @@ cdef object parse_vector_w(object spec, char **addr, int **counts, int **displs,
         owner = None
         addr[0] = <char*>MPI_BOTTOM
     else:
-        owner = as_buffer(buf, &b, writable, arg)
+        owner = as_buffer(buf, &b, writable, True, arg)     # each block has its datatype
         if b.device >= 0:
             # per-process datatypes cannot be staged block by block through host memory
             raise ValueError(f"{argstr(arg)}: Alltoallw moves host memory only, got a buffer "
