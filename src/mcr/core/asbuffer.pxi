@@ -155,7 +155,7 @@ cdef object as_buffer(object obj, bufinfo *b, bint writable, bint typed, const c
     if PyObject_CheckBuffer(obj):
         return view_info(obj, b, writable, typed, arg)
     if hasattr(obj, "__dlpack__"):
-        return dlpack_info(obj, b, writable, typed, arg)
+        return dlpack_info(obj, b, writable, arg)
     if hasattr(obj, "__cuda_array_interface__"):
         if not torch_loaded():
             bind_torch()

@@ -175,10 +175,8 @@ cdef object dlpack_capsule(object obj, const char *arg):
                           f"{type(exc).__name__}: {exc}") from exc
 
 
-cdef object dlpack_info(object obj, bufinfo *b, bint writable, bint typed, const char *arg):
-    """Fill `b` from an object with `__dlpack__`; return what keeps it alive.
-    `typed`: an explicit datatype gives the element type, so any element
-    type the tensor has is taken as its bytes."""
+cdef object dlpack_info(object obj, bufinfo *b, bint writable, const char *arg):
+    """Fill `b` from an object with `__dlpack__`; return what keeps it alive."""
     name = type(obj).__name__
     device = dlpack_device(obj, arg)
     if device is not None and device[0] in (kDLCUDA, kDLCUDAManaged):
@@ -237,17 +235,18 @@ cdef object dlpack_info(object obj, bufinfo *b, bint writable, bint typed, const
         raise BufferError(f"{argstr(arg)}: DLPack tensor of {name} is not contiguous "
                           f"(shape {[t.shape[j] for j in range(t.ndim)]}, strides "
                           f"{[t.strides[j] for j in range(t.ndim)]})")
+    # an element type mcr does not know is its bytes, as in mpi4py
     cdef int tindex = dlpack_type_index(t.dtype)
     cdef Py_ssize_t itemsize
     if tindex >= 0:
         itemsize = TYPES[tindex].itemsize
-    elif typed and t.dtype.lanes > 0 and t.dtype.bits > 0 and t.dtype.bits % 8 == 0:
+    elif t.dtype.lanes > 0 and t.dtype.bits > 0 and t.dtype.bits % 8 == 0:
         itemsize = t.dtype.bits // 8 * t.dtype.lanes
+        tindex = T_UINT8
     else:
         raise TypeError(f"{argstr(arg)}: DLPack element type (code {t.dtype.code}, bits "
                         f"{t.dtype.bits}, lanes {t.dtype.lanes}) of {name} is not "
-                        f"supported; supported: {', '.join(TYPE_NAMES)}, or any with an "
-                        "explicit datatype")
+                        "whole bytes")
     if nelems > PY_SSIZE_T_MAX // itemsize:
         raise BufferError(f"{argstr(arg)}: DLPack tensor of {name} has an invalid "
                           f"shape {[t.shape[j] for j in range(t.ndim)]}")
