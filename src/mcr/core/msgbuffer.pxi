@@ -191,6 +191,8 @@ cdef object parse_simple(object spec, side *x, bint writable, const char *arg):
     if spec[0] is None or spec[0] is BOTTOM:
         empty_message(x, spec[0], count, displ, datatype, arg)
         return None
+    if spec[0] is IN_PLACE:
+        reject_in_place(arg)
     owner = as_buffer(spec[0], &b, writable, datatype is not None, arg)
     set_buffer(x, &b, datatype, arg)
     cdef Py_ssize_t offset = 0 if displ is None else as_count(displ, arg, "displacement")
