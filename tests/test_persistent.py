@@ -961,15 +961,22 @@ def emulated_start_while_active(comm):
 
 @case
 def native_start_while_active(comm):
-    """Native: MPI's own error for starting an active request comes back as
-    mcr.Exception (as Prequest.Start documents); the operation still completes."""
+    """Native: MPI's own error for starting an active request (MPI_ERR_REQUEST)
+    comes back as the emulation's ValueError "still active", with MPI's error
+    as its cause; the operation still completes."""
     size = comm.size
     with emulation(False):
         x, y = torch.ones(3), torch.zeros(3)
         req = comm.Allreduce_init(x, y)
         req.Start()
-        with raises(mcr.Exception):
+        try:
             req.Start()
+        except ValueError as exc:
+            assert "still active" in str(exc), exc
+            assert isinstance(exc.__cause__, mcr.Exception), exc.__cause__
+            assert exc.__cause__.Get_error_class() == MPI.ERR_REQUEST
+        else:
+            raise AssertionError("starting an active request did not raise")
         req.Wait()
         assert_equal(y, torch.full((3,), float(size)))
         req.Free()
@@ -1056,6 +1063,49 @@ def bad_input_at_init(comm):
             r.run(f"Allreduce_init after errors {mode_name(emulated)}",
                   build_allreduce(comm, torch.float32, "SUM", False, 0))
             r.done()
+
+
+@case
+def start_while_active_says_still_active_in_both_modes(comm):
+    """Start, or Startall, on a request that has not completed: ValueError
+    "still active" naming the request, natively (MPI's MPI_ERR_REQUEST
+    translated) as emulated; the running operation completes with the right
+    result and the request starts again."""
+    size = comm.size
+    for emulated in MODES:
+        with emulation(emulated):
+            x, y = torch.zeros(3), torch.zeros(3)
+            req = comm.Allreduce_init(x, y)
+            other = comm.Barrier_init()
+            for it in range(ITERATIONS):
+                x.fill_(float(comm.rank + it))
+                req.Start()
+                with raises(ValueError, "request: still active", "Wait/Test"):
+                    req.Start()
+                with raises(ValueError, "requests[0]: still active"):
+                    mcr.Prequest.Startall([req])
+                with raises(ValueError, "requests[1]: still active"):
+                    mcr.Prequest.Startall([other, req])
+                if not emulated:        # MPI tells only when it gets there
+                    other.Wait()
+                req.Wait()
+                assert_equal(y, torch.full((3,), float(sum(range(size)) + size * it)))
+            req.Free()
+            other.Free()
+    # persistent point-to-point (always native on MPI)
+    right, left = (comm.rank + 1) % size, (comm.rank - 1) % size
+    out = torch.zeros(2)
+    recv = comm.Recv_init(out, left, 5)
+    send = comm.Send_init(torch.full((2,), float(comm.rank)), right, 5)
+    recv.Start()
+    with raises(ValueError, "request: still active"):
+        recv.Start()
+    send.Start()
+    mcr.Request.Waitall([recv, send])
+    assert_equal(out, torch.full((2,), float(left)))
+    recv.Free()
+    send.Free()
+    assert_comm_works(comm)
 
 
 @case

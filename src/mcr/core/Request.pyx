@@ -640,34 +640,38 @@ cdef class Prequest(Request):
         Raises
         ------
         ValueError
-            If the request or its communicator was freed, or (emulated) the
-            request is still active.
+            If the request or its communicator was freed, or the request is
+            still active.
         mcr.Exception
-            If MPI reports an error (e.g. starting an active request).
+            If MPI reports another error.
         """
+        self.start(-1)
+
+    cdef int start(self, Py_ssize_t index) except -1:
+        """Start; `index`: the request's position in Startall's list (-1: Start)."""
         cdef int ierr
         if self.comm is not None and (<_MPI.Comm>self.comm).ob_mpi == MPI_COMM_NULL:
             # Open MPI crashes starting a persistent collective on a freed comm
-            raise ValueError("request: its communicator was freed; free persistent "
-                             "requests before their communicator")
+            raise ValueError(f"{request_name(index)}: its communicator was freed; free "
+                             "persistent requests before their communicator")
         if self.start_fn is None:
             if self.ob_mpi == MPI_REQUEST_NULL:
-                raise ValueError("request: it was freed (or never created)")
+                raise ValueError(f"{request_name(index)}: it was freed (or never created)")
             if type(self.ob_buf) is _Msg and (<_Msg>self.ob_buf).staged is not None:
                 restage(<_Msg>self.ob_buf)
             with nogil:
                 ierr = MPI_Start(&self.ob_mpi)
-            CHKERR(ierr)
-            return None
+            if ierr != MPI_SUCCESS:
+                start_failed(ierr, index)
+            return 0
         if self.ob_mpi != MPI_REQUEST_NULL or self.ext is not None:
-            raise ValueError("request: still active; complete it (Wait/Test) before "
-                             "starting it again")
+            raise still_active(index)
         cdef Request inner = self.start_fn()
         self.ob_mpi, inner.ob_mpi = inner.ob_mpi, MPI_REQUEST_NULL
         self.ob_buf, inner.ob_buf = inner.ob_buf, None
         self.ext, inner.ext = inner.ext, None
         self.rtype = inner.rtype
-        return None
+        return 0
 
     def __bool__(self):
         # an emulated request between starts holds no MPI handle, yet is alive
@@ -678,7 +682,9 @@ cdef class Prequest(Request):
         """Start each of `requests` (a sequence of ``Prequest``), in order.
 
         Requests that are known not to be startable (freed, or emulated and
-        still active) raise ``ValueError`` before any request is started.
+        still active) raise ``ValueError`` before any request is started; MPI
+        tells that a native one is still active only when it is started, after
+        those before it.
         """
         requests = list(requests)
         cdef Prequest req
@@ -691,12 +697,11 @@ cdef class Prequest(Request):
                 raise ValueError(f"requests[{i}]: it was freed (or never created)")
             if req.start_fn is not None and (req.ob_mpi != MPI_REQUEST_NULL or (
                     req.ext is not None)):
-                raise ValueError(f"requests[{i}]: still active; complete it before "
-                                 "starting it again")
+                raise still_active(i)
             if req.comm is not None and (<_MPI.Comm>req.comm).ob_mpi == MPI_COMM_NULL:
                 raise ValueError(f"requests[{i}]: its communicator was freed")
-        for r in requests:
-            r.Start()
+        for i in range(len(requests)):
+            (<Prequest>requests[i]).start(i)
 
     def Free(self):
         """Release the request; freeing twice is harmless.
@@ -715,3 +720,25 @@ cdef class Prequest(Request):
         self.start_fn = None
         self.ext = None
         self.ob_buf = None
+
+
+cdef str request_name(Py_ssize_t index):
+    return "request" if index < 0 else f"requests[{index}]"
+
+
+cdef object still_active(Py_ssize_t index):
+    return ValueError(f"{request_name(index)}: still active; complete it (Wait/Test) "
+                      "before starting it again")
+
+
+cdef int start_failed(int ierr, Py_ssize_t index) except -1:
+    """Raise MPI's error from MPI_Start; MPI_ERR_REQUEST on a live persistent
+    request means it is still active (MPI keeps no other state to tell)."""
+    cdef int eclass = MPI_SUCCESS
+    exc = Exception(ierr)
+    if MPI_Error_class(ierr, &eclass) == MPI_SUCCESS and eclass == MPI_ERR_REQUEST:
+        error = still_active(index)
+        if index > 0:
+            add_note(error, f"requests[:{index}] were started")
+        raise error from exc
+    raise exc
