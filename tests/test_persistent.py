@@ -961,15 +961,22 @@ def emulated_start_while_active(comm):
 
 @case
 def native_start_while_active(comm):
-    """Native: MPI's own error for starting an active request comes back as
-    mcr.Exception (as Prequest.Start documents); the operation still completes."""
+    """Native: MPI's own error for starting an active request (MPI_ERR_REQUEST)
+    comes back as the emulation's ValueError "still active", with MPI's error
+    as its cause; the operation still completes."""
     size = comm.size
     with emulation(False):
         x, y = torch.ones(3), torch.zeros(3)
         req = comm.Allreduce_init(x, y)
         req.Start()
-        with raises(mcr.Exception):
+        try:
             req.Start()
+        except ValueError as exc:
+            assert "still active" in str(exc), exc
+            assert isinstance(exc.__cause__, mcr.Exception), exc.__cause__
+            assert exc.__cause__.Get_error_class() == MPI.ERR_REQUEST
+        else:
+            raise AssertionError("starting an active request did not raise")
         req.Wait()
         assert_equal(y, torch.full((3,), float(size)))
         req.Free()
