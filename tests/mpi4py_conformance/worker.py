@@ -101,10 +101,12 @@ def main():
         selection = json.load(f)
     faulthandler.enable()
 
-    # mcr.MPI in place of mpi4py.MPI, before any test module imports it
+    # mcr.MPI in place of mpi4py.MPI, before any test module imports it: the
+    # tests' `from mpi4py import MPI` reads the package attribute, so they get
+    # mcr.MPI, as a ported program does. sys.modules keeps mpi4py's own module,
+    # as in a ported program: pickle finds mpi4py's classes there by name.
     import mpi4py
     from mcr import MPI as mcr_MPI
-    sys.modules["mpi4py.MPI"] = mcr_MPI
     mpi4py.MPI = mcr_MPI
 
     sys.path.insert(0, testdir)
