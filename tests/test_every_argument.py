@@ -72,17 +72,6 @@ EXCLUDED = {
 # would hide every later trial). Key: (method, parameter, object, backend),
 # fnmatch patterns; value: the reason. Remove a line when its fix lands.
 KNOWN_FAILURES = {
-    ("*[Ss]end", "buf", "IN_PLACE", "*"): "issue 9: IN_PLACE is sent as an empty message",
-    ("Send_init", "buf", "IN_PLACE", "*"): "issue 9: IN_PLACE is sent as an empty message",
-    ("Sendrecv", "sendbuf", "IN_PLACE", "*"): "issue 9: IN_PLACE is sent as an empty message",
-    ("Sendrecv_replace", "buf", "IN_PLACE", "*"): "issue 9: IN_PLACE is taken as an empty "
-                                                  "message",
-    # segfault/abort (seen: str, bytes, bytearray, [2, 2], [1, 2.5, "x"], tensors for
-    # statuses; bytearray, -1, 1.5, dict, Request, tensors for status)
-    ("Request.*[ley]", "status*", "[!SNl]*", "mpi"): "issue 9: statuses/status of the "
-                                                     "Wait/Test sets written into unchecked",
-    ("Request.*[ley]", "status*", "list-[!e]*", "mpi"): "issue 9: statuses items written "
-                                                        "into unchecked",
     ("*[Bb]cast*", "buf", "bytes", "gloo"): "Gloo: a read-only Bcast buffer is refused "
                                             "on the non-roots only (the root hangs)",
     ("*[Bb]cast*", "buf", "ndarray-readonly", "gloo"): "Gloo: a read-only Bcast buffer is "
@@ -93,8 +82,6 @@ KNOWN_FAILURES = {
                                         "rank 1) never completes on MPI",
     ("*Reduce_scatter_block*", "sendbuf", "IN_PLACE", "*"): "IN_PLACE with a recvbuf of one "
                                                             "block (not size blocks) accepted",
-    ("*[Bb]cast*", "buf", "IN_PLACE", "gloo"): "issue 9: Gloo takes Bcast(IN_PLACE) as "
-                                               "an empty message (MPI raises)",
 }
 
 
