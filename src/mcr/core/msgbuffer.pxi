@@ -686,7 +686,7 @@ cdef class _Msg:
             self.rown = parse_simple(recvbuf, &self.r, True, b"recvbuf")
             check_same_type(&self.s, &self.r)
             mine[0], mine[1] = self.r.count, self.s.count
-        except Exception as exc:
+        except BaseException as exc:    # in this module, `Exception` is mcr.Exception
             failure = exc
             mine[0] = mine[1] = -1
         with nogil:
