@@ -368,7 +368,7 @@ cdef side *recv_side(object req) noexcept:
 
 cdef int copy_status(object status, object source) except -1:
     (<_MPI.Status>status).ob_mpi = (<_MPI.Status>source).ob_mpi
-    if type(source) is Status:
+    if isinstance(source, Status):
         status_type(status, (<Status>source).rtype)
     return 0
 

@@ -123,5 +123,6 @@ cdef int add_note(object exc, str note) except -1:
 
 
 cdef inline void status_type(object status, MPI_Datatype rtype) noexcept:
-    if type(status) is Status:
+    # subclasses too: mcr.MPI.Status is one
+    if type(status) is Status or isinstance(status, Status):
         (<Status>status).rtype = rtype
