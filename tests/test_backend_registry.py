@@ -542,7 +542,8 @@ def nccl_refusal(exc):
     """Whether `exc` is a clear refusal of host buffers by nccl."""
     message = str(exc)
     if isinstance(exc, ValueError):
-        return "'nccl'" in message and "host memory" in message
+        return "'nccl'" in message and ("host memory" in message
+                                        or "cannot run it" in message)   # Alltoallw
     if isinstance(exc, RuntimeError):
         return ("backend 'nccl'" in message
                 and mcr.backends.get("nccl").unavailable() is not None)
