@@ -66,6 +66,11 @@ EXCLUDED = {
     "Comm.Split_type": "communicator management, no buffers",
     "Comm.Create": "communicator management, no buffers",
     "Comm.Create_group": "communicator management, no buffers",
+    "Comm.Clone": "communicator management, no buffers",
+    "Comm.Alltoallw": "per-process datatype lists: tests/test_cco_alltoallw.py feeds it "
+                      "bad lists, counts and buffers; not yet fuzzed here",
+    "Comm.Ialltoallw": "as Alltoallw",
+    "Comm.Alltoallw_init": "as Alltoallw",
 }
 
 # Trials known to fail in today's build, skipped (not run: a crash or a hang
@@ -193,13 +198,21 @@ def own_methods(cls):
                   and f"{cls.__name__}.{n}" not in EXCLUDED)
 
 
+# Send modes are sends to this test: same arguments, same partner (the receive
+# is posted before the send, so a ready or synchronous send completes; a
+# buffered one uses the buffer attached in `main`).
+SEND_MODES = {"Bsend": "Send", "Ssend": "Send", "Rsend": "Send"}
+
+
 def operation(name):
     """(base operation, form) of a Comm method: Iallreduce -> (Allreduce, nonblocking)."""
     if name.endswith("_init"):
-        return name[:-5], "persistent"
-    if name not in COMM_RECIPES and name.startswith("I") and name[1:2].islower():
-        return name[1].upper() + name[2:], "nonblocking"
-    return name, "blocking"
+        base, form = name[:-5], "persistent"
+    elif name not in COMM_RECIPES and name.startswith("I") and name[1:2].islower():
+        base, form = name[1].upper() + name[2:], "nonblocking"
+    else:
+        base, form = name, "blocking"
+    return SEND_MODES.get(base, base), form
 
 
 # -- Results ------------------------------------------------------------------------
@@ -847,7 +860,11 @@ def methods_have_recipes(comm):
 
 @case
 def point_to_point(comm):
-    fuzz_comm(comm, P2P_BASES)
+    _mpi4py.Attach_buffer(bytearray(1 << 22))     # for Bsend, Ibsend, Bsend_init
+    try:
+        fuzz_comm(comm, P2P_BASES)
+    finally:
+        _mpi4py.Detach_buffer()
 
 
 @case
