@@ -108,12 +108,35 @@ def _from(peer):
     return classmethod(fromhandle), classmethod(fromint), classmethod(f2py)
 
 
+def _comm_from():
+    """The classmethods making communicators from handles: as mpi4py's
+    ``Comm.fromhandle``, an intercommunicator or a topology handle gives
+    mpi4py's object of its class (``Intercomm``, ``Cartcomm``, ...), which
+    mcr does not extend; a plain intracommunicator an object of the class
+    they are called on."""
+    def convert(make):
+        def method(cls, arg):
+            comm = make(arg)
+            if type(comm) is _mpi4py.Intracomm or comm == _mpi4py.COMM_NULL:
+                return cls(comm)
+            if cls is not Comm:
+                raise TypeError(f"handle: {cls.__name__} is an intracommunicator, the "
+                                f"handle is a {type(comm).__name__}")
+            return comm
+        method.__name__ = make.__name__
+        method.__doc__ = make.__doc__
+        return classmethod(method)
+    return (convert(_mpi4py.Comm.fromhandle), convert(_mpi4py.Comm.fromint),
+            convert(_mpi4py.Comm.f2py))
+
+
 class Comm(_Comm, metaclass=_Namespaced):
     """
     Communicator: ``mcr.Comm``, whose buffer methods run on tensors and any buffer.
     """
 
     __slots__ = ()
+    fromhandle, fromint, f2py = _comm_from()
 
 
 class Request(_Request, metaclass=_Namespaced):
