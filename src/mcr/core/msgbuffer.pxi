@@ -89,8 +89,8 @@ cdef int set_datatype(side *x, object datatype, const char *arg) except -1:
         if tindex < 0:
             mpi4py_type = _mpi4py._typedict.get(datatype)
             if mpi4py_type is None:
-                raise ValueError(f"{argstr(arg)}: unknown typecode {datatype!r}; known: "
-                                 f"{' '.join(sorted(FORMAT_TO_TYPE))}")
+                raise UnknownTypecodeError(f"{argstr(arg)}: unknown typecode {datatype!r}; "
+                                           f"known: {' '.join(sorted(FORMAT_TO_TYPE))}")
             return set_datatype(x, mpi4py_type, arg)
         x.dtype = TYPES[tindex].mpi
         x.tindex = tindex
@@ -261,6 +261,9 @@ cdef list int_list(object values, const char *arg, str what):
     if type(values) is tuple:
         return list(values)
     if hasattr(values, "tolist") and hasattr(values, "dtype"):    # tensor, ndarray
+        if getattr(values, "ndim", 1) == 0:          # a scalar that is no integer
+            raise TypeError(f"{argstr(arg)}: {what} must be an integer or a sequence "
+                            f"of ints, got {type(values).__name__} of dtype {values.dtype}")
         if getattr(values, "ndim", 1) != 1:
             raise ValueError(f"{argstr(arg)}: {what} must be 1-D, got shape "
                              f"{tuple(values.shape)}")
@@ -436,14 +439,27 @@ cdef inline str type_name(side *x):
     return TYPE_NAMES[x.tindex] if x.tindex >= 0 else "MPI datatype"
 
 
+class TypeMismatchError(TypeError, ValueError):
+    """Send and receive element types that do not match: a TypeError, and a
+    ValueError as mpi4py raises, so that code written for either catches it."""
+
+
+class UnknownTypecodeError(ValueError, KeyError):
+    """A typecode string that names no type: a ValueError, and a KeyError as
+    mpi4py raises."""
+
+    __str__ = ValueError.__str__          # not KeyError's repr of the message
+
+
 cdef int check_same_type(side *s, side *r) except -1:
     if s.tindex >= 0 and r.tindex >= 0:
         if s.tindex != r.tindex:
-            raise TypeError(f"sendbuf has {TYPE_NAMES[s.tindex]} elements but recvbuf has "
-                            f"{TYPE_NAMES[r.tindex]}: the element types must match")
+            raise TypeMismatchError(f"sendbuf has {TYPE_NAMES[s.tindex]} elements but "
+                                    f"recvbuf has {TYPE_NAMES[r.tindex]}: the element "
+                                    "types must match")
     elif s.extent != r.extent:
-        raise TypeError(f"sendbuf elements are {s.extent} bytes but recvbuf elements are "
-                        f"{r.extent} bytes: the datatypes must match")
+        raise TypeMismatchError(f"sendbuf elements are {s.extent} bytes but recvbuf "
+                                f"elements are {r.extent} bytes: the datatypes must match")
     return 0
 
 
