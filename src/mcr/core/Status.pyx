@@ -30,7 +30,10 @@ cdef class Status(_MPI.Status):
         cdef side x
         cdef int count = 0
         cdef MPI_Datatype dt = self.rtype if self.rtype != MPI_DATATYPE_NULL else MPI_BYTE
-        if datatype is not None:
+        if isinstance(datatype, _MPI.Datatype) and \
+                (<_MPI.Datatype>datatype).ob_mpi == MPI_DATATYPE_NULL:
+            dt = MPI_DATATYPE_NULL          # MPI's own error (ERR_TYPE), as mpi4py
+        elif datatype is not None:
             set_datatype(&x, datatype, b"datatype")
             dt = x.dtype
         CHKERR(MPI_Get_count(&self.ob_mpi, dt, &count))
