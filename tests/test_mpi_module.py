@@ -122,6 +122,23 @@ def test_requests_convert_as_mpi4pys():
     preq.Free()
 
 
+def test_communicators_from_handles_take_the_handles_class():
+    """As mpi4py's Comm.fromhandle: a plain intracommunicator handle gives the
+    class called on; a topology handle gives mpi4py's Cartcomm; null gives null."""
+    world = MPI.Comm.fromhandle(MPI.COMM_WORLD.handle)
+    assert type(world) is MPI.Comm and world == MPI.COMM_WORLD
+    assert type(MPI.Comm.fromint(MPI.COMM_SELF.toint())) is MPI.Comm
+    cart = MPI.COMM_SELF.Create_cart([1])
+    try:
+        for made in (MPI.Comm.fromhandle(cart.handle), MPI.Comm.fromint(cart.toint()),
+                     MPI.Comm.f2py(cart.py2f())):
+            assert type(made) is M4.Cartcomm and made == cart
+    finally:
+        cart.Free()
+    null = MPI.Comm.fromhandle(M4.COMM_NULL.handle)
+    assert null == M4.COMM_NULL and isinstance(null, MPI.Comm)
+
+
 def test_user_subclasses():
     class MyComm(MPI.Comm):
         pass

@@ -743,3 +743,30 @@ def test_wrapping_mpi4py_comm_self():
 
 
 test_mpi = mpi_cases(__name__)
+
+
+def test_error_types_are_mcrs_and_mpi4pys():
+    """A type mismatch is a TypeError (mcr) and a ValueError (mpi4py); an
+    unknown typecode a ValueError and a KeyError; a 0-d count that is no
+    integer a TypeError (mpi4py's test_msgspec expects these)."""
+    comm = mcr.COMM_SELF
+    for exc in (TypeError, ValueError):
+        try:
+            comm.Allreduce(np.ones(2, dtype=np.int32), np.zeros(2, dtype=np.float32))
+        except exc as e:
+            assert "element types must match" in str(e)
+        else:
+            raise AssertionError(f"type mismatch did not raise {exc.__name__}")
+    for exc in (ValueError, KeyError):
+        try:
+            comm.Sendrecv([bytearray(4), 0, "\0"], mcr.PROC_NULL, 0, None, mcr.PROC_NULL)
+        except exc as e:
+            assert "unknown typecode" in str(e) and not str(e).startswith("'")
+        else:
+            raise AssertionError(f"unknown typecode did not raise {exc.__name__}")
+    try:
+        comm.Alltoallv([bytearray(3), (3, [0])], [bytearray(4), np.array([3.1])[0]])
+    except TypeError as e:
+        assert "recvbuf" in str(e) and "float64" in str(e)
+    else:
+        raise AssertionError("a float count did not raise TypeError")
