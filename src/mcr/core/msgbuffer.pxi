@@ -681,8 +681,10 @@ cdef class _Msg:
         if whole.count != total:
             raise ValueError(f"{'recvbuf' if inplace else 'sendbuf'}: has "
                              f"{whole.count} elements, sum(recvcounts) is {total}")
-        if not inplace:
-            check_capacity(&self.r, c.data[rank], b"recvbuf", f"recvcounts[{rank}]")
+        if not inplace and self.r.count < c.data[rank]:
+            # the message's count, given or inferred, as mpi4py checks it
+            raise ValueError(f"recvbuf: holds {self.r.count} elements, "
+                             f"recvcounts[{rank}] needs {c.data[rank]}")
         self.r.counts = c.data
         self.rown = (self.rown, c)
         return 0
