@@ -153,7 +153,10 @@ def launch(nprocs, testdir, outdir, selection, log_path, deadline):
     cmd = mpiexec_command(nprocs) + [sys.executable, os.path.join(HERE, "worker.py"),
                                      testdir, outdir, selection_path]
     env = mpi_env()
-    # mcr from wherever this process imports it (an in-place build on PYTHONPATH, or installed)
+    # mcr from wherever this process imports it (an in-place build on PYTHONPATH, or
+    # installed); the test directory too, for the workers mpi4py.futures spawns (at
+    # one process), which unpickle functions of the test modules
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [testdir, env.get("PYTHONPATH")]))
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
