@@ -786,8 +786,10 @@ def guarded(func, t, dtype, n, kind, mode):
         func(t, dtype, n, kind, mode)
     except (TypeError, ValueError, BufferError) as exc:
         # __cuda_array_interface__ has no bfloat16 type string that torch reads
-        # ("<V2"): a clean refusal is a limitation, not a failure
-        if kind == "cai" and dtype == torch.bfloat16 and t.cuda:
+        # ("<V2"): mcr's own refusal, naming the interface, is a limitation,
+        # not a failure (torch's bare message would be)
+        if (kind == "cai" and dtype == torch.bfloat16 and t.cuda and isinstance(exc, TypeError)
+                and "cannot be read through __cuda_array_interface__" in str(exc)):
             raise Note(f"bfloat16 through __cuda_array_interface__ refused: "
                        f"{type(exc).__name__}: {exc}") from None
         raise

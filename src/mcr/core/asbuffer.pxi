@@ -162,7 +162,15 @@ cdef object as_buffer(object obj, bufinfo *b, bint writable, bint typed, const c
         if not _torch.cuda.is_available():
             raise TypeError(f"{arg.decode()}: CUDA buffer ({type(obj).__name__}) but torch "
                             "sees no CUDA device; mcr reads CUDA memory through torch")
-        tensor = _torch.as_tensor(obj)       # shares the memory, on the object's device
+        try:
+            tensor = _torch.as_tensor(obj)   # shares the memory, on the object's device
+        except (TypeError, ValueError, RuntimeError) as exc:
+            typestr = getattr(obj, "__cuda_array_interface__", {}).get("typestr")
+            raise TypeError(
+                f"{arg.decode()}: {type(obj).__name__} cannot be read through "
+                f"__cuda_array_interface__ (typestr {typestr!r}: torch says {exc}); "
+                "pass a torch tensor or an object with __dlpack__ (the interface "
+                "has no type string for bfloat16)") from None
         tensor_info(tensor, b, arg)
         return tensor
     raise TypeError(f"{arg.decode()}: expected a torch.Tensor, a numpy array or an "
