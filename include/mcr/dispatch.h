@@ -86,9 +86,10 @@ static inline int mcr_send_in(int send_mode, int mode, const void *b, int n, MPI
   }
 }
 
-/* MPI_Isendrecv and MPI_Isendrecv_replace are MPI-4 (MPICH 4; Open MPI 5
- * declares them although it reports MPI 3.1); they have only the
- * non-blocking form. Without them these return MCR_ERR_NO_ISENDRECV. */
+/* Sendrecv(_replace) blocking and non-blocking; there is no persistent form.
+ * MPI_Isendrecv and MPI_Isendrecv_replace are MPI-4 (MPICH 4; Open MPI 5
+ * declares them although it reports MPI 3.1): without them the non-blocking
+ * form returns MCR_ERR_NO_ISENDRECV. */
 #define MCR_ERR_NO_ISENDRECV (-2)
 #if (MPI_VERSION >= 4) || (defined(OMPI_MAJOR_VERSION) && OMPI_MAJOR_VERSION >= 5)
 #define MCR_HAVE_ISENDRECV 1
@@ -98,20 +99,31 @@ static inline int mcr_send_in(int send_mode, int mode, const void *b, int n, MPI
 #define MCR_ISENDRECV(call) return MCR_ERR_NO_ISENDRECV
 #endif
 
-static inline int mcr_isendrecv(int mode, const void *s, int sn, MPI_Datatype st, int dest,
-                                int sendtag, void *r, int rn, MPI_Datatype rt, int source,
-                                int recvtag, MPI_Comm c, MPI_Request *req)
+static inline int mcr_sendrecv(int mode, const void *s, int sn, MPI_Datatype st, int dest,
+                               int sendtag, void *r, int rn, MPI_Datatype rt, int source,
+                               int recvtag, MPI_Comm c, MPI_Status *status, MPI_Request *req)
 {
-  if (mode == MCR_VALIDATE) return MPI_SUCCESS;
-  MCR_ISENDRECV(MPI_Isendrecv(s, sn, st, dest, sendtag, r, rn, rt, source, recvtag, c, req));
+  switch (mode) {
+  case MCR_BLOCKING:
+    return MPI_Sendrecv(s, sn, st, dest, sendtag, r, rn, rt, source, recvtag, c, status);
+  case MCR_VALIDATE: return MPI_SUCCESS;
+  default:
+    MCR_ISENDRECV(MPI_Isendrecv(s, sn, st, dest, sendtag, r, rn, rt, source, recvtag, c,
+                                req));
+  }
 }
 
-static inline int mcr_isendrecv_replace(int mode, void *b, int n, MPI_Datatype t, int dest,
-                                        int sendtag, int source, int recvtag, MPI_Comm c,
-                                        MPI_Request *req)
+static inline int mcr_sendrecv_replace(int mode, void *b, int n, MPI_Datatype t, int dest,
+                                       int sendtag, int source, int recvtag, MPI_Comm c,
+                                       MPI_Status *status, MPI_Request *req)
 {
-  if (mode == MCR_VALIDATE) return MPI_SUCCESS;
-  MCR_ISENDRECV(MPI_Isendrecv_replace(b, n, t, dest, sendtag, source, recvtag, c, req));
+  switch (mode) {
+  case MCR_BLOCKING:
+    return MPI_Sendrecv_replace(b, n, t, dest, sendtag, source, recvtag, c, status);
+  case MCR_VALIDATE: return MPI_SUCCESS;
+  default:
+    MCR_ISENDRECV(MPI_Isendrecv_replace(b, n, t, dest, sendtag, source, recvtag, c, req));
+  }
 }
 
 /* -- Collectives --------------------------------------------------------- */

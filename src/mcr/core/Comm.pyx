@@ -50,10 +50,6 @@ cdef inline int as_source(object value, int size) except? -1:
     return as_rank(value, size, b"source", True)
 
 
-# the compose.py operation of each send mode (dispatch.h's MCR_STANDARD ...)
-cdef tuple SEND_MODE_NAMES = ("Isend", "Ibsend", "Issend", "Irsend")
-
-
 cdef int check_isendrecv(int mode, const char *name) except -1:
     if mode != VALIDATE and not HAVE_ISENDRECV:
         raise NotImplementedError(f"{name.decode()}: the MPI library lacks it (MPI-4); "
@@ -198,6 +194,66 @@ cdef class Comm(_MPI.Intracomm):
         status_type(status, m.r.dtype)
         return m
 
+    cdef _Msg call_sendrecv(self, object sendbuf, object dest, object sendtag,
+                            object recvbuf, object source, object recvtag, object status,
+                            object backend, int mode, MPI_Request *req):
+        # blocking (MPI_Sendrecv) or non-blocking (MPI-4's MPI_Isendrecv)
+        self.prologue(backend)
+        cdef int idest = as_rank(dest, self.nprocs(), b"dest", True)
+        cdef int isource = as_source(source, self.nprocs())
+        cdef int isendtag = as_tag(sendtag, b"sendtag", False)
+        cdef int irecvtag = as_tag(recvtag, b"recvtag", True)
+        cdef _Msg m = _Msg.__new__(_Msg)
+        m.sown = parse_simple(sendbuf, &m.s, False, b"sendbuf")
+        m.rown = parse_simple(recvbuf, &m.r, True, b"recvbuf")
+        check_disjoint(&m.s, &m.r)
+        if mode == NONBLOCKING:
+            check_isendrecv(mode, b"Isendrecv")
+        cdef MPI_Status *sp = status_ptr(status)
+        cdef MPI_Status own
+        if sp == MPI_STATUS_IGNORE:
+            sp = &own                 # it explains a truncation
+        if needs_staging(m):
+            stage(m, mode, 1, 1)
+        cdef int ierr
+        with nogil:
+            ierr = mcr_sendrecv(mode, m.s.addr, m.s.count, m.s.dtype, idest, isendtag,
+                                m.r.addr, m.r.count, m.r.dtype, isource, irecvtag,
+                                self.ob_mpi, sp, req)
+        if ierr != MPI_SUCCESS:
+            raise_recv_error(ierr, sp, &m.r, "recvbuf")
+        finish_call(m, mode)
+        status_type(status, m.r.dtype)
+        return m
+
+    cdef _Msg call_sendrecv_replace(self, object buf, object dest, object sendtag,
+                                    object source, object recvtag, object status,
+                                    object backend, int mode, MPI_Request *req):
+        self.prologue(backend)
+        cdef int idest = as_rank(dest, self.nprocs(), b"dest", True)
+        cdef int isource = as_source(source, self.nprocs())
+        cdef int isendtag = as_tag(sendtag, b"sendtag", False)
+        cdef int irecvtag = as_tag(recvtag, b"recvtag", True)
+        cdef _Msg m = _Msg.__new__(_Msg)
+        m.rown = parse_simple(buf, &m.r, True, b"buf")
+        if mode == NONBLOCKING:
+            check_isendrecv(mode, b"Isendrecv_replace")
+        cdef MPI_Status *sp = status_ptr(status)
+        cdef MPI_Status own
+        if sp == MPI_STATUS_IGNORE:
+            sp = &own
+        if needs_staging(m):
+            stage(m, mode, 1, 1)
+        cdef int ierr
+        with nogil:
+            ierr = mcr_sendrecv_replace(mode, m.r.addr, m.r.count, m.r.dtype, idest, isendtag,
+                                        isource, irecvtag, self.ob_mpi, sp, req)
+        if ierr != MPI_SUCCESS:
+            raise_recv_error(ierr, sp, &m.r, "buf")
+        finish_call(m, mode)
+        status_type(status, m.r.dtype)
+        return m
+
     def Send(self, buf, dest, tag=0, *, backend=None):
         """Send a message (blocking).
 
@@ -210,22 +266,11 @@ cdef class Comm(_MPI.Intracomm):
         tag : int
             Message tag, 0 to ``TAG_UB``.
         """
-        sub = self.sub(backend)
-        if sub is not None:
-            sub.run("Isend", self.call_send(buf, dest, tag, None, VALIDATE, NULL),
-                    dest=dest, tag=tag).Wait()
-            return
-        self.call_send(buf, dest, tag, backend, BLOCKING, NULL)
+        return self.call(CALL_SEND, BLOCKING, backend, None, buf, dest, tag)
 
     def Isend(self, buf, dest, tag=0, *, backend=None):
         """Start sending a message; return a ``Request``. Arguments as ``Send``."""
-        sub = self.sub(backend)
-        if sub is not None:
-            return sub.run("Isend", self.call_send(buf, dest, tag, None, VALIDATE, NULL),
-                           dest=dest, tag=tag)
-        cdef Request req = Request.__new__(Request)
-        req.ob_buf = self.call_send(buf, dest, tag, backend, NONBLOCKING, &req.ob_mpi)
-        return req
+        return self.call(CALL_SEND, NONBLOCKING, backend, None, buf, dest, tag)
 
     def Recv(self, buf, source=ANY_SOURCE, tag=ANY_TAG, status=None, *,
              backend=None):
@@ -242,26 +287,11 @@ cdef class Comm(_MPI.Intracomm):
         status : mcr.Status, optional
             Filled with the source, tag and count of the message.
         """
-        sub = self.sub(backend)
-        if sub is not None:
-            check_status(status)          # before the receive takes the message
-            m = self.call_recv(buf, source, tag, None, None, VALIDATE, NULL)
-            sub.run("Irecv", m, source=source, tag=tag).Wait(status)
-            return
-        self.call_recv(buf, source, tag, status, backend, BLOCKING, NULL)
+        return self.call(CALL_RECV, BLOCKING, backend, None, buf, source, tag, status)
 
     def Irecv(self, buf, source=ANY_SOURCE, tag=ANY_TAG, *, backend=None):
         """Start receiving a message; return a ``Request``. Arguments as ``Recv``."""
-        sub = self.sub(backend)
-        if sub is not None:
-            return sub.run("Irecv", self.call_recv(buf, source, tag, None, None, VALIDATE,
-                                                   NULL), source=source, tag=tag)
-        cdef Request req = Request.__new__(Request)
-        cdef _Msg m = self.call_recv(buf, source, tag, None,
-                                     backend, NONBLOCKING, &req.ob_mpi)
-        req.ob_buf = m
-        req.rtype = m.r.dtype
-        return req
+        return self.call(CALL_RECV, NONBLOCKING, backend, None, buf, source, tag)
 
     def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None,
                  source=ANY_SOURCE, recvtag=ANY_TAG, status=None, *,
@@ -285,37 +315,8 @@ cdef class Comm(_MPI.Intracomm):
         status : mcr.Status, optional
             Filled with the status of the receive.
         """
-        sub = self.sub(backend)
-        if sub is not None:
-            check_status(status)
-            sreq = self.Isend(sendbuf, dest, sendtag, backend=backend)
-            self.Recv(recvbuf, source, recvtag, status, backend=backend)
-            sreq.Wait()
-            return
-        self.prologue(backend)
-        cdef int idest = as_rank(dest, self.nprocs(), b"dest", True)
-        cdef int isource = as_source(source, self.nprocs())
-        cdef int isendtag = as_tag(sendtag, b"sendtag", False)
-        cdef int irecvtag = as_tag(recvtag, b"recvtag", True)
-        cdef _Msg m = _Msg.__new__(_Msg)
-        m.sown = parse_simple(sendbuf, &m.s, False, b"sendbuf")
-        m.rown = parse_simple(recvbuf, &m.r, True, b"recvbuf")
-        check_disjoint(&m.s, &m.r)
-        if needs_staging(m):
-            stage(m, BLOCKING, 1, 1)
-        cdef MPI_Status *sp = status_ptr(status)
-        cdef MPI_Status own
-        if sp == MPI_STATUS_IGNORE:
-            sp = &own
-        cdef int ierr
-        with nogil:
-            ierr = MPI_Sendrecv(m.s.addr, m.s.count, m.s.dtype, idest, isendtag,
-                                m.r.addr, m.r.count, m.r.dtype, isource, irecvtag,
-                                self.ob_mpi, sp)
-        if ierr != MPI_SUCCESS:
-            raise_recv_error(ierr, sp, &m.r, "recvbuf")
-        finish_call(m, BLOCKING)
-        status_type(status, m.r.dtype)
+        return self.call(CALL_SENDRECV, BLOCKING, backend, None, sendbuf, dest, sendtag,
+                         recvbuf, source, recvtag, status)
 
     def Sendrecv_replace(self, buf, dest, sendtag=0, source=ANY_SOURCE, recvtag=ANY_TAG,
                          status=None, *, backend=None):
@@ -329,35 +330,8 @@ cdef class Comm(_MPI.Intracomm):
         dest, sendtag, source, recvtag, status
             As in ``Sendrecv``.
         """
-        sub = self.sub(backend)
-        if sub is not None:
-            check_status(status)
-            self.call_send(buf, dest, sendtag, None, VALIDATE, NULL)
-            sub.run("Sendrecv_replace",
-                    self.call_recv(buf, source, recvtag, None, None, VALIDATE, NULL),
-                    dest=dest, sendtag=sendtag, source=source, tag=recvtag).Wait(status)
-            return
-        self.prologue(backend)
-        cdef int idest = as_rank(dest, self.nprocs(), b"dest", True)
-        cdef int isource = as_source(source, self.nprocs())
-        cdef int isendtag = as_tag(sendtag, b"sendtag", False)
-        cdef int irecvtag = as_tag(recvtag, b"recvtag", True)
-        cdef _Msg m = _Msg.__new__(_Msg)
-        m.rown = parse_simple(buf, &m.r, True, b"buf")
-        if needs_staging(m):
-            stage(m, BLOCKING, 1, 1)
-        cdef MPI_Status *sp = status_ptr(status)
-        cdef MPI_Status own
-        if sp == MPI_STATUS_IGNORE:
-            sp = &own
-        cdef int ierr
-        with nogil:
-            ierr = MPI_Sendrecv_replace(m.r.addr, m.r.count, m.r.dtype, idest, isendtag,
-                                        isource, irecvtag, self.ob_mpi, sp)
-        if ierr != MPI_SUCCESS:
-            raise_recv_error(ierr, sp, &m.r, "buf")
-        finish_call(m, BLOCKING)
-        status_type(status, m.r.dtype)
+        return self.call(CALL_SENDRECV_REPLACE, BLOCKING, backend, None, buf, dest, sendtag,
+                         source, recvtag, status)
 
     def Probe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None, *, backend=None):
         """Wait until a message from `source` with `tag` can be received.
@@ -416,27 +390,7 @@ cdef class Comm(_MPI.Intracomm):
             status_type(status, MPI_DATATYPE_NULL)
         return bool(flag)
 
-    # -- Send modes (buffered, synchronous, ready) and Isendrecv -------------------
-
-    cdef object send_in(self, int send_mode, object buf, object dest, object tag,
-                        object backend, bint nonblocking):
-        """Bsend/Ssend/Rsend and their I- forms (the modes of dispatch.h): on
-        MPI its own send of that mode, elsewhere the backend's (compose.py)."""
-        sub = self.sub(backend)
-        if sub is not None:
-            req = sub.run(SEND_MODE_NAMES[send_mode],
-                          self.call_send(buf, dest, tag, None, VALIDATE, NULL, send_mode),
-                          dest=dest, tag=tag)
-            if nonblocking:
-                return req
-            req.Wait()
-            return None
-        if not nonblocking:
-            self.call_send(buf, dest, tag, backend, BLOCKING, NULL, send_mode)
-            return None
-        cdef Request r = Request.__new__(Request)
-        r.ob_buf = self.call_send(buf, dest, tag, backend, NONBLOCKING, &r.ob_mpi, send_mode)
-        return r
+    # -- Send modes (buffered, synchronous, ready), Isendrecv ------------------------
 
     def Bsend(self, buf, dest, tag=0, *, backend=None):
         """Send a message in buffered mode (blocking until it is copied out).
@@ -445,54 +399,30 @@ cdef class Comm(_MPI.Intracomm):
         attached with ``MPI.Attach_buffer`` (an ``mcr.Exception`` if none or
         too small); the Gloo and NCCL backends buffer every send themselves.
         """
-        self.send_in(BUFFERED, buf, dest, tag, backend, False)
+        return self.call(CALL_BSEND, BLOCKING, backend, None, buf, dest, tag)
 
     def Ssend(self, buf, dest, tag=0, *, backend=None):
         """Send a message in synchronous mode: return once the receiver has
         started to receive it. Arguments as ``Send``."""
-        self.send_in(SYNCHRONOUS, buf, dest, tag, backend, False)
+        return self.call(CALL_SSEND, BLOCKING, backend, None, buf, dest, tag)
 
     def Rsend(self, buf, dest, tag=0, *, backend=None):
         """Send a message in ready mode: the matching receive must already be
         posted (MPI may fail otherwise). Arguments as ``Send``."""
-        self.send_in(READY, buf, dest, tag, backend, False)
+        return self.call(CALL_RSEND, BLOCKING, backend, None, buf, dest, tag)
 
     def Ibsend(self, buf, dest, tag=0, *, backend=None):
         """Start a buffered send; return a ``Request``. Arguments as ``Bsend``."""
-        return self.send_in(BUFFERED, buf, dest, tag, backend, True)
+        return self.call(CALL_BSEND, NONBLOCKING, backend, None, buf, dest, tag)
 
     def Issend(self, buf, dest, tag=0, *, backend=None):
         """Start a synchronous send; return a ``Request``, complete once the
         receiver has started to receive. Arguments as ``Ssend``."""
-        return self.send_in(SYNCHRONOUS, buf, dest, tag, backend, True)
+        return self.call(CALL_SSEND, NONBLOCKING, backend, None, buf, dest, tag)
 
     def Irsend(self, buf, dest, tag=0, *, backend=None):
         """Start a ready send; return a ``Request``. Arguments as ``Rsend``."""
-        return self.send_in(READY, buf, dest, tag, backend, True)
-
-    cdef _Msg call_isendrecv(self, object sendbuf, object dest, object sendtag,
-                             object recvbuf, object source, object recvtag, object backend,
-                             int mode, MPI_Request *req):
-        self.prologue(backend)
-        cdef int idest = as_rank(dest, self.nprocs(), b"dest", True)
-        cdef int isource = as_source(source, self.nprocs())
-        cdef int isendtag = as_tag(sendtag, b"sendtag", False)
-        cdef int irecvtag = as_tag(recvtag, b"recvtag", True)
-        cdef _Msg m = _Msg.__new__(_Msg)
-        m.sown = parse_simple(sendbuf, &m.s, False, b"sendbuf")
-        m.rown = parse_simple(recvbuf, &m.r, True, b"recvbuf")
-        check_disjoint(&m.s, &m.r)
-        check_isendrecv(mode, b"Isendrecv")
-        if needs_staging(m):
-            stage(m, mode, 1, 1)
-        cdef int ierr
-        with nogil:
-            ierr = mcr_isendrecv(mode, m.s.addr, m.s.count, m.s.dtype, idest, isendtag,
-                                 m.r.addr, m.r.count, m.r.dtype, isource, irecvtag,
-                                 self.ob_mpi, req)
-        CHKERR(ierr)
-        finish_call(m, mode)
-        return m
+        return self.call(CALL_RSEND, NONBLOCKING, backend, None, buf, dest, tag)
 
     def Isendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None,
                   source=ANY_SOURCE, recvtag=ANY_TAG, *, backend=None):
@@ -505,39 +435,8 @@ cdef class Comm(_MPI.Intracomm):
         NotImplementedError
             If the MPI library lacks ``MPI_Isendrecv`` (before MPI-4).
         """
-        sub = self.sub(backend)
-        if sub is not None:
-            m = self.call_isendrecv(sendbuf, dest, sendtag, recvbuf, source, recvtag,
-                                    None, VALIDATE, NULL)
-            return sub.run("Isendrecv", m, dest=dest, sendtag=sendtag, source=source,
-                           tag=recvtag)
-        cdef Request req = Request.__new__(Request)
-        cdef _Msg m2 = self.call_isendrecv(sendbuf, dest, sendtag, recvbuf, source, recvtag,
-                                           backend, NONBLOCKING, &req.ob_mpi)
-        req.ob_buf = m2
-        req.rtype = m2.r.dtype
-        return req
-
-    cdef _Msg call_isendrecv_replace(self, object buf, object dest, object sendtag,
-                                     object source, object recvtag, object backend, int mode,
-                                     MPI_Request *req):
-        self.prologue(backend)
-        cdef int idest = as_rank(dest, self.nprocs(), b"dest", True)
-        cdef int isource = as_source(source, self.nprocs())
-        cdef int isendtag = as_tag(sendtag, b"sendtag", False)
-        cdef int irecvtag = as_tag(recvtag, b"recvtag", True)
-        cdef _Msg m = _Msg.__new__(_Msg)
-        m.rown = parse_simple(buf, &m.r, True, b"buf")
-        check_isendrecv(mode, b"Isendrecv_replace")
-        if needs_staging(m):
-            stage(m, mode, 1, 1)
-        cdef int ierr
-        with nogil:
-            ierr = mcr_isendrecv_replace(mode, m.r.addr, m.r.count, m.r.dtype, idest,
-                                         isendtag, isource, irecvtag, self.ob_mpi, req)
-        CHKERR(ierr)
-        finish_call(m, mode)
-        return m
+        return self.call(CALL_SENDRECV, NONBLOCKING, backend, None, sendbuf, dest, sendtag,
+                         recvbuf, source, recvtag)
 
     def Isendrecv_replace(self, buf, dest, sendtag=0, source=ANY_SOURCE, recvtag=ANY_TAG,
                           *, backend=None):
@@ -549,18 +448,8 @@ cdef class Comm(_MPI.Intracomm):
         NotImplementedError
             If the MPI library lacks ``MPI_Isendrecv_replace`` (before MPI-4).
         """
-        sub = self.sub(backend)
-        if sub is not None:
-            self.call_send(buf, dest, sendtag, None, VALIDATE, NULL)
-            return sub.run("Sendrecv_replace",
-                           self.call_recv(buf, source, recvtag, None, None, VALIDATE, NULL),
-                           dest=dest, sendtag=sendtag, source=source, tag=recvtag)
-        cdef Request req = Request.__new__(Request)
-        cdef _Msg m = self.call_isendrecv_replace(buf, dest, sendtag, source, recvtag,
-                                                  backend, NONBLOCKING, &req.ob_mpi)
-        req.ob_buf = m
-        req.rtype = m.r.dtype
-        return req
+        return self.call(CALL_SENDRECV_REPLACE, NONBLOCKING, backend, None, buf, dest,
+                         sendtag, source, recvtag)
 
     # -- Collectives -----------------------------------------------------------
 
@@ -762,24 +651,195 @@ cdef class Comm(_MPI.Intracomm):
         return m
 
 
+    # -- The one call path ---------------------------------------------------------
+    #
+    # Every buffer method below is one line: self.call(OP_*, form, backend, info,
+    # its arguments in order). `call` chooses the backend, runs the call hooks
+    # (one flag test when none is on), parses and validates the message once
+    # (call_*), then runs it on MPI (the same call_* in the form asked) or on
+    # the backend's typed method, and returns None, a Request or a Prequest.
+
+    cdef object call(self, int op, int form, object backend, object info,
+                     object a=None, object b=None, object c=None, object d=None,
+                     object e=None, object f=None, object g=None):
+        cdef object sub = self.sub(backend)
+        if not hooks_on:
+            if sub is None:
+                return self.on_mpi(op, form, backend, info, a, b, c, d, e, f, g)
+            return self.on_backend(sub, op, form, backend, a, b, c, d, e, f, g)
+        after = run_call_hooks(self, op, form, "mpi" if sub is None else sub.name,
+                               (a, b, c, d, e, f, g)[:CALL_NARGS[op]])
+        if sub is None:
+            result = self.on_mpi(op, form, backend, info, a, b, c, d, e, f, g)
+        else:
+            result = self.on_backend(sub, op, form, backend, a, b, c, d, e, f, g)
+        for then in after:
+            then(result)
+        return result
+
+    def _icall(self, int op, backend, a, b, c, d, e, f, g):
+        """The non-blocking form of `op`: what an emulated persistent request
+        posts at each Start."""
+        return self.call(op, NONBLOCKING, backend, None, a, b, c, d, e, f, g)
+
+    cdef object on_mpi(self, int op, int form, object backend, object info, object a,
+                       object b, object c, object d, object e, object f, object g):
+        cdef Request req
+        cdef Prequest preq
+        cdef int mode
+        if form == BLOCKING:
+            self.parse_run(op, BLOCKING, backend, a, b, c, d, e, f, g, MPI_INFO_NULL, NULL)
+            return None
+        if form == NONBLOCKING:
+            req = Request.__new__(Request)
+            m = self.parse_run(op, NONBLOCKING, backend, a, b, c, d, e, f, g, MPI_INFO_NULL,
+                               &req.ob_mpi)
+            req.ob_buf = m
+            if CALL_RECV <= op <= CALL_SENDRECV_REPLACE:
+                req.rtype = (<_Msg>m).r.dtype
+            return req
+        if op == CALL_SENDRECV or op == CALL_SENDRECV_REPLACE:
+            raise ValueError("Sendrecv has no persistent form")
+        preq = Prequest.__new__(Prequest)
+        preq.comm = self
+        # persistent point-to-point is MPI-1; persistent collectives may be emulated
+        mode = PERSISTENT if op <= CALL_RECV else preq.form()
+        if op == CALL_ALLTOALLW and mode == PERSISTENT and self.prologue(backend) == 0 \
+                and self.nprocs() == 1:
+            mode = VALIDATE       # one process: the block moves at each start (call_alltoallw)
+        m = self.parse_run(op, mode, backend, a, b, c, d, e, f, g, as_info(info),
+                           &preq.ob_mpi)
+        preq.keep = m
+        if CALL_RECV <= op <= CALL_SENDRECV_REPLACE:
+            preq.rtype = (<_Msg>m).r.dtype
+        if mode == VALIDATE:
+            preq.start_fn = partial(self._icall, op, backend, a, b, c, d, e, f, g)
+        else:
+            preq.ob_buf = m       # staged device buffers are copied at each start
+        return preq
+
+    cdef object on_backend(self, object sub, int op, int form, object backend, object a,
+                           object b, object c, object d, object e, object f, object g):
+        cdef Prequest preq
+        if op == CALL_ALLTOALLW:
+            raise ValueError(f"{method_name(op, form)}: backend {sub.name!r} cannot run it (one MPI "
+                             f"datatype per process); use backend='mpi'")
+        cdef object status = None
+        if form == BLOCKING and CALL_RECV <= op <= CALL_SENDRECV_REPLACE:
+            status = (d, g, f)[op - CALL_RECV]          # the `status` argument
+            check_status(status)                      # before the receive takes a message
+        m = self.parse_run(op, VALIDATE, None, a, b, c, d, e, f, g, MPI_INFO_NULL, NULL)
+        if form == PERSISTENT:
+            # what the backend cannot run must fail now, not at Start
+            sub.check(m, (a, b, c, d, e, f, g), op <= CALL_RECV or op == CALL_BCAST)
+            preq = Prequest.__new__(Prequest)
+            preq.comm = self
+            preq.foreign = True
+            preq.keep = m
+            if CALL_RECV <= op <= CALL_SENDRECV_REPLACE:
+                preq.rtype = (<_Msg>m).r.dtype
+            preq.start_fn = partial(self._icall, op, backend, a, b, c, d, e, f, g)
+            return preq
+        req = self.post(sub, op, m, a, b, c, d, e, f, g)
+        if form == NONBLOCKING:
+            return req
+        req.Wait(status)
+        return None
+
+    cdef object parse_run(self, int op, int mode, object backend, object a, object b,
+                          object c, object d, object e, object f, object g, MPI_Info info,
+                          MPI_Request *req):
+        """Parse and validate `op`'s message, then run it on MPI in `mode`
+        (VALIDATE: parse only); the parsed message."""
+        if op <= CALL_RSEND:
+            return self.call_send(a, b, c, backend, mode, req, op - CALL_SEND)
+        if op == CALL_RECV:
+            return self.call_recv(a, b, c, d, backend, mode, req)
+        if op == CALL_SENDRECV:
+            return self.call_sendrecv(a, b, c, d, e, f, g, backend, mode, req)
+        if op == CALL_SENDRECV_REPLACE:
+            return self.call_sendrecv_replace(a, b, c, d, e, f, backend, mode, req)
+        if op == CALL_BARRIER:
+            return self.call_barrier(backend, mode, info, req)
+        if op == CALL_BCAST:
+            return self.call_bcast(a, b, backend, mode, info, req)
+        if op == CALL_GATHER or op == CALL_GATHERV:
+            return self.call_gather(a, b, c, op == CALL_GATHERV, backend, mode, info, req)
+        if op == CALL_SCATTER or op == CALL_SCATTERV:
+            return self.call_scatter(a, b, c, op == CALL_SCATTERV, backend, mode, info, req)
+        if op == CALL_ALLGATHER or op == CALL_ALLGATHERV:
+            return self.call_allgather(a, b, op == CALL_ALLGATHERV, backend, mode, info, req)
+        if op == CALL_ALLTOALL or op == CALL_ALLTOALLV:
+            return self.call_alltoall(a, b, op == CALL_ALLTOALLV, backend, mode, info, req)
+        if op == CALL_ALLTOALLW:
+            return self.call_alltoallw(a, b, backend, mode, info, req)
+        if op == CALL_REDUCE:
+            return self.call_reduce(a, b, c, d, backend, mode, info, req)
+        if op == CALL_ALLREDUCE or op == CALL_SCAN or op == CALL_EXSCAN:
+            return self.call_allreduce(a, b, c, op - CALL_ALLREDUCE, backend, mode, info, req)
+        if op == CALL_REDUCE_SCATTER_BLOCK:
+            return self.call_reduce_scatter(a, b, None, c, True, backend, mode, info, req)
+        return self.call_reduce_scatter(a, b, c, d, False, backend, mode, info, req)
+
+    cdef object post(self, object sub, int op, object m, object a, object b, object c,
+                     object d, object e, object f, object g):
+        """Post `op` on a backend's sub-communicator (mcr.backends.base): its
+        typed method for the operation; a Request."""
+        if op == CALL_SEND:
+            return sub.send(m, dest=b, tag=c)
+        if op == CALL_BSEND:
+            return sub.bsend(m, dest=b, tag=c)
+        if op == CALL_SSEND:
+            return sub.ssend(m, dest=b, tag=c)
+        if op == CALL_RSEND:
+            return sub.rsend(m, dest=b, tag=c)
+        if op == CALL_RECV:
+            return sub.recv(m, source=b, tag=c)
+        if op == CALL_SENDRECV:
+            return sub.sendrecv(m, dest=b, sendtag=c, source=e, tag=f)
+        if op == CALL_SENDRECV_REPLACE:
+            return sub.sendrecv_replace(m, dest=b, sendtag=c, source=d, tag=e)
+        if op == CALL_BARRIER:
+            return sub.barrier(m)
+        if op == CALL_BCAST:
+            return sub.bcast(m, root=b)
+        if op == CALL_GATHER:
+            return sub.gather(m, root=c)
+        if op == CALL_GATHERV:
+            return sub.gatherv(m, root=c)
+        if op == CALL_SCATTER:
+            return sub.scatter(m, root=c)
+        if op == CALL_SCATTERV:
+            return sub.scatterv(m, root=c)
+        if op == CALL_ALLGATHER:
+            return sub.allgather(m)
+        if op == CALL_ALLGATHERV:
+            return sub.allgatherv(m)
+        if op == CALL_ALLTOALL:
+            return sub.alltoall(m)
+        if op == CALL_ALLTOALLV:
+            return sub.alltoallv(m)
+        if op == CALL_REDUCE:
+            return sub.reduce(m, op=c, root=d)
+        if op == CALL_ALLREDUCE:
+            return sub.allreduce(m, op=c)
+        if op == CALL_SCAN:
+            return sub.scan(m, op=c)
+        if op == CALL_EXSCAN:
+            return sub.exscan(m, op=c)
+        if op == CALL_REDUCE_SCATTER_BLOCK:
+            return sub.reduce_scatter_block(m, op=c)
+        return sub.reduce_scatter(m, op=d)
+
+    # -- Collectives (the public methods) ------------------------------------------
+
     def Barrier(self, *, backend=None):
         """Block until every process of the communicator has called it."""
-        sub = self.sub(backend)
-        if sub is not None:
-            m = self.call_barrier(None, VALIDATE, MPI_INFO_NULL, NULL)
-            sub.run("Barrier", m).Wait()
-            return
-        self.call_barrier(backend, BLOCKING, MPI_INFO_NULL, NULL)
+        return self.call(CALL_BARRIER, BLOCKING, backend, None)
 
     def Ibarrier(self, *, backend=None):
         """Start a barrier; return a ``Request``."""
-        sub = self.sub(backend)
-        if sub is not None:
-            m = self.call_barrier(None, VALIDATE, MPI_INFO_NULL, NULL)
-            return sub.run("Ibarrier", m)
-        cdef Request req = Request.__new__(Request)
-        self.call_barrier(backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
-        return req
+        return self.call(CALL_BARRIER, NONBLOCKING, backend, None)
 
     def Bcast(self, buf, root=0, *, backend=None):
         """Broadcast `buf` from `root` to all processes.
@@ -791,23 +851,11 @@ cdef class Comm(_MPI.Intracomm):
         root : int
             Rank of the sending process.
         """
-        sub = self.sub(backend)
-        if sub is not None:
-            m = self.call_bcast(buf, root, None, VALIDATE, MPI_INFO_NULL, NULL)
-            sub.run("Bcast", m, root=root).Wait()
-            return
-        self.call_bcast(buf, root, backend, BLOCKING, MPI_INFO_NULL, NULL)
+        return self.call(CALL_BCAST, BLOCKING, backend, None, buf, root)
 
     def Ibcast(self, buf, root=0, *, backend=None):
         """Start a broadcast; return a ``Request``. Arguments as ``Bcast``."""
-        sub = self.sub(backend)
-        if sub is not None:
-            m = self.call_bcast(buf, root, None, VALIDATE, MPI_INFO_NULL, NULL)
-            return sub.run("Ibcast", m, root=root)
-        cdef Request req = Request.__new__(Request)
-        req.ob_buf = self.call_bcast(buf, root,
-                                     backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
-        return req
+        return self.call(CALL_BCAST, NONBLOCKING, backend, None, buf, root)
 
     def Gather(self, sendbuf, recvbuf, root=0, *, backend=None):
         """Gather equal blocks from all processes at `root`.
@@ -823,26 +871,11 @@ cdef class Comm(_MPI.Intracomm):
         root : int
             Rank of the gathering process.
         """
-        sub = self.sub(backend)
-        if sub is not None:
-            m = self.call_gather(sendbuf, recvbuf, root, False,
-                                 None, VALIDATE, MPI_INFO_NULL, NULL)
-            sub.run("Gather", m, root=root).Wait()
-            return
-        self.call_gather(sendbuf, recvbuf, root, False,
-                         backend, BLOCKING, MPI_INFO_NULL, NULL)
+        return self.call(CALL_GATHER, BLOCKING, backend, None, sendbuf, recvbuf, root)
 
     def Igather(self, sendbuf, recvbuf, root=0, *, backend=None):
         """Start a gather; return a ``Request``. Arguments as ``Gather``."""
-        sub = self.sub(backend)
-        if sub is not None:
-            m = self.call_gather(sendbuf, recvbuf, root, False,
-                                 None, VALIDATE, MPI_INFO_NULL, NULL)
-            return sub.run("Igather", m, root=root)
-        cdef Request req = Request.__new__(Request)
-        req.ob_buf = self.call_gather(sendbuf, recvbuf, root, False,
-                                      backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
-        return req
+        return self.call(CALL_GATHER, NONBLOCKING, backend, None, sendbuf, recvbuf, root)
 
     def Gatherv(self, sendbuf, recvbuf, root=0, *, backend=None):
         """Gather blocks of varying size at `root`.
@@ -857,26 +890,11 @@ cdef class Comm(_MPI.Intracomm):
         root : int
             Rank of the gathering process.
         """
-        sub = self.sub(backend)
-        if sub is not None:
-            m = self.call_gather(sendbuf, recvbuf, root, True,
-                                 None, VALIDATE, MPI_INFO_NULL, NULL)
-            sub.run("Gatherv", m, root=root).Wait()
-            return
-        self.call_gather(sendbuf, recvbuf, root, True,
-                         backend, BLOCKING, MPI_INFO_NULL, NULL)
+        return self.call(CALL_GATHERV, BLOCKING, backend, None, sendbuf, recvbuf, root)
 
     def Igatherv(self, sendbuf, recvbuf, root=0, *, backend=None):
         """Start a vector gather; return a ``Request``. Arguments as ``Gatherv``."""
-        sub = self.sub(backend)
-        if sub is not None:
-            m = self.call_gather(sendbuf, recvbuf, root, True,
-                                 None, VALIDATE, MPI_INFO_NULL, NULL)
-            return sub.run("Igatherv", m, root=root)
-        cdef Request req = Request.__new__(Request)
-        req.ob_buf = self.call_gather(sendbuf, recvbuf, root, True,
-                                      backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
-        return req
+        return self.call(CALL_GATHERV, NONBLOCKING, backend, None, sendbuf, recvbuf, root)
 
     def Scatter(self, sendbuf, recvbuf, root=0, *, backend=None):
         """Scatter equal blocks of `sendbuf` from `root` to all processes.
@@ -890,26 +908,11 @@ cdef class Comm(_MPI.Intracomm):
         root : int
             Rank of the scattering process.
         """
-        sub = self.sub(backend)
-        if sub is not None:
-            m = self.call_scatter(sendbuf, recvbuf, root, False,
-                                  None, VALIDATE, MPI_INFO_NULL, NULL)
-            sub.run("Scatter", m, root=root).Wait()
-            return
-        self.call_scatter(sendbuf, recvbuf, root, False,
-                          backend, BLOCKING, MPI_INFO_NULL, NULL)
+        return self.call(CALL_SCATTER, BLOCKING, backend, None, sendbuf, recvbuf, root)
 
     def Iscatter(self, sendbuf, recvbuf, root=0, *, backend=None):
         """Start a scatter; return a ``Request``. Arguments as ``Scatter``."""
-        sub = self.sub(backend)
-        if sub is not None:
-            m = self.call_scatter(sendbuf, recvbuf, root, False,
-                                  None, VALIDATE, MPI_INFO_NULL, NULL)
-            return sub.run("Iscatter", m, root=root)
-        cdef Request req = Request.__new__(Request)
-        req.ob_buf = self.call_scatter(sendbuf, recvbuf, root, False,
-                                       backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
-        return req
+        return self.call(CALL_SCATTER, NONBLOCKING, backend, None, sendbuf, recvbuf, root)
 
     def Scatterv(self, sendbuf, recvbuf, root=0, *, backend=None):
         """Scatter blocks of varying size from `root`.
@@ -924,26 +927,11 @@ cdef class Comm(_MPI.Intracomm):
         root : int
             Rank of the scattering process.
         """
-        sub = self.sub(backend)
-        if sub is not None:
-            m = self.call_scatter(sendbuf, recvbuf, root, True,
-                                  None, VALIDATE, MPI_INFO_NULL, NULL)
-            sub.run("Scatterv", m, root=root).Wait()
-            return
-        self.call_scatter(sendbuf, recvbuf, root, True,
-                          backend, BLOCKING, MPI_INFO_NULL, NULL)
+        return self.call(CALL_SCATTERV, BLOCKING, backend, None, sendbuf, recvbuf, root)
 
     def Iscatterv(self, sendbuf, recvbuf, root=0, *, backend=None):
         """Start a vector scatter; return a ``Request``. Arguments as ``Scatterv``."""
-        sub = self.sub(backend)
-        if sub is not None:
-            m = self.call_scatter(sendbuf, recvbuf, root, True,
-                                  None, VALIDATE, MPI_INFO_NULL, NULL)
-            return sub.run("Iscatterv", m, root=root)
-        cdef Request req = Request.__new__(Request)
-        req.ob_buf = self.call_scatter(sendbuf, recvbuf, root, True,
-                                       backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
-        return req
+        return self.call(CALL_SCATTERV, NONBLOCKING, backend, None, sendbuf, recvbuf, root)
 
     def Allgather(self, sendbuf, recvbuf, *, backend=None):
         """Gather equal blocks from all processes on all processes.
@@ -955,25 +943,11 @@ cdef class Comm(_MPI.Intracomm):
         recvbuf : message spec
             Room for one block per process, in rank order.
         """
-        sub = self.sub(backend)
-        if sub is not None:
-            m = self.call_allgather(sendbuf, recvbuf, False,
-                                    None, VALIDATE, MPI_INFO_NULL, NULL)
-            sub.run("Allgather", m).Wait()
-            return
-        self.call_allgather(sendbuf, recvbuf, False, backend, BLOCKING, MPI_INFO_NULL, NULL)
+        return self.call(CALL_ALLGATHER, BLOCKING, backend, None, sendbuf, recvbuf)
 
     def Iallgather(self, sendbuf, recvbuf, *, backend=None):
         """Start an allgather; return a ``Request``. Arguments as ``Allgather``."""
-        sub = self.sub(backend)
-        if sub is not None:
-            m = self.call_allgather(sendbuf, recvbuf, False,
-                                    None, VALIDATE, MPI_INFO_NULL, NULL)
-            return sub.run("Iallgather", m)
-        cdef Request req = Request.__new__(Request)
-        req.ob_buf = self.call_allgather(sendbuf, recvbuf, False,
-                                         backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
-        return req
+        return self.call(CALL_ALLGATHER, NONBLOCKING, backend, None, sendbuf, recvbuf)
 
     def Allgatherv(self, sendbuf, recvbuf, *, backend=None):
         """Gather blocks of varying size on all processes.
@@ -985,25 +959,11 @@ cdef class Comm(_MPI.Intracomm):
         recvbuf : vector message spec
             ``[buf, counts, displs]``: block ``i`` lands at ``displs[i]``.
         """
-        sub = self.sub(backend)
-        if sub is not None:
-            m = self.call_allgather(sendbuf, recvbuf, True,
-                                    None, VALIDATE, MPI_INFO_NULL, NULL)
-            sub.run("Allgatherv", m).Wait()
-            return
-        self.call_allgather(sendbuf, recvbuf, True, backend, BLOCKING, MPI_INFO_NULL, NULL)
+        return self.call(CALL_ALLGATHERV, BLOCKING, backend, None, sendbuf, recvbuf)
 
     def Iallgatherv(self, sendbuf, recvbuf, *, backend=None):
         """Start a vector allgather; return a ``Request``. Arguments as ``Allgatherv``."""
-        sub = self.sub(backend)
-        if sub is not None:
-            m = self.call_allgather(sendbuf, recvbuf, True,
-                                    None, VALIDATE, MPI_INFO_NULL, NULL)
-            return sub.run("Iallgatherv", m)
-        cdef Request req = Request.__new__(Request)
-        req.ob_buf = self.call_allgather(sendbuf, recvbuf, True,
-                                         backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
-        return req
+        return self.call(CALL_ALLGATHERV, NONBLOCKING, backend, None, sendbuf, recvbuf)
 
     def Alltoall(self, sendbuf, recvbuf, *, backend=None):
         """Send block ``j`` of `sendbuf` to process ``j``, from every process.
@@ -1015,25 +975,11 @@ cdef class Comm(_MPI.Intracomm):
         recvbuf : message spec
             One equal block per source, in rank order.
         """
-        sub = self.sub(backend)
-        if sub is not None:
-            m = self.call_alltoall(sendbuf, recvbuf, False,
-                                   None, VALIDATE, MPI_INFO_NULL, NULL)
-            sub.run("Alltoall", m).Wait()
-            return
-        self.call_alltoall(sendbuf, recvbuf, False, backend, BLOCKING, MPI_INFO_NULL, NULL)
+        return self.call(CALL_ALLTOALL, BLOCKING, backend, None, sendbuf, recvbuf)
 
     def Ialltoall(self, sendbuf, recvbuf, *, backend=None):
         """Start an all-to-all; return a ``Request``. Arguments as ``Alltoall``."""
-        sub = self.sub(backend)
-        if sub is not None:
-            m = self.call_alltoall(sendbuf, recvbuf, False,
-                                   None, VALIDATE, MPI_INFO_NULL, NULL)
-            return sub.run("Ialltoall", m)
-        cdef Request req = Request.__new__(Request)
-        req.ob_buf = self.call_alltoall(sendbuf, recvbuf, False,
-                                        backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
-        return req
+        return self.call(CALL_ALLTOALL, NONBLOCKING, backend, None, sendbuf, recvbuf)
 
     def Alltoallv(self, sendbuf, recvbuf, *, backend=None):
         """All-to-all with blocks of varying size.
@@ -1047,31 +993,11 @@ cdef class Comm(_MPI.Intracomm):
             ``[buf, counts, displs]``: ``counts[i]`` elements from process ``i``
             land at ``displs[i]``.
         """
-        sub = self.sub(backend)
-        if sub is not None:
-            m = self.call_alltoall(sendbuf, recvbuf, True, None, VALIDATE, MPI_INFO_NULL, NULL)
-            sub.run("Alltoallv", m).Wait()
-            return
-        self.call_alltoall(sendbuf, recvbuf, True, backend, BLOCKING, MPI_INFO_NULL, NULL)
+        return self.call(CALL_ALLTOALLV, BLOCKING, backend, None, sendbuf, recvbuf)
 
     def Ialltoallv(self, sendbuf, recvbuf, *, backend=None):
         """Start a vector all-to-all; return a ``Request``. Arguments as ``Alltoallv``."""
-        sub = self.sub(backend)
-        if sub is not None:
-            m = self.call_alltoall(sendbuf, recvbuf, True, None, VALIDATE, MPI_INFO_NULL, NULL)
-            return sub.run("Ialltoallv", m)
-        cdef Request req = Request.__new__(Request)
-        req.ob_buf = self.call_alltoall(sendbuf, recvbuf, True,
-                                        backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
-        return req
-
-    cdef object mpi_only(self, object backend, str name):
-        """Refuse a backend other than MPI for an operation only MPI runs."""
-        sub = self.sub(backend)
-        if sub is not None:
-            raise ValueError(f"{name}: backend {sub.name!r} cannot run it (one MPI "
-                             f"datatype per process); use backend='mpi'")
-        return None
+        return self.call(CALL_ALLTOALLV, NONBLOCKING, backend, None, sendbuf, recvbuf)
 
     def Alltoallw(self, sendbuf, recvbuf, *, backend=None):
         """All-to-all with a count, byte displacement and datatype per process.
@@ -1091,16 +1017,11 @@ cdef class Comm(_MPI.Intracomm):
         ValueError
             For a backend other than MPI, or a block past the end of its buffer.
         """
-        self.mpi_only(backend, "Alltoallw")
-        self.call_alltoallw(sendbuf, recvbuf, backend, BLOCKING, MPI_INFO_NULL, NULL)
+        return self.call(CALL_ALLTOALLW, BLOCKING, backend, None, sendbuf, recvbuf)
 
     def Ialltoallw(self, sendbuf, recvbuf, *, backend=None):
         """Start an ``Alltoallw``; return a ``Request``. Arguments as ``Alltoallw``."""
-        self.mpi_only(backend, "Ialltoallw")
-        cdef Request req = Request.__new__(Request)
-        req.ob_buf = self.call_alltoallw(sendbuf, recvbuf,
-                                         backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
-        return req
+        return self.call(CALL_ALLTOALLW, NONBLOCKING, backend, None, sendbuf, recvbuf)
 
     def Reduce(self, sendbuf, recvbuf, op=SUM, root=0, *, backend=None):
         """Reduce element-wise over all processes, result at `root`.
@@ -1118,25 +1039,11 @@ cdef class Comm(_MPI.Intracomm):
         root : int
             Rank that receives the result.
         """
-        sub = self.sub(backend)
-        if sub is not None:
-            m = self.call_reduce(sendbuf, recvbuf, op, root,
-                                 None, VALIDATE, MPI_INFO_NULL, NULL)
-            sub.run("Reduce", m, op=op, root=root).Wait()
-            return
-        self.call_reduce(sendbuf, recvbuf, op, root, backend, BLOCKING, MPI_INFO_NULL, NULL)
+        return self.call(CALL_REDUCE, BLOCKING, backend, None, sendbuf, recvbuf, op, root)
 
     def Ireduce(self, sendbuf, recvbuf, op=SUM, root=0, *, backend=None):
         """Start a reduce; return a ``Request``. Arguments as ``Reduce``."""
-        sub = self.sub(backend)
-        if sub is not None:
-            m = self.call_reduce(sendbuf, recvbuf, op, root,
-                                 None, VALIDATE, MPI_INFO_NULL, NULL)
-            return sub.run("Ireduce", m, op=op, root=root)
-        cdef Request req = Request.__new__(Request)
-        req.ob_buf = self.call_reduce(sendbuf, recvbuf, op, root,
-                                      backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
-        return req
+        return self.call(CALL_REDUCE, NONBLOCKING, backend, None, sendbuf, recvbuf, op, root)
 
     def Allreduce(self, sendbuf, recvbuf, op=SUM, *, backend=None):
         """Reduce element-wise over all processes, result on all.
@@ -1150,25 +1057,11 @@ cdef class Comm(_MPI.Intracomm):
         op : mpi4py.MPI.Op
             The reduction, as in ``Reduce``.
         """
-        sub = self.sub(backend)
-        if sub is not None:
-            m = self.call_allreduce(sendbuf, recvbuf, op, 0,
-                                    None, VALIDATE, MPI_INFO_NULL, NULL)
-            sub.run("Allreduce", m, op=op).Wait()
-            return
-        self.call_allreduce(sendbuf, recvbuf, op, 0, backend, BLOCKING, MPI_INFO_NULL, NULL)
+        return self.call(CALL_ALLREDUCE, BLOCKING, backend, None, sendbuf, recvbuf, op)
 
     def Iallreduce(self, sendbuf, recvbuf, op=SUM, *, backend=None):
         """Start an allreduce; return a ``Request``. Arguments as ``Allreduce``."""
-        sub = self.sub(backend)
-        if sub is not None:
-            m = self.call_allreduce(sendbuf, recvbuf, op, 0,
-                                    None, VALIDATE, MPI_INFO_NULL, NULL)
-            return sub.run("Iallreduce", m, op=op)
-        cdef Request req = Request.__new__(Request)
-        req.ob_buf = self.call_allreduce(sendbuf, recvbuf, op, 0,
-                                         backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
-        return req
+        return self.call(CALL_ALLREDUCE, NONBLOCKING, backend, None, sendbuf, recvbuf, op)
 
     def Reduce_scatter_block(self, sendbuf, recvbuf, op=SUM, *, backend=None):
         """Reduce element-wise, then scatter equal blocks of the result.
@@ -1183,27 +1076,14 @@ cdef class Comm(_MPI.Intracomm):
         op : mpi4py.MPI.Op
             The reduction, as in ``Reduce``.
         """
-        sub = self.sub(backend)
-        if sub is not None:
-            m = self.call_reduce_scatter(sendbuf, recvbuf, None, op, True,
-                                         None, VALIDATE, MPI_INFO_NULL, NULL)
-            sub.run("Reduce_scatter_block", m, op=op).Wait()
-            return
-        self.call_reduce_scatter(sendbuf, recvbuf, None, op, True,
-                                 backend, BLOCKING, MPI_INFO_NULL, NULL)
+        return self.call(CALL_REDUCE_SCATTER_BLOCK, BLOCKING, backend, None,
+                         sendbuf, recvbuf, op)
 
     def Ireduce_scatter_block(self, sendbuf, recvbuf, op=SUM, *, backend=None):
         """Start a reduce-scatter-block; return a ``Request``. Arguments as
         ``Reduce_scatter_block``."""
-        sub = self.sub(backend)
-        if sub is not None:
-            m = self.call_reduce_scatter(sendbuf, recvbuf, None, op, True,
-                                         None, VALIDATE, MPI_INFO_NULL, NULL)
-            return sub.run("Ireduce_scatter_block", m, op=op)
-        cdef Request req = Request.__new__(Request)
-        req.ob_buf = self.call_reduce_scatter(sendbuf, recvbuf, None, op, True,
-                                              backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
-        return req
+        return self.call(CALL_REDUCE_SCATTER_BLOCK, NONBLOCKING, backend, None,
+                         sendbuf, recvbuf, op)
 
     def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=SUM, *, backend=None):
         """Reduce element-wise, then scatter blocks of varying size.
@@ -1220,51 +1100,24 @@ cdef class Comm(_MPI.Intracomm):
         op : mpi4py.MPI.Op
             The reduction, as in ``Reduce``.
         """
-        sub = self.sub(backend)
-        if sub is not None:
-            m = self.call_reduce_scatter(sendbuf, recvbuf, recvcounts, op, False,
-                                         None, VALIDATE, MPI_INFO_NULL, NULL)
-            sub.run("Reduce_scatter", m, op=op).Wait()
-            return
-        self.call_reduce_scatter(sendbuf, recvbuf, recvcounts, op, False,
-                                 backend, BLOCKING, MPI_INFO_NULL, NULL)
+        return self.call(CALL_REDUCE_SCATTER, BLOCKING, backend, None,
+                         sendbuf, recvbuf, recvcounts, op)
 
     def Ireduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=SUM, *, backend=None):
         """Start a reduce-scatter; return a ``Request``. Arguments as ``Reduce_scatter``."""
-        sub = self.sub(backend)
-        if sub is not None:
-            m = self.call_reduce_scatter(sendbuf, recvbuf, recvcounts, op, False,
-                                         None, VALIDATE, MPI_INFO_NULL, NULL)
-            return sub.run("Ireduce_scatter", m, op=op)
-        cdef Request req = Request.__new__(Request)
-        req.ob_buf = self.call_reduce_scatter(sendbuf, recvbuf, recvcounts, op, False,
-                                              backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
-        return req
+        return self.call(CALL_REDUCE_SCATTER, NONBLOCKING, backend, None,
+                         sendbuf, recvbuf, recvcounts, op)
 
     def Scan(self, sendbuf, recvbuf, op=SUM, *, backend=None):
         """Inclusive prefix reduction: rank ``i`` gets the reduction of ranks 0..i.
 
         Arguments as ``Allreduce``.
         """
-        sub = self.sub(backend)
-        if sub is not None:
-            m = self.call_allreduce(sendbuf, recvbuf, op, 1,
-                                    None, VALIDATE, MPI_INFO_NULL, NULL)
-            sub.run("Scan", m, op=op).Wait()
-            return
-        self.call_allreduce(sendbuf, recvbuf, op, 1, backend, BLOCKING, MPI_INFO_NULL, NULL)
+        return self.call(CALL_SCAN, BLOCKING, backend, None, sendbuf, recvbuf, op)
 
     def Iscan(self, sendbuf, recvbuf, op=SUM, *, backend=None):
         """Start an inclusive scan; return a ``Request``. Arguments as ``Scan``."""
-        sub = self.sub(backend)
-        if sub is not None:
-            m = self.call_allreduce(sendbuf, recvbuf, op, 1,
-                                    None, VALIDATE, MPI_INFO_NULL, NULL)
-            return sub.run("Iscan", m, op=op)
-        cdef Request req = Request.__new__(Request)
-        req.ob_buf = self.call_allreduce(sendbuf, recvbuf, op, 1,
-                                         backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
-        return req
+        return self.call(CALL_SCAN, NONBLOCKING, backend, None, sendbuf, recvbuf, op)
 
     def Exscan(self, sendbuf, recvbuf, op=SUM, *, backend=None):
         """Exclusive prefix reduction: rank ``i`` gets the reduction of ranks
@@ -1272,25 +1125,11 @@ cdef class Comm(_MPI.Intracomm):
 
         Arguments as ``Allreduce``.
         """
-        sub = self.sub(backend)
-        if sub is not None:
-            m = self.call_allreduce(sendbuf, recvbuf, op, 2,
-                                    None, VALIDATE, MPI_INFO_NULL, NULL)
-            sub.run("Exscan", m, op=op).Wait()
-            return
-        self.call_allreduce(sendbuf, recvbuf, op, 2, backend, BLOCKING, MPI_INFO_NULL, NULL)
+        return self.call(CALL_EXSCAN, BLOCKING, backend, None, sendbuf, recvbuf, op)
 
     def Iexscan(self, sendbuf, recvbuf, op=SUM, *, backend=None):
         """Start an exclusive scan; return a ``Request``. Arguments as ``Exscan``."""
-        sub = self.sub(backend)
-        if sub is not None:
-            m = self.call_allreduce(sendbuf, recvbuf, op, 2,
-                                    None, VALIDATE, MPI_INFO_NULL, NULL)
-            return sub.run("Iexscan", m, op=op)
-        cdef Request req = Request.__new__(Request)
-        req.ob_buf = self.call_allreduce(sendbuf, recvbuf, op, 2,
-                                         backend, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
-        return req
+        return self.call(CALL_EXSCAN, NONBLOCKING, backend, None, sendbuf, recvbuf, op)
 
     # -- Persistent point-to-point and collectives --------------------------------
 
@@ -1299,70 +1138,35 @@ cdef class Comm(_MPI.Intracomm):
 
         Arguments as ``Send``; each ``Start`` sends what `buf` holds then.
         """
-        cdef Prequest req = Prequest.__new__(Prequest)
-        req.comm = self
-        req.foreign = self.sub(backend) is not None
-        req.foreign = self.sub(backend) is not None
-        req.keep = self.call_send(buf, dest, tag, backend,
-                                  VALIDATE if req.foreign else PERSISTENT, &req.ob_mpi)
-        if req.foreign:
-            req.emulate(self.Isend, (buf, dest, tag), backend)
-        else:
-            req.ob_buf = req.keep         # staged device buffers: copied at each start
-        return req
+        return self.call(CALL_SEND, PERSISTENT, backend, None, buf, dest, tag)
 
     def Recv_init(self, buf, source=ANY_SOURCE, tag=ANY_TAG, *, backend=None):
         """Create a persistent receive; return an inactive ``Prequest``.
 
         Arguments as ``Recv``; each ``Start`` receives into `buf` again.
         """
-        cdef Prequest req = Prequest.__new__(Prequest)
-        req.comm = self
-        req.foreign = self.sub(backend) is not None
-        cdef _Msg m = self.call_recv(buf, source, tag, None, backend,
-                                     VALIDATE if req.foreign else PERSISTENT, &req.ob_mpi)
-        req.keep = m
-        req.rtype = m.r.dtype
-        if req.foreign:
-            req.emulate(self.Irecv, (buf, source, tag), backend)
-        else:
-            req.ob_buf = m
-        return req
-
-    cdef Prequest send_init_in(self, int send_mode, object buf, object dest, object tag,
-                               object backend, object nonblocking):
-        cdef Prequest req = Prequest.__new__(Prequest)
-        req.comm = self
-        req.foreign = self.sub(backend) is not None
-        req.keep = self.call_send(buf, dest, tag, backend,
-                                  VALIDATE if req.foreign else PERSISTENT, &req.ob_mpi,
-                                  send_mode)
-        if req.foreign:
-            req.emulate(nonblocking, (buf, dest, tag), backend)
-        else:
-            req.ob_buf = req.keep         # staged device buffers: copied at each start
-        return req
+        return self.call(CALL_RECV, PERSISTENT, backend, None, buf, source, tag)
 
     def Bsend_init(self, buf, dest, tag=0, *, backend=None):
         """Create a persistent buffered send; return an inactive ``Prequest``.
 
         Arguments as ``Bsend``; each ``Start`` sends what `buf` holds then.
         """
-        return self.send_init_in(BUFFERED, buf, dest, tag, backend, self.Ibsend)
+        return self.call(CALL_BSEND, PERSISTENT, backend, None, buf, dest, tag)
 
     def Ssend_init(self, buf, dest, tag=0, *, backend=None):
         """Create a persistent synchronous send; return an inactive ``Prequest``.
 
         Arguments as ``Ssend``; each ``Start`` sends what `buf` holds then.
         """
-        return self.send_init_in(SYNCHRONOUS, buf, dest, tag, backend, self.Issend)
+        return self.call(CALL_SSEND, PERSISTENT, backend, None, buf, dest, tag)
 
     def Rsend_init(self, buf, dest, tag=0, *, backend=None):
         """Create a persistent ready send; return an inactive ``Prequest``.
 
         Arguments as ``Rsend``; each ``Start`` sends what `buf` holds then.
         """
-        return self.send_init_in(READY, buf, dest, tag, backend, self.Irsend)
+        return self.call(CALL_RSEND, PERSISTENT, backend, None, buf, dest, tag)
 
     def Barrier_init(self, info=None, *, backend=None):
         """Create a persistent Barrier; return an inactive ``Prequest``.
@@ -1370,13 +1174,7 @@ cdef class Comm(_MPI.Intracomm):
         Arguments as ``Barrier``, plus `info` (an ``MPI.Info`` or None); each
         ``Start`` runs the operation on what the buffers hold then.
         """
-        cdef Prequest req = Prequest.__new__(Prequest)
-        req.comm = self
-        req.foreign = self.sub(backend) is not None
-        req.keep = self.call_barrier(backend, req.form(),
-                                    as_info(info), &req.ob_mpi)
-        req.emulate(self.Ibarrier, (), backend)
-        return req
+        return self.call(CALL_BARRIER, PERSISTENT, backend, info)
 
     def Bcast_init(self, buf, root=0, info=None, *, backend=None):
         """Create a persistent Bcast; return an inactive ``Prequest``.
@@ -1384,13 +1182,7 @@ cdef class Comm(_MPI.Intracomm):
         Arguments as ``Bcast``, plus `info` (an ``MPI.Info`` or None); each
         ``Start`` runs the operation on what the buffers hold then.
         """
-        cdef Prequest req = Prequest.__new__(Prequest)
-        req.comm = self
-        req.foreign = self.sub(backend) is not None
-        req.keep = self.call_bcast(buf, root, backend, req.form(),
-                                  as_info(info), &req.ob_mpi)
-        req.emulate(self.Ibcast, (buf, root), backend)
-        return req
+        return self.call(CALL_BCAST, PERSISTENT, backend, info, buf, root)
 
     def Gather_init(self, sendbuf, recvbuf, root=0, info=None, *, backend=None):
         """Create a persistent Gather; return an inactive ``Prequest``.
@@ -1398,13 +1190,7 @@ cdef class Comm(_MPI.Intracomm):
         Arguments as ``Gather``, plus `info` (an ``MPI.Info`` or None); each
         ``Start`` runs the operation on what the buffers hold then.
         """
-        cdef Prequest req = Prequest.__new__(Prequest)
-        req.comm = self
-        req.foreign = self.sub(backend) is not None
-        req.keep = self.call_gather(sendbuf, recvbuf, root, False, backend, req.form(),
-                                   as_info(info), &req.ob_mpi)
-        req.emulate(self.Igather, (sendbuf, recvbuf, root), backend)
-        return req
+        return self.call(CALL_GATHER, PERSISTENT, backend, info, sendbuf, recvbuf, root)
 
     def Gatherv_init(self, sendbuf, recvbuf, root=0, info=None, *, backend=None):
         """Create a persistent Gatherv; return an inactive ``Prequest``.
@@ -1412,13 +1198,7 @@ cdef class Comm(_MPI.Intracomm):
         Arguments as ``Gatherv``, plus `info` (an ``MPI.Info`` or None); each
         ``Start`` runs the operation on what the buffers hold then.
         """
-        cdef Prequest req = Prequest.__new__(Prequest)
-        req.comm = self
-        req.foreign = self.sub(backend) is not None
-        req.keep = self.call_gather(sendbuf, recvbuf, root, True, backend, req.form(),
-                                   as_info(info), &req.ob_mpi)
-        req.emulate(self.Igatherv, (sendbuf, recvbuf, root), backend)
-        return req
+        return self.call(CALL_GATHERV, PERSISTENT, backend, info, sendbuf, recvbuf, root)
 
     def Scatter_init(self, sendbuf, recvbuf, root=0, info=None, *, backend=None):
         """Create a persistent Scatter; return an inactive ``Prequest``.
@@ -1426,13 +1206,7 @@ cdef class Comm(_MPI.Intracomm):
         Arguments as ``Scatter``, plus `info` (an ``MPI.Info`` or None); each
         ``Start`` runs the operation on what the buffers hold then.
         """
-        cdef Prequest req = Prequest.__new__(Prequest)
-        req.comm = self
-        req.foreign = self.sub(backend) is not None
-        req.keep = self.call_scatter(sendbuf, recvbuf, root, False, backend, req.form(),
-                                    as_info(info), &req.ob_mpi)
-        req.emulate(self.Iscatter, (sendbuf, recvbuf, root), backend)
-        return req
+        return self.call(CALL_SCATTER, PERSISTENT, backend, info, sendbuf, recvbuf, root)
 
     def Scatterv_init(self, sendbuf, recvbuf, root=0, info=None, *, backend=None):
         """Create a persistent Scatterv; return an inactive ``Prequest``.
@@ -1440,13 +1214,7 @@ cdef class Comm(_MPI.Intracomm):
         Arguments as ``Scatterv``, plus `info` (an ``MPI.Info`` or None); each
         ``Start`` runs the operation on what the buffers hold then.
         """
-        cdef Prequest req = Prequest.__new__(Prequest)
-        req.comm = self
-        req.foreign = self.sub(backend) is not None
-        req.keep = self.call_scatter(sendbuf, recvbuf, root, True, backend, req.form(),
-                                    as_info(info), &req.ob_mpi)
-        req.emulate(self.Iscatterv, (sendbuf, recvbuf, root), backend)
-        return req
+        return self.call(CALL_SCATTERV, PERSISTENT, backend, info, sendbuf, recvbuf, root)
 
     def Allgather_init(self, sendbuf, recvbuf, info=None, *, backend=None):
         """Create a persistent Allgather; return an inactive ``Prequest``.
@@ -1454,13 +1222,7 @@ cdef class Comm(_MPI.Intracomm):
         Arguments as ``Allgather``, plus `info` (an ``MPI.Info`` or None); each
         ``Start`` runs the operation on what the buffers hold then.
         """
-        cdef Prequest req = Prequest.__new__(Prequest)
-        req.comm = self
-        req.foreign = self.sub(backend) is not None
-        req.keep = self.call_allgather(sendbuf, recvbuf, False, backend, req.form(),
-                                      as_info(info), &req.ob_mpi)
-        req.emulate(self.Iallgather, (sendbuf, recvbuf), backend)
-        return req
+        return self.call(CALL_ALLGATHER, PERSISTENT, backend, info, sendbuf, recvbuf)
 
     def Allgatherv_init(self, sendbuf, recvbuf, info=None, *, backend=None):
         """Create a persistent Allgatherv; return an inactive ``Prequest``.
@@ -1468,13 +1230,7 @@ cdef class Comm(_MPI.Intracomm):
         Arguments as ``Allgatherv``, plus `info` (an ``MPI.Info`` or None); each
         ``Start`` runs the operation on what the buffers hold then.
         """
-        cdef Prequest req = Prequest.__new__(Prequest)
-        req.comm = self
-        req.foreign = self.sub(backend) is not None
-        req.keep = self.call_allgather(sendbuf, recvbuf, True, backend, req.form(),
-                                      as_info(info), &req.ob_mpi)
-        req.emulate(self.Iallgatherv, (sendbuf, recvbuf), backend)
-        return req
+        return self.call(CALL_ALLGATHERV, PERSISTENT, backend, info, sendbuf, recvbuf)
 
     def Alltoall_init(self, sendbuf, recvbuf, info=None, *, backend=None):
         """Create a persistent Alltoall; return an inactive ``Prequest``.
@@ -1482,13 +1238,7 @@ cdef class Comm(_MPI.Intracomm):
         Arguments as ``Alltoall``, plus `info` (an ``MPI.Info`` or None); each
         ``Start`` runs the operation on what the buffers hold then.
         """
-        cdef Prequest req = Prequest.__new__(Prequest)
-        req.comm = self
-        req.foreign = self.sub(backend) is not None
-        req.keep = self.call_alltoall(sendbuf, recvbuf, False, backend, req.form(),
-                                     as_info(info), &req.ob_mpi)
-        req.emulate(self.Ialltoall, (sendbuf, recvbuf), backend)
-        return req
+        return self.call(CALL_ALLTOALL, PERSISTENT, backend, info, sendbuf, recvbuf)
 
     def Alltoallv_init(self, sendbuf, recvbuf, info=None, *, backend=None):
         """Create a persistent Alltoallv; return an inactive ``Prequest``.
@@ -1496,13 +1246,7 @@ cdef class Comm(_MPI.Intracomm):
         Arguments as ``Alltoallv``, plus `info` (an ``MPI.Info`` or None); each
         ``Start`` runs the operation on what the buffers hold then.
         """
-        cdef Prequest req = Prequest.__new__(Prequest)
-        req.comm = self
-        req.foreign = self.sub(backend) is not None
-        req.keep = self.call_alltoall(sendbuf, recvbuf, True, backend, req.form(),
-                                     as_info(info), &req.ob_mpi)
-        req.emulate(self.Ialltoallv, (sendbuf, recvbuf), backend)
-        return req
+        return self.call(CALL_ALLTOALLV, PERSISTENT, backend, info, sendbuf, recvbuf)
 
     def Alltoallw_init(self, sendbuf, recvbuf, info=None, *, backend=None):
         """Create a persistent Alltoallw; return an inactive ``Prequest``.
@@ -1510,19 +1254,7 @@ cdef class Comm(_MPI.Intracomm):
         Arguments as ``Alltoallw``, plus `info` (an ``MPI.Info`` or None); each
         ``Start`` runs the operation on what the buffers hold then.
         """
-        self.mpi_only(backend, "Alltoallw_init")
-        cdef Prequest req = Prequest.__new__(Prequest)
-        req.comm = self
-        # one process: the block moves at each start (call_alltoallw), so emulated
-        cdef bint alone = self.prologue(backend) == 0 and self.nprocs() == 1
-        req.keep = self.call_alltoallw(sendbuf, recvbuf, backend,
-                                       VALIDATE if alone else req.form(),
-                                       as_info(info), &req.ob_mpi)
-        if alone:
-            req.start_fn = partial(self.Ialltoallw, sendbuf, recvbuf, backend=backend)
-        else:
-            req.emulate(self.Ialltoallw, (sendbuf, recvbuf), backend)
-        return req
+        return self.call(CALL_ALLTOALLW, PERSISTENT, backend, info, sendbuf, recvbuf)
 
     def Reduce_init(self, sendbuf, recvbuf, op=SUM, root=0, info=None, *, backend=None):
         """Create a persistent Reduce; return an inactive ``Prequest``.
@@ -1530,13 +1262,7 @@ cdef class Comm(_MPI.Intracomm):
         Arguments as ``Reduce``, plus `info` (an ``MPI.Info`` or None); each
         ``Start`` runs the operation on what the buffers hold then.
         """
-        cdef Prequest req = Prequest.__new__(Prequest)
-        req.comm = self
-        req.foreign = self.sub(backend) is not None
-        req.keep = self.call_reduce(sendbuf, recvbuf, op, root, backend, req.form(),
-                                   as_info(info), &req.ob_mpi)
-        req.emulate(self.Ireduce, (sendbuf, recvbuf, op, root), backend)
-        return req
+        return self.call(CALL_REDUCE, PERSISTENT, backend, info, sendbuf, recvbuf, op, root)
 
     def Allreduce_init(self, sendbuf, recvbuf, op=SUM, info=None, *, backend=None):
         """Create a persistent Allreduce; return an inactive ``Prequest``.
@@ -1544,13 +1270,7 @@ cdef class Comm(_MPI.Intracomm):
         Arguments as ``Allreduce``, plus `info` (an ``MPI.Info`` or None); each
         ``Start`` runs the operation on what the buffers hold then.
         """
-        cdef Prequest req = Prequest.__new__(Prequest)
-        req.comm = self
-        req.foreign = self.sub(backend) is not None
-        req.keep = self.call_allreduce(sendbuf, recvbuf, op, 0, backend, req.form(),
-                                      as_info(info), &req.ob_mpi)
-        req.emulate(self.Iallreduce, (sendbuf, recvbuf, op), backend)
-        return req
+        return self.call(CALL_ALLREDUCE, PERSISTENT, backend, info, sendbuf, recvbuf, op)
 
     def Reduce_scatter_block_init(self, sendbuf, recvbuf, op=SUM, info=None, *, backend=None):
         """Create a persistent Reduce_scatter_block; return an inactive ``Prequest``.
@@ -1558,13 +1278,8 @@ cdef class Comm(_MPI.Intracomm):
         Arguments as ``Reduce_scatter_block``, plus `info` (an ``MPI.Info`` or None); each
         ``Start`` runs the operation on what the buffers hold then.
         """
-        cdef Prequest req = Prequest.__new__(Prequest)
-        req.comm = self
-        req.foreign = self.sub(backend) is not None
-        req.keep = self.call_reduce_scatter(sendbuf, recvbuf, None, op, True, backend, req.form(),
-                                           as_info(info), &req.ob_mpi)
-        req.emulate(self.Ireduce_scatter_block, (sendbuf, recvbuf, op), backend)
-        return req
+        return self.call(CALL_REDUCE_SCATTER_BLOCK, PERSISTENT, backend, info,
+                         sendbuf, recvbuf, op)
 
     def Reduce_scatter_init(self, sendbuf, recvbuf, recvcounts=None, op=SUM, info=None, *, backend=None):
         """Create a persistent Reduce_scatter; return an inactive ``Prequest``.
@@ -1572,13 +1287,8 @@ cdef class Comm(_MPI.Intracomm):
         Arguments as ``Reduce_scatter``, plus `info` (an ``MPI.Info`` or None); each
         ``Start`` runs the operation on what the buffers hold then.
         """
-        cdef Prequest req = Prequest.__new__(Prequest)
-        req.comm = self
-        req.foreign = self.sub(backend) is not None
-        req.keep = self.call_reduce_scatter(sendbuf, recvbuf, recvcounts, op, False, backend, req.form(),
-                                           as_info(info), &req.ob_mpi)
-        req.emulate(self.Ireduce_scatter, (sendbuf, recvbuf, recvcounts, op), backend)
-        return req
+        return self.call(CALL_REDUCE_SCATTER, PERSISTENT, backend, info,
+                         sendbuf, recvbuf, recvcounts, op)
 
     def Scan_init(self, sendbuf, recvbuf, op=SUM, info=None, *, backend=None):
         """Create a persistent Scan; return an inactive ``Prequest``.
@@ -1586,13 +1296,7 @@ cdef class Comm(_MPI.Intracomm):
         Arguments as ``Scan``, plus `info` (an ``MPI.Info`` or None); each
         ``Start`` runs the operation on what the buffers hold then.
         """
-        cdef Prequest req = Prequest.__new__(Prequest)
-        req.comm = self
-        req.foreign = self.sub(backend) is not None
-        req.keep = self.call_allreduce(sendbuf, recvbuf, op, 1, backend, req.form(),
-                                      as_info(info), &req.ob_mpi)
-        req.emulate(self.Iscan, (sendbuf, recvbuf, op), backend)
-        return req
+        return self.call(CALL_SCAN, PERSISTENT, backend, info, sendbuf, recvbuf, op)
 
     def Exscan_init(self, sendbuf, recvbuf, op=SUM, info=None, *, backend=None):
         """Create a persistent Exscan; return an inactive ``Prequest``.
@@ -1600,13 +1304,7 @@ cdef class Comm(_MPI.Intracomm):
         Arguments as ``Exscan``, plus `info` (an ``MPI.Info`` or None); each
         ``Start`` runs the operation on what the buffers hold then.
         """
-        cdef Prequest req = Prequest.__new__(Prequest)
-        req.comm = self
-        req.foreign = self.sub(backend) is not None
-        req.keep = self.call_allreduce(sendbuf, recvbuf, op, 2, backend, req.form(),
-                                      as_info(info), &req.ob_mpi)
-        req.emulate(self.Iexscan, (sendbuf, recvbuf, op), backend)
-        return req
+        return self.call(CALL_EXSCAN, PERSISTENT, backend, info, sendbuf, recvbuf, op)
 
     # -- Communicator management -------------------------------------------------
 

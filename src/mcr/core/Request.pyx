@@ -623,17 +623,6 @@ cdef class Prequest(Request):
     cdef int form(self) noexcept:
         return VALIDATE if emulate_persistent or self.foreign else PERSISTENT
 
-    cdef int emulate(self, object nonblocking, tuple args, object backend) except -1:
-        if self.foreign:      # what the backend cannot run must fail now, not at Start
-            name = backend if backend is not None else self.comm.backend
-            one_buffer = nonblocking.__name__ in ("Isend", "Irecv", "Ibcast")
-            backends_module().subcomm(self.comm, name).check(self.keep, args, one_buffer)
-        if emulate_persistent or self.foreign:
-            self.start_fn = partial(nonblocking, *args, backend=backend)
-        else:
-            self.ob_buf = self.keep       # staged device buffers are copied at each start
-        return 0
-
     def Start(self):
         """Start the operation; the request must be inactive (new or completed).
 

@@ -16,10 +16,10 @@ cdef extern from "mcr/dispatch.h" nogil:
     int mcr_send(int, void*, int, MPI_Datatype, int, int, MPI_Comm, MPI_Request*)
     int mcr_recv(int, void*, int, MPI_Datatype, int, int, MPI_Comm, MPI_Status*, MPI_Request*)
     int mcr_send_in(int, int, void*, int, MPI_Datatype, int, int, MPI_Comm, MPI_Request*)
-    int mcr_isendrecv(int, void*, int, MPI_Datatype, int, int, void*, int, MPI_Datatype, int,
-                      int, MPI_Comm, MPI_Request*)
-    int mcr_isendrecv_replace(int, void*, int, MPI_Datatype, int, int, int, int, MPI_Comm,
-                              MPI_Request*)
+    int mcr_sendrecv(int, void*, int, MPI_Datatype, int, int, void*, int, MPI_Datatype, int,
+                     int, MPI_Comm, MPI_Status*, MPI_Request*)
+    int mcr_sendrecv_replace(int, void*, int, MPI_Datatype, int, int, int, int, MPI_Comm,
+                             MPI_Status*, MPI_Request*)
     int mcr_barrier(int, MPI_Comm, MPI_Info, MPI_Request*)
     int mcr_bcast(int, void*, int, MPI_Datatype, int, MPI_Comm, MPI_Info, MPI_Request*)
     int mcr_gather(int, void*, int, MPI_Datatype, void*, int, MPI_Datatype, int, MPI_Comm,

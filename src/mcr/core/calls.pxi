@@ -1,0 +1,114 @@
+# The operations of the one call path (Comm.call) and the call hooks.
+#
+# CALL_NAMES is the table: an operation's id is its position, and its arguments
+# come in the order of its blocking method's signature (CALL_NARGS of them).
+# Comm.call relies on three runs of it: the send modes in dispatch.h's order
+# (STANDARD, BUFFERED, SYNCHRONOUS, READY), the receives (Recv, Sendrecv,
+# Sendrecv_replace) and Allreduce, Scan, Exscan (call_allreduce's kinds).
+
+cdef enum:
+    CALL_SEND
+    CALL_BSEND
+    CALL_SSEND
+    CALL_RSEND
+    CALL_RECV
+    CALL_SENDRECV
+    CALL_SENDRECV_REPLACE
+    CALL_BARRIER
+    CALL_BCAST
+    CALL_GATHER
+    CALL_GATHERV
+    CALL_SCATTER
+    CALL_SCATTERV
+    CALL_ALLGATHER
+    CALL_ALLGATHERV
+    CALL_ALLTOALL
+    CALL_ALLTOALLV
+    CALL_ALLTOALLW
+    CALL_REDUCE
+    CALL_ALLREDUCE
+    CALL_SCAN
+    CALL_EXSCAN
+    CALL_REDUCE_SCATTER_BLOCK
+    CALL_REDUCE_SCATTER
+
+cdef tuple CALL_NAMES = (
+    "Send", "Bsend", "Ssend", "Rsend", "Recv", "Sendrecv", "Sendrecv_replace",
+    "Barrier", "Bcast", "Gather", "Gatherv", "Scatter", "Scatterv", "Allgather",
+    "Allgatherv", "Alltoall", "Alltoallv", "Alltoallw", "Reduce", "Allreduce", "Scan",
+    "Exscan", "Reduce_scatter_block", "Reduce_scatter")
+cdef tuple CALL_NARGS = (3, 3, 3, 3, 4, 7, 6, 0, 2, 3, 3, 3, 3, 2, 2, 2, 2, 2, 4, 3, 3, 3, 3, 4)
+cdef tuple FORM_NAMES = ("blocking", "nonblocking", "persistent")
+
+
+cdef str method_name(int op, int form):
+    """The Comm method of `op` in `form`: Alltoallw, Ialltoallw, Alltoallw_init."""
+    cdef str name = CALL_NAMES[op]
+    if form == NONBLOCKING:
+        return "I" + name[0].lower() + name[1:]
+    return name + "_init" if form == PERSISTENT else name
+
+
+@cython.final
+cdef class Call:
+    """One call of a buffer method, as the call hooks see it (``mcr.hooks``).
+
+    Attributes
+    ----------
+    comm : mcr.Comm
+        The communicator called.
+    op : str
+        The operation (``"Allreduce"``, ``"Send"``, ...), whatever its form.
+    form : str
+        ``"blocking"``, ``"nonblocking"`` (``I...``) or ``"persistent"``
+        (``..._init``).
+    backend : str
+        The backend chosen for it (``"mpi"``, ``"gloo"``, ...).
+    args : tuple
+        The method's arguments, in the order of the blocking method's signature
+        (``None`` for the status of a non-blocking receive).
+    """
+    cdef readonly object comm
+    cdef readonly str op
+    cdef readonly str form
+    cdef readonly str backend
+    cdef readonly tuple args
+
+    def __repr__(self):
+        return f"<mcr.Call {self.op} {self.form} on {self.backend}>"
+
+
+cdef bint hooks_on = False        # the one flag test of the call path
+cdef list call_hooks = []
+
+
+cdef list run_call_hooks(object comm, int op, int form, str backend, tuple args):
+    """Call every hook with the Call; the callables they return, to be given
+    the call's result."""
+    cdef Call c = Call.__new__(Call)
+    c.comm, c.op, c.form, c.backend, c.args = comm, CALL_NAMES[op], FORM_NAMES[form], backend, args
+    cdef list after = []
+    for hook in tuple(call_hooks):
+        then = hook(c)
+        if then is not None:
+            after.append(then)
+    return after
+
+
+def _add_call_hook(hook):
+    """Add `hook` (see mcr.hooks.add)."""
+    global hooks_on
+    if not callable(hook):
+        raise TypeError(f"hook: expected a callable, got {type(hook).__name__}")
+    call_hooks.append(hook)
+    hooks_on = True
+
+
+def _remove_call_hook(hook):
+    """Remove `hook` (see mcr.hooks.remove)."""
+    global hooks_on
+    try:
+        call_hooks.remove(hook)
+    except ValueError:
+        raise ValueError(f"hook: {hook!r} is not installed") from None
+    hooks_on = bool(call_hooks)
