@@ -264,3 +264,40 @@ def test_the_launch_harness_does_not_initialize_mpi():
     proc = subprocess.run([sys.executable, "-c", NO_MPI.format(code=code)], env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+RECORDING_MPIEXEC = """\
+#!/bin/sh
+# answers --version as Open MPI; otherwise records whether the process that
+# started it has an MPI library loaded, and fails the job
+case "$1" in --version) echo "mpiexec (Open MPI) 5.0.0"; exit 0;; esac
+if grep -q libmpi /proc/$PPID/maps; then echo libmpi >> "$RECORD"; else echo none >> "$RECORD"; fi
+exit 3
+"""
+
+TOOLS = {
+    "demo": [os.path.join(ROOT, "demo", "demo.py"), "-n", "2"],
+    "check_gpu": [os.path.join(ROOT, "tests", "gpu", "check_gpu.py"), "--device", "cpu",
+                  "--phases", "mpi", "--budget", "60"],
+    "compare": ["-m", "mcr.bench", "compare", "--peers", "mcr-mpi", "-m", "8", "-i", "1"],
+}
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("tool", sorted(TOOLS))
+def test_tools_launch_without_initializing_mpi(tool, tmp_path):
+    # the tool's own process (not its ranks) must not have loaded libmpi when it
+    # starts mpiexec; a fake mpiexec (MCR_MPIEXEC) looks at its parent and fails
+    fake_mpiexec = tmp_path / "mpiexec"
+    fake_mpiexec.write_text(RECORDING_MPIEXEC)
+    fake_mpiexec.chmod(0o755)
+    record = tmp_path / "record"
+    env = {k: v for k, v in os.environ.items()
+           if k not in launch.LAUNCHER_VARS + ("MCR_DEMO_NPROCS",)}
+    env.update(MCR_MPIEXEC=str(fake_mpiexec), RECORD=str(record),
+               PYTHONPATH=os.pathsep.join(filter(None, [SRC, env.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable] + TOOLS[tool], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=200)
+    assert proc.returncode != 0, proc.stdout + proc.stderr      # the fake job failed
+    assert record.exists(), f"{tool} did not start mpiexec:\n{proc.stdout}{proc.stderr}"
+    assert set(record.read_text().split()) == {"none"}, proc.stdout + proc.stderr
