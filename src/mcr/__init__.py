@@ -21,14 +21,16 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-# the compiled core's public names, and mpi4py's objects that mcr shares (ops,
-# IN_PLACE and the integer constants), so that code mixing mcr and mpi4py works
-_CORE_NAMES = ("COMM_WORLD", "COMM_SELF", "Comm", "Request", "Prequest", "Status",
-               "Exception", "build_info")
+__all__ = [
+    "COMM_WORLD", "COMM_SELF", "Comm", "Request", "Prequest", "Status", "Exception",
+    "SUM", "PROD", "MAX", "MIN", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR",
+    "IN_PLACE", "ANY_SOURCE", "ANY_TAG", "PROC_NULL", "UNDEFINED", "build_info",
+]
+
+# mpi4py's own objects (ops, IN_PLACE and the integer constants), so that code
+# mixing mcr and mpi4py works; the other names are the compiled core's
 _MPI4PY_NAMES = ("SUM", "PROD", "MAX", "MIN", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR",
                  "IN_PLACE", "ANY_SOURCE", "ANY_TAG", "PROC_NULL", "UNDEFINED")
-
-__all__ = list(_CORE_NAMES + _MPI4PY_NAMES)
 
 if TYPE_CHECKING:
     from mpi4py.MPI import (ANY_SOURCE, ANY_TAG, BAND, BOR, BXOR, IN_PLACE, LAND, LOR,
@@ -43,9 +45,8 @@ def _load() -> None:
     from mpi4py import MPI  # loads the libmpi mcr must share
 
     from . import _core
-    names = globals()
-    names.update({name: getattr(_core, name) for name in _CORE_NAMES})
-    names.update({name: getattr(MPI, name) for name in _MPI4PY_NAMES})
+    globals().update({name: getattr(MPI if name in _MPI4PY_NAMES else _core, name)
+                      for name in __all__})
 
 
 def __getattr__(name: str) -> Any:
