@@ -48,9 +48,9 @@ def clean(monkeypatch, tmp_path):
     python = tmp_path / "python-bin"
     python.mkdir()
     monkeypatch.setattr(sys, "executable", str(python / "python"))
-    launch._version_text.cache_clear()
+    launch._version_texts.clear()
     yield tmp_path
-    launch._version_text.cache_clear()
+    launch._version_texts.clear()
 
 
 # -- the search order ------------------------------------------------------------

@@ -22,7 +22,6 @@ and waits for it.
 from __future__ import annotations
 
 import contextlib
-import functools
 import itertools
 import os
 import shutil
@@ -145,14 +144,19 @@ def find_mpiexec(mpicc: str | None = None) -> str:
                                ". " + HOW_TO_GET_MPIEXEC)
 
 
-@functools.lru_cache(maxsize=None)
+# mpiexec path -> what its --version says: asked once per path and process
+_version_texts: dict[str, str] = {}
+
+
 def _version_text(mpiexec: str) -> str:
-    try:
-        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True,
-                             timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return (out.stdout + out.stderr).strip()
+    if mpiexec not in _version_texts:
+        try:
+            out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True,
+                                 timeout=60)
+            _version_texts[mpiexec] = (out.stdout + out.stderr).strip()
+        except (OSError, subprocess.TimeoutExpired):
+            _version_texts[mpiexec] = ""
+    return _version_texts[mpiexec]
 
 
 def version(mpiexec: str) -> str:
