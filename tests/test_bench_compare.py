@@ -16,11 +16,8 @@ import sys
 
 import pytest
 
-import mcr
-from mcr.bench import compare
-from mpiharness import mpi_env, mpiexec_command
-
-LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE")
+from mcr import launch
+from mcr.bench.compare import cli, driver, report
 PEERS = ("C", "mpi4py-numpy", "mpi4py-torch", "torch-gloo", "mcr-gloo", "mcr-mpi",
          "C pers", "mcr-mpi pers")
 SIZES = (4, 8, 16, 32, 64)
@@ -36,7 +33,7 @@ def run(tmp_path_factory):
            "-m", "4:64", "-i", "20", "-x", "5", "--rounds", "1", "--json", str(out_json)]
     if HAVE_MATPLOTLIB:
         cmd += ["--plot", str(out_png)]
-    env = {k: v for k, v in mpi_env().items() if k not in LAUNCHER_VARS}
+    env = {k: v for k, v in os.environ.items() if k not in launch.LAUNCHER_VARS}
     try:
         proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True, timeout=240)
@@ -90,7 +87,7 @@ def test_json(run):
     _, out_json, _ = run
     data = json.loads(out_json.read_text())
     assert data["nprocs"] == 2
-    assert data["info"]["build_info"]["mpicc"] == mcr.build_info()["mpicc"]
+    assert data["info"]["build_info"]["mpicc"] == driver._mcr_build_info()["mpicc"]
     assert set(data["results"]) == {"allreduce", "bcast"}
     for op, rows in data["results"].items():
         assert list(rows) == [str(n) for n in SIZES]
@@ -116,44 +113,44 @@ def test_plot(run):
 
 
 def test_osu_c_builds_and_checks_itself(tmp_path):
-    mpicc = compare.find_mpicc(mcr.build_info())
+    mpicc = driver.find_mpicc(driver._mcr_build_info())   # from a subprocess: no MPI here
     assert mpicc, "no mpicc found for the C reference"
-    exe = compare.build_c(mpicc, cache=str(tmp_path))
+    exe = driver.build_c(mpicc, cache=str(tmp_path))
     assert os.access(exe, os.X_OK)
-    assert compare.build_c(mpicc, cache=str(tmp_path)) == exe  # cached
-    cmd = mpiexec_command(2) + [exe, "-o", ",".join(compare.OPS), "-f",
-                                "blocking,nonblocking,persistent", "-i", "3", "-w", "1",
-                                "-r", "2", "4", "12"]
-    proc = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    results = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert driver.build_c(mpicc, cache=str(tmp_path)) == exe  # cached
+    argv = [exe, "-o", ",".join(cli.OPS), "-f", "blocking,nonblocking,persistent", "-i", "3",
+            "-w", "1", "-r", "2", "4", "12"]
+    result = launch.run(2, argv, timeout=120, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                        text=True)
+    assert result.returncode == 0, result.stderr
+    results = [json.loads(line) for line in result.stdout.splitlines()]
     # every operation in every form at both sizes (barrier: one, no data)
-    assert len(results) == 3 * (1 + 2 * (len(compare.OPS) - 1))
+    assert len(results) == 3 * (1 + 2 * (len(cli.OPS) - 1))
     for r in results:
         assert r["ok"] and r["error"] == "" and len(r["rounds_us"]) == 2, r
 
 
 def test_sizes_and_lists():
-    args = compare.parse_args(["-m", "3:20", "--ops", "all", "--forms", "persistent"])
+    args = cli.parse_args(["-m", "3:20", "--ops", "all", "--forms", "persistent"])
     assert args.sizes == [3, 6, 12]
-    assert args.ops == list(compare.OPS)
+    assert args.ops == list(cli.OPS)
     assert args.forms == ["blocking", "persistent"]
     assert "mcr-nccl" not in args.peers           # CPU tensors: no NCCL peers
-    assert compare.parse_args(["-m", "64"]).sizes == [1, 2, 4, 8, 16, 32, 64]
+    assert cli.parse_args(["-m", "64"]).sizes == [1, 2, 4, 8, 16, 32, 64]
     with pytest.raises(SystemExit):
-        compare.parse_args(["--ops", "allreduce,nosuchop"])
+        cli.parse_args(["--ops", "allreduce,nosuchop"])
 
 
 def test_plot_without_matplotlib_says_how_to_get_it(monkeypatch, capsys):
-    real = compare.importlib.import_module
+    real = cli.importlib.import_module
 
     def no_matplotlib(name, *a):
         if name.startswith("matplotlib"):
             raise ImportError(name)
         return real(name, *a)
-    monkeypatch.setattr(compare.importlib, "import_module", no_matplotlib)
+    monkeypatch.setattr(cli.importlib, "import_module", no_matplotlib)
     with pytest.raises(SystemExit) as info:
-        compare.parse_args(["--plot", "x.png"])
+        cli.parse_args(["--plot", "x.png"])
     assert "pip install 'mcr[bench]'" in str(info.value)
 
 
@@ -166,11 +163,11 @@ def test_targets_arithmetic():
         "1048576": {"C": cell(100.0), "mcr-mpi": cell(104.0), "mcr-mpi pers": cell(104.0),
                     "C pers": cell(99.0)},
     }}
-    got = {t["ratio"]: t for t in compare.targets(results, 2, "torch")}
+    got = {t["ratio"]: t for t in report.targets(results, 2, "torch")}
     assert got["mcr-C (us)"]["met"] and got["mcr-C (us)"]["worst"]["value"] == 0.5
     assert got["mcr/mpi4py-np"]["met"]                      # 0.5
     assert got["mcr/mpi4py-pt"]["met"]                      # 0.04
     assert not got["mcr/C"]["met"]                          # 1.04 at 1 MiB
     assert got["mcr/C"]["misses"] == [{"op": "allreduce", "bytes": 1048576, "value": 1.04}]
     assert got["pers/nonpers"]["met"]                       # 0.9 and 1.0
-    assert compare.targets(results, 3, "torch")[0]["applies"] is False
+    assert report.targets(results, 3, "torch")[0]["applies"] is False

@@ -12,13 +12,13 @@ import sys
 
 import pytest
 
+from mcr import launch
 from mpiharness import run_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(ROOT, "demo", "demo.py")
 # set by MPI launchers; the demo runs in place instead of starting itself
-LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE",
-                 "MPI_LOCALNRANKS", "MCR_DEMO_NPROCS")
+LAUNCHER_VARS = launch.LAUNCHER_VARS + ("MCR_DEMO_NPROCS",)
 
 
 def passed(out, nprocs):

@@ -11,14 +11,15 @@ import sys
 
 import pytest
 
+from mcr import launch
+
 torch = pytest.importorskip("torch")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests", "gpu", "check_gpu.py")
 LIMIT = 300
 # set by MPI launchers; the script must start its own jobs
-LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE",
-                 "MPI_LOCALNRANKS", "MCR_DEMO_NPROCS")
+LAUNCHER_VARS = launch.LAUNCHER_VARS + ("MCR_DEMO_NPROCS",)
 
 
 @pytest.mark.timeout(LIMIT + 30)

@@ -9,38 +9,15 @@ DLPack producers)::
     comm.Allreduce(mcr.IN_PLACE, tensor, op=mcr.SUM)
 
 or, as a drop-in for mpi4py, ``from mcr import MPI``.
+
+``import mcr`` itself does not initialize MPI, as ``import mpi4py`` does not:
+the first use of one of the names below (``mcr.COMM_WORLD``, ``from mcr import
+Comm``, ...) loads the compiled core, which imports ``mpi4py.MPI`` and so
+initializes MPI as ``mpi4py.rc`` says. Tools that only start jobs
+(:mod:`mcr.launch`) import nothing that touches MPI.
 """
 
-from mpi4py import MPI as _mpi4py  # initializes MPI and loads the libmpi mcr must share
-
-from ._core import (  # noqa: E402
-    COMM_SELF,
-    COMM_WORLD,
-    Comm,
-    Exception,
-    Prequest,
-    Request,
-    Status,
-    build_info,
-)
-
-# Ops, IN_PLACE and the integer constants are mpi4py's own objects, so that
-# code mixing mcr and mpi4py works.
-SUM = _mpi4py.SUM
-PROD = _mpi4py.PROD
-MAX = _mpi4py.MAX
-MIN = _mpi4py.MIN
-LAND = _mpi4py.LAND
-LOR = _mpi4py.LOR
-LXOR = _mpi4py.LXOR
-BAND = _mpi4py.BAND
-BOR = _mpi4py.BOR
-BXOR = _mpi4py.BXOR
-IN_PLACE = _mpi4py.IN_PLACE
-ANY_SOURCE = _mpi4py.ANY_SOURCE
-ANY_TAG = _mpi4py.ANY_TAG
-PROC_NULL = _mpi4py.PROC_NULL
-UNDEFINED = _mpi4py.UNDEFINED
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
@@ -49,3 +26,35 @@ __all__ = [
     "SUM", "PROD", "MAX", "MIN", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR",
     "IN_PLACE", "ANY_SOURCE", "ANY_TAG", "PROC_NULL", "UNDEFINED", "build_info",
 ]
+
+# mpi4py's own objects (ops, IN_PLACE and the integer constants), so that code
+# mixing mcr and mpi4py works; the other names are the compiled core's
+_MPI4PY_NAMES = ("SUM", "PROD", "MAX", "MIN", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR",
+                 "IN_PLACE", "ANY_SOURCE", "ANY_TAG", "PROC_NULL", "UNDEFINED")
+
+if TYPE_CHECKING:
+    from mpi4py.MPI import (ANY_SOURCE, ANY_TAG, BAND, BOR, BXOR, IN_PLACE, LAND, LOR,
+                            LXOR, MAX, MIN, PROC_NULL, PROD, SUM, UNDEFINED)
+
+    from ._core import (COMM_SELF, COMM_WORLD, Comm, Exception, Prequest, Request, Status,
+                        build_info)
+
+
+def _load() -> None:
+    """Import the core (this initializes MPI) and bind every public name here."""
+    from mpi4py import MPI  # loads the libmpi mcr must share
+
+    from . import _core
+    globals().update({name: getattr(MPI if name in _MPI4PY_NAMES else _core, name)
+                      for name in __all__})
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        _load()
+        return globals()[name]
+    raise AttributeError(f"module 'mcr' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

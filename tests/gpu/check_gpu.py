@@ -10,8 +10,9 @@ Without a CUDA device (and without ``--device cpu``) it prints
 ``check_gpu: skipped: no CUDA device`` and exits 0.
 
 Started without ``--phase``, the script runs each part as its own job under
-``mpiexec`` (the one beside this Python, or on PATH; ``MCR_MPIEXEC``
-overrides), each with a time limit, all within ``--budget`` seconds:
+``mpiexec``, started by :mod:`mcr.launch` (``MCR_MPIEXEC`` overrides its
+choice of mpiexec; this parent process does not initialize MPI), each with a
+time limit, all within ``--budget`` seconds:
 
 ``mpi``         2 processes sharing cuda:0, MPI backend, the MPI library's own
                 CUDA-awareness (the PyPI Open MPI is not CUDA-aware, so mcr
@@ -36,8 +37,6 @@ import contextlib
 import functools
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -52,10 +51,9 @@ except ImportError as _exc:          # mcr needs torch: nothing to check without
     torch = None
     _TORCH_ERROR = _exc
 
-HERE = os.path.abspath(__file__)
-LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE",
-                 "MPI_LOCALNRANKS", "MCR_DEMO_NPROCS")
+from mcr import launch
 
+HERE = os.path.abspath(__file__)
 DTYPES = ("float32", "float16", "bfloat16", "int64")
 MODES = ("blocking", "nonblocking", "persistent")
 SENTINEL = -3
@@ -87,45 +85,10 @@ def phases(device, ndev):
     ]
 
 
-def find_mpiexec():
-    named = os.environ.get("MCR_MPIEXEC")
-    if named:
-        return shutil.which(named)
-    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    if os.access(beside, os.X_OK):
-        return beside
-    return shutil.which("mpiexec")
-
-
-def is_open_mpi(mpiexec):
-    try:
-        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True,
-                             timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    text = out.stdout + out.stderr
-    return "Open MPI" in text or "OpenRTE" in text or "prterun" in text
-
-
 def threads_per_process(nprocs):
     """Torch threads per process: half the cores shared out (OpenMP threads
     spinning beside MPI's polling slow everything down when cores are short)."""
     return max(1, (os.cpu_count() or 2) // (2 * nprocs))
-
-
-def stop(proc):
-    """End a job: SIGTERM first (mpiexec passes it on), then SIGKILL."""
-    for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
-        if proc.poll() is not None:
-            return
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            pass
 
 
 def pump(stream):
@@ -143,7 +106,7 @@ def tail(path, lines):
         return []
 
 
-def run_phase(ph, args, mpiexec, openmpi, logdir, limit):
+def run_phase(ph, args, mpiexec, logdir, limit):
     """Run one phase; return (status, summary dict or None, seconds)."""
     summary = os.path.join(logdir, f"{ph.name}.json")
     errlog = os.path.join(logdir, f"{ph.name}.stderr")
@@ -151,35 +114,26 @@ def run_phase(ph, args, mpiexec, openmpi, logdir, limit):
     for path in (summary, caselog):
         with contextlib.suppress(OSError):
             os.remove(path)
-    cmd = [mpiexec, "-n", str(ph.nprocs)]
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
+    env = dict(os.environ)
     env.pop("MCR_BACKEND", None)             # the MPI checks run on the default backend
-    env.update(ph.env)
-    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               PYTHONUNBUFFERED="1")
+    env.pop("MCR_DEMO_NPROCS", None)
+    env.update(ph.env, PYTHONUNBUFFERED="1")
     env.setdefault("OMP_NUM_THREADS", str(threads_per_process(ph.nprocs)))
     env.setdefault("MCR_BACKEND_TIMEOUT", "60")  # a stuck Gloo/NCCL call fails, not hangs
-    if openmpi:
-        cmd.append("--oversubscribe")
-    cmd += [sys.executable, "-u", HERE, "--phase", ph.name, "--device", args.device,
+    argv = [sys.executable, "-u", HERE, "--phase", ph.name, "--device", args.device,
             "--summary", summary, "--caselog", caselog,
             "--hang-after", str(max(int(limit) - 8, 5))]
     print(f"check_gpu: phase {ph.name}: {ph.what} (limit {limit:.0f} s)", flush=True)
     t0 = time.monotonic()
     with open(errlog, "w") as err:
-        err.write(" ".join(cmd) + "\n")
+        err.write(" ".join(launch.command(ph.nprocs, mpiexec) + argv) + "\n")
         err.flush()
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=err, text=True,
-                                start_new_session=True)
-        reader = threading.Thread(target=pump, args=(proc.stdout,), daemon=True)
-        reader.start()
-        try:
-            rc = proc.wait(timeout=limit)
-        except subprocess.TimeoutExpired:
-            rc = None
-        finally:
-            stop(proc)
-            reader.join(5)
+        with launch.start(ph.nprocs, argv, env=env, mpiexec=mpiexec, stdout=subprocess.PIPE,
+                          stderr=err, text=True) as job:
+            reader = threading.Thread(target=pump, args=(job.process.stdout,), daemon=True)
+            reader.start()
+            rc = job.wait(timeout=limit)
+        reader.join(5)
     seconds = time.monotonic() - t0
     result = None
     with contextlib.suppress(OSError, ValueError):
@@ -218,12 +172,11 @@ def parent(args):
     device = "cpu" if args.device == "cpu" else "cuda"
     args.device = device
     ndev = torch.cuda.device_count() if device == "cuda" else 0
-    mpiexec = find_mpiexec()
-    if mpiexec is None:
-        print("check_gpu: no mpiexec found (beside this Python or on PATH); set MCR_MPIEXEC",
-              file=sys.stderr)
+    try:
+        mpiexec = launch.find_mpiexec()
+    except launch.MpiexecNotFoundError as exc:
+        print(f"check_gpu: {exc}", file=sys.stderr)
         return 2
-    openmpi = is_open_mpi(mpiexec)
     logdir = args.logdir or tempfile.mkdtemp(prefix="mcr-gpu-check-")
     os.makedirs(logdir, exist_ok=True)
     start = time.monotonic()
@@ -240,13 +193,13 @@ def parent(args):
             print(f"check_gpu: phase {ph.name}: SKIP ({ph.skip})", flush=True)
             rows.append((ph.name, "SKIP", ph.skip, 0.0))
             continue
-        # ending a job that overran takes up to 15 s more (SIGTERM, then SIGKILL)
+        # ending a job that overran takes some seconds more (SIGTERM, then SIGKILL)
         remaining = deadline - time.monotonic() - 15
         if remaining < 20:
             rows.append((ph.name, "NOT RUN", "time budget spent", 0.0))
             failures.append(f"{ph.name}: not run, the time budget was spent")
             continue
-        status, result, seconds = run_phase(ph, args, mpiexec, openmpi, logdir,
+        status, result, seconds = run_phase(ph, args, mpiexec, logdir,
                                             min(ph.limit, remaining))
         if result is not None:
             detail = f"{result['passed']} checks passed, {len(result['failed'])} failed"

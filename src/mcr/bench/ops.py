@@ -1,7 +1,8 @@
 """The collectives the benchmarks time: one table, with their buffers and checks.
 
-``OPERATIONS`` maps a benchmark name (``allreduce``, ``gatherv``, ...) to an
-:class:`OpSpec`. ``spec.setup(comm, count, dtype, make)`` allocates and fills
+``OPERATIONS`` maps a collective's benchmark name (``allreduce``, ``gatherv``,
+...) to an :class:`OpSpec`; ``P2P_OPERATIONS`` maps ``latency`` to
+:class:`PingPong`; ``NAMES`` lists both, in table order. ``spec.setup(comm, count, dtype, make)`` allocates and fills
 the buffers of one message size and returns a :class:`Case`, which gives the
 call of one iteration in each form (blocking, non-blocking, persistent) and
 checks the result against values computed independently with torch from
@@ -36,14 +37,17 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy
 import torch
-from mpi4py import MPI
+
+if TYPE_CHECKING:      # imported where used: a driver that only reads the table stays out of MPI
+    from mpi4py import MPI
 
 __all__ = ["OPERATIONS", "OpSpec", "Case", "Make", "FORMS", "buffer_maker", "numpy_dtype",
-           "rank_values", "reduction_op", "fill", "contents", "mismatch"]
+           "rank_values", "reduction_op", "reduce_all", "fill", "contents", "mismatch",
+           "PingPong", "P2P_OPERATIONS", "NAMES"]
 
 # make(shape_or_n, dtype) -> a zero-filled buffer (torch CPU/CUDA tensor or numpy array)
 Make = Callable[[Any, torch.dtype], Any]
@@ -128,7 +132,7 @@ def rank_values(seed: int, n: int, dtype: torch.dtype, reduced: bool) -> torch.T
     return v.to(dtype)
 
 
-def _reduce_all(blocks: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+def reduce_all(blocks: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
     """SUM (LXOR for bool) of ``blocks``, computed wide and cast back (exact)."""
     if dtype == torch.bool:
         return torch.stack([b.to(torch.int64) for b in blocks]).sum(0).remainder(2).bool()
@@ -139,6 +143,7 @@ def _reduce_all(blocks: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
 
 def reduction_op(dtype: torch.dtype) -> MPI.Op:
     """The op the reductions use: SUM, or LXOR for bool (MPI has no SUM on bool)."""
+    from mpi4py import MPI
     return MPI.LXOR if dtype == torch.bool else MPI.SUM
 
 
@@ -404,13 +409,13 @@ def _reduce(rank: int, size: int, count: int, dtype: torch.dtype, make: Make) ->
     if rank != ROOT:
         return (send, None), kwargs, [], inputs
     recv = make(count, dtype)
-    expected = _reduce_all([rank_values(r, count, dtype, True) for r in range(size)], dtype)
+    expected = reduce_all([rank_values(r, count, dtype, True) for r in range(size)], dtype)
     return (send, recv), kwargs, [(recv, expected, "recvbuf")], inputs
 
 
 def _allreduce(rank: int, size: int, count: int, dtype: torch.dtype, make: Make) -> _Built:
     send, recv = make(count, dtype), make(count, dtype)
-    expected = _reduce_all([rank_values(r, count, dtype, True) for r in range(size)], dtype)
+    expected = reduce_all([rank_values(r, count, dtype, True) for r in range(size)], dtype)
     return ((send, recv), {"op": reduction_op(dtype)}, [(recv, expected, "recvbuf")],
             [(send, rank_values(rank, count, dtype, True))])
 
@@ -426,7 +431,7 @@ def _reduce_scatter(block: bool) -> _Builder:
         counts = [max(1, count // size)] * size if block else _split(count, size)
         total = sum(counts)
         send, recv = make(total, dtype), make(counts[rank], dtype)
-        full = _reduce_all([rank_values(r, total, dtype, True) for r in range(size)], dtype)
+        full = reduce_all([rank_values(r, total, dtype, True) for r in range(size)], dtype)
         start = sum(counts[:rank])
         expected = full[start:start + counts[rank]]
         kwargs: dict[str, Any] = {"op": reduction_op(dtype)}
@@ -443,7 +448,7 @@ def _scan(exclusive: bool) -> _Builder:
         last = rank if exclusive else rank + 1
         outputs = []
         if last > 0:            # Exscan leaves rank 0's receive buffer undefined
-            expected = _reduce_all([rank_values(r, count, dtype, True)
+            expected = reduce_all([rank_values(r, count, dtype, True)
                                     for r in range(last)], dtype)
             outputs.append((recv, expected, "recvbuf"))
         return ((send, recv), {"op": reduction_op(dtype)}, outputs,
@@ -483,3 +488,63 @@ OPERATIONS: dict[str, OpSpec] = {spec.name: spec for spec in [
     OpSpec("scan", "Scan", "Scan", "count elements", _scan(False)),
     OpSpec("exscan", "Exscan", "Exscan", "count elements", _scan(True)),
 ]}
+
+
+# -- Point-to-point ---------------------------------------------------------------
+
+class PingPong:
+    """``latency``: a round trip between ranks 0 and 1 (Send, then Recv on rank 0;
+    the reverse on rank 1); other ranks idle. Same interface as :class:`Case`,
+    made like ``spec.setup``: ``PingPong(comm, count, dtype, make)``."""
+
+    def __init__(self, comm: Any, count: int, dtype: torch.dtype, make: Make) -> None:
+        self.comm, self.rank = comm, comm.Get_rank()
+        self.send, self.recv = make(count, dtype), make(count, dtype)
+        fill(self.send, rank_values(self.rank, count, dtype, False))
+        self.expected = rank_values(1 - self.rank, count, dtype, False)
+        self._requests: list[Any] = []
+
+    def check(self) -> str | None:
+        """None if rank 0 and 1 received each other's values, else the difference."""
+        if self.rank > 1:
+            return None
+        return mismatch(self.recv, self.expected, f"latency: rank {self.rank}: recvbuf")
+
+    def run(self, form: str, backend: str | None = None) -> Callable[[], None]:
+        """One round trip in ``form``; ranks above 1 do nothing."""
+        if self.rank > 1:
+            return lambda: None
+        kw = {} if backend is None else {"backend": backend}
+        c, peer, s, r = self.comm, 1 - self.rank, self.send, self.recv
+        send: Callable[[], Any]
+        recv: Callable[[], Any]
+        if form == "blocking":
+            send = functools.partial(c.Send, s, peer, 1, **kw)
+            recv = functools.partial(c.Recv, r, peer, 1, **kw)
+        elif form == "nonblocking":
+            isend = functools.partial(c.Isend, s, peer, 1, **kw)
+            irecv = functools.partial(c.Irecv, r, peer, 1, **kw)
+            send, recv = (lambda: isend().Wait()), (lambda: irecv().Wait())
+        else:
+            ps, pr = c.Send_init(s, peer, 1, **kw), c.Recv_init(r, peer, 1, **kw)
+            self._requests += [ps, pr]
+            send, recv = (lambda: (ps.Start(), ps.Wait())), (lambda: (pr.Start(), pr.Wait()))
+        first, second = (send, recv) if self.rank == 0 else (recv, send)
+
+        def pingpong() -> None:
+            first()
+            second()
+        return pingpong
+
+    def close(self) -> None:
+        """Free the persistent requests."""
+        for request in self._requests:
+            request.Free()
+        self._requests.clear()
+
+
+P2P_OPERATIONS: dict[str, Callable[[Any, int, torch.dtype, Make], PingPong]] = {
+    "latency": PingPong,
+}
+
+NAMES: tuple[str, ...] = tuple(OPERATIONS) + tuple(P2P_OPERATIONS)
