@@ -5,8 +5,8 @@
 # Cython embeds in the docstrings). Types follow mpi4py's own stubs, which the
 # classes here extend; a message spec is typed loosely (see _BufSpec).
 
-from collections.abc import Sequence
-from typing import Any, Final, Literal, Self, TypeAlias
+from collections.abc import Callable, Sequence
+from typing import Any, Final, Literal, Self, TypeAlias, final
 
 from mpi4py.MPI import ANY_SOURCE, ANY_TAG, SUM, Datatype, Group, InPlaceType, Info, Op
 from mpi4py.MPI import Exception as _Exception
@@ -56,6 +56,22 @@ def _work_request(backend: str, works: list[Any], steps: list[Any] | None = None
 def _datatype_handle(type_name: str) -> int: ...
 def _fill_status(status: _Status | None, source: int, tag: int, nbytes: int,
                  rtype: int = 0) -> None: ...
+
+def _add_call_hook(hook: Callable[[Call], Any]) -> None: ...
+def _remove_call_hook(hook: Callable[[Call], Any]) -> None: ...
+
+@final
+class Call:
+    @property
+    def comm(self) -> Comm: ...
+    @property
+    def op(self) -> str: ...
+    @property
+    def form(self) -> str: ...
+    @property
+    def backend(self) -> str: ...
+    @property
+    def args(self) -> tuple[Any, ...]: ...
 
 class Exception(_Exception): ...
 
