@@ -34,7 +34,7 @@ from util import Failures, assert_comm_works, assert_equal, raises, rank_data
 
 # what each backend must declare: where its buffers live
 DEVICES = {"mpi": {"cpu", "cuda"}, "gloo": {"cpu"}, "nccl": {"cuda"}}
-HELPER_MODULES = ("base", "compose", "store")
+HELPER_MODULES = ("base", "compose", "message", "store", "torchpg")
 OP_NAMES = ("SUM", "PROD", "MAX", "MIN", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR")
 # bad values of backend=: (value, exception, message fragments)
 BAD_BACKENDS = [
