@@ -40,9 +40,9 @@ class Subcomm:
     returns a ``Request`` (``self.request``) that completes the operation, and
     must not block on another process (the blocking form waits on it).
 
-    Primitives a backend must define (collective ones in the same order on
-    every rank; each returns a ``Work``, on uint8 tensors on the buffers'
-    device):
+    Primitives a backend must define (called once ``connect`` has run;
+    collective ones in the same order on every rank; each returns a ``Work``,
+    on uint8 tensors on the buffers' device, on the host for Barrier):
 
     - ``tensor_alltoall(output, input, output_split, input_split)``;
     - ``tensor_send(tensor, dest, tag)`` and ``tensor_recv(tensor, source, tag)``.

@@ -369,7 +369,8 @@ def drain(sub: "Subcomm") -> None:
 
 def exchange(sub: "Subcomm", output: torch.Tensor, input: torch.Tensor,
              output_split: list[int], input_split: list[int]) -> "Work":
-    """The backend's all-to-all of bytes, on a contiguous input."""
+    """The backend's all-to-all of bytes, on a contiguous input (connected first)."""
+    sub.start()
     return sub.tensor_alltoall(output, input.contiguous(), output_split, input_split)
 
 
