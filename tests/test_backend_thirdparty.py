@@ -19,7 +19,6 @@ importlib.metadata as an installed distribution would be:
 
 import os
 import tempfile
-import textwrap
 import warnings
 
 import pytest
@@ -30,7 +29,7 @@ import mcr.backends
 from ccoref import OP_NAMES, operands, reduce_ref, reduction_cases
 from mcr.backends.base import Backend, Subcomm
 from mpiharness import case, mpi_cases
-from test_backend_registry import COLLECTIVE_FORMS, COLLECTIVES, complete, ring_messages
+from test_backend_registry import collective_forms, ring_messages
 from util import Failures, assert_comm_works, raises
 
 TINY = "tiny"
@@ -183,17 +182,7 @@ def a_broken_entry_point_fails_clearly_when_asked_for(comm):
 @case
 def every_collective_runs_by_composition(comm):
     failures = Failures(comm)
-    for method, name in COLLECTIVE_FORMS.items():
-        for start in range(2 if method.endswith("_init") else 1):
-            args, kwargs, outputs, expected = COLLECTIVES[name](comm)
-            label = f"{method}(backend={TINY!r}), start {start}"
-            try:
-                complete(getattr(comm, method)(*args, backend=TINY, **kwargs))
-            except Exception as exc:  # noqa: BLE001 - recorded; raised the same on every rank
-                failures.error(label, exc)
-                continue
-            for got, want in zip(outputs, expected):
-                failures.check(label, got, want)
+    collective_forms(comm, TINY, failures)
     failures.done()
 
 
