@@ -20,7 +20,7 @@ class MessageSide(NamedTuple):
 
     kind: str                     # "buf", "in_place" or "null"
     addr: int                     # address of the message's first element
-    count: int                    # elements in the block form
+    count: int  # type: ignore[assignment]  # elements in the block form (shadows tuple.count: the core's name)
     counts: list[int] | None      # per-rank counts of the vector form, else None
     displs: list[int] | None      # per-rank displacements (elements), else None
     nelems: int                   # elements from addr to the end of the message
