@@ -34,7 +34,7 @@ from util import Failures, assert_comm_works, assert_equal, raises, rank_data
 
 # what each backend must declare: where its buffers live
 DEVICES = {"mpi": {"cpu", "cuda"}, "gloo": {"cpu"}, "nccl": {"cuda"}}
-HELPER_MODULES = ("base", "compose", "store")
+HELPER_MODULES = ("base", "compose", "message", "store", "torchpg")
 OP_NAMES = ("SUM", "PROD", "MAX", "MIN", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR")
 # bad values of backend=: (value, exception, message fragments)
 BAD_BACKENDS = [
@@ -463,20 +463,25 @@ def every_method_rejects_bad_backends_before_communicating(comm):
     assert_comm_works(comm)
 
 
+def collective_forms(comm, backend, failures):
+    """Every collective, blocking, non-blocking and persistent, on `backend`."""
+    for method, name in COLLECTIVE_FORMS.items():
+        label = f"{method}(backend={backend!r})"
+        args, kwargs, outputs, expected = COLLECTIVES[name](comm)
+        try:
+            complete(getattr(comm, method)(*args, backend=backend, **kwargs))
+        except Exception as exc:  # noqa: BLE001 - recorded; raised the same on every rank
+            failures.error(label, exc)
+            continue
+        for got, want in zip(outputs, expected):
+            failures.check(label, got, want)
+
+
 @case
 def every_collective_form_runs_with_each_backend_spelling(comm):
     failures = Failures(comm)
     for backend in GOOD_BACKENDS:
-        for method, name in COLLECTIVE_FORMS.items():
-            label = f"{method}(backend={backend!r})"
-            args, kwargs, outputs, expected = COLLECTIVES[name](comm)
-            try:
-                complete(getattr(comm, method)(*args, backend=backend, **kwargs))
-            except Exception as exc:  # noqa: BLE001 - recorded; raised the same on every rank
-                failures.error(label, exc)
-                continue
-            for got, want in zip(outputs, expected):
-                failures.check(label, got, want)
+        collective_forms(comm, backend, failures)
     failures.done()
 
 

@@ -1,12 +1,13 @@
 """The Gloo backend: torch's ProcessGroupGloo, for host (CPU) buffers.
 
 Gloo moves bytes for every operation; it reduces the element types and ops
-listed in ``reductions`` itself, and mcr reduces the rest (``compose``).
+listed in ``reductions`` itself, and mcr reduces the rest (``compose``). Its
+sub-communicator is ``torchpg.TorchSubcomm``: this module only makes the group.
 """
 
 from typing import Any
 
-from .compose import TorchBackend
+from .torchpg import TorchBackend
 from .store import c10d, rendezvous, timeout
 
 __all__ = ["BACKEND"]
@@ -20,8 +21,6 @@ class GlooBackend(TorchBackend):
     name = "gloo"
     devices = frozenset({"cpu"})
     p2p_pollable = False
-    native = frozenset({"Barrier", "Bcast", "Allgather", "Alltoall", "Reduce",
-                        "Allreduce"})
     reductions = {
         "SUM": _REDUCED | {"complex64", "complex128"},
         "PROD": _REDUCED, "MAX": _REDUCED, "MIN": _REDUCED,

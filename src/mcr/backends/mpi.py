@@ -3,7 +3,7 @@ on MPI directly; this module only registers it and declares what it serves."""
 
 from typing import Any, NoReturn
 
-from .base import Backend
+from .base import OPERATIONS, Backend
 
 __all__ = ["BACKEND"]
 
@@ -11,12 +11,13 @@ __all__ = ["BACKEND"]
 class MpiBackend(Backend):
     name = "mpi"
     devices = frozenset({"cpu", "cuda"})   # CUDA: directly if CUDA-aware, else staged
-    native = frozenset({
-        "Send", "Bsend", "Ssend", "Rsend", "Recv", "Sendrecv", "Sendrecv_replace", "Probe",
-        "Iprobe",
-        "Barrier", "Bcast", "Gather", "Gatherv", "Scatter", "Scatterv", "Allgather",
-        "Allgatherv", "Alltoall", "Alltoallv", "Alltoallw", "Reduce", "Allreduce",
-        "Reduce_scatter_block", "Reduce_scatter", "Scan", "Exscan"})
+
+    @property
+    def native(self) -> frozenset[str]:
+        """Every operation of the backend interface, and Alltoallw, which only
+        MPI runs (one datatype per process)."""
+        return frozenset(name for names in OPERATIONS.values() for name in names) | {
+            "Alltoallw"}
 
     def create(self, comm: Any) -> NoReturn:
         raise ValueError("backend 'mpi' runs in mcr's core")

@@ -10,7 +10,7 @@ not supported on this backend.
 
 from typing import Any
 
-from .compose import TorchBackend
+from .torchpg import TorchBackend
 from .store import c10d, rendezvous, timeout
 
 __all__ = ["BACKEND"]
@@ -22,8 +22,6 @@ _REDUCED = frozenset({"uint8", "int8", "int32", "int64", "float16", "bfloat16",
 class NcclBackend(TorchBackend):
     name = "nccl"
     devices = frozenset({"cuda"})
-    native = frozenset({"Barrier", "Bcast", "Allgather", "Alltoall", "Reduce",
-                        "Allreduce"})
     reductions = {"SUM": _REDUCED | {"complex64", "complex128"}, "PROD": _REDUCED,
                   "MAX": _REDUCED, "MIN": _REDUCED}
 

@@ -1,0 +1,180 @@
+"""Backends on a torch ``ProcessGroup`` (Gloo, NCCL): the sub-communicator
+whose primitives are the group's ``alltoall_base``, ``send`` and ``recv``, and
+which runs Barrier, Bcast, Allgather(v) and, for the op/type pairs the group
+reduces, Allreduce, Reduce and Reduce_scatter(_block) as one group call.
+Everything else is composed (``compose``).
+
+A backend here only says how to make its group (``TorchBackend.make_group``).
+"""
+
+from typing import Any
+
+import torch
+
+from . import compose
+from .base import Backend, Subcomm, Work
+from .store import c10d
+
+__all__ = ["TorchBackend", "TorchSubcomm"]
+
+_BYTE = torch.uint8
+
+
+def _reduce_op(name: str) -> Any:
+    ReduceOp = c10d().ReduceOp
+    return {"SUM": ReduceOp.SUM, "PROD": ReduceOp.PRODUCT, "MAX": ReduceOp.MAX,
+            "MIN": ReduceOp.MIN, "BAND": ReduceOp.BAND, "BOR": ReduceOp.BOR,
+            "BXOR": ReduceOp.BXOR}[name]
+
+
+class TorchSubcomm(Subcomm):
+    """A Comm's sub-communicator on a torch process group.
+
+    The group is made at the first operation that communicates (collective
+    over the communicator), after that operation's arguments are checked, so
+    that bad input is reported before any process blocks in the bootstrap.
+    """
+
+    backend: "TorchBackend"
+
+    def __init__(self, backend: "TorchBackend", comm: Any) -> None:
+        super().__init__(backend, comm)
+        self._pg: Any = None
+        self.store: Any = None
+
+    @property
+    def pg(self) -> Any:
+        if self._pg is None:
+            self.start()
+        return self._pg
+
+    def connect(self) -> None:
+        self._pg, self.store = self.backend.make_group(self.comm)  # the group may use the store
+
+    def disconnect(self) -> None:
+        shutdown = getattr(self._pg, "shutdown", None)
+        if shutdown is not None:
+            try:
+                shutdown()
+            except RuntimeError:
+                pass
+        self._pg = self.store = None
+
+    # -- Primitives --------------------------------------------------------------------
+
+    def tensor_alltoall(self, output: torch.Tensor, input: torch.Tensor,
+                        output_split: list[int], input_split: list[int]) -> Work:
+        return self.pg.alltoall_base(output, input, output_split, input_split)
+
+    def tensor_send(self, tensor: torch.Tensor, dest: int, tag: int) -> Work:
+        return self.pg.send([tensor], dest, tag)
+
+    def tensor_recv(self, tensor: torch.Tensor, source: int, tag: int) -> Work:
+        return self.pg.recv([tensor], source, tag)
+
+    # -- Collectives the group runs ----------------------------------------------------
+
+    def barrier(self, msg: Any) -> Any:
+        return self.request([self.pg.barrier()])
+
+    def bcast(self, msg: Any, root: int) -> Any:
+        r = self.side(msg, 1, "buf")
+        if r.count == 0:
+            return self.request([])
+        opts = c10d().BroadcastOptions()
+        opts.rootRank = root
+        return self.request([self.pg.broadcast([r.block(0, r.count)], opts)], keep=msg)
+
+    def allgather(self, msg: Any) -> Any:
+        # the vector form pads every block to the longest
+        s, r = self.side(msg, 0, "sendbuf"), self.side(msg, 1, "recvbuf")
+        size, rank, extent = self.size, self.rank, r.extent
+        counts, displs = r.blocks(size)
+        longest = max(counts) * extent
+        if longest == 0:
+            return self.request([])
+        mine = r.block(displs[rank], counts[rank]) if s.kind == "in_place" \
+            else s.block(0, s.count)
+        inp = torch.zeros(longest, dtype=_BYTE, device=mine.device)
+        inp[:mine.numel()].copy_(mine)
+        outs = [torch.empty(longest, dtype=_BYTE, device=mine.device) for _ in range(size)]
+        work = self.pg.allgather([outs], [inp])
+
+        def unpack_blocks() -> None:
+            for i in range(size):
+                if counts[i]:
+                    r.block(displs[i], counts[i]).copy_(outs[i][:counts[i] * extent])
+        return self.request([work], [unpack_blocks], keep=(msg, inp, outs))
+
+    allgatherv = allgather
+
+    # -- Reductions the group has (the others are composed) ----------------------------
+
+    def allreduce(self, msg: Any, op: Any) -> Any:
+        s, r, _ = compose.operand(self, msg)
+        name = compose.op_name(op, self.name)
+        if r.count == 0 or not self.native_reduction(name, r.tname):
+            return super().allreduce(msg, op)
+        out = r.typed(r.count)
+        if s.kind != "in_place":
+            out.copy_(s.typed(r.count))
+        return self.request([self.pg.allreduce([out], _reduce_op(name))], keep=msg)
+
+    def reduce(self, msg: Any, op: Any, root: int) -> Any:
+        s, r, x = compose.operand(self, msg)
+        name = compose.op_name(op, self.name)
+        count = x.count
+        if count == 0 or not self.native_reduction(name, x.tname):
+            return super().reduce(msg, op, root)
+        if self.rank == root:
+            t = r.typed(count)
+            if s.kind != "in_place":
+                t.copy_(s.typed(count))
+        else:
+            t = s.typed(count).clone()   # the group may overwrite it
+        opts = c10d().ReduceOptions()
+        opts.rootRank = root
+        opts.reduceOp = _reduce_op(name)
+        return self.request([self.pg.reduce([t], opts)], keep=(msg, t))
+
+    def reduce_scatter(self, msg: Any, op: Any, block: bool = False) -> Any:
+        # an allreduce of the whole vector, of which each rank keeps its block
+        s, r, _ = compose.operand(self, msg)
+        name = compose.op_name(op, self.name)
+        whole = r if s.kind == "in_place" else s
+        counts, total, start = compose.scattered_counts(self, r, block)
+        if total == 0 or not self.native_reduction(name, whole.tname):
+            return (super().reduce_scatter_block(msg, op) if block
+                    else super().reduce_scatter(msg, op))
+        t = whole.typed(total).clone()
+        mine = counts[self.rank]
+
+        def take() -> None:
+            if mine:
+                r.typed(mine).copy_(t[start:start + mine])
+        return self.request([self.pg.allreduce([t], _reduce_op(name))], [take],
+                            keep=(msg, t))
+
+    def reduce_scatter_block(self, msg: Any, op: Any) -> Any:
+        return self.reduce_scatter(msg, op, True)
+
+
+class TorchBackend(Backend):
+    """A backend on a torch process group: it only says how to make the group
+    (``make_group``); its sub-communicator is a ``TorchSubcomm``."""
+
+    subcomm = TorchSubcomm
+
+    def unavailable(self) -> str | None:
+        try:
+            dist = c10d()
+        except ImportError as exc:
+            return f"torch.distributed cannot be imported ({exc})"
+        if not dist.is_available() or not getattr(dist, f"is_{self.name}_available")():
+            return f"this torch build has no {self.name.upper()}"
+        return None
+
+    def make_group(self, comm: Any) -> tuple[Any, Any]:
+        """The process group over ``comm`` and the store it rendezvoused
+        through (collective over ``comm``)."""
+        raise NotImplementedError
