@@ -40,6 +40,22 @@ if TYPE_CHECKING:
                         build_info)
 
 
+def _check_default_backend() -> None:
+    """A bad $MCR_BACKEND fails ``import mcr`` (the core reads it when it loads)."""
+    import os
+
+    name = os.environ.get("MCR_BACKEND")
+    if name:
+        from .backends import check_name   # no MPI, no torch
+        try:
+            check_name(name)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"MCR_BACKEND: {exc}") from None
+
+
+_check_default_backend()
+
+
 def _load() -> None:
     """Import the core (this initializes MPI) and bind every public name here."""
     from mpi4py import MPI  # loads the libmpi mcr must share
