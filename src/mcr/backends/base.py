@@ -113,12 +113,6 @@ class Subcomm:
 
     # -- plumbing ----------------------------------------------------------------------
 
-    def run(self, name: str, msg: Any, **kw: Any) -> Any:
-        """Post operation ``name`` (a Comm method name: ``"Ibcast"``, ``"Bcast"``)
-        on the parsed message ``msg``; return its Request."""
-        key = name[1:] if name[0] == "I" and name[1].islower() else name
-        return getattr(self, key.lower())(msg, **kw)
-
     def side(self, msg: Any, which: int, arg: str) -> Side:
         """Side ``which`` of ``msg`` as tensors, checked for this backend
         (``arg``: the argument named in errors)."""
