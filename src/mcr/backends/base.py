@@ -139,7 +139,7 @@ class Subcomm:
                 compose.op_name(arg, self.name)
 
     def request(self, works: Sequence[Work | None], steps: Sequence[Callable[[], object]] = (),
-                keep: object = None, status: Callable[[], tuple] | None = None) -> Any:
+                keep: object = None, status: Callable[[], tuple[Any, ...]] | None = None) -> Any:
         """The Request completed by ``works``, running ``steps`` after them;
         ``keep``: what must stay alive until then; ``status``: for a receive,
         a callable returning its ``RecvStatus``."""
@@ -285,7 +285,7 @@ class Subcomm:
         return compose.reduce_scatter(self, msg, op, block=True)
 
 
-def _plain(status: Callable[[], tuple]) -> Callable[[], tuple]:
+def _plain(status: Callable[[], tuple[Any, ...]]) -> Callable[[], tuple[Any, ...]]:
     # the core takes the status as an exact tuple (a Cython ``tuple`` argument
     # refuses subclasses, NamedTuples included)
     return lambda: tuple(status())

@@ -64,13 +64,16 @@ class TorchSubcomm(Subcomm):
 
     def tensor_alltoall(self, output: torch.Tensor, input: torch.Tensor,
                         output_split: list[int], input_split: list[int]) -> Work:
-        return self.pg.alltoall_base(output, input, output_split, input_split)
+        work: Work = self.pg.alltoall_base(output, input, output_split, input_split)
+        return work
 
     def tensor_send(self, tensor: torch.Tensor, dest: int, tag: int) -> Work:
-        return self.pg.send([tensor], dest, tag)
+        work: Work = self.pg.send([tensor], dest, tag)
+        return work
 
     def tensor_recv(self, tensor: torch.Tensor, source: int, tag: int) -> Work:
-        return self.pg.recv([tensor], source, tag)
+        work: Work = self.pg.recv([tensor], source, tag)
+        return work
 
     # -- Collectives the group runs ----------------------------------------------------
 
