@@ -196,19 +196,23 @@ cdef class Comm(_MPI.Intracomm):
 
     cdef _Msg call_sendrecv(self, object sendbuf, object dest, object sendtag,
                             object recvbuf, object source, object recvtag, object status,
-                            object backend, int mode, MPI_Request *req):
-        # blocking (MPI_Sendrecv) or non-blocking (MPI-4's MPI_Isendrecv)
+                            object backend, int mode, MPI_Request *req, bint replace):
+        # Sendrecv, or Sendrecv_replace (`replace`: recvbuf is sent, then
+        # received into); blocking, or non-blocking (MPI-4's Isendrecv)
         self.prologue(backend)
         cdef int idest = as_rank(dest, self.nprocs(), b"dest", True)
         cdef int isource = as_source(source, self.nprocs())
         cdef int isendtag = as_tag(sendtag, b"sendtag", False)
         cdef int irecvtag = as_tag(recvtag, b"recvtag", True)
+        cdef const char *rarg = b"buf" if replace else b"recvbuf"
         cdef _Msg m = _Msg.__new__(_Msg)
-        m.sown = parse_simple(sendbuf, &m.s, False, b"sendbuf")
-        m.rown = parse_simple(recvbuf, &m.r, True, b"recvbuf")
-        check_disjoint(&m.s, &m.r)
+        if not replace:
+            m.sown = parse_simple(sendbuf, &m.s, False, b"sendbuf")
+        m.rown = parse_simple(recvbuf, &m.r, True, rarg)
+        if not replace:
+            check_disjoint(&m.s, &m.r)
         if mode == NONBLOCKING:
-            check_isendrecv(mode, b"Isendrecv")
+            check_isendrecv(mode, b"Isendrecv_replace" if replace else b"Isendrecv")
         cdef MPI_Status *sp = status_ptr(status)
         cdef MPI_Status own
         if sp == MPI_STATUS_IGNORE:
@@ -217,39 +221,15 @@ cdef class Comm(_MPI.Intracomm):
             stage(m, mode, 1, 1)
         cdef int ierr
         with nogil:
-            ierr = mcr_sendrecv(mode, m.s.addr, m.s.count, m.s.dtype, idest, isendtag,
-                                m.r.addr, m.r.count, m.r.dtype, isource, irecvtag,
-                                self.ob_mpi, sp, req)
+            if replace:
+                ierr = mcr_sendrecv_replace(mode, m.r.addr, m.r.count, m.r.dtype, idest,
+                                            isendtag, isource, irecvtag, self.ob_mpi, sp, req)
+            else:
+                ierr = mcr_sendrecv(mode, m.s.addr, m.s.count, m.s.dtype, idest, isendtag,
+                                    m.r.addr, m.r.count, m.r.dtype, isource, irecvtag,
+                                    self.ob_mpi, sp, req)
         if ierr != MPI_SUCCESS:
-            raise_recv_error(ierr, sp, &m.r, "recvbuf")
-        finish_call(m, mode)
-        status_type(status, m.r.dtype)
-        return m
-
-    cdef _Msg call_sendrecv_replace(self, object buf, object dest, object sendtag,
-                                    object source, object recvtag, object status,
-                                    object backend, int mode, MPI_Request *req):
-        self.prologue(backend)
-        cdef int idest = as_rank(dest, self.nprocs(), b"dest", True)
-        cdef int isource = as_source(source, self.nprocs())
-        cdef int isendtag = as_tag(sendtag, b"sendtag", False)
-        cdef int irecvtag = as_tag(recvtag, b"recvtag", True)
-        cdef _Msg m = _Msg.__new__(_Msg)
-        m.rown = parse_simple(buf, &m.r, True, b"buf")
-        if mode == NONBLOCKING:
-            check_isendrecv(mode, b"Isendrecv_replace")
-        cdef MPI_Status *sp = status_ptr(status)
-        cdef MPI_Status own
-        if sp == MPI_STATUS_IGNORE:
-            sp = &own
-        if needs_staging(m):
-            stage(m, mode, 1, 1)
-        cdef int ierr
-        with nogil:
-            ierr = mcr_sendrecv_replace(mode, m.r.addr, m.r.count, m.r.dtype, idest, isendtag,
-                                        isource, irecvtag, self.ob_mpi, sp, req)
-        if ierr != MPI_SUCCESS:
-            raise_recv_error(ierr, sp, &m.r, "buf")
+            raise_recv_error(ierr, sp, &m.r, rarg.decode())
         finish_call(m, mode)
         status_type(status, m.r.dtype)
         return m
@@ -756,9 +736,9 @@ cdef class Comm(_MPI.Intracomm):
         if op == CALL_RECV:
             return self.call_recv(a, b, c, d, backend, mode, req)
         if op == CALL_SENDRECV:
-            return self.call_sendrecv(a, b, c, d, e, f, g, backend, mode, req)
+            return self.call_sendrecv(a, b, c, d, e, f, g, backend, mode, req, False)
         if op == CALL_SENDRECV_REPLACE:
-            return self.call_sendrecv_replace(a, b, c, d, e, f, backend, mode, req)
+            return self.call_sendrecv(None, b, c, a, d, e, f, backend, mode, req, True)
         if op == CALL_BARRIER:
             return self.call_barrier(backend, mode, info, req)
         if op == CALL_BCAST:
