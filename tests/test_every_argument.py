@@ -67,10 +67,6 @@ EXCLUDED = {
     "Comm.Create": "communicator management, no buffers",
     "Comm.Create_group": "communicator management, no buffers",
     "Comm.Clone": "communicator management, no buffers",
-    "Comm.Alltoallw": "per-process datatype lists: tests/test_cco_alltoallw.py feeds it "
-                      "bad lists, counts and buffers; not yet fuzzed here",
-    "Comm.Ialltoallw": "as Alltoallw",
-    "Comm.Alltoallw_init": "as Alltoallw",
 }
 
 # Trials known to fail in today's build, skipped (not run: a crash or a hang
@@ -388,6 +384,27 @@ def coll_recipe(base, comm):
             return [("recvbuf", recv, want)]
         args_sendbuf = args["sendbuf"]
         return args, out
+    if base == "Alltoallw":
+        k = N // size
+        recv = x.clone()                          # IN_PLACE sends what recvbuf holds
+
+        def wspec(t):
+            byte_displs = [t.element_size() * k * j for j in range(size)]
+            return [t, ([k] * size, byte_displs), [_mpi4py.DOUBLE] * size]
+        args = {"sendbuf": wspec(x), "recvbuf": wspec(recv)}
+
+        def out(a):
+            s = a["sendbuf"]
+            if s is not valid_send and s is not mcr.IN_PLACE and s is not None:
+                raise Outcome(f"accepted sendbuf {type(s).__name__}, not a [buf, counts, "
+                              "displs, datatypes] spec")
+            if a["recvbuf"] is not valid_recv:
+                raise Outcome(f"accepted recvbuf {type(a['recvbuf']).__name__}")
+            want = np.concatenate([data(r).numpy()[rank * k:(rank + 1) * k]
+                                   for r in range(size)])
+            return [("recvbuf", recv, want)]
+        valid_send, valid_recv = args["sendbuf"], args["recvbuf"]
+        return args, out
     if base in ("Reduce", "Allreduce", "Scan", "Exscan"):
         recv = x.clone()                          # IN_PLACE reduces what recvbuf holds
         args = {"sendbuf": x, "recvbuf": recv, "op": _mpi4py.SUM}
@@ -609,7 +626,7 @@ class P2P:
 
 P2P_BASES = ("Send", "Recv", "Sendrecv", "Sendrecv_replace", "Probe", "Iprobe")
 COLL_BASES = ("Barrier", "Bcast", "Gather", "Gatherv", "Scatter", "Scatterv", "Allgather",
-              "Allgatherv", "Alltoall", "Alltoallv", "Reduce", "Allreduce", "Scan", "Exscan",
+              "Allgatherv", "Alltoall", "Alltoallv", "Alltoallw", "Reduce", "Allreduce", "Scan", "Exscan",
               "Reduce_scatter_block", "Reduce_scatter")
 COMM_RECIPES = set(P2P_BASES) | set(COLL_BASES)
 
@@ -893,7 +910,8 @@ def collectives_rooted(comm):
 
 @case
 def collectives_all(comm):
-    fuzz_comm(comm, ("Allgather", "Allgatherv", "Alltoall", "Alltoallv", "Allreduce"))
+    fuzz_comm(comm, ("Allgather", "Allgatherv", "Alltoall", "Alltoallv", "Alltoallw",
+                     "Allreduce"))
 
 
 @case
