@@ -18,8 +18,8 @@ import pytest
 
 from mcr import launch
 from mcr.bench.compare import cli, driver, report
-PEERS = ("C", "mpi4py-numpy", "mpi4py-torch", "torch-gloo", "mcr-gloo", "mcr-mpi",
-         "C pers", "mcr-mpi pers")
+PEERS = ("C", "C-mt", "mpi4py-numpy", "mpi4py-torch", "torch-gloo", "mcr-gloo", "mcr-mpi",
+         "C pers", "C-mt pers", "mcr-mpi pers")
 SIZES = (4, 8, 16, 32, 64)
 HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 
@@ -74,12 +74,14 @@ def test_tables(run):
 
 def test_targets_section(run):
     out, _, _ = run
-    section = out[out.index("Targets (issue 5"):]
+    section = out[out.index("Targets (issue 10"):]
     text = " ".join(section.split())              # the lines wrap
-    for what in ("mcr - C <= 1.0 us", "mcr / mpi4py-numpy <= 0.8",
-                 "mcr / mpi4py-torch <= 1/20", ">= 1 MiB: mcr / C", "mcr pers / mcr <="):
-        # nothing of 1 MiB or more was measured
-        verdict = r"n/a" if ">= 1 MiB" in what else r"(met|NOT met) \(worst "
+    for what in ("mcr - C-mt <= 0.5 us", "1 KiB to 1 MiB: mcr / C-mt",
+                 "mcr / mpi4py-numpy <= 0.8",
+                 "mcr / mpi4py-torch <= 1/20", "mcr-gloo / torch-gloo <= 1.1",
+                 "mcr pers / mcr <="):
+        # nothing of 1 KiB or more was measured
+        verdict = r"n/a" if "1 KiB to" in what else r"(met|NOT met) \(worst "
         assert re.search(re.escape(what) + r"[^:]*: " + verdict, text), (what, section)
 
 
@@ -103,7 +105,7 @@ def test_json(run):
             assert ratio == pytest.approx(cells["mcr-mpi"]["rounds_us"][0]
                                           / cells["C"]["rounds_us"][0])
     names = [t["name"] for t in data["targets"]]
-    assert len(names) == 5 and all(t["applies"] for t in data["targets"])
+    assert len(names) == 6 and all(t["applies"] for t in data["targets"])
 
 
 @pytest.mark.skipif(not HAVE_MATPLOTLIB, reason="matplotlib is not installed")
@@ -158,16 +160,26 @@ def test_targets_arithmetic():
     def cell(us):
         return {"rounds_us": [us, us + 5], "error": None}
     results = {"allreduce": {
-        "4": {"C": cell(0.5), "mcr-mpi": cell(1.0), "mpi4py-numpy": cell(2.0),
-              "mpi4py-torch": cell(25.0), "mcr-mpi pers": cell(0.9), "C pers": cell(0.6)},
-        "1048576": {"C": cell(100.0), "mcr-mpi": cell(104.0), "mcr-mpi pers": cell(104.0),
-                    "C pers": cell(99.0)},
+        "4": {"C": cell(0.5), "C-mt": cell(0.6), "mcr-mpi": cell(1.0), "mpi4py-numpy": cell(2.0),
+              "mpi4py-torch": cell(25.0), "mcr-mpi pers": cell(0.9), "C pers": cell(0.6),
+              "torch-gloo": cell(200.0), "mcr-gloo": cell(210.0)},
+        "1024": {"C": cell(1.0), "C-mt": cell(1.2), "mcr-mpi": cell(1.8),
+                 "mpi4py-numpy": cell(2.0)},
+        "1048576": {"C": cell(100.0), "C-mt": cell(100.0), "mcr-mpi": cell(104.0),
+                    "mcr-mpi pers": cell(104.0), "C pers": cell(99.0),
+                    "torch-gloo": cell(1000.0), "mcr-gloo": cell(1200.0)},
     }}
     got = {t["ratio"]: t for t in report.targets(results, 2, "torch")}
-    assert got["mcr-C (us)"]["met"] and got["mcr-C (us)"]["worst"]["value"] == 0.5
-    assert got["mcr/mpi4py-np"]["met"]                      # 0.5
+    # 4 B: 1.0 - 0.6 = 0.4 met; 1 KiB: 1.8 - 1.2 = 0.6 missed
+    assert not got["mcr-Cmt (us)"]["met"]
+    assert got["mcr-Cmt (us)"]["misses"] == [{"op": "allreduce", "bytes": 1024,
+                                             "value": pytest.approx(0.6)}]
+    assert not got["mcr/C-mt"]["met"]                       # 1.5 at 1 KiB, 1.04 at 1 MiB
+    assert [m["bytes"] for m in got["mcr/C-mt"]["misses"]] == [1024]
+    assert not got["mcr/mpi4py-np"]["met"]                  # 0.5 at 4 B, 0.9 at 1 KiB
     assert got["mcr/mpi4py-pt"]["met"]                      # 0.04
-    assert not got["mcr/C"]["met"]                          # 1.04 at 1 MiB
-    assert got["mcr/C"]["misses"] == [{"op": "allreduce", "bytes": 1048576, "value": 1.04}]
+    assert not got["gloo/torch"]["met"]                     # 1.05 at 4 B, 1.2 at 1 MiB
+    assert got["gloo/torch"]["misses"] == [{"op": "allreduce", "bytes": 1048576,
+                                           "value": pytest.approx(1.2)}]
     assert got["pers/nonpers"]["met"]                       # 0.9 and 1.0
     assert report.targets(results, 3, "torch")[0]["applies"] is False

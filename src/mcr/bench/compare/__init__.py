@@ -28,7 +28,7 @@ timed in ``--rounds`` rounds, the peers taking turns within a round in a
 rotating order; the C program runs half its rounds before and half after the
 Python job. Tables show the minimum and the median of the round averages
 (interference only ever adds time, so the minimum is the steadier figure), the
-ratios that issue 5 sets targets for, and whether the targets are met. Each
+ratios that issue 10 sets targets for, and whether the targets are met. Each
 peer's result is checked once per size against values computed independently.
 Message sizes, in bytes of one message, follow OSU (:mod:`mcr.bench.ops`).
 

@@ -23,7 +23,7 @@ PEERS = ("C", "C-mt", "mpi4py-numpy", "mpi4py-torch", "torch-gloo", "torch-nccl"
 C_PEERS = ("C", "C-mt")
 FORM_PEERS = ("C", "C-mt", "mcr-mpi")     # the peers timed in every form
 CUDA_PEERS = ("torch-nccl", "mcr-nccl")
-DEFAULT_PEERS = tuple(p for p in PEERS if p != "C-mt")
+DEFAULT_PEERS = PEERS
 C_DTYPES = ("float32", "float64", "int8", "uint8", "int16", "int32", "int64")
 DTYPES = C_DTYPES + ("float16", "bfloat16", "complex64", "complex128", "bool")
 ITEMSIZE = {"float32": 4, "float64": 8, "int8": 1, "uint8": 1, "int16": 2, "int32": 4,
@@ -114,7 +114,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         "(default blocking,persistent); the other peers are blocking")
     p.add_argument("--peers", default=",".join(DEFAULT_PEERS),
                    help=f"implementations to time ({', '.join(PEERS)}); default all "
-                        "but C-mt (the NCCL ones need --buffer torch-cuda)")
+                        "(the NCCL ones need --buffer torch-cuda)")
     p.add_argument("--buffer", default="torch", choices=("torch", "torch-cuda"),
                    help="where the tensors live (default torch: CPU)")
     p.add_argument("--plot", metavar="FILE",

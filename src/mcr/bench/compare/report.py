@@ -1,5 +1,5 @@
 """The report of ``python -m mcr.bench compare``: tables of the round
-statistics, the ratios and targets of issue 5, and the optional figure.
+statistics, the ratios and targets of issue 10, and the optional figure.
 """
 
 from __future__ import annotations
@@ -15,18 +15,21 @@ from .cli import FORM_PEERS, FORMS, LARGE, PEERS, column, pyplot
 
 __all__ = ["report", "targets", "plot", "columns_of", "round_stat", "row_ratios", "plural", "STATS"]
 
-# Issue 5, point 3: at 2 ranks on CPU tensors, "mcr" being mcr-mpi.
+# Issue 10, points 3 and 4: at 2 ranks on CPU tensors, "mcr" being mcr-mpi.
+# C-mt is the bar for mcr (both run at MPI_THREAD_MULTIPLE).
 SMALL_BYTES = 1024
 LARGE_BYTES = 1 << 20
-TARGET_MINUS_C_US = 1.0
-TARGET_MPI4PY_NUMPY = 0.8
+GLOO_MAX_BYTES = 4 << 20
+TARGET_MINUS_CMT_US = 0.5         # up to 1 KiB: mcr - C-mt
+TARGET_CMT = 1.1                  # 1 KiB to 1 MiB: mcr / C-mt
+TARGET_MPI4PY_NUMPY = 0.8         # up to 1 KiB: mcr / mpi4py-numpy
 TARGET_MPI4PY_TORCH = 1 / 20
-TARGET_LARGE_C = 1.03
+TARGET_GLOO = 1.1                 # 4 B to 4 MiB: mcr-gloo / torch-gloo
 TARGET_PERSISTENT = 1.03          # "no slower", within the same 3 % noise band
 
 STATS = ("min", "median")
-RATIOS = ("mcr-C (us)", "mcr/mpi4py-np", "mcr/mpi4py-pt", "mcr/C", "pers/nonpers",
-          "C pers/nonpers", "pers/nb", "C pers/nb")
+RATIOS = ("mcr-C (us)", "mcr-Cmt (us)", "mcr/mpi4py-np", "mcr/mpi4py-pt", "mcr/C",
+          "mcr/C-mt", "gloo/torch", "pers/nonpers", "C pers/nonpers", "pers/nb", "C pers/nb")
 
 
 def round_stat(cell: dict[str, Any] | None, stat: str) -> float | None:
@@ -44,12 +47,15 @@ def row_ratios(row: dict[str, Any], stat: str) -> dict[str, float | None]:
     def div(a: float | None, b: float | None) -> float | None:
         return a / b if a is not None and b else None
 
-    mcr, c = v("mcr-mpi"), v("C")
+    mcr, c, cmt = v("mcr-mpi"), v("C"), v("C-mt")
     return {
         "mcr-C (us)": mcr - c if mcr is not None and c is not None else None,
+        "mcr-Cmt (us)": mcr - cmt if mcr is not None and cmt is not None else None,
         "mcr/mpi4py-np": div(mcr, v("mpi4py-numpy")),
         "mcr/mpi4py-pt": div(mcr, v("mpi4py-torch")),
         "mcr/C": div(mcr, c),
+        "mcr/C-mt": div(mcr, cmt),
+        "gloo/torch": div(v("mcr-gloo"), v("torch-gloo")),
         "pers/nonpers": div(v("mcr-mpi pers"), mcr),
         "C pers/nonpers": div(v("C pers"), c),
         "pers/nb": div(v("mcr-mpi pers"), v("mcr-mpi nb")),
@@ -106,15 +112,18 @@ def _table(op: str, rows: dict[str, Any], cols: list[str], stat: str,
 
 def _ratio_columns(args: argparse.Namespace) -> list[str]:
     have = set(columns_of(args))
-    need = {"mcr-C (us)": {"mcr-mpi", "C"}, "mcr/mpi4py-np": {"mcr-mpi", "mpi4py-numpy"},
+    need = {"mcr-C (us)": {"mcr-mpi", "C"}, "mcr-Cmt (us)": {"mcr-mpi", "C-mt"},
+            "mcr/mpi4py-np": {"mcr-mpi", "mpi4py-numpy"},
             "mcr/mpi4py-pt": {"mcr-mpi", "mpi4py-torch"}, "mcr/C": {"mcr-mpi", "C"},
+            "mcr/C-mt": {"mcr-mpi", "C-mt"}, "gloo/torch": {"mcr-gloo", "torch-gloo"},
             "pers/nonpers": {"mcr-mpi", "mcr-mpi pers"}, "C pers/nonpers": {"C", "C pers"},
             "pers/nb": {"mcr-mpi nb", "mcr-mpi pers"}, "C pers/nb": {"C nb", "C pers"}}
     return [k for k in RATIOS if need[k] <= have]
 
 
 def targets(results: dict[str, dict[str, Any]], nprocs: int, buffer: str) -> list[dict[str, Any]]:
-    """Issue 5, point 3: each target with its verdict on the minimum of the rounds.
+    """Issue 10, points 3 and 4: each target with its verdict on the minimum of
+    the rounds.
 
     Parameters
     ----------
@@ -136,14 +145,16 @@ def targets(results: dict[str, dict[str, Any]], nprocs: int, buffer: str) -> lis
     """
     applies = nprocs == 2 and buffer == "torch"
     specs: list[tuple[str, str, Callable[[int], bool], float, str | None]] = [
-        (f"<= 1 KiB: mcr - C <= {TARGET_MINUS_C_US:.1f} us", "mcr-C (us)",
-         lambda n: n <= SMALL_BYTES, TARGET_MINUS_C_US, None),
+        (f"<= 1 KiB: mcr - C-mt <= {TARGET_MINUS_CMT_US:.1f} us", "mcr-Cmt (us)",
+         lambda n: n <= SMALL_BYTES, TARGET_MINUS_CMT_US, None),
+        (f"1 KiB to 1 MiB: mcr / C-mt <= {TARGET_CMT}", "mcr/C-mt",
+         lambda n: SMALL_BYTES <= n <= LARGE_BYTES, TARGET_CMT, None),
         (f"<= 1 KiB: mcr / mpi4py-numpy <= {TARGET_MPI4PY_NUMPY}", "mcr/mpi4py-np",
          lambda n: n <= SMALL_BYTES, TARGET_MPI4PY_NUMPY, None),
         ("<= 1 KiB: mcr / mpi4py-torch <= 1/20", "mcr/mpi4py-pt",
          lambda n: n <= SMALL_BYTES, TARGET_MPI4PY_TORCH, None),
-        (f">= 1 MiB: mcr / C <= {TARGET_LARGE_C} (within 3 %)", "mcr/C",
-         lambda n: n >= LARGE_BYTES, TARGET_LARGE_C, None),
+        (f"4 B to 4 MiB: mcr-gloo / torch-gloo <= {TARGET_GLOO}", "gloo/torch",
+         lambda n: n <= GLOO_MAX_BYTES, TARGET_GLOO, None),
         (f"persistent no slower than blocking: mcr pers / mcr <= {TARGET_PERSISTENT} "
          "(within 3 %)", "pers/nonpers", lambda n: True, TARGET_PERSISTENT,
          "C pers/nonpers"),
@@ -156,7 +167,7 @@ def targets(results: dict[str, dict[str, Any]], nprocs: int, buffer: str) -> lis
         values: list[tuple[str, int, float, float | None]] = []
         for op, rows in results.items():
             for nbytes, row in rows.items():
-                if op == "barrier" and ratio != "pers/nonpers":
+                if op == "barrier" and ratio not in ("pers/nonpers", "gloo/torch"):
                     continue                    # no message: not a message-size target
                 if not applies_to(int(nbytes)):
                     continue
@@ -180,8 +191,8 @@ def targets(results: dict[str, dict[str, Any]], nprocs: int, buffer: str) -> lis
 
 
 def _target_lines(tgts: list[dict[str, Any]], nprocs: int, buffer: str) -> list[str]:
-    lines = ["Targets (issue 5, point 3; mcr = mcr-mpi on torch tensors, minimum of the "
-             "round averages):"]
+    lines = ["Targets (issue 10, points 3 and 4; mcr = mcr-mpi on torch tensors, minimum "
+             "of the round averages):"]
     if tgts and not tgts[0]["applies"]:
         lines.append(f"  (set at 2 ranks on CPU tensors; this run: {nprocs} ranks, "
                      f"--buffer {buffer}: for information only)")

@@ -178,6 +178,11 @@ class _Worker:
         self.world = MPI.COMM_WORLD.Dup()
         self.comms = {peer: (MPI if peer.startswith("mpi4py") else mcr).COMM_WORLD.Dup()
                       for peer in args.peers if peer.startswith(("mpi4py-", "mcr-"))}
+        # an mcr peer runs on a communicator whose default is its backend, so
+        # that its calls are written as users write them (no backend= keyword)
+        for peer, comm in self.comms.items():
+            if peer.startswith("mcr-"):
+                comm.backend = peer.split("-", 1)[1]
         self.rank, self.size = self.world.Get_rank(), self.world.Get_size()
         self.dtype = getattr(torch, args.dtype)
         self.cuda = args.buffer == "torch-cuda"
@@ -283,12 +288,7 @@ class _Worker:
                                       count, self.dtype, self.make_torch)
             return _Entry(name, call, check, lambda: None, halve)
         case = self._mpi_case(peer, op, count)
-        backend = peer.split("-", 1)[1] if peer.startswith("mcr-") else None
-        if backend is None:
-            call = case.run(form)
-        else:
-            call = case.run(form, backend=backend)
-        return _Entry(name, _positional(call), case.check, case.close, halve)
+        return _Entry(name, _positional(case.run(form)), case.check, case.close, halve)
 
     # -- timing -----------------------------------------------------------------
 
