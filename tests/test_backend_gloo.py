@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 import mcr
+import mcr.backends.gloo
 from ccoref import LAYOUTS, layout, place
 from mcr import MPI
 from mpiharness import case, mpi_cases
@@ -876,6 +877,60 @@ def truncation_raises_err_truncate(comm):
             comm.Recv(buf, left, 3, backend=backend)
             expect(buf, operand(left, 5, torch.float32, None, 3))
         wait_posted(found, f"sends, {backend}", sends)
+    found.report()
+
+
+EAGER = mcr.backends.gloo.BACKEND.eager_limit
+
+
+@case
+def eager_and_backend_payloads(comm):
+    """Point-to-point messages on both sides of the eager limit (payload inside
+    the MPI header, or over Gloo after it): to the neighbours and to oneself,
+    received by tag out of order, with ANY_SOURCE after a Probe, and truncated;
+    every payload and status checked."""
+    right, left = ring(comm)
+    found = Findings()
+    sizes = (EAGER // 4, EAGER // 4 + 1, 3 * EAGER // 4 + 5)    # float32 elements
+    for backend in BACKENDS:
+        for k, n in enumerate(sizes):
+            comm.Barrier()
+            sends = [post(found, f"Isend {n} to {dest}, {backend}", lambda dest=dest, t=t:
+                          comm.Isend(operand(comm.rank, n, torch.float32, None, t), dest,
+                                     10 + t, backend=backend))
+                     for t, dest in ((1, right), (2, right), (3, comm.rank))]
+            for t, src in ((2, left), (1, left), (3, comm.rank)):   # tags out of order
+                buf, st = sentinel(n + 1, torch.float32), mcr.Status()
+                with found.check(f"Recv {n} tag {10 + t} from {src}, {backend}"):
+                    comm.Recv(buf, src, 10 + t, st, backend=backend)
+                    expect(buf, torch.cat([operand(src, n, torch.float32, None, t),
+                                           sentinel(1, torch.float32)]))
+                    assert status_of(st) == (src, 10 + t, n), status_of(st)
+            wait_posted(found, f"sends of {n}, {backend}", sends)
+            if comm.size == 1:
+                continue
+            # Probe, then ANY_SOURCE into exactly the probed size; then a truncation
+            send = post(found, f"Isend {n} tag 20, {backend}", lambda: comm.Isend(
+                operand(comm.rank, n, torch.float32, None, 9), right, 20, backend=backend))
+            st = mcr.Status()
+            with found.check(f"Probe {n}, {backend}"):
+                comm.Probe(MPI.ANY_SOURCE, 20, st, backend=backend)
+                got = (st.Get_source(), st.Get_tag(), st.Get_count(MPI.BYTE))
+                assert got == (left, 20, 4 * n), got
+            buf = sentinel(n, torch.float32)
+            with found.check(f"Recv ANY_SOURCE {n} after Probe, {backend}"):
+                comm.Recv(buf, MPI.ANY_SOURCE, 20, backend=backend)
+                expect(buf, operand(left, n, torch.float32, None, 9))
+            short = post(found, f"Isend {n} tag 21, {backend}", lambda: comm.Isend(
+                operand(comm.rank, n, torch.float32, None, 8), right, 21, backend=backend))
+            with found.check(f"Recv {n} into {n - 1}, {backend}"):
+                try:
+                    comm.Recv(torch.zeros(n - 1), left, 21, backend=backend)
+                except mcr.Exception as exc:
+                    assert exc.Get_error_class() == MPI.ERR_TRUNCATE, exc
+                else:
+                    raise AssertionError("no ERR_TRUNCATE")
+            wait_posted(found, f"Isend tags 20 and 21 of {n}, {backend}", [send, short])
     found.report()
 
 

@@ -318,6 +318,11 @@ class Backend:
     p2p_pollable : bool
         Whether ``is_completed()`` of its ``tensor_send``/``tensor_recv`` works
         turns true on its own (Gloo's only does inside ``wait()``).
+    eager_limit : int
+        Point-to-point messages in host memory of at most this many bytes
+        travel inside their header, over MPI (eager); larger ones, and device
+        memory, over the backend's ``tensor_send``. The same on every rank:
+        receives are posted with room for it. 0: every payload on the backend.
     """
 
     name: str = ""
@@ -325,6 +330,7 @@ class Backend:
     subcomm: type[Subcomm] = Subcomm
     reductions: dict[str, frozenset[str]] = {}
     p2p_pollable: bool = True
+    eager_limit: int = 16384
 
     @property
     def native(self) -> frozenset[str]:

@@ -21,8 +21,11 @@ its behalf.
   Probe, truncation errors): a small header goes over MPI (on a private
   duplicate of the communicator, ``Subcomm.hcomm``), so MPI does the
   matching, and the payload over the backend, tagged with a per-pair
-  sequence number. Sends are buffered: they complete once the payload is
-  copied, so a sender never waits for the receiver's host thread.
+  sequence number. A payload in host memory of at most
+  ``Backend.eager_limit`` bytes travels inside its header instead (eager):
+  one MPI message, no backend rendezvous after the header (Gloo's costs
+  ~100 us). Sends are buffered: they complete once the payload is copied, so
+  a sender never waits for the receiver's host thread.
 """
 
 import time
@@ -49,6 +52,7 @@ _SIGNED = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: t
 _BYTE = torch.uint8
 _SEQ_MOD = 1 << 30
 _NO_MESSAGE = RecvStatus(MPI.PROC_NULL, MPI.ANY_TAG, 0, 0)
+_HEADER = 16                # bytes of a header: payload bytes and sequence number (int64)
 
 
 def op_name(op: object, backend: str) -> str:
@@ -138,24 +142,51 @@ _waiters: Any = None
 
 class _Waited:
     """A work handle whose is_completed() only turns true inside wait() (Gloo's
-    send and receive): a pool thread waits for it, and polling asks the thread.
-    The payload is already on its way (the receive is posted once the header
-    has arrived), so these waits always end."""
+    send and receive). Polled, a pool thread waits for it and polling asks the
+    thread; waited (``wait_ready``), the caller waits for it itself, with no
+    thread between. The payload is already on its way (the receive is posted
+    once the header has arrived), so these waits always end."""
 
-    __slots__ = ("future",)
+    __slots__ = ("work", "future", "done")
 
     def __init__(self, work: "Work") -> None:
-        global _waiters
-        if _waiters is None:
-            from concurrent.futures import ThreadPoolExecutor
-            _waiters = ThreadPoolExecutor(max_workers=4, thread_name_prefix="mcr-p2p")
-        self.future = _waiters.submit(work.wait)
+        self.work, self.future, self.done = work, None, False
 
     def is_completed(self) -> bool:
+        if self.done:
+            return True
+        if self.future is None:
+            global _waiters
+            if _waiters is None:
+                from concurrent.futures import ThreadPoolExecutor
+                _waiters = ThreadPoolExecutor(max_workers=4, thread_name_prefix="mcr-p2p")
+            self.future = _waiters.submit(self.work.wait)
         return bool(self.future.done())
 
+    def wait_ready(self) -> bool:
+        return True
+
     def wait(self) -> None:
-        self.future.result()
+        if not self.done:
+            if self.future is None:
+                self.work.wait()
+            else:
+                self.future.result()
+            self.done = True
+
+
+def header_buffer(sub: "Subcomm") -> Any:
+    """A buffer for one header and the largest payload that travels in one."""
+    return torch.empty(_HEADER + sub.backend.eager_limit, dtype=_BYTE).numpy()
+
+
+def read_header(buf: Any, st: Any) -> "_Received":
+    """The header received into ``buf`` (an MPI message of status ``st``)."""
+    nbytes, seq = (int(v) for v in buf[:_HEADER].view("int64"))
+    payload = None
+    if nbytes and st.Get_count(MPI.BYTE) == _HEADER + nbytes:
+        payload = torch.from_numpy(buf[_HEADER:_HEADER + nbytes])
+    return _Received(st.Get_source(), st.Get_tag(), nbytes, seq, payload)
 
 
 def pollable(sub: "Subcomm", work: "Work") -> "Work":
@@ -193,12 +224,15 @@ class _Matched:
 
 
 class _Received:
-    """A header taken off MPI by Probe, until a receive claims it."""
+    """A header taken off MPI (by a receive, or by Probe until a receive
+    claims it), with its payload when the payload came inside it."""
 
-    __slots__ = ("source", "tag", "nbytes", "seq")
+    __slots__ = ("source", "tag", "nbytes", "seq", "payload")
 
-    def __init__(self, source: int, tag: int, nbytes: int, seq: int) -> None:
+    def __init__(self, source: int, tag: int, nbytes: int, seq: int,
+                 payload: torch.Tensor | None = None) -> None:
         self.source, self.tag, self.nbytes, self.seq = source, tag, nbytes, seq
+        self.payload = payload
 
     def matches(self, source: int, tag: int) -> bool:
         return (source in (MPI.ANY_SOURCE, self.source)) and tag in (MPI.ANY_TAG, self.tag)
@@ -213,7 +247,7 @@ class _RecvWork:
         self.error: str | None = None
         self.got: _Received | None = None
         self.target: torch.Tensor | None = None
-        self.header = torch.zeros(2, dtype=torch.int64).numpy()
+        self.header = header_buffer(sub)
         for i, h in enumerate(sub.stash):
             if h.matches(source, tag):
                 del sub.stash[i]
@@ -231,19 +265,30 @@ class _RecvWork:
             target = torch.empty(h.nbytes, dtype=_BYTE, device=self.r.torch_device())
         else:
             target = self.r.bytes()[:h.nbytes]
-        if h.nbytes and h.source == self.sub.rank:
+        if h.payload is not None:                         # it came with the header
+            if self.error is None:
+                target.copy_(h.payload)
+        elif h.nbytes and h.source == self.sub.rank:
             target.copy_(self.sub.loopback.pop(h.seq))    # a message to itself
         elif h.nbytes:
             self.work = pollable(self.sub, self.sub.tensor_recv(target, h.source, h.seq))
             self.target = target
 
-    def is_completed(self) -> bool:
+    def matched(self) -> bool:
+        """Whether the header has arrived (the payload's receive is posted then)."""
         if self.got is None:
             if not self.hreq.Test(self.hstatus):
                 return False
-            self.arrived(_Received(self.hstatus.Get_source(), self.hstatus.Get_tag(),
-                                   int(self.header[0]), int(self.header[1])))
-        return self.work is None or bool(self.work.is_completed())
+            self.arrived(read_header(self.header, self.hstatus))
+        return True
+
+    def is_completed(self) -> bool:
+        return self.matched() and (self.work is None or bool(self.work.is_completed()))
+
+    def wait_ready(self) -> bool:
+        """Whether wait() ends without this process driving MPI: once the
+        header has matched, the payload is on its way."""
+        return self.matched()
 
     def payload_pending(self) -> bool:
         """The header has matched and the payload is still arriving."""
@@ -274,15 +319,19 @@ def post_send(sub: "Subcomm", s: Side, dest: int, tag: int, synchronous: bool = 
     nbytes = s.count * s.extent
     seq = sub.seq[dest]
     sub.seq[dest] = (seq + 1) % _SEQ_MOD
-    header = torch.tensor([nbytes, seq], dtype=torch.int64).numpy()
-    hreq = (sub.hcomm.Issend if synchronous else sub.hcomm.Isend)(header, dest, tag)
+    eager = s.device < 0 and nbytes <= sub.backend.eager_limit
+    header = torch.empty(_HEADER + nbytes if eager else _HEADER, dtype=_BYTE)
+    header[:_HEADER].view(torch.int64).copy_(torch.tensor([nbytes, seq]))
     work = payload = None
-    if nbytes:
+    if eager and nbytes:
+        header[_HEADER:].copy_(s.bytes()[:nbytes])
+    elif nbytes:
         payload = s.bytes()[:nbytes].clone()
         if dest == sub.rank:       # Gloo pairs do not connect a rank to itself
             sub.loopback[seq] = payload
         else:
             work = pollable(sub, sub.tensor_send(payload, dest, seq))
+    hreq = (sub.hcomm.Issend if synchronous else sub.hcomm.Isend)(header.numpy(), dest, tag)
     sub.inflight = [f for f in sub.inflight if not f.done()]
     sub.inflight.append(_Inflight(hreq, work, (header, payload)))
     return sub.request([_Matched(hreq)] if synchronous else [])
@@ -331,9 +380,9 @@ def probe(sub: "Subcomm", source: int, tag: int, status: Any, blocking: bool) ->
         message = sub.hcomm.Improbe(source, tag, st)
         if message is None:
             return False
-    header = torch.zeros(2, dtype=torch.int64).numpy()
+    header = header_buffer(sub)
     message.Recv(header)
-    h = _Received(st.Get_source(), st.Get_tag(), int(header[0]), int(header[1]))
+    h = read_header(header, st)
     sub.stash.append(h)
     _core._fill_status(status, h.source, h.tag, h.nbytes)
     return True

@@ -123,6 +123,17 @@ cdef class _Work:
         self.keep = None
         return True
 
+    cdef int wait_ready_works(self) except -1:
+        """Wait, without polling, for the works that say their wait() ends
+        without this process driving MPI (``wait_ready()``: a matched Gloo
+        receive). Polling them would hand each to a thread: on shared cores,
+        that costs more than the message."""
+        for w in self.works:
+            ready = getattr(w, "wait_ready", None)
+            if ready is not None and ready():
+                w.wait()
+        return 0
+
     cdef int fill(self, object status) except -1:
         if status is None:
             return 0
@@ -148,10 +159,12 @@ cdef class _Work:
 
 cdef int wait_work(_Work w) except -1:
     cdef int spins = 0
-    while not w.test():
+    while True:
+        w.wait_ready_works()
+        if w.test():
+            return 0
         idle(spins)
         spins += 1
-    return 0
 
 
 cdef int detach(_Work w) except -1:
