@@ -150,7 +150,9 @@ class _Waited:
     __slots__ = ("work", "future", "done")
 
     def __init__(self, work: "Work") -> None:
-        self.work, self.future, self.done = work, None, False
+        self.work: "Work" = work
+        self.future: Any = None
+        self.done = False
 
     def is_completed(self) -> bool:
         if self.done:
