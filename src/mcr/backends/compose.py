@@ -64,11 +64,22 @@ def op_name(op: object, backend: str) -> str:
     return name
 
 
+def in_order(sizes: Sequence[int], offsets: Sequence[int]) -> bool:
+    """Whether the blocks (``sizes`` at ``offsets``) lie one after another from 0."""
+    at = 0
+    for n, o in zip(sizes, offsets):
+        if n:
+            if o != at:
+                return False
+            at += n
+    return True
+
+
 def pack(src: torch.Tensor, sizes: Sequence[int], offsets: Sequence[int]) -> torch.Tensor:
     """The byte blocks (``sizes`` at ``offsets`` in ``src``) one after another;
     a view of ``src`` when they already are."""
     total, at = sum(sizes), 0
-    if all(o == sum(sizes[:i]) for i, o in enumerate(offsets) if sizes[i]):
+    if in_order(sizes, offsets):
         return src[:total] if total else src[:0]
     out = torch.empty(total, dtype=_BYTE, device=src.device)
     for n, o in zip(sizes, offsets):
@@ -514,8 +525,11 @@ def alltoall(sub: "Subcomm", msg: Any) -> Any:
     inp = pack(src.bytes(), in_split, [d * extent for d in sdispls])
     if s.kind == "in_place":
         inp = inp.clone()           # the result overwrites what is sent
-    out = torch.empty(sum(out_split), dtype=_BYTE, device=inp.device)
     offsets = [d * extent for d in rdispls]
+    if in_order(out_split, offsets):    # the blocks land where they belong: no copy
+        work = exchange(sub, r.bytes()[:sum(out_split)], inp, out_split, in_split)
+        return sub.request([work], keep=(msg, inp))
+    out = torch.empty(sum(out_split), dtype=_BYTE, device=inp.device)
     work = exchange(sub, out, inp, out_split, in_split)
     return sub.request([work], [lambda: unpack(out, out_split, r.bytes(), offsets)],
                        keep=(msg, inp, out))

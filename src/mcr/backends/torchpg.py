@@ -89,7 +89,8 @@ class TorchSubcomm(Subcomm):
         return self.request([self.pg.broadcast([r.block(0, r.count)], opts)], keep=msg)
 
     def allgather(self, msg: Any) -> Any:
-        # the vector form pads every block to the longest
+        # equal blocks in rank order go straight into the receive buffer; other
+        # vector forms pad every block to the longest
         s, r = self.side(msg, 0, "sendbuf"), self.side(msg, 1, "recvbuf")
         size, rank, extent = self.size, self.rank, r.extent
         counts, displs = r.blocks(size)
@@ -98,6 +99,12 @@ class TorchSubcomm(Subcomm):
             return self.request([])
         mine = r.block(displs[rank], counts[rank]) if s.kind == "in_place" \
             else s.block(0, s.count)
+        if min(counts) == max(counts) and \
+                all(d == i * counts[0] for i, d in enumerate(displs)):
+            if s.kind == "in_place":
+                mine = mine.clone()         # the group writes every block, ours too
+            out = r.block(0, counts[0] * size)
+            return self.request([self.pg._allgather_base(out, mine)], keep=(msg, mine))
         inp = torch.zeros(longest, dtype=_BYTE, device=mine.device)
         inp[:mine.numel()].copy_(mine)
         outs = [torch.empty(longest, dtype=_BYTE, device=mine.device) for _ in range(size)]
