@@ -321,8 +321,8 @@ class Backend:
     eager_limit : int
         Point-to-point messages in host memory of at most this many bytes
         travel inside their header, over MPI (eager); larger ones, and device
-        memory, over the backend's ``tensor_send``. The same on every rank:
-        receives are posted with room for it. 0: every payload on the backend.
+        memory, over the backend's ``tensor_send``. 0: every payload on the
+        backend.
     """
 
     name: str = ""
@@ -330,7 +330,7 @@ class Backend:
     subcomm: type[Subcomm] = Subcomm
     reductions: dict[str, frozenset[str]] = {}
     p2p_pollable: bool = True
-    eager_limit: int = 16384
+    eager_limit: int = 65536
 
     @property
     def native(self) -> frozenset[str]:

@@ -28,10 +28,13 @@ its behalf.
   a sender never waits for the receiver's host thread.
 """
 
+import ctypes
+import struct
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from mpi4py import MPI
 
@@ -53,6 +56,7 @@ _BYTE = torch.uint8
 _SEQ_MOD = 1 << 30
 _NO_MESSAGE = RecvStatus(MPI.PROC_NULL, MPI.ANY_TAG, 0, 0)
 _HEADER = 16                # bytes of a header: payload bytes and sequence number (int64)
+_HEADER_FORMAT = struct.Struct("=qq")
 
 
 def op_name(op: object, backend: str) -> str:
@@ -188,17 +192,19 @@ class _Waited:
             self.done = True
 
 
-def header_buffer(sub: "Subcomm") -> Any:
-    """A buffer for one header and the largest payload that travels in one."""
-    return torch.empty(_HEADER + sub.backend.eager_limit, dtype=_BYTE).numpy()
+def header_buffer(nbytes: int) -> Any:
+    """A buffer for one header and a payload of up to ``nbytes`` inside it.
+    (The eager path reads and writes these with struct and memmove: a torch
+    operation costs microseconds, as much as the MPI message.)"""
+    return np.empty(_HEADER + nbytes, dtype=np.uint8)
 
 
 def read_header(buf: Any, st: Any) -> "_Received":
     """The header received into ``buf`` (an MPI message of status ``st``)."""
-    nbytes, seq = (int(v) for v in buf[:_HEADER].view("int64"))
+    nbytes, seq = _HEADER_FORMAT.unpack_from(buf)
     payload = None
     if nbytes and st.Get_count(MPI.BYTE) == _HEADER + nbytes:
-        payload = torch.from_numpy(buf[_HEADER:_HEADER + nbytes])
+        payload = buf
     return _Received(st.Get_source(), st.Get_tag(), nbytes, seq, payload)
 
 
@@ -242,8 +248,9 @@ class _Received:
 
     __slots__ = ("source", "tag", "nbytes", "seq", "payload")
 
+    # payload: the header's buffer (header first), when the payload came inside it
     def __init__(self, source: int, tag: int, nbytes: int, seq: int,
-                 payload: torch.Tensor | None = None) -> None:
+                 payload: Any = None) -> None:
         self.source, self.tag, self.nbytes, self.seq = source, tag, nbytes, seq
         self.payload = payload
 
@@ -260,7 +267,10 @@ class _RecvWork:
         self.error: str | None = None
         self.got: _Received | None = None
         self.target: torch.Tensor | None = None
-        self.header = header_buffer(sub)
+        # room for an eager payload that fits the receive buffer; a larger one
+        # is a truncation, reported as on MPI
+        self.capacity = r.count * r.extent
+        self.header = header_buffer(min(sub.backend.eager_limit, self.capacity))
         for i, h in enumerate(sub.stash):
             if h.matches(source, tag):
                 del sub.stash[i]
@@ -275,13 +285,19 @@ class _RecvWork:
         if h.nbytes > capacity:
             self.error = (f"message of {h.nbytes} bytes from rank {h.source} (tag {h.tag}) "
                           f"does not fit the receive buffer of {capacity} bytes")
+        if h.payload is not None:                         # it came with the header
+            if self.error is None:
+                if self.r.device < 0:
+                    ctypes.memmove(self.r.addr, h.payload.ctypes.data + _HEADER, h.nbytes)
+                else:
+                    self.r.bytes()[:h.nbytes].copy_(
+                        torch.from_numpy(h.payload[_HEADER:_HEADER + h.nbytes]))
+            return
+        if self.error is not None:
             target = torch.empty(h.nbytes, dtype=_BYTE, device=self.r.torch_device())
         else:
             target = self.r.bytes()[:h.nbytes]
-        if h.payload is not None:                         # it came with the header
-            if self.error is None:
-                target.copy_(h.payload)
-        elif h.nbytes and h.source == self.sub.rank:
+        if h.nbytes and h.source == self.sub.rank:
             target.copy_(self.sub.loopback.pop(h.seq))    # a message to itself
         elif h.nbytes:
             self.work = pollable(self.sub, self.sub.tensor_recv(target, h.source, h.seq))
@@ -290,8 +306,18 @@ class _RecvWork:
     def matched(self) -> bool:
         """Whether the header has arrived (the payload's receive is posted then)."""
         if self.got is None:
-            if not self.hreq.Test(self.hstatus):
-                return False
+            try:
+                if not self.hreq.Test(self.hstatus):
+                    return False
+            except MPI.Exception as exc:
+                if exc.Get_error_class() != MPI.ERR_TRUNCATE:
+                    raise
+                # an eager payload longer than the receive buffer
+                source, tag = self.hstatus.Get_source(), self.hstatus.Get_tag()
+                self.got = _Received(source, tag, self.capacity, 0)
+                self.error = (f"a message from rank {source} (tag {tag}) does not fit "
+                              f"the receive buffer of {self.capacity} bytes")
+                return True
             self.arrived(read_header(self.header, self.hstatus))
         return True
 
@@ -333,18 +359,18 @@ def post_send(sub: "Subcomm", s: Side, dest: int, tag: int, synchronous: bool = 
     seq = sub.seq[dest]
     sub.seq[dest] = (seq + 1) % _SEQ_MOD
     eager = s.device < 0 and nbytes <= sub.backend.eager_limit
-    header = torch.empty(_HEADER + nbytes if eager else _HEADER, dtype=_BYTE)
-    header[:_HEADER].view(torch.int64).copy_(torch.tensor([nbytes, seq]))
+    header = header_buffer(nbytes if eager else 0)
+    _HEADER_FORMAT.pack_into(header, 0, nbytes, seq)
     work = payload = None
     if eager and nbytes:
-        header[_HEADER:].copy_(s.bytes()[:nbytes])
+        ctypes.memmove(header.ctypes.data + _HEADER, s.addr, nbytes)
     elif nbytes:
         payload = s.bytes()[:nbytes].clone()
         if dest == sub.rank:       # Gloo pairs do not connect a rank to itself
             sub.loopback[seq] = payload
         else:
             work = pollable(sub, sub.tensor_send(payload, dest, seq))
-    hreq = (sub.hcomm.Issend if synchronous else sub.hcomm.Isend)(header.numpy(), dest, tag)
+    hreq = (sub.hcomm.Issend if synchronous else sub.hcomm.Isend)(header, dest, tag)
     sub.inflight = [f for f in sub.inflight if not f.done()]
     sub.inflight.append(_Inflight(hreq, work, (header, payload)))
     return sub.request([_Matched(hreq)] if synchronous else [])
@@ -393,7 +419,7 @@ def probe(sub: "Subcomm", source: int, tag: int, status: Any, blocking: bool) ->
         message = sub.hcomm.Improbe(source, tag, st)
         if message is None:
             return False
-    header = header_buffer(sub)
+    header = header_buffer(st.Get_count(MPI.BYTE) - _HEADER)
     message.Recv(header)
     h = read_header(header, st)
     sub.stash.append(h)
