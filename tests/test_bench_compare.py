@@ -183,3 +183,25 @@ def test_targets_arithmetic():
                                            "value": pytest.approx(1.2)}]
     assert got["pers/nonpers"]["met"]                       # 0.9 and 1.0
     assert report.targets(results, 3, "torch")[0]["applies"] is False
+
+
+def test_summary_table():
+    def cell(us):
+        return {"rounds_us": [us, us + 1], "error": None}
+    args = cli.parse_args(["--ops", "barrier,allreduce", "--peers", "C,C-mt,mcr-mpi",
+                           "--forms", "blocking", "--summary", "4,1024"])
+    assert args.summary == [4, 1024]
+    results = {"barrier": {"0": {"C": cell(0.3), "C-mt": cell(0.4), "mcr-mpi": cell(0.9)}},
+               "allreduce": {str(n): {"C": cell(n / 100), "C-mt": cell(n / 100 + 0.1),
+                                      "mcr-mpi": cell(n / 100 + 0.4)} for n in (4, 8, 1024)}}
+    lines = report.summary(args, results, args.summary)
+    assert lines[0].endswith("at 4 B, 1 KiB")
+    rows = [line.split() for line in lines[2:] if line.strip()]
+    # barrier at its one size; allreduce at 4 B and 1 KiB, not 8 B
+    assert [r[:3] for r in rows] == [["barrier", "0", "B"], ["allreduce", "4", "B"],
+                                     ["allreduce", "1", "KiB"]]
+    names = report.columns_of(args) + report._ratio_columns(args)
+    kib = dict(zip(names, rows[2][3:]))                   # after "allreduce 1 KiB"
+    assert (kib["mcr-Cmt (us)"], kib["mcr/C-mt"]) == ("+0.30", "1.03"), kib
+    assert cli.parse_args(["--summary"]).summary == [int(x) for x in
+                                                     cli.SUMMARY_SIZES.split(",")]

@@ -24,6 +24,7 @@ C_PEERS = ("C", "C-mt")
 FORM_PEERS = ("C", "C-mt", "mcr-mpi")     # the peers timed in every form
 CUDA_PEERS = ("torch-nccl", "mcr-nccl")
 DEFAULT_PEERS = PEERS
+SUMMARY_SIZES = "4,64,1024,16384,262144,1048576,4194304"
 C_DTYPES = ("float32", "float64", "int8", "uint8", "int16", "int32", "int64")
 DTYPES = C_DTYPES + ("float16", "bfloat16", "complex64", "complex128", "bool")
 ITEMSIZE = {"float32": 4, "float64": 8, "int8": 1, "uint8": 1, "int16": 2, "int32": 4,
@@ -121,6 +122,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="draw latency against message size, one panel per operation "
                         "(needs matplotlib: pip install 'mcr[bench]')")
     p.add_argument("--json", metavar="FILE", help="write every round and summary to FILE")
+    p.add_argument("--summary", nargs="?", const=SUMMARY_SIZES, metavar="SIZES",
+                   help="also print one table of every operation at these message sizes "
+                        "(bytes, comma-separated; without a value: "
+                        f"{SUMMARY_SIZES})")
     p.add_argument("--timeout", type=float, default=3600,
                    help="seconds before a launched job is killed (default 3600)")
     p.add_argument("--worker", metavar="FILE", help=argparse.SUPPRESS)
@@ -133,6 +138,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.buffer != "torch-cuda":
         args.peers = [x for x in args.peers if x not in CUDA_PEERS]
     args.sizes = _sizes(args.message_size, p)
+    if isinstance(args.summary, str):
+        try:
+            args.summary = [int(x) for x in args.summary.split(",") if x.strip()]
+        except ValueError:
+            p.error(f"--summary: expected comma-separated byte counts, got {args.summary!r}")
     if args.nprocs < 1 or args.iterations < 1 or args.rounds < 1 or args.warmup < 0:
         p.error("-n, -i and --rounds must be >= 1, -x >= 0")
     if args.iterations_large is None:

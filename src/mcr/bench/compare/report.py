@@ -13,7 +13,8 @@ from typing import Any
 
 from .cli import FORM_PEERS, FORMS, LARGE, PEERS, column, pyplot
 
-__all__ = ["report", "targets", "plot", "columns_of", "round_stat", "row_ratios", "plural", "STATS"]
+__all__ = ["report", "summary", "targets", "plot", "columns_of", "round_stat", "row_ratios",
+           "plural", "STATS"]
 
 # Issue 10, points 3 and 4: at 2 ranks on CPU tensors, "mcr" being mcr-mpi.
 # C-mt is the bar for mcr (both run at MPI_THREAD_MULTIPLE).
@@ -72,7 +73,7 @@ def _fmt_us(x: float | None) -> str:
 def _fmt_ratio(name: str, x: float | None) -> str:
     if x is None:
         return "-"
-    if name == "mcr-C (us)":
+    if name.endswith("(us)"):
         return f"{x:+.2f}"
     return f"{x:.3f}" if x < 0.1 else f"{x:.2f}"
 
@@ -97,17 +98,42 @@ def columns_of(args: argparse.Namespace) -> list[str]:
     return cols
 
 
+def _cells(row: dict[str, Any], cols: list[str], stat: str, ratios: list[str]) -> list[str]:
+    r = row_ratios(row, stat)
+    return [_fmt_us(round_stat(row.get(c), stat)) for c in cols] + \
+        [_fmt_ratio(k, r[k]) for k in ratios]
+
+
+def _grid(head: list[str], body: list[list[str]], left: int = 0) -> list[str]:
+    """Rows of cells in aligned columns (the first ``left`` ones left-aligned)."""
+    widths = [max(len(x) for x in col) for col in zip(head, *body)]
+    return ["  " + "  ".join(c.ljust(w) if i < left else c.rjust(w)
+                             for i, (c, w) in enumerate(zip(cells, widths)))
+            for cells in [head] + body]
+
+
 def _table(op: str, rows: dict[str, Any], cols: list[str], stat: str,
            ratios: list[str]) -> list[str]:
-    head = ["bytes"] + cols + ratios
+    return _grid(["bytes"] + cols + ratios,
+                 [[str(nbytes)] + _cells(row, cols, stat, ratios)
+                  for nbytes, row in rows.items()])
+
+
+def summary(args: argparse.Namespace, results: dict[str, dict[str, Any]],
+            sizes: list[int]) -> list[str]:
+    """One table of every operation at ``sizes`` (bytes; barrier at its one
+    size): the minimum of the round averages and the ratios."""
+    cols, ratios = columns_of(args), _ratio_columns(args)
     body = []
-    for nbytes, row in rows.items():
-        r = row_ratios(row, stat)
-        body.append([str(nbytes)] + [_fmt_us(round_stat(row.get(c), stat)) for c in cols] +
-                    [_fmt_ratio(k, r[k]) for k in ratios])
-    widths = [max(len(x) for x in col) for col in zip(head, *body)]
-    return ["  " + "  ".join(c.rjust(w) for c, w in zip(cells, widths))
-            for cells in [head] + body]
+    for op in args.ops:
+        for nbytes, row in results.get(op, {}).items():
+            if op == "barrier" or int(nbytes) in sizes:
+                body.append([op, _fmt_bytes(int(nbytes))] + _cells(row, cols, "min", ratios))
+    if not body:
+        return []
+    return ["Summary: minimum of the round averages, us per call, at "
+            + ", ".join(_fmt_bytes(n) for n in sizes)] + \
+        _grid(["operation", "size"] + cols + ratios, body, left=1) + [""]
 
 
 def _ratio_columns(args: argparse.Namespace) -> list[str]:
@@ -267,6 +293,8 @@ def report(args: argparse.Namespace, data: dict[str, Any]) -> list[str]:
             at = f" ({ops_text.pop()})" if len(ops_text) == 1 else ""
             lines.append(f"  {', '.join(where)}: {why}{at}")
         lines.append("")
+    if args.summary:
+        lines += summary(args, results, args.summary)
     lines += _target_lines(data["targets"], data["nprocs"], args.buffer)
     return lines
 
