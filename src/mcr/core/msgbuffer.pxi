@@ -14,12 +14,17 @@ cdef struct side:
     int count            # simple messages: elements to move
     int *counts          # vector messages: per-process counts and displacements
     int *displs
+    int nblocks          # entries of counts (and of displs, when not NULL); else 0
     MPI_Datatype dtype
     int tindex           # element type; -1 when the datatype is not in TYPES
     Py_ssize_t nelems    # elements available from the start of the buffer
     Py_ssize_t extent    # bytes per element
     bint explicit        # the count was given (per process in block collectives)
     int device           # CUDA device ordinal of the buffer, -1 for host memory
+
+
+cdef enum:
+    SMALL_BLOCKS = 16       # vector messages of up to this many processes: arrays in _Msg
 
 
 @cython.freelist(16)
@@ -278,11 +283,15 @@ cdef list int_list(object values, const char *arg, str what):
                         f"{type(values).__name__}") from None
 
 
-cdef object parse_vector(object spec, side *x, bint writable, int size, const char *arg):
+cdef object parse_vector(object spec, side *x, bint writable, int size, const char *arg,
+                         int *room):
     """Parse a message with one block per process: buf | [buf, counts] |
     [buf, (counts, displs)] | [buf, counts, displs] | [buf, counts, datatype] |
     [buf, (counts, displs), datatype] | [buf, counts, displs, datatype].
-    Return the objects keeping the buffer and the count arrays alive."""
+    Up to SMALL_BLOCKS processes, the counts and displacements go into `room`
+    (2 * SMALL_BLOCKS ints of the caller's message: no object to make per
+    call); return the object keeping the buffer alive, and for more processes
+    (owner, counts, displs), which keeps the arrays alive too."""
     cdef bufinfo b
     buf, counts, displs, datatype = spec, None, None, None
     if isinstance(spec, (list, tuple)):
@@ -312,8 +321,14 @@ cdef object parse_vector(object spec, side *x, bint writable, int size, const ch
     else:
         owner = as_buffer(buf, &b, writable, datatype is not None, arg)
         set_buffer(x, &b, datatype, arg)
-    cdef _Ints c = new_ints(size)
-    cdef _Ints d = new_ints(size)
+    cdef _Ints cs = None, ds = None
+    cdef int *cd
+    cdef int *dd
+    if size <= SMALL_BLOCKS:
+        cd, dd = room, room + SMALL_BLOCKS
+    else:
+        cs, ds = new_ints(size), new_ints(size)
+        cd, dd = cs.data, ds.data
     cdef Py_ssize_t i, total = 0
     if counts is None:
         # as mpi4py: the buffer split into `size` blocks, the first ones one
@@ -321,50 +336,53 @@ cdef object parse_vector(object spec, side *x, bint writable, int size, const ch
         if not empty:
             infer_count(x, b.nbytes, arg)
         for i in range(size):
-            c.data[i] = <int>(x.count // size + (i < x.count % size))
+            cd[i] = <int>(x.count // size + (i < x.count % size))
     elif is_scalar_int(counts):
         each = as_count(counts, arg, "count")
         for i in range(size):
-            c.data[i] = each
+            cd[i] = each
     else:
         values = int_list(counts, arg, "counts")
         if len(values) != size:
             raise ValueError(f"{argstr(arg)}: counts has {len(values)} entries, expected "
                              f"{size} (one per process)")
         for i in range(size):
-            c.data[i] = item_count(values[i], arg, "counts", i)
+            cd[i] = item_count(values[i], arg, "counts", i)
     if is_scalar_int(displs):                          # mpi4py: a stride
         stride = as_count(displs, arg, "displacement stride")
         for i in range(size):
             if stride * i > INT_MAX:
                 raise OverflowError(f"{argstr(arg)}: displacement {stride * i} exceeds the "
                                     f"MPI limit {INT_MAX}")
-            d.data[i] = <int>(stride * i)
+            dd[i] = <int>(stride * i)
     elif displs is None:
         for i in range(size):
             if total > INT_MAX:
                 raise OverflowError(f"{argstr(arg)}: displacement {total} exceeds the "
                                     f"MPI limit {INT_MAX}")
-            d.data[i] = <int>total
-            total += c.data[i]
+            dd[i] = <int>total
+            total += cd[i]
     else:
         values = int_list(displs, arg, "displs")
         if len(values) != size:
             raise ValueError(f"{argstr(arg)}: displs has {len(values)} entries, expected "
                              f"{size} (one per process)")
         for i in range(size):
-            d.data[i] = item_count(values[i], arg, "displs", i)
+            dd[i] = item_count(values[i], arg, "displs", i)
     for i in range(size):
-        if c.data[i] and <Py_ssize_t>d.data[i] + c.data[i] > x.nelems:
+        if cd[i] and <Py_ssize_t>dd[i] + cd[i] > x.nelems:
             if empty:
                 raise ValueError(f"{argstr(arg)}: buffer is {'None' if buf is None else 'BOTTOM'}"
-                                 f" but counts[{i}] is {c.data[i]}; it only makes an empty "
+                                 f" but counts[{i}] is {cd[i]}; it only makes an empty "
                                  "message")
-            raise ValueError(f"{argstr(arg)}: block {i} (count {c.data[i]} at displacement "
-                             f"{d.data[i]}) reaches past the buffer of {x.nelems} elements")
-    x.counts = c.data
-    x.displs = d.data
-    return (owner, c, d)
+            raise ValueError(f"{argstr(arg)}: block {i} (count {cd[i]} at displacement "
+                             f"{dd[i]}) reaches past the buffer of {x.nelems} elements")
+    x.counts = cd
+    x.displs = dd
+    x.nblocks = size
+    if cs is None:
+        return owner
+    return (owner, cs, ds)
 
 
 cdef int check_blocks_disjoint(side *x, int size, const char *arg) except -1:
@@ -517,6 +535,8 @@ cdef class _Msg:
     """The parsed send and receive sides of one call, and what keeps them alive."""
     cdef side s, r
     cdef object sown, rown
+    cdef int sroom[2 * SMALL_BLOCKS]    # counts and displacements of small vector messages
+    cdef int rroom[2 * SMALL_BLOCKS]
     cdef object staged       # device buffers staged through host memory (staging.pxi)
     cdef bint live           # staged and started: the result is still to copy back
 
@@ -686,6 +706,7 @@ cdef class _Msg:
             raise ValueError(f"recvbuf: holds {self.r.count} elements, "
                              f"recvcounts[{rank}] needs {c.data[rank]}")
         self.r.counts = c.data
+        self.r.nblocks = size
         self.rown = (self.rown, c)
         return 0
 
@@ -724,6 +745,7 @@ cdef class _Msg:
                                  f"{i}, but the receive counts (the recvbuf sizes) sum to "
                                  f"{total}")
         self.r.counts = c.data
+        self.r.nblocks = size
         self.rown = (self.rown, c)
         return 0
 
@@ -731,7 +753,7 @@ cdef class _Msg:
 
     cdef object recv_blocks(self, object recvbuf, int size, bint v):
         if v:
-            owner = parse_vector(recvbuf, &self.r, True, size, b"recvbuf")
+            owner = parse_vector(recvbuf, &self.r, True, size, b"recvbuf", self.rroom)
             check_blocks_disjoint(&self.r, size, b"recvbuf")
             return owner
         owner = parse_simple(recvbuf, &self.r, True, b"recvbuf")
@@ -740,7 +762,7 @@ cdef class _Msg:
 
     cdef object send_blocks(self, object sendbuf, int size, bint v):
         if v:
-            return parse_vector(sendbuf, &self.s, False, size, b"sendbuf")
+            return parse_vector(sendbuf, &self.s, False, size, b"sendbuf", self.sroom)
         owner = parse_simple(sendbuf, &self.s, False, b"sendbuf")
         per_process(&self.s, size, b"sendbuf")
         return owner

@@ -125,13 +125,10 @@ cdef tuple describe_side(side *x, object owner):
     elif owner is None:
         kind = "null"
     counts = displs = None
-    cdef _Ints a
-    if type(owner) is tuple:      # (owner, counts[, displs]) of vector messages
-        a = <_Ints>owner[1]
-        counts = [a.data[i] for i in range(a.n)]
-        if len(owner) > 2:
-            a = <_Ints>owner[2]
-            displs = [a.data[i] for i in range(a.n)]
+    if x.counts != NULL:          # a vector message
+        counts = [x.counts[i] for i in range(x.nblocks)]
+        if x.displs != NULL:
+            displs = [x.displs[i] for i in range(x.nblocks)]
     return (kind, <Py_ssize_t>x.addr, x.count, counts, displs, x.nelems,
             TYPE_NAMES[x.tindex] if x.tindex >= 0 else None, x.extent, x.device,
             base_owner(owner))
