@@ -339,7 +339,8 @@ class _RecvWork:
             self.work.wait()
         if self.error is not None:
             exc = _core.Exception(MPI.ERR_TRUNCATE)
-            exc.add_note(f"buf: {self.error}")
+            # BaseException.add_note is Python 3.11+; __notes__ is what it fills
+            exc.__notes__ = [*getattr(exc, "__notes__", []), f"buf: {self.error}"]
             raise exc
 
     def status(self) -> RecvStatus:

@@ -923,8 +923,8 @@ cdef class _MsgW:
                           self.rcounts[0], self.rtypes[0], comm))
         if position != nbytes:
             exc = Exception(MPI_ERR_TRUNCATE)
-            exc.add_note(f"recvbuf: block 0 takes {position} bytes (packed), the process "
-                         f"sends itself {nbytes}")
+            add_note(exc, f"recvbuf: block 0 takes {position} bytes (packed), the process "
+                          f"sends itself {nbytes}")
             raise exc
         self.scounts[0] = self.rcounts[0] = 0
         return 0
