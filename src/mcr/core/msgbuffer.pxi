@@ -672,11 +672,15 @@ cdef class _Msg:
         cdef int i
         cdef side *whole
         cdef bint inplace = in_place(sendbuf)
-        cdef _Ints c = new_ints(size)
+        cdef _Ints c = None               # the counts, for more than SMALL_BLOCKS processes
+        cdef int *cd = self.rroom
+        if size > SMALL_BLOCKS:
+            c = new_ints(size)
+            cd = c.data
         if recvcounts is None and not inplace:
             # as mpi4py: each process receives what its recvbuf holds; gather those
             # counts (every process, so that none waits in the reduction alone)
-            return self.reduce_scatter_gathered(sendbuf, recvbuf, c, rank, size, comm)
+            return self.reduce_scatter_gathered(sendbuf, recvbuf, c, cd, rank, size, comm)
         if inplace:
             self.rown = parse_simple(recvbuf, &self.r, True, b"recvbuf")
             set_in_place(&self.s, &self.r)
@@ -696,22 +700,23 @@ cdef class _Msg:
             raise ValueError(f"recvcounts: has {len(values)} entries, expected {size} "
                              "(one per process)")
         for i in range(size):
-            c.data[i] = item_count(values[i], b"recvcounts", "recvcounts", i)
-            total += c.data[i]
+            cd[i] = item_count(values[i], b"recvcounts", "recvcounts", i)
+            total += cd[i]
         if whole.count != total:
             raise ValueError(f"{'recvbuf' if inplace else 'sendbuf'}: has "
                              f"{whole.count} elements, sum(recvcounts) is {total}")
-        if not inplace and self.r.count < c.data[rank]:
+        if not inplace and self.r.count < cd[rank]:
             # the message's count, given or inferred, as mpi4py checks it
             raise ValueError(f"recvbuf: holds {self.r.count} elements, "
-                             f"recvcounts[{rank}] needs {c.data[rank]}")
-        self.r.counts = c.data
+                             f"recvcounts[{rank}] needs {cd[rank]}")
+        self.r.counts = cd
         self.r.nblocks = size
-        self.rown = (self.rown, c)
+        if c is not None:
+            self.rown = (self.rown, c)
         return 0
 
     cdef int reduce_scatter_gathered(self, object sendbuf, object recvbuf, _Ints c,
-                                     int rank, int size, MPI_Comm comm) except -1:
+                                     int *cd, int rank, int size, MPI_Comm comm) except -1:
         """Reduce_scatter without recvcounts: gather every process's (receive,
         send) counts, so that all of them refuse the call together when one
         process's arguments are wrong, instead of the others hanging."""
@@ -737,16 +742,17 @@ cdef class _Msg:
             if pairs.data[2 * i] < 0:
                 raise ValueError(f"sendbuf, recvbuf: refused at rank {i}, so the "
                                  "reduction cannot run (see the error there)")
-            c.data[i] = pairs.data[2 * i]
-            total += c.data[i]
+            cd[i] = pairs.data[2 * i]
+            total += cd[i]
         for i in range(size):
             if pairs.data[2 * i + 1] != total:
                 raise ValueError(f"sendbuf: has {pairs.data[2 * i + 1]} elements at rank "
                                  f"{i}, but the receive counts (the recvbuf sizes) sum to "
                                  f"{total}")
-        self.r.counts = c.data
+        self.r.counts = cd
         self.r.nblocks = size
-        self.rown = (self.rown, c)
+        if c is not None:
+            self.rown = (self.rown, c)
         return 0
 
     # -- helpers for block messages ---------------------------------------
