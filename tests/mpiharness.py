@@ -59,25 +59,43 @@ def run_script(nprocs, args, timeout=DEFAULT_TIMEOUT):
 _results = {}
 
 
+# Open MPI's launcher sometimes fails to start at all on a loaded machine
+# (seen here once in several hundred jobs, with no other job running): no rank
+# starts, so no case has run, and the job is started again.
+LAUNCH_FAILURES = ("The PMIx server's listener thread failed to start",)
+LAUNCH_TRIES = 3
+
+
 def run_cases(path, nprocs, timeout):
     """Run all cases of the test module at `path` on `nprocs` ranks (cached)."""
     key = (path, nprocs)
     if key not in _results:
-        with tempfile.TemporaryDirectory(prefix="mcr-test-") as tmp:
-            code, out = run_script(nprocs, [os.path.join(HERE, "mpiworker.py"), path, tmp],
-                                   timeout)
-            per_case = {}
-            for rank in range(nprocs):
-                try:
-                    with open(os.path.join(tmp, f"rank{rank}.jsonl")) as f:
-                        lines = f.read().splitlines()
-                except FileNotFoundError:
-                    lines = []
-                for line in lines:
-                    rec = json.loads(line)
-                    per_case.setdefault(rec["case"], {})[rank] = rec
-            _results[key] = (code, out, per_case)
+        for attempt in range(1, LAUNCH_TRIES + 1):
+            code, out, per_case = _run_once(path, nprocs, timeout)
+            if per_case or code == 0 or not any(f in out for f in LAUNCH_FAILURES):
+                break
+            print(f"mpiharness: mpiexec failed to start ({nprocs} ranks, try {attempt} of "
+                  f"{LAUNCH_TRIES}): {out.strip().splitlines()[-1] if out.strip() else ''}",
+                  file=sys.stderr)
+        _results[key] = (code, out, per_case)
     return _results[key]
+
+
+def _run_once(path, nprocs, timeout):
+    with tempfile.TemporaryDirectory(prefix="mcr-test-") as tmp:
+        code, out = run_script(nprocs, [os.path.join(HERE, "mpiworker.py"), path, tmp],
+                               timeout)
+        per_case = {}
+        for rank in range(nprocs):
+            try:
+                with open(os.path.join(tmp, f"rank{rank}.jsonl")) as f:
+                    lines = f.read().splitlines()
+            except FileNotFoundError:
+                lines = []
+            for line in lines:
+                rec = json.loads(line)
+                per_case.setdefault(rec["case"], {})[rank] = rec
+    return code, out, per_case
 
 
 def mpi_cases(module_name, sizes=SIZES, timeout=DEFAULT_TIMEOUT):

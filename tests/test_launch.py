@@ -301,3 +301,28 @@ def test_tools_launch_without_initializing_mpi(tool, tmp_path):
     assert proc.returncode != 0, proc.stdout + proc.stderr      # the fake job failed
     assert record.exists(), f"{tool} did not start mpiexec:\n{proc.stdout}{proc.stderr}"
     assert set(record.read_text().split()) == {"none"}, proc.stdout + proc.stderr
+
+
+def test_harness_starts_a_job_again_when_mpiexec_fails_to_start(monkeypatch, tmp_path):
+    """Open MPI's 'PMIx listener' start-up failure (no rank ran) is retried;
+    any other failure is reported as it is."""
+    import mpiharness
+    calls = []
+    failure = (213, "The PMIx server's listener thread failed to start. We cannot\ncontinue.\n")
+
+    def fake_run_script(nprocs, argv, timeout):
+        calls.append(argv)
+        if len(calls) == 1:
+            return failure
+        out_dir = argv[2]
+        with open(os.path.join(out_dir, "rank0.jsonl"), "w") as f:
+            f.write('{"case": "c", "ok": true}\n')
+        return 0, ""
+    monkeypatch.setattr(mpiharness, "run_script", fake_run_script)
+    path = str(tmp_path / "module_a.py")
+    code, out, per_case = mpiharness.run_cases(path, 1, 10)
+    assert len(calls) == 2 and code == 0 and per_case == {"c": {0: {"case": "c", "ok": True}}}
+    calls.clear()
+    monkeypatch.setattr(mpiharness, "run_script", lambda n, a, t: (calls.append(a), (1, "boom"))[1])
+    code, out, per_case = mpiharness.run_cases(str(tmp_path / "module_b.py"), 1, 10)
+    assert len(calls) == 1 and (code, out, per_case) == (1, "boom", {})
