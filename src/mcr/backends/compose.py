@@ -158,9 +158,9 @@ _waiters: Any = None
 class _Waited:
     """A work handle whose is_completed() only turns true inside wait() (Gloo's
     send and receive). Polled, a pool thread waits for it and polling asks the
-    thread; waited (``wait_ready``), the caller waits for it itself, with no
-    thread between. The payload is already on its way (the receive is posted
-    once the header has arrived), so these waits always end."""
+    thread; waited (a matched receive's ``wait``), the caller waits for it
+    itself, with no thread between. The payload is already on its way (the
+    receive is posted once the header has arrived), so these waits always end."""
 
     __slots__ = ("work", "future", "done")
 
@@ -179,9 +179,6 @@ class _Waited:
                 _waiters = ThreadPoolExecutor(max_workers=4, thread_name_prefix="mcr-p2p")
             self.future = _waiters.submit(self.work.wait)
         return bool(self.future.done())
-
-    def wait_ready(self) -> bool:
-        return True
 
     def wait(self) -> None:
         if not self.done:
