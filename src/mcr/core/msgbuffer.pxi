@@ -283,6 +283,18 @@ cdef list int_list(object values, const char *arg, str what):
                         f"{type(values).__name__}") from None
 
 
+cdef int fill_ints(object values, int *out, int size, const char *arg, str what) except -1:
+    """Entries of a counts or displs sequence into `out` (`size` of them)."""
+    cdef list items = int_list(values, arg, what)
+    cdef Py_ssize_t i, n = len(items)
+    if n != size:
+        raise ValueError(f"{argstr(arg)}: {what} has {n} entries, expected "
+                         f"{size} (one per process)")
+    for i in range(n):
+        out[i] = item_count(items[i], arg, what, i)
+    return 0
+
+
 cdef object parse_vector(object spec, side *x, bint writable, int size, const char *arg,
                          int *room):
     """Parse a message with one block per process: buf | [buf, counts] |
@@ -294,24 +306,30 @@ cdef object parse_vector(object spec, side *x, bint writable, int size, const ch
     (owner, counts, displs), which keeps the arrays alive too."""
     cdef bufinfo b
     buf, counts, displs, datatype = spec, None, None, None
+    cdef Py_ssize_t n
     if isinstance(spec, (list, tuple)):
-        n = len(spec)
+        items = spec
+        n = len(items)
         if not 1 <= n <= 4:
             raise ValueError(f"{argstr(arg)}: message must have 1 to 4 items, got {n}")
-        buf = spec[0]
+        buf = items[0]
         if n == 4:
-            counts, displs, datatype = spec[1], spec[2], spec[3]
-        elif n == 3 and not (is_datatype(spec[2]) or spec[2] is None):
-            counts, displs = spec[1], spec[2]          # mcr's [buf, counts, displs]
+            counts, displs, datatype = items[1], items[2], items[3]
+        elif n == 3 and not (items[2] is None or is_datatype(items[2])):
+            counts, displs = items[1], items[2]        # mcr's [buf, counts, displs]
         elif n >= 2:
+            second = items[1]
             if n == 3:
-                datatype = spec[2]
-            if is_datatype(spec[1]) and n == 2:
-                datatype = spec[1]
-            elif isinstance(spec[1], tuple) and len(spec[1]) == 2:
-                counts, displs = spec[1]               # mpi4py: a pair is (counts, displs)
+                datatype = items[2]
+            if type(second) is tuple and len(<tuple>second) == 2:
+                counts, displs = second                # mpi4py: a pair is (counts, displs)
+            elif n == 2 and is_datatype(second):
+                datatype = second
+            elif type(second) is not list and isinstance(second, tuple) and \
+                    len(second) == 2:
+                counts, displs = second
             else:
-                counts = spec[1]
+                counts = second
     if buf is IN_PLACE:
         reject_in_place(arg)
     cdef bint empty = buf is None or buf is BOTTOM
@@ -342,33 +360,23 @@ cdef object parse_vector(object spec, side *x, bint writable, int size, const ch
         for i in range(size):
             cd[i] = each
     else:
-        values = int_list(counts, arg, "counts")
-        if len(values) != size:
-            raise ValueError(f"{argstr(arg)}: counts has {len(values)} entries, expected "
-                             f"{size} (one per process)")
-        for i in range(size):
-            cd[i] = item_count(values[i], arg, "counts", i)
-    if is_scalar_int(displs):                          # mpi4py: a stride
-        stride = as_count(displs, arg, "displacement stride")
-        for i in range(size):
-            if stride * i > INT_MAX:
-                raise OverflowError(f"{argstr(arg)}: displacement {stride * i} exceeds the "
-                                    f"MPI limit {INT_MAX}")
-            dd[i] = <int>(stride * i)
-    elif displs is None:
+        fill_ints(counts, cd, size, arg, "counts")
+    if displs is None:
         for i in range(size):
             if total > INT_MAX:
                 raise OverflowError(f"{argstr(arg)}: displacement {total} exceeds the "
                                     f"MPI limit {INT_MAX}")
             dd[i] = <int>total
             total += cd[i]
-    else:
-        values = int_list(displs, arg, "displs")
-        if len(values) != size:
-            raise ValueError(f"{argstr(arg)}: displs has {len(values)} entries, expected "
-                             f"{size} (one per process)")
+    elif type(displs) is list or type(displs) is tuple or not is_scalar_int(displs):
+        fill_ints(displs, dd, size, arg, "displs")
+    else:                                              # mpi4py: a stride
+        stride = as_count(displs, arg, "displacement stride")
         for i in range(size):
-            dd[i] = item_count(values[i], arg, "displs", i)
+            if stride * i > INT_MAX:
+                raise OverflowError(f"{argstr(arg)}: displacement {stride * i} exceeds the "
+                                    f"MPI limit {INT_MAX}")
+            dd[i] = <int>(stride * i)
     for i in range(size):
         if cd[i] and <Py_ssize_t>dd[i] + cd[i] > x.nelems:
             if empty:
