@@ -935,6 +935,38 @@ def eager_and_backend_payloads(comm):
 
 
 @case
+def many_large_sends_then_receives(comm):
+    """More buffered sends above the eager limit than the threads that wait
+    for sends, each rank's receives waited one at a time after all of them
+    (once a thread per send waited and polled receives queued behind them: a
+    deadlock); many sizes, each received whole and intact, with the send
+    buffer changed right after each Send (buffered: the copy travels)."""
+    if comm.size == 1:
+        return
+    right, left = ring(comm)
+    found = Findings()
+    sizes = [EAGER // 4 + 1, 3 * EAGER, EAGER // 2 + 7, 2 * EAGER + 3, EAGER // 4 + 1,
+             3 * EAGER, 5 * EAGER // 4]                  # float32 elements
+    for rnd in range(2):
+        recvs = []
+        for i, n in enumerate(sizes):
+            buf = sentinel(n, torch.float32)
+            recvs.append((buf, n, i, post(found, f"Irecv {n} #{i}", lambda buf=buf, i=i:
+                                          comm.Irecv(buf, left, 40 + i, backend=GLOO))))
+        for i, n in enumerate(sizes):
+            data = operand(comm.rank, n, torch.float32, None, 10 * rnd + i).clone()
+            with found.check(f"Send {n} #{i}"):
+                comm.Send(data, right, 40 + i, backend=GLOO)
+            data.fill_(-1)                     # the message already left with its copy
+        for buf, n, i, req in recvs:
+            wait_posted(found, f"Irecv {n} #{i}", [req])
+            with found.check(f"payload {n} #{i}, round {rnd}"):
+                expect(buf, operand(left, n, torch.float32, None, 10 * rnd + i))
+        comm.Barrier()
+    found.report()
+
+
+@case
 def sendrecv_and_sendrecv_replace_ring(comm):
     if comm.size == 1:
         return

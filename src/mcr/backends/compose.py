@@ -157,10 +157,11 @@ _waiters: Any = None
 
 class _Waited:
     """A work handle whose is_completed() only turns true inside wait() (Gloo's
-    send and receive). Polled, a pool thread waits for it and polling asks the
-    thread; waited (a matched receive's ``wait``), the caller waits for it
-    itself, with no thread between. The payload is already on its way (the
-    receive is posted once the header has arrived), so these waits always end."""
+    send and receive). Polled (a send's), a pool thread waits for it and
+    polling asks the thread; a matched receive's is waited for by the caller
+    itself, with no thread between (``_RecvWork``): its payload is already on
+    its way (the receive is posted once the header has arrived), so that wait
+    always ends, and it must not queue behind sends' waits in the pool."""
 
     __slots__ = ("work", "future", "done")
 
@@ -319,7 +320,14 @@ class _RecvWork:
         return True
 
     def is_completed(self) -> bool:
-        return self.matched() and (self.work is None or bool(self.work.is_completed()))
+        if not self.matched():
+            return False
+        if self.work is not None and not self.sub.backend.p2p_pollable:
+            # the payload is on its way: wait for it here, not through a pool
+            # thread, whose threads the sends' waits may all hold (those end
+            # only when the peers receive, which may be after this does)
+            self.work.wait()
+        return self.work is None or bool(self.work.is_completed())
 
     def wait_ready(self) -> bool:
         """Whether wait() ends without this process driving MPI: once the
