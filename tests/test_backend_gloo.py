@@ -940,7 +940,10 @@ def many_large_sends_then_receives(comm):
     for sends, each rank's receives waited one at a time after all of them
     (once a thread per send waited and polled receives queued behind them: a
     deadlock); many sizes, each received whole and intact, with the send
-    buffer changed right after each Send (buffered: the copy travels)."""
+    buffer changed right after each Send (buffered: the copy travels). The
+    payloads are copied into buffers that delivered sends used before, smaller
+    and larger messages than the buffer; the sub-communicator keeps at most a
+    few such buffers."""
     if comm.size == 1:
         return
     right, left = ring(comm)
@@ -963,6 +966,16 @@ def many_large_sends_then_receives(comm):
             with found.check(f"payload {n} #{i}, round {rnd}"):
                 expect(buf, operand(left, n, torch.float32, None, 10 * rnd + i))
         comm.Barrier()
+    # every send is delivered now; each Send settles the ones seen delivered
+    # (the first look hands a send's wait to a thread, a later one sees it done)
+    one = torch.ones(1)
+    for _ in range(2):
+        with found.check("small Sendrecv"):
+            comm.Sendrecv(one, right, 50, torch.empty(1), left, 50, backend=GLOO)
+        comm.Barrier()
+    with found.check("spare payload buffers"):
+        spare = mcr.backends.subcomm(comm, GLOO).spare
+        assert 1 <= len(spare) <= 4, [b.numel() for b in spare]
     found.report()
 
 

@@ -69,12 +69,13 @@ class Subcomm:
         self._hcomm: Any = None
         # point-to-point matching (compose.py): per-destination sequence
         # numbers, probed headers, sends in flight, payloads to this rank,
-        # receives posted and not yet complete
+        # receives posted and not yet complete, payload buffers to reuse
         self.seq = [0] * self.size
         self.stash: list[Any] = []
         self.inflight: list[Any] = []
         self.loopback: dict[int, torch.Tensor] = {}
         self.receives: list[Any] = []
+        self.spare: list[torch.Tensor] = []
 
     # -- set-up ------------------------------------------------------------------------
 

@@ -25,7 +25,10 @@ its behalf.
   ``Backend.eager_limit`` bytes travels inside its header instead (eager):
   one MPI message, no backend rendezvous after the header (Gloo's costs
   ~100 us). Sends are buffered: they complete once the payload is copied, so
-  a sender never waits for the receiver's host thread.
+  a sender never waits for the receiver's host thread. A larger payload in
+  host memory is copied into a buffer that an earlier, delivered send used
+  (``payload_buffer``): fresh memory costs a page fault per 4 KiB, more than
+  the copy itself.
 """
 
 import ctypes
@@ -212,16 +215,46 @@ def pollable(sub: "Subcomm", work: "Work") -> "Work":
 
 
 class _Inflight:
-    """A buffered send: header request, payload work, and the payload copy."""
+    """A buffered send: header request, payload work, the header and payload
+    copies, and the payload's buffer to reuse once the send is delivered."""
 
-    __slots__ = ("header_req", "work", "keep")
+    __slots__ = ("header_req", "work", "keep", "buffer")
 
-    def __init__(self, header_req: Any, work: Any, keep: object) -> None:
-        self.header_req, self.work, self.keep = header_req, work, keep
+    def __init__(self, header_req: Any, work: Any, keep: object,
+                 buffer: torch.Tensor | None) -> None:
+        self.header_req, self.work, self.keep, self.buffer = header_req, work, keep, buffer
 
     def done(self) -> bool:
         return bool(self.header_req.Test()
                     and (self.work is None or self.work.is_completed()))
+
+
+_SPARE_BUFFERS = 4              # payload buffers a sub-communicator keeps for reuse
+_SPARE_BYTES = 1 << 26          # and the largest one it keeps
+
+
+def payload_buffer(sub: "Subcomm", nbytes: int) -> torch.Tensor:
+    """Host memory for a payload of ``nbytes``: the smallest spare buffer that
+    holds it, else a new one of the next power of two (so that messages of
+    about one size reuse each other's)."""
+    fits = [(b.numel(), i) for i, b in enumerate(sub.spare) if b.numel() >= nbytes]
+    if fits:
+        return sub.spare.pop(min(fits)[1])
+    return torch.empty(1 << (nbytes - 1).bit_length(), dtype=_BYTE)
+
+
+def settle(sub: "Subcomm") -> None:
+    """Forget the delivered sends, keeping their payload buffers for reuse."""
+    pending = []
+    for f in sub.inflight:
+        if not f.done():
+            pending.append(f)
+        elif f.buffer is not None and f.buffer.numel() <= _SPARE_BYTES:
+            sub.spare.append(f.buffer)
+            if len(sub.spare) > _SPARE_BUFFERS:         # keep the largest ones
+                sub.spare.sort(key=lambda b: b.numel())
+                del sub.spare[0]
+    sub.inflight = pending
 
 
 class _Matched:
@@ -367,18 +400,31 @@ def post_send(sub: "Subcomm", s: Side, dest: int, tag: int, synchronous: bool = 
     eager = s.device < 0 and nbytes <= sub.backend.eager_limit
     header = header_buffer(nbytes if eager else 0)
     _HEADER_FORMAT.pack_into(header, 0, nbytes, seq)
-    work = payload = None
+    work = payload = buffer = hreq = None
+    isend = sub.hcomm.Issend if synchronous else sub.hcomm.Isend
     if eager and nbytes:
         ctypes.memmove(header.ctypes.data + _HEADER, s.addr, nbytes)
     elif nbytes:
-        payload = s.bytes()[:nbytes].clone()
+        # the header goes once the copy's memory is there (nothing after it can
+        # fail short of the backend itself): the receiver posts its receive
+        # while this copies
+        if s.device < 0:
+            buffer = payload_buffer(sub, nbytes)
+            payload = buffer[:nbytes]
+            if dest != sub.rank:
+                hreq = isend(header, dest, tag)
+            ctypes.memmove(buffer.data_ptr(), s.addr, nbytes)
+        else:
+            payload = s.bytes()[:nbytes].clone()
         if dest == sub.rank:       # Gloo pairs do not connect a rank to itself
             sub.loopback[seq] = payload
+            buffer = None
         else:
             work = pollable(sub, sub.tensor_send(payload, dest, seq))
-    hreq = (sub.hcomm.Issend if synchronous else sub.hcomm.Isend)(header, dest, tag)
-    sub.inflight = [f for f in sub.inflight if not f.done()]
-    sub.inflight.append(_Inflight(hreq, work, (header, payload)))
+    if hreq is None:
+        hreq = isend(header, dest, tag)
+    settle(sub)
+    sub.inflight.append(_Inflight(hreq, work, (header, payload), buffer))
     return sub.request([_Matched(hreq)] if synchronous else [])
 
 
@@ -444,7 +490,7 @@ def drain(sub: "Subcomm") -> None:
     sent = False
     spins = 0
     while True:
-        sub.inflight = [f for f in sub.inflight if not f.done()]
+        settle(sub)
         _core._poll()       # MPI, and freed receives that the peers' sends wait for
         if not sub.inflight and not sent:
             sent = True
