@@ -102,18 +102,18 @@ class TorchSubcomm(Subcomm):
         if min(counts) == max(counts) and \
                 all(d == i * counts[0] for i, d in enumerate(displs)):
             if s.kind == "in_place":
-                mine = mine.clone()         # the group writes every block, ours too
+                mine = compose.clone(mine)  # the group writes every block, ours too
             out = r.block(0, counts[0] * size)
             return self.request([self.pg._allgather_base(out, mine)], keep=(msg, mine))
         inp = torch.zeros(longest, dtype=_BYTE, device=mine.device)
-        inp[:mine.numel()].copy_(mine)
+        compose.copy(inp[:mine.numel()], mine)
         outs = [torch.empty(longest, dtype=_BYTE, device=mine.device) for _ in range(size)]
         work = self.pg.allgather([outs], [inp])
 
         def unpack_blocks() -> None:
             for i in range(size):
                 if counts[i]:
-                    r.block(displs[i], counts[i]).copy_(outs[i][:counts[i] * extent])
+                    compose.copy(r.block(displs[i], counts[i]), outs[i][:counts[i] * extent])
         return self.request([work], [unpack_blocks], keep=(msg, inp, outs))
 
     allgatherv = allgather
@@ -127,7 +127,7 @@ class TorchSubcomm(Subcomm):
             return super().allreduce(msg, op)
         out = r.typed(r.count)
         if s.kind != "in_place":
-            out.copy_(s.typed(r.count))
+            compose.copy(out, s.typed(r.count))
         return self.request([self.pg.allreduce([out], _reduce_op(name))], keep=msg)
 
     def reduce(self, msg: Any, op: Any, root: int) -> Any:
@@ -139,9 +139,9 @@ class TorchSubcomm(Subcomm):
         if self.rank == root:
             t = r.typed(count)
             if s.kind != "in_place":
-                t.copy_(s.typed(count))
+                compose.copy(t, s.typed(count))
         else:
-            t = s.typed(count).clone()   # the group may overwrite it
+            t = compose.clone(s.typed(count))   # the group may overwrite it
         opts = c10d().ReduceOptions()
         opts.rootRank = root
         opts.reduceOp = _reduce_op(name)
@@ -156,12 +156,12 @@ class TorchSubcomm(Subcomm):
         if total == 0 or not self.native_reduction(name, whole.tname):
             return (super().reduce_scatter_block(msg, op) if block
                     else super().reduce_scatter(msg, op))
-        t = whole.typed(total).clone()
+        t = compose.clone(whole.typed(total))
         mine = counts[self.rank]
 
         def take() -> None:
             if mine:
-                r.typed(mine).copy_(t[start:start + mine])
+                compose.copy(r.typed(mine), t[start:start + mine])
         return self.request([self.pg.allreduce([t], _reduce_op(name))], [take],
                             keep=(msg, t))
 
