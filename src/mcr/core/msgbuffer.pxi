@@ -396,16 +396,21 @@ cdef object parse_vector(object spec, side *x, bint writable, int size, const ch
 cdef int check_blocks_disjoint(side *x, int size, const char *arg) except -1:
     """MPI forbids receiving into one location twice: the blocks of a vector
     receive must not overlap."""
-    cdef int i, j
+    cdef int i
     cdef Py_ssize_t end = 0
     for i in range(size):             # blocks in increasing order: one pass
         if x.counts[i] == 0:
             continue
         if x.displs[i] < end:
-            break
+            return check_unordered_blocks(x, size, arg)
         end = <Py_ssize_t>x.displs[i] + x.counts[i]
-    else:
-        return 0
+    return 0
+
+
+cdef int check_unordered_blocks(side *x, int size, const char *arg) except -1:
+    """check_blocks_disjoint for blocks out of order (apart, so that the
+    common case makes no generator)."""
+    cdef int i, j
     blocks = sorted((x.displs[i], i) for i in range(size) if x.counts[i])
     for k in range(1, len(blocks)):
         i, j = blocks[k - 1][1], blocks[k][1]
@@ -783,7 +788,7 @@ cdef class _Msg:
 
     cdef int match_own_block(self, int rank, bint v, const char *arg) except -1:
         check_same_type(&self.s, &self.r)
-        count = self.r.counts[rank] if v else self.r.count
+        cdef int count = self.r.counts[rank] if v else self.r.count
         if self.s.count != count:
             raise ValueError(f"{argstr(arg)}: has {self.s.count} elements but recvbuf "
                              f"takes {count} from this process (rank {rank})")
