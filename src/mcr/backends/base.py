@@ -108,6 +108,7 @@ class Subcomm:
         """Deliver outstanding sends, then release the backend (collective)."""
         if self._hcomm is not None:
             compose.drain(self)
+            self.spare.clear()
             self.disconnect()
             self._hcomm.Free()
             self._hcomm = None

@@ -262,7 +262,7 @@ class _Inflight:
 
 
 _SPARE_BUFFERS = 4              # payload buffers a sub-communicator keeps for reuse
-_SPARE_BYTES = 1 << 26          # and the largest one it keeps
+_SPARE_BYTES = 1 << 26          # and the bytes they may hold together
 
 
 def payload_buffer(sub: "Subcomm", nbytes: int) -> torch.Tensor:
@@ -283,8 +283,9 @@ def settle(sub: "Subcomm") -> None:
             pending.append(f)
         elif f.buffer is not None and f.buffer.numel() <= _SPARE_BYTES:
             sub.spare.append(f.buffer)
-            if len(sub.spare) > _SPARE_BUFFERS:         # keep the largest ones
-                sub.spare.sort(key=lambda b: b.numel())
+            sub.spare.sort(key=lambda b: b.numel())      # keep the largest that fit
+            while len(sub.spare) > _SPARE_BUFFERS or \
+                    sum(b.numel() for b in sub.spare) > _SPARE_BYTES:
                 del sub.spare[0]
     sub.inflight = pending
 
