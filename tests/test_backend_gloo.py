@@ -1256,6 +1256,8 @@ def gloo_rejects_derived_datatypes_and_user_ops(comm):
     x, y = torch.zeros(4, dtype=torch.float64), torch.zeros(4, dtype=torch.float64)
     f = torch.zeros(4 * comm.size)
     g = torch.zeros(4 * comm.size, dtype=torch.float64)
+    ld = np.ones(3, dtype=np.longdouble)
+    lds = np.ones(comm.size, dtype=np.longdouble)
     calls = [
         ("buf", lambda: comm.Bcast([x, pair], 0, backend=GLOO)),
         ("buf", lambda: comm.Ibcast([f[:3], 1, strided], 0, backend=GLOO)),
@@ -1269,6 +1271,14 @@ def gloo_rejects_derived_datatypes_and_user_ops(comm):
         ("op", lambda: comm.Ireduce(x, y, user_op, 0, backend=GLOO)),
         ("op", lambda: comm.Scan_init(x, y, user_op, backend=GLOO)),
         ("op", lambda: comm.Reduce_scatter_block(f, torch.zeros(4), user_op, backend=GLOO)),
+        # long double: torch has no such type, so only MPI reduces it
+        ("sendbuf", lambda: comm.Allreduce(ld, ld.copy(), backend=GLOO)),
+        ("sendbuf", lambda: comm.Ireduce(ld, ld.copy(), mcr.MAX, 0, backend=GLOO)),
+        ("sendbuf", lambda: comm.Scan(ld, ld.copy(), backend=GLOO)),
+        ("recvbuf", lambda: comm.Exscan(mcr.IN_PLACE, ld.copy(), backend=GLOO)),
+        ("recvbuf", lambda: comm.Reduce_scatter_block(mcr.IN_PLACE, lds, backend=GLOO)),
+        ("sendbuf", lambda: comm.Reduce_scatter(lds, ld[:1].copy(), [1] * comm.size,
+                                                backend=GLOO)),
     ]
     for i, (arg, call) in enumerate(calls):
         with found.check(f"call {i} ({arg})"), raises_type_error(arg):
@@ -1281,6 +1291,13 @@ def gloo_rejects_derived_datatypes_and_user_ops(comm):
         recv = sentinel(N, torch.float64)
         comm.Allreduce(xs[comm.rank], recv, mcr.PROD, backend=GLOO)
         expect(recv, reduce_expected(xs, "PROD"))
+    with found.check("long double moves on Gloo, and reduces on MPI"):
+        got = np.zeros(3 * comm.size, dtype=np.longdouble)
+        comm.Allgather(ld * (comm.rank + 1), got, backend=GLOO)
+        assert (got == np.repeat(np.arange(1, comm.size + 1), 3).astype(np.longdouble)).all()
+        total = np.zeros(3, dtype=np.longdouble)
+        comm.Allreduce(ld, total, backend="mpi")
+        assert (total == comm.size).all(), total
     found.report()
 
 

@@ -180,9 +180,16 @@ def fold(op: str, operands: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 def operand(sub: "Subcomm", msg: Any) -> tuple[Side, Side, Side]:
-    """(send side, receive side, the side holding this rank's operand)."""
+    """(send side, receive side, the side holding this rank's operand) of a
+    reduction; TypeError for elements torch has no type for (long double),
+    which only MPI reduces."""
     s, r = sub.side(msg, 0, "sendbuf"), sub.side(msg, 1, "recvbuf")
-    return s, r, (r if s.kind == "in_place" else s)
+    x = r if s.kind == "in_place" else s
+    if x.tname is not None and not isinstance(getattr(torch, x.tname, None), torch.dtype):
+        raise TypeError(f"{'recvbuf' if s.kind == 'in_place' else 'sendbuf'}: backend "
+                        f"{sub.name!r} cannot reduce {x.tname} elements (torch has no such "
+                        "type); reduce them on backend 'mpi'")
+    return s, r, x
 
 
 # -- Point-to-point ---------------------------------------------------------------------
