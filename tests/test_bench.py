@@ -189,6 +189,7 @@ BAD_OPTIONS = {
     ("allreduce", "--nonblocking", "--persistent"):
         "argument --persistent: not allowed with argument --nonblocking",
     ("allreduce", "--dtype", "float128"): "argument --dtype: invalid choice: 'float128'",
+    ("allreduce", "--dtype", "longdouble"): "argument --dtype: invalid choice: 'longdouble'",
     ("allgatherx",): "argument name: invalid choice: 'allgatherx'",
 }
 if not torch.cuda.is_available():

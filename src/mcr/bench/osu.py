@@ -39,7 +39,9 @@ PROG = "python -m mcr.bench"
 P2P = {"latency": "Latency", "bw": "Bandwidth"}
 NAMES = tuple(P2P) + tuple(OPERATIONS)
 BUFFERS = ("torch", "torch-cuda", "numpy")
-DTYPES = tuple(row[0] for row in TYPE_TABLE)
+# the element types torch has (the buffers are made as tensors): not long double
+DTYPES = tuple(row[0] for row in TYPE_TABLE
+               if isinstance(getattr(torch, row[0], None), torch.dtype))
 
 # OSU's defaults: sizes above LARGE_MESSAGE bytes get fewer iterations
 LARGE_MESSAGE = 8192
