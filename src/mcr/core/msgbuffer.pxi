@@ -308,26 +308,22 @@ cdef object parse_vector(object spec, side *x, bint writable, int size, const ch
     buf, counts, displs, datatype = spec, None, None, None
     cdef Py_ssize_t n
     if isinstance(spec, (list, tuple)):
-        items = spec
-        n = len(items)
+        n = len(spec)
         if not 1 <= n <= 4:
             raise ValueError(f"{argstr(arg)}: message must have 1 to 4 items, got {n}")
-        buf = items[0]
+        buf = spec[0]
         if n == 4:
-            counts, displs, datatype = items[1], items[2], items[3]
-        elif n == 3 and not (items[2] is None or is_datatype(items[2])):
-            counts, displs = items[1], items[2]        # mcr's [buf, counts, displs]
+            counts, displs, datatype = spec[1], spec[2], spec[3]
+        elif n == 3 and not (spec[2] is None or is_datatype(spec[2])):
+            counts, displs = spec[1], spec[2]          # mcr's [buf, counts, displs]
         elif n >= 2:
-            second = items[1]
+            second = spec[1]
             if n == 3:
-                datatype = items[2]
-            if type(second) is tuple and len(<tuple>second) == 2:
+                datatype = spec[2]
+            if isinstance(second, tuple) and len(second) == 2:
                 counts, displs = second                # mpi4py: a pair is (counts, displs)
             elif n == 2 and is_datatype(second):
                 datatype = second
-            elif type(second) is not list and isinstance(second, tuple) and \
-                    len(second) == 2:
-                counts, displs = second
             else:
                 counts = second
     if buf is IN_PLACE:
@@ -368,7 +364,7 @@ cdef object parse_vector(object spec, side *x, bint writable, int size, const ch
                                     f"MPI limit {INT_MAX}")
             dd[i] = <int>total
             total += cd[i]
-    elif type(displs) is list or type(displs) is tuple or not is_scalar_int(displs):
+    elif not is_scalar_int(displs):
         fill_ints(displs, dd, size, arg, "displs")
     else:                                              # mpi4py: a stride
         stride = as_count(displs, arg, "displacement stride")
