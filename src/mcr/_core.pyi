@@ -14,6 +14,8 @@ from mpi4py.MPI import Intracomm as _Intracomm
 from mpi4py.MPI import Request as _Request
 from mpi4py.MPI import Status as _Status
 
+from mcr.tuning import Choice
+
 # -- Message specs --------------------------------------------------------------
 # A buffer is a torch tensor, a numpy array, any buffer-protocol object, or an
 # object with __dlpack__ or __cuda_array_interface__: no static type covers all
@@ -123,6 +125,7 @@ class Comm(_Intracomm):
     @backend.setter
     def backend(self, value: str | None) -> None: ...
     def to_mpi4py(self) -> _Intracomm: ...
+    def choose(self, op: str, nbytes: int = 0, device: str = "cpu") -> Choice: ...
 
     # -- Point-to-point --
     def Send(self, buf: _BufSpec, dest: int, tag: int = 0, *,

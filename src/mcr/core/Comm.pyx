@@ -73,7 +73,7 @@ cdef object default_backend():
             check_backend(name)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"MCR_BACKEND: {exc}") from None
-    return None if name == "mpi" else name
+    return None if name == "mpi" else AUTO_NAME if name == "auto" else name
 
 
 cdef class Comm(_MPI.Intracomm):
@@ -93,6 +93,7 @@ cdef class Comm(_MPI.Intracomm):
     argument, before any communication; MPI errors raise ``mcr.Exception``.
     """
     cdef object dflt              # default backend name; None means MPI
+    cdef _Chooser chooser          # what auto decides here (auto.pxi), at first use
 
     def __cinit__(self, *args, **kwargs):
         self.dflt = ENV_BACKEND
@@ -109,7 +110,7 @@ cdef class Comm(_MPI.Intracomm):
         if value is None:
             value = "mpi"
         check_backend(value)
-        self.dflt = None if value == "mpi" else value
+        self.dflt = None if value == "mpi" else AUTO_NAME if value == "auto" else value
 
     def __repr__(self):
         if self.ob_mpi == MPI_COMM_NULL:
@@ -121,14 +122,19 @@ cdef class Comm(_MPI.Intracomm):
         return _mpi4py.Intracomm(self)
 
     cdef inline object sub(self, object backend):
-        """The sub-communicator of a backend other than MPI to run on, or None
-        for MPI (the fast path: two pointer tests when nothing is chosen)."""
+        """The sub-communicator of a backend other than MPI to run on, None for
+        MPI (the fast path: two pointer tests when nothing is chosen), or
+        AUTO_SUB for auto."""
         if backend is None:
             backend = self.dflt
             if backend is None:
                 return None
-        if backend == "mpi" or backend == "auto":
+        if backend is AUTO_NAME:          # the default, as the setter keeps it
+            return AUTO_SUB
+        if backend == "mpi":
             return None
+        if backend == "auto":
+            return AUTO_SUB
         backends_module().check_name(backend)
         if self.ob_mpi == MPI_COMM_NULL:
             self.prologue(None)           # the null-communicator error
@@ -331,7 +337,7 @@ cdef class Comm(_MPI.Intracomm):
         True
         """
         sub = self.sub(backend)
-        if sub is not None:
+        if sub is not None and sub is not AUTO_SUB:       # auto: MPI (point-to-point)
             check_status(status)
             return sub.probe(as_source(source, self.nprocs()), as_tag(tag, b"tag", True),
                              status, True)
@@ -356,7 +362,7 @@ cdef class Comm(_MPI.Intracomm):
         bool
         """
         sub = self.sub(backend)
-        if sub is not None:
+        if sub is not None and sub is not AUTO_SUB:       # auto: MPI (point-to-point)
             check_status(status)
             return sub.probe(as_source(source, self.nprocs()), as_tag(tag, b"tag", True),
                              status, False)
@@ -448,6 +454,8 @@ cdef class Comm(_MPI.Intracomm):
         cdef int iroot = as_rank(root, size, b"root", False)
         cdef _Msg m = _Msg.__new__(_Msg)
         m.for_bcast(buf, iroot, self.myrank(), size)
+        if mode >= AUTO and self.auto_other(CALL_BCAST, m, &mode):
+            return m
         if needs_staging(m):
             stage(m, mode, 1, 1)
         cdef int ierr
@@ -464,6 +472,8 @@ cdef class Comm(_MPI.Intracomm):
         cdef int iroot = as_rank(root, size, b"root", False)
         cdef _Msg m = _Msg.__new__(_Msg)
         m.for_gather(sendbuf, recvbuf, iroot, self.myrank(), size, v)
+        if mode >= AUTO and self.auto_other(CALL_GATHER + v, m, &mode):
+            return m
         if needs_staging(m):
             stage(m, mode, 1, self.nprocs())
         cdef int ierr
@@ -485,6 +495,8 @@ cdef class Comm(_MPI.Intracomm):
         cdef int iroot = as_rank(root, size, b"root", False)
         cdef _Msg m = _Msg.__new__(_Msg)
         m.for_scatter(sendbuf, recvbuf, iroot, self.myrank(), size, v)
+        if mode >= AUTO and self.auto_other(CALL_SCATTER + v, m, &mode):
+            return m
         if needs_staging(m):
             stage(m, mode, self.nprocs(), 1)
         cdef int ierr
@@ -505,6 +517,8 @@ cdef class Comm(_MPI.Intracomm):
         self.prologue(backend)
         cdef _Msg m = _Msg.__new__(_Msg)
         m.for_allgather(sendbuf, recvbuf, self.myrank(), self.nprocs(), v)
+        if mode >= AUTO and self.auto_other(CALL_ALLGATHER + v, m, &mode):
+            return m
         if needs_staging(m):
             stage(m, mode, 1, self.nprocs())
         cdef int ierr
@@ -524,6 +538,8 @@ cdef class Comm(_MPI.Intracomm):
         self.prologue(backend)
         cdef _Msg m = _Msg.__new__(_Msg)
         m.for_alltoall(sendbuf, recvbuf, self.nprocs(), v)
+        if mode >= AUTO and self.auto_other(CALL_ALLTOALL + v, m, &mode):
+            return m
         if needs_staging(m):
             stage(m, mode, self.nprocs(), self.nprocs())
         cdef int ierr
@@ -567,6 +583,8 @@ cdef class Comm(_MPI.Intracomm):
         cdef side *x = &m.r if m.s.addr == <char*>MPI_IN_PLACE else &m.s
         cdef MPI_Op mop
         resolve_op(op, x.tindex, &mop)
+        if mode >= AUTO and self.auto_other(CALL_REDUCE, m, &mode):
+            return m
         if needs_staging(m):
             stage(m, mode, 1, 1)
         cdef int ierr
@@ -585,6 +603,8 @@ cdef class Comm(_MPI.Intracomm):
         cdef MPI_Op mop
         m.for_allreduce(sendbuf, recvbuf)
         resolve_op(op, m.r.tindex, &mop)
+        if mode >= AUTO and self.auto_other(CALL_ALLREDUCE + kind, m, &mode):
+            return m
         if needs_staging(m):
             stage(m, mode, 1, 1)
         cdef int ierr
@@ -614,6 +634,8 @@ cdef class Comm(_MPI.Intracomm):
             m.for_reduce_scatter(sendbuf, recvbuf, recvcounts, self.myrank(), self.nprocs(),
                                  self.ob_mpi)
         resolve_op(op, m.r.tindex, &mop)
+        if mode >= AUTO and self.auto_other(CALL_REDUCE_SCATTER - block, m, &mode):
+            return m
         if needs_staging(m):
             # in place, the input is the whole of recvbuf: one block per process
             stage(m, mode, 1, self.nprocs() if block and m.s.addr == <char*>MPI_IN_PLACE
@@ -645,12 +667,17 @@ cdef class Comm(_MPI.Intracomm):
         cdef object sub = self.sub(backend)
         if not hooks_on:
             if sub is None:
-                return self.on_mpi(op, form, backend, info, a, b, c, d, e, f, g)
+                return self.on_mpi(op, form, backend, info, a, b, c, d, e, f, g, 0)
+            if sub is AUTO_SUB:
+                return self.on_auto(op, form, info, a, b, c, d, e, f, g)
             return self.on_backend(sub, op, form, backend, a, b, c, d, e, f, g)
+        if sub is AUTO_SUB:           # the hooks see the backend auto chooses
+            backend = self.auto_name(op, a, b, c, d, e, f, g)
+            sub = None if backend == "mpi" else backends_module().subcomm(self, backend)
         after = run_call_hooks(self, op, form, "mpi" if sub is None else sub.name,
                                (a, b, c, d, e, f, g)[:CALL_NARGS[op]])
         if sub is None:
-            result = self.on_mpi(op, form, backend, info, a, b, c, d, e, f, g)
+            result = self.on_mpi(op, form, backend, info, a, b, c, d, e, f, g, 0)
         else:
             result = self.on_backend(sub, op, form, backend, a, b, c, d, e, f, g)
         for then in after:
@@ -663,17 +690,25 @@ cdef class Comm(_MPI.Intracomm):
         return self.call(op, NONBLOCKING, backend, None, a, b, c, d, e, f, g)
 
     cdef object on_mpi(self, int op, int form, object backend, object info, object a,
-                       object b, object c, object d, object e, object f, object g):
+                       object b, object c, object d, object e, object f, object g, int auto):
+        # auto (0 or AUTO): the collective's call_* chooses the backend once it
+        # has parsed the message; when it is not MPI, the parsed message is
+        # posted there (on_chosen)
         cdef Request req
         cdef Prequest preq
         cdef int mode
         if form == BLOCKING:
-            self.parse_run(op, BLOCKING, backend, a, b, c, d, e, f, g, MPI_INFO_NULL, NULL)
+            m = self.parse_run(op, BLOCKING + auto, backend, a, b, c, d, e, f, g,
+                               MPI_INFO_NULL, NULL)
+            if auto and self.chooser.last:
+                return self.on_chosen(op, form, m, a, b, c, d, e, f, g)
             return None
         if form == NONBLOCKING:
             req = Request.__new__(Request)
-            m = self.parse_run(op, NONBLOCKING, backend, a, b, c, d, e, f, g, MPI_INFO_NULL,
-                               &req.ob_mpi)
+            m = self.parse_run(op, NONBLOCKING + auto, backend, a, b, c, d, e, f, g,
+                               MPI_INFO_NULL, &req.ob_mpi)
+            if auto and self.chooser.last:
+                return self.on_chosen(op, form, m, a, b, c, d, e, f, g)
             req.ob_buf = m
             if CALL_RECV <= op <= CALL_SENDRECV_REPLACE:
                 req.rtype = (<_Msg>m).r.dtype
@@ -687,28 +722,142 @@ cdef class Comm(_MPI.Intracomm):
         if op == CALL_ALLTOALLW and mode == PERSISTENT and self.prologue(backend) == 0 \
                 and self.nprocs() == 1:
             mode = VALIDATE       # one process: the block moves at each start (call_alltoallw)
-        m = self.parse_run(op, mode, backend, a, b, c, d, e, f, g, as_info(info),
+        m = self.parse_run(op, mode + auto, backend, a, b, c, d, e, f, g, as_info(info),
                            &preq.ob_mpi)
+        if auto and self.chooser.last:
+            return self.on_chosen(op, form, m, a, b, c, d, e, f, g)
         preq.keep = m
         if CALL_RECV <= op <= CALL_SENDRECV_REPLACE:
             preq.rtype = (<_Msg>m).r.dtype
-        if mode == VALIDATE:
-            preq.start_fn = partial(self._icall, op, backend, a, b, c, d, e, f, g)
+        if mode == VALIDATE:      # (auto chose MPI: each Start runs on MPI)
+            preq.start_fn = partial(self._icall, op, "mpi" if auto else backend, a, b, c, d,
+                                    e, f, g)
         else:
             preq.ob_buf = m       # staged device buffers are copied at each start
         return preq
 
+    cdef object on_auto(self, int op, int form, object info, object a, object b, object c,
+                        object d, object e, object f, object g):
+        """Run `op` on the backend auto chooses for it: MPI for point-to-point
+        and Alltoallw; for a collective, the tuning table's choice for its
+        size and device (auto.pxi), the ranks agreeing on the table first."""
+        if op <= CALL_SENDRECV_REPLACE or op == CALL_ALLTOALLW:
+            return self.on_mpi(op, form, "mpi", info, a, b, c, d, e, f, g, 0)
+        cdef _Chooser ch = self.chooser
+        if ch is None or not ch.agreed:
+            self.prologue(None)
+            ch = self.agreed_chooser()
+        if op == CALL_BARRIER:
+            ch.last = ch.lookup(op, 0, 0)
+            if ch.last:
+                return self.on_chosen(op, form, None, a, b, c, d, e, f, g)
+            return self.on_mpi(op, form, "mpi", info, a, b, c, d, e, f, g, 0)
+        return self.on_mpi(op, form, None, info, a, b, c, d, e, f, g, AUTO)
+
+    cdef _Chooser agreed_chooser(self):
+        if self.chooser is None:
+            self.chooser = load_chooser(self)
+        if not self.chooser.agreed:
+            agree(self, self.chooser)
+        return self.chooser
+
+    cdef bint auto_other(self, int op, _Msg m, int *mode) except -1:
+        """Called by a collective's call_* under auto once it has parsed `m`:
+        choose the backend; True when it is not MPI (call_* then returns `m`
+        unrun), else strip AUTO from `mode` and run on MPI."""
+        mode[0] -= AUTO
+        cdef _Chooser ch = self.chooser
+        ch.last = ch.lookup(op, on_device(m), auto_key(op, m, self.ob_mpi))
+        return ch.last != 0
+
+    cdef object on_chosen(self, int op, int form, object m, object a, object b, object c,
+                          object d, object e, object f, object g):
+        """Post `op`, parsed as `m`, on the backend auto chose (not MPI)."""
+        name = self.chooser.names[self.chooser.last]
+        return self.on_parsed(backends_module().subcomm(self, name), op, form, name, m,
+                              a, b, c, d, e, f, g)
+
+    cdef str auto_name(self, int op, object a, object b, object c, object d, object e,
+                       object f, object g):
+        """The backend auto chooses for this call (the hooks are told it)."""
+        if op <= CALL_SENDRECV_REPLACE or op == CALL_ALLTOALLW:
+            return "mpi"
+        self.prologue(None)
+        cdef _Chooser ch = self.agreed_chooser()
+        if op == CALL_BARRIER:
+            ch.last = ch.lookup(op, 0, 0)
+        else:
+            self.parse_run(op, VALIDATE + AUTO, None, a, b, c, d, e, f, g, MPI_INFO_NULL, NULL)
+        return ch.names[ch.last]
+
+    def choose(self, op, nbytes=0, device="cpu"):
+        """What ``backend="auto"`` runs an operation on, and why.
+
+        Local (no communication): it reads the communicator's tuning table as
+        auto does, but does not check that the ranks agree on it.
+
+        Parameters
+        ----------
+        op : str
+            The operation, as its method is named: ``"Allreduce"``,
+            ``"Ialltoall"``, ``"Bcast_init"``, ...
+        nbytes : int
+            The message size auto decides by: the bytes one process
+            contributes (the vector of a reduction, one block of a gather,
+            scatter or all-to-all; see ``mcr.tuning``).
+        device : str
+            ``"cpu"`` for host memory, ``"cuda"`` for CUDA tensors.
+
+        Returns
+        -------
+        mcr.tuning.Choice
+            ``backend``, ``source`` (the table's file, or ``"defaults"``),
+            ``entry`` (the table entry that decided, or None) and ``reason``.
+
+        Raises
+        ------
+        ValueError
+            For an unknown operation or device, or a negative size.
+        mcr.tuning.TuningError
+            If the table cannot be used (naming the file and the field).
+        """
+        tuning = tuning_module()
+        cdef int iop = call_id(op)
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+            raise ValueError(f"nbytes: expected a size in bytes >= 0, got {nbytes!r}")
+        if device not in tuning.DEVICES:
+            raise ValueError(f"device: expected one of {', '.join(tuning.DEVICES)}, "
+                             f"got {device!r}")
+        self.prologue(None)
+        if self.chooser is None:
+            self.chooser = load_chooser(self)
+        cdef _Chooser ch = self.chooser
+        if ch.error is not None:
+            raise ch.error
+        name = CALL_NAMES[iop]
+        if iop <= CALL_SENDRECV_REPLACE or iop == CALL_ALLTOALLW:
+            return tuning.explain(None, "fixed", name, device, nbytes, "mpi")
+        backend = ch.names[ch.lookup(iop, tuning.DEVICES.index(device),
+                                     min(nbytes, LLONG_MAX))]
+        return tuning.explain(ch.table, ch.source, name, device, nbytes, backend)
+
     cdef object on_backend(self, object sub, int op, int form, object backend, object a,
                            object b, object c, object d, object e, object f, object g):
-        cdef Prequest preq
         if op == CALL_ALLTOALLW:
             raise ValueError(f"{method_name(op, form)}: backend {sub.name!r} cannot run it (one MPI "
                              f"datatype per process); use backend='mpi'")
-        cdef object status = None
         if form == BLOCKING and CALL_RECV <= op <= CALL_SENDRECV_REPLACE:
             status = (d, g, f)[op - CALL_RECV]          # the `status` argument
             check_status(status)                      # before the receive takes a message
         m = self.parse_run(op, VALIDATE, None, a, b, c, d, e, f, g, MPI_INFO_NULL, NULL)
+        return self.on_parsed(sub, op, form, backend, m, a, b, c, d, e, f, g)
+
+    cdef object on_parsed(self, object sub, int op, int form, object backend, object m,
+                          object a, object b, object c, object d, object e, object f,
+                          object g):
+        """Run `op`, parsed and validated as `m`, on a backend's sub-communicator."""
+        cdef Prequest preq
+        cdef object status = None
         if form == PERSISTENT:
             # what the backend cannot run must fail now, not at Start
             sub.check(m, (a, b, c, d, e, f, g), op <= CALL_RECV or op == CALL_BCAST)
@@ -723,6 +872,8 @@ cdef class Comm(_MPI.Intracomm):
         req = self.post(sub, op, m, a, b, c, d, e, f, g)
         if form == NONBLOCKING:
             return req
+        if CALL_RECV <= op <= CALL_SENDRECV_REPLACE:
+            status = (d, g, f)[op - CALL_RECV]
         req.Wait(status)
         return None
 

@@ -31,6 +31,7 @@ cdef enum:
     CALL_EXSCAN
     CALL_REDUCE_SCATTER_BLOCK
     CALL_REDUCE_SCATTER
+    CALL_COUNT                # (the number of operations)
 
 cdef tuple CALL_NAMES = (
     "Send", "Bsend", "Ssend", "Rsend", "Recv", "Sendrecv", "Sendrecv_replace",
@@ -39,6 +40,21 @@ cdef tuple CALL_NAMES = (
     "Exscan", "Reduce_scatter_block", "Reduce_scatter")
 cdef tuple CALL_NARGS = (3, 3, 3, 3, 4, 7, 6, 0, 2, 3, 3, 3, 3, 2, 2, 2, 2, 2, 4, 3, 3, 3, 3, 4)
 cdef tuple FORM_NAMES = ("blocking", "nonblocking", "persistent")
+
+
+cdef int call_id(object name) except -1:
+    """The id of the operation a method name names, in any form
+    ("Allreduce", "Iallreduce", "Allreduce_init")."""
+    if not isinstance(name, str):
+        raise TypeError(f"op: expected an operation name such as 'Allreduce', got "
+                        f"{type(name).__name__}")
+    cdef str base = name[:-5] if name.endswith("_init") else name
+    if base in CALL_NAMES:
+        return CALL_NAMES.index(base)
+    if base.startswith("I") and len(base) > 1 and base[1].upper() + base[2:] in CALL_NAMES:
+        return CALL_NAMES.index(base[1].upper() + base[2:])
+    raise ValueError(f"op: unknown operation {name!r} (a buffer method of mcr.Comm, "
+                     "e.g. 'Allreduce', 'Ialltoallv', 'Bcast_init')")
 
 
 cdef str method_name(int op, int form):

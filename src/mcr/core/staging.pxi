@@ -19,11 +19,14 @@ def _set_host_staging(bint on):
     return previous
 
 
-cdef inline bint needs_staging(_Msg m) noexcept:
+cdef inline bint on_device(_Msg m) noexcept:
     # a side the call does not use (the receive side of a Send) is all zeros,
     # device 0 included: only a side with an address is on a device
-    return ((m.s.device >= 0 and m.s.addr != NULL) or (m.r.device >= 0 and m.r.addr != NULL)
-            or stage_host)
+    return (m.s.device >= 0 and m.s.addr != NULL) or (m.r.device >= 0 and m.r.addr != NULL)
+
+
+cdef inline bint needs_staging(_Msg m) noexcept:
+    return on_device(m) or stage_host
 
 
 cdef object device_module():
