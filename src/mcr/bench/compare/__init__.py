@@ -17,6 +17,10 @@ message size, these implementations ("peers"):
     alltoallv) shows as ``-``.
 ``mcr-mpi``, ``mcr-gloo`` (and ``mcr-nccl``)
     ``mcr.COMM_WORLD`` on the torch tensors with ``backend=...``.
+``mcr-auto``
+    The same with ``backend="auto"``: the backend the tuning table chooses
+    (:mod:`mcr.tuning`; MPI without one). Its ratio to the fastest of the
+    other mcr peers shows what choosing costs, or gains.
 
 The NCCL peers take part with ``--buffer torch-cuda`` on a machine with CUDA.
 The persistent (``_init``, ``Start``, ``Wait``) and non-blocking (``I...``,

@@ -19,7 +19,7 @@ __all__ = ["parse_args", "column", "OPS", "FORMS", "PEERS", "C_PEERS", "FORM_PEE
 OPS = NAMES                 # every operation of mcr.bench.ops, collectives then latency
 FORM_SUFFIX = {"blocking": "", "nonblocking": " nb", "persistent": " pers"}
 PEERS = ("C", "C-mt", "mpi4py-numpy", "mpi4py-torch", "torch-gloo", "torch-nccl",
-         "mcr-gloo", "mcr-nccl", "mcr-mpi")
+         "mcr-gloo", "mcr-nccl", "mcr-mpi", "mcr-auto")
 C_PEERS = ("C", "C-mt")
 FORM_PEERS = ("C", "C-mt", "mcr-mpi")     # the peers timed in every form
 CUDA_PEERS = ("torch-nccl", "mcr-nccl")

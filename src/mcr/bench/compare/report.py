@@ -27,10 +27,11 @@ TARGET_MPI4PY_NUMPY = 0.8         # up to 1 KiB: mcr / mpi4py-numpy
 TARGET_MPI4PY_TORCH = 1 / 20
 TARGET_GLOO = 1.1                 # 4 B to 4 MiB: mcr-gloo / torch-gloo
 TARGET_PERSISTENT = 1.03          # "no slower", within the same 3 % noise band
+TARGET_AUTO = 1.05                # issue 11: mcr-auto / the fastest mcr backend
 
 STATS = ("min", "median")
 RATIOS = ("mcr-C (us)", "mcr-Cmt (us)", "mcr/mpi4py-np", "mcr/mpi4py-pt", "mcr/C",
-          "mcr/C-mt", "gloo/torch", "pers/nonpers", "C pers/nonpers", "pers/nb", "C pers/nb")
+          "mcr/C-mt", "gloo/torch", "pers/nonpers", "C pers/nonpers", "pers/nb", "C pers/nb", "auto/best")
 
 
 def round_stat(cell: dict[str, Any] | None, stat: str) -> float | None:
@@ -61,6 +62,8 @@ def row_ratios(row: dict[str, Any], stat: str) -> dict[str, float | None]:
         "C pers/nonpers": div(v("C pers"), c),
         "pers/nb": div(v("mcr-mpi pers"), v("mcr-mpi nb")),
         "C pers/nb": div(v("C pers"), v("C nb")),
+        "auto/best": div(v("mcr-auto"), min(filter(None, (v("mcr-mpi"), v("mcr-gloo"),
+                                                          v("mcr-nccl"))), default=None)),
     }
 
 
@@ -143,7 +146,8 @@ def _ratio_columns(args: argparse.Namespace) -> list[str]:
             "mcr/mpi4py-pt": {"mcr-mpi", "mpi4py-torch"}, "mcr/C": {"mcr-mpi", "C"},
             "mcr/C-mt": {"mcr-mpi", "C-mt"}, "gloo/torch": {"mcr-gloo", "torch-gloo"},
             "pers/nonpers": {"mcr-mpi", "mcr-mpi pers"}, "C pers/nonpers": {"C", "C pers"},
-            "pers/nb": {"mcr-mpi nb", "mcr-mpi pers"}, "C pers/nb": {"C nb", "C pers"}}
+            "pers/nb": {"mcr-mpi nb", "mcr-mpi pers"}, "C pers/nb": {"C nb", "C pers"},
+            "auto/best": {"mcr-auto", "mcr-mpi"}}
     return [k for k in RATIOS if need[k] <= have]
 
 
@@ -184,6 +188,9 @@ def targets(results: dict[str, dict[str, Any]], nprocs: int, buffer: str) -> lis
         (f"persistent no slower than blocking: mcr pers / mcr <= {TARGET_PERSISTENT} "
          "(within 3 %)", "pers/nonpers", lambda n: True, TARGET_PERSISTENT,
          "C pers/nonpers"),
+        (f"auto within {TARGET_AUTO - 1:.0%} of the fastest mcr backend: mcr-auto / "
+         f"min(mcr-mpi, mcr-gloo) <= {TARGET_AUTO}", "auto/best", lambda n: True,
+         TARGET_AUTO, None),
         (f"persistent no slower than non-blocking: mcr pers / mcr nb <= "
          f"{TARGET_PERSISTENT} (within 3 %)", "pers/nb", lambda n: True, TARGET_PERSISTENT,
          "C pers/nb"),
@@ -193,7 +200,7 @@ def targets(results: dict[str, dict[str, Any]], nprocs: int, buffer: str) -> lis
         values: list[tuple[str, int, float, float | None]] = []
         for op, rows in results.items():
             for nbytes, row in rows.items():
-                if op == "barrier" and ratio not in ("pers/nonpers", "gloo/torch"):
+                if op == "barrier" and ratio not in ("pers/nonpers", "gloo/torch", "auto/best"):
                     continue                    # no message: not a message-size target
                 if not applies_to(int(nbytes)):
                     continue
@@ -217,8 +224,8 @@ def targets(results: dict[str, dict[str, Any]], nprocs: int, buffer: str) -> lis
 
 
 def _target_lines(tgts: list[dict[str, Any]], nprocs: int, buffer: str) -> list[str]:
-    lines = ["Targets (issue 10, points 3 and 4; mcr = mcr-mpi on torch tensors, minimum "
-             "of the round averages):"]
+    lines = ["Targets (issue 10, points 3 and 4, and issue 11; mcr = mcr-mpi on torch "
+             "tensors, minimum of the round averages):"]
     if tgts and not tgts[0]["applies"]:
         lines.append(f"  (set at 2 ranks on CPU tensors; this run: {nprocs} ranks, "
                      f"--buffer {buffer}: for information only)")
