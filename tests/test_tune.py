@@ -1,0 +1,352 @@
+"""python -m mcr.tune: the tuning suite, its table, merging, figure and errors.
+
+One short tuning run at 2 ranks (allreduce, bcast and alltoallv, 4 to 64
+bytes, one round, a 5-second budget) writes a table that is read back with
+``mcr.tuning.Table.load`` and checked against choices computed here from its
+latencies; a second run with another operation must merge into it, leaving
+the first run's entries as they were. Bad options must exit with status 2
+naming the option, and an unusable ``--out`` file must stop the run before
+anything is measured; a wrong result (injected through a hidden option) must
+end the run with status 1. The counts, sizes and summary are checked on
+made-up numbers, in this process (which must stay out of MPI).
+"""
+
+import io
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from mcr import launch, tuning
+from mcr.bench.ops import OPERATIONS
+from mcr.tune import cli, progress, report, schedule
+from mpiharness import run_script
+
+JOB_TIMEOUT = 150           # the driver stops the job after this (--timeout)
+TIMEOUT = JOB_TIMEOUT + 60  # and this test stops the driver
+FIRST = ["--ops", "allreduce,bcast,alltoallv", "-m", "4:64", "--rounds", "1",
+         "--time-budget", "5"]
+SIZES = [4, 8, 16, 32, 64]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def tune(*args, timeout=TIMEOUT):
+    """Run ``python -m mcr.tune args`` as a plain program; (status, output)."""
+    env = {k: v for k, v in os.environ.items() if k not in launch.LAUNCHER_VARS}
+    cmd = [sys.executable, "-m", "mcr.tune", "--timeout", str(JOB_TIMEOUT), *args]
+    try:
+        proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"{' '.join(cmd)} did not finish in {exc.timeout:.0f} s")
+    return proc.returncode, proc.stdout
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A first run, then a second one with another operation into the same file."""
+    tmp = tmp_path_factory.mktemp("tune")
+    out, png = tmp / "table.json", tmp / "table.png"
+    code, first_out = tune(*FIRST, "--out", str(out), "--plot", str(png))
+    assert code == 0, f"exit {code}:\n{first_out}"
+    first = json.loads(out.read_text())
+    code, second_out = tune("--ops", "allgather", "-m", "4:16", "--rounds", "1",
+                            "--time-budget", "3", "--out", str(out))
+    assert code == 0, f"exit {code}:\n{second_out}"
+    return {"out": out, "png": png, "first": first, "first_out": first_out,
+            "second": json.loads(out.read_text()), "second_out": second_out}
+
+
+def fastest(latency):
+    """The backend of smallest latency, mpi on a tie (computed here, not by mcr)."""
+    best = min(latency.values())
+    tied = sorted(b for b, v in latency.items() if v == best)
+    return "mpi" if "mpi" in tied else tied[0]
+
+
+def check_ranges(entries):
+    """Each (op, device)'s entries cover 0 up to every larger size, without gaps."""
+    for i, e in enumerate(entries):
+        same_before = i > 0 and (entries[i - 1].op, entries[i - 1].device) == (e.op, e.device)
+        same_after = i + 1 < len(entries) and \
+            (entries[i + 1].op, entries[i + 1].device) == (e.op, e.device)
+        assert e.min_bytes == (entries[i - 1].bytes + 1 if same_before else 0), e
+        assert e.max_bytes == (e.bytes if same_after else None), e
+
+
+def test_first_run_table(runs):
+    table = tuning.Table.from_json(runs["first"])             # as the first run left it
+    keys = [(e.op, e.device, e.bytes) for e in table.entries]
+    assert sorted(keys) == sorted((op, "cpu", n) for op in ("Bcast", "Alltoallv", "Allreduce")
+                                  for n in SIZES)
+    for e in table.entries:
+        assert set(e.latency_us) == {"mpi", "gloo"}, e
+        assert all(v > 0 and math.isfinite(v) for v in e.latency_us.values()), e
+        if e.op not in tuning.FIXED_OPS:
+            assert e.backend == fastest(e.latency_us), e
+    # Alltoallv: one backend for every size, the smallest geometric mean
+    fixed = [e for e in table.entries if e.op == "Alltoallv"]
+    means = {b: sum(math.log(e.latency_us[b]) for e in fixed) for b in ("mpi", "gloo")}
+    assert {e.backend for e in fixed} == {fastest(means)}
+    check_ranges(table.entries)
+    m = table.machine
+    assert (m["world_size"], m["ppn"], m["host"]) == (2, 2, socket.gethostname())
+    assert m["devices"] == ["cpu"] and m["mpi"] and m["torch"]
+
+
+def test_first_run_summary(runs):
+    out = runs["first_out"]
+    assert f"table written to {runs['out']} (15 entries)" in out, out
+    rows = [line.split() for line in out.splitlines()
+            if line.split()[:2] in (["Allreduce", "cpu"], ["Bcast", "cpu"],
+                                    ["Alltoallv", "cpu"])]
+    assert {r[0] for r in rows} == {"Allreduce", "Bcast", "Alltoallv"}, out
+    for r in rows:                                # the chosen backend after the sizes
+        assert r[4 if r[0] == "Alltoallv" else 3] in ("mpi", "gloo"), r
+    assert [r for r in rows if r[0] == "Alltoallv"][0][2:4] == ["4..64", "*"]
+
+
+def test_rerun_merges(runs):
+    first, second = runs["first"], runs["second"]
+    kept = [e for e in second["entries"] if e["op"] != "Allgather"]
+    assert kept == first["entries"]
+    added = [e for e in second["entries"] if e["op"] == "Allgather"]
+    assert [e["bytes"] for e in added] == [4, 8, 16]
+    assert all(set(e["latency_us"]) == {"mpi", "gloo"} for e in added)
+    assert second["machine"]["world_size"] == 2
+    check_ranges(tuning.Table.load(str(runs["out"])).entries)
+    # the summary shows what this run measured
+    assert "Allgather" in runs["second_out"] and "Allreduce" not in runs["second_out"]
+
+
+def test_plot(runs, tmp_path):
+    assert runs["png"].read_bytes()[:8] == PNG
+    # and from the table file alone
+    again = tmp_path / "again.png"
+    proc = subprocess.run([sys.executable, "-m", "mcr.tune", "plot", str(runs["out"]),
+                           "--out", str(again)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert again.read_bytes()[:8] == PNG and again.stat().st_size > 1000
+
+
+@pytest.mark.parametrize("args, names", [
+    (["--ops", "allreduce,nosuchop"], ["--ops", "nosuchop"]),
+    (["-m", "4:lots"], ["-m", "4:lots"]),
+])
+def test_bad_options(args, names, tmp_path):
+    code, out = tune(*args, "--out", str(tmp_path / "t.json"), timeout=120)
+    assert code == 2, out
+    for name in names:
+        assert name in out, (name, out)
+    assert not (tmp_path / "t.json").exists()
+
+
+@pytest.mark.parametrize("args, names", [
+    (["--ops", "latency"], ["--ops", "latency", "point-to-point"]),
+    (["--ops", ","], ["--ops", "empty"]),
+    (["-m", "64:4"], ["-m", "MIN 64", "MAX 4"]),
+    (["-m", "1:2"], ["-m", "float32"]),
+    (["--backends", "mpi,nosuch"], ["--backends", "nosuch"]),
+    (["--devices", "tpu"], ["--devices", "tpu"]),
+    (["--rounds", "0"], ["--rounds", "0"]),
+    (["--time-budget", "0"], ["--time-budget", "0"]),
+    (["-n", "0"], ["-n", "0"]),
+])
+def test_bad_options_in_process(args, names, capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.parse_args(args)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    for name in names:
+        assert name in err, (name, err)
+
+
+def test_cuda_without_cuda(tmp_path):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    code, out = tune("--devices", "cpu,cuda", "--out", str(tmp_path / "t.json"), timeout=120)
+    assert code == 2 and "--devices cuda: CUDA is not available" in out, out
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("not json\n", "not JSON"),
+    ('{"format": "something-else", "version": 1}\n', "format"),
+    ('{"format": "mcr-tuning", "version": 1, "machine": {"world_size": 3}, "entries": []}\n',
+     "world_size 3"),
+])
+def test_unusable_out_file(tmp_path, text, problem):
+    path = tmp_path / "table.json"
+    path.write_text(text)
+    code, out = tune("--ops", "allreduce", "-m", "4:4", "--out", str(path), timeout=120)
+    assert code == 2, out
+    assert str(path) in out and problem in out, out
+    assert "mcr.tune:" not in out.replace("python -m mcr.tune:", "")   # no progress: nothing ran
+    assert path.read_text() == text
+
+
+def test_wrong_result_stops_the_run(tmp_path):
+    path = tmp_path / "table.json"
+    code, out = tune("--ops", "allreduce", "-m", "4:8", "--rounds", "1",
+                     "--inject-wrong-result", "1", "--out", str(path))
+    assert code == 1, out
+    assert "Allreduce on cpu, backend mpi, 4 bytes: wrong result: allreduce: rank 1" in out, out
+    assert not path.exists()
+
+
+def test_under_mpiexec_rank0_speaks_once(tmp_path):
+    # started as the ranks: a bad option is reported once, with status 2 on every rank
+    path = tmp_path / "t.json"
+    code, out = run_script(2, ["-m", "mcr.tune", "--ops", "nosuchop", "--out", str(path)],
+                           timeout=JOB_TIMEOUT)
+    assert code == 2, out
+    assert out.count("--ops: unknown 'nosuchop'") == 1, out
+    # and a run: rank 0 shows the progress and the summary, once
+    code, out = run_script(2, ["-m", "mcr.tune", "--ops", "barrier,bcast", "-m", "4:8",
+                               "--rounds", "1", "--time-budget", "2", "-n", "3", "--out",
+                               str(path)], timeout=JOB_TIMEOUT)
+    assert code == 0, out
+    assert out.count(f"table written to {path} (3 entries)") == 1, out
+    assert out.count("mcr.tune: 6 measurements") == 1, out
+    assert out.count("-n 3 is ignored under mpiexec (2 ranks)") == 1, out
+    assert [e.op for e in tuning.Table.load(str(path)).entries] == ["Barrier", "Bcast", "Bcast"]
+
+
+def test_launching_process_stays_out_of_mpi(tmp_path):
+    # importing and parsing loads no MPI library
+    code = ("import sys, mcr.tune, mcr.tune.plot, mcr.tune.report\n"
+            "from mcr.tune import cli\n"
+            "cli.parse_args(['--ops', 'all'])\n"
+            "bad = [m for m in ('mpi4py.MPI', 'mcr._core', 'mcr.MPI') if m in sys.modules]\n"
+            "bad += [line.split()[-1] for line in open('/proc/self/maps') if 'libmpi' in line]\n"
+            "assert not bad, bad\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    # nor has it when it starts mpiexec: a fake one (MCR_MPIEXEC) looks at its parent
+    fake = tmp_path / "mpiexec"
+    fake.write_text("#!/bin/sh\n"
+                    'case "$1" in --version) echo "mpiexec (Open MPI) 5.0.0"; exit 0;; esac\n'
+                    'if grep -q libmpi /proc/$PPID/maps; then echo libmpi >> "$RECORD"; '
+                    'else echo none >> "$RECORD"; fi\n'
+                    "exit 3\n")
+    fake.chmod(0o755)
+    record = tmp_path / "record"
+    env = {k: v for k, v in os.environ.items() if k not in launch.LAUNCHER_VARS}
+    env.update(MCR_MPIEXEC=str(fake), RECORD=str(record))
+    proc = subprocess.run([sys.executable, "-m", "mcr.tune", "--ops", "bcast", "-m", "4",
+                           "--out", str(tmp_path / "t.json")], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr       # the fake job failed
+    assert record.read_text().split() == ["none"], proc.stdout + proc.stderr
+
+
+# -- in this process: names, sizes, counts, summary ----------------------------------
+
+def test_ops_map_onto_the_tuning_table():
+    assert sorted(cli.TUNED.values()) == sorted(tuning.OPS)
+    for name, op in cli.TUNED.items():
+        assert OPERATIONS[name].method == op
+    assert cli.parse_args(["--ops", "allreduce,bcast"]).ops == ["bcast", "allreduce"]
+    assert cli.parse_args([]).ops == list(cli.TUNED)
+
+
+def test_message_sizes():
+    assert cli.message_sizes("4:64") == SIZES
+    assert cli.message_sizes("1:16") == [4, 8, 16]          # whole float32 elements
+    assert cli.message_sizes("5:100") == [8, 16, 32, 64]
+    assert cli.message_sizes("16") == [4, 8, 16]
+    for bad in ("x", "4:", "0:8", "8:4", "1:2"):
+        with pytest.raises(ValueError, match="-m"):
+            cli.message_sizes(bad)
+    pts = schedule.points(["barrier", "bcast"], ["cpu"], [4, 8])
+    assert [(p.op, p.nbytes) for p in pts] == [("barrier", 0), ("bcast", 4), ("bcast", 8)]
+
+
+def test_counts_without_budget():
+    budget = schedule.Budget(None, loops=10, visits_left=5, start=0.0)
+    assert budget.counts(4, 1e-6, 0.0) == (1000, 200)            # OSU's
+    assert budget.counts(65536, 1e-6, 0.0) == (100, 10)
+    iters, warmup = budget.counts(4, 0.01, 0.0)                 # slow: cut to LOOP_CAP
+    assert iters == int(schedule.LOOP_CAP / 0.01) and warmup >= 1
+    assert budget.counts(4, 10.0, 0.0)[0] == schedule.MIN_ITERS
+
+
+def test_counts_within_budget():
+    # 10 s for 100 loops in 10 visits: 0.1 s a loop at the start
+    budget = schedule.Budget(10.0, loops=100, visits_left=10, start=0.0)
+    iters, warmup = budget.counts(4, 1e-4, 0.0)
+    assert (iters + warmup) * 1e-4 <= 0.1 + 1e-9 and iters >= 500
+    # a visit took 1 s with 0.5 s of loops: that overhead is kept for the 9 left
+    budget.done(loops=10, seconds=1.0, looping=0.5)
+    assert budget.per_loop(1.0) == pytest.approx((9.0 - 0.5 * 9) / 90)
+    # past the deadline: the fewest calls
+    assert budget.counts(4, 1e-4, 20.0) == (schedule.MIN_ITERS, 1)
+
+
+def test_summary_on_made_up_numbers():
+    table = tuning.Table(machine={"world_size": 2, "ppn": 2, "host": "h",
+                                  "mpi": "Open MPI v5.0.11, package: x", "torch": "2"})
+    for n, mpi, gloo in ((4, 2.0, 50.0), (8, 2.5, 51.0), (16, 80.0, 60.0)):
+        table.add("Allreduce", "cpu", n, {"mpi": mpi, "gloo": gloo})
+    table.add("Barrier", "cpu", 0, {"mpi": 1.0, "gloo": 30.0})
+    lines = report.summary(table, [("Allreduce", "cpu"), ("Barrier", "cpu")], "/x.json")
+    assert "Open MPI v5.0.11," in lines[0] and "package" not in lines[0]
+    rows = [line.split() for line in lines if line.startswith(("Allreduce", "Barrier"))]
+    assert rows == [["Barrier", "cpu", "0", "*", "mpi", "1.0", "30.0"],
+                    ["Allreduce", "cpu", "4..8", "mpi", "2.0..2.5", "50.0..51.0"],
+                    ["Allreduce", "cpu", "16", "gloo", "80.0", "60.0"]]
+    assert lines[-1] == "table written to /x.json (4 entries)"
+
+
+def test_progress_lines(monkeypatch):
+    stream = io.StringIO()
+    shown = progress.Progress(4, stream=stream)             # not a terminal: lines
+    for done, section in ((1, "Bcast cpu"), (2, "Bcast cpu"), (4, "Allreduce cpu")):
+        shown.update(done, f"{section} {done} B", section, left=None)
+    shown.close()
+    lines = stream.getvalue().splitlines()
+    assert lines[0] == "mcr.tune: 4 measurements"
+    assert lines[1].startswith("mcr.tune: 1/4 measurements (Bcast cpu), 0:00 elapsed")
+    assert lines[2].startswith("mcr.tune: 4/4 measurements (Allreduce cpu)")
+    assert len(lines) == 3
+
+
+def test_progress_bar():
+    stream = io.StringIO()
+    shown = progress.Progress(4, stream=stream, bar=True)
+    shown.update(4, "Allreduce cpu 4 B", "Allreduce cpu", left=61.0)
+    shown.close()
+    text = stream.getvalue()
+    assert "4/4" in text and "budget left 1:01" in text, text
+
+
+def test_progress_bar_without_tqdm(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tqdm", None)        # import tqdm fails
+    stream = io.StringIO()
+    shown = progress.Progress(2, stream=stream, bar=True)
+    shown.update(2, "Bcast cpu 4 B", "Bcast cpu")
+    assert stream.getvalue().splitlines()[0] == "mcr.tune: 2 measurements"
+
+
+def test_progress_from_rank0_to_the_launcher(tmp_path):
+    # rank 0's records in a file, shown by the launching process's thread
+    channel = str(tmp_path / "progress.jsonl")
+    stream = io.StringIO()
+    follower = progress.Follower(channel, stream)
+    follower.start()
+    reporter = progress.Reporter(3, True, channel=channel)
+    reporter.step("Bcast cpu 4 B", "Bcast cpu", 2)
+    reporter.step("Allreduce cpu 4 B", "Allreduce cpu", 1)
+    reporter.close()
+    follower.stop()
+    lines = stream.getvalue().splitlines()
+    assert lines[0] == "mcr.tune: 3 measurements"
+    assert lines[-1].startswith("mcr.tune: 3/3 measurements (Allreduce cpu)")
+    silent = progress.Reporter(3, False, channel=str(tmp_path / "other.jsonl"))
+    silent.step("x", "x", 3)
+    assert not (tmp_path / "other.jsonl").exists()
