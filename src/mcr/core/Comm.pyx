@@ -671,7 +671,13 @@ cdef class Comm(_MPI.Intracomm):
             if sub is AUTO_SUB:
                 return self.on_auto(op, form, info, a, b, c, d, e, f, g)
             return self.on_backend(sub, op, form, backend, a, b, c, d, e, f, g)
-        if sub is AUTO_SUB:           # the hooks see the backend auto chooses
+        return self.hooked(sub, op, form, backend, info, a, b, c, d, e, f, g)
+
+    cdef object hooked(self, object sub, int op, int form, object backend, object info,
+                       object a, object b, object c, object d, object e, object f, object g):
+        """`call` with call hooks installed: they see the call, with the backend
+        it runs on (for auto, the one chosen), before it runs, and its result."""
+        if sub is AUTO_SUB:
             backend = self.auto_name(op, a, b, c, d, e, f, g)
             sub = None if backend == "mpi" else backends_module().subcomm(self, backend)
         after = run_call_hooks(self, op, form, "mpi" if sub is None else sub.name,

@@ -37,6 +37,7 @@ cdef object auto_keyval():
 
 
 @cython.final
+@cython.auto_pickle(False)
 cdef class _Chooser:
     """What auto decides on one communicator, from one table."""
     cdef int nranges[CALL_COUNT][2]
