@@ -1,8 +1,9 @@
 """The GPU checks (tests/gpu/check_gpu.py) pass on a machine with a CUDA device.
 
 The script runs its own jobs under mpiexec (MPI on CUDA tensors at 2
-processes, NCCL at 1, the two mixed) within a time budget; here it runs once,
-with a hard limit. Without a CUDA device the test is skipped.
+processes, NCCL at 1, the two mixed, mcr.tune of NCCL against MPI and auto)
+within a time budget; here it runs once, with a hard limit. Without a CUDA
+device the test is skipped.
 """
 
 import os

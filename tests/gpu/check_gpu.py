@@ -22,7 +22,10 @@ time limit, all within ``--budget`` seconds:
                 collective, a CPU tensor refused, MPI and NCCL mixed;
 ``mixed2``      2 processes: MPI over both, NCCL over each process alone,
                 requests of both completed together;
-``nccl2``       2 processes on cuda:0 and cuda:1, only with two CUDA devices.
+``nccl2``       2 processes on cuda:0 and cuda:1, only with two CUDA devices;
+``tune``        1 process: ``mcr.tune`` times NCCL against MPI on CUDA tensors
+                (4 B to 1 MiB, four collectives), then ``backend="auto"`` runs
+                each Allreduce size on the backend the table chose.
 
 Every result is compared with what torch computes from the whole data on the
 CPU (every process can compute every process's input), never with mcr. Rank 0
@@ -37,6 +40,7 @@ import contextlib
 import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -82,6 +86,7 @@ def phases(device, ndev):
         Phase("nccl1", 1, 80, f"{other} backend on 1 process, mixed with MPI"),
         Phase("mixed2", 2, 60, f"MPI on 2 processes with {other} on each process alone"),
         Phase("nccl2", 2, 90, f"{other} backend on 2 processes (one device each)", skip=two),
+        Phase("tune", 1, 90, f"mcr.tune of {other} against MPI, and backend='auto'"),
     ]
 
 
@@ -1283,8 +1288,84 @@ def phase_nccl2(rep, env):
     rep.group(f"Comm.Free with a {t.name} sub-communicator", free_case(comm, t.name))
 
 
+TUNE_OPS = ("allreduce", "bcast", "allgather", "alltoall")
+
+
+def phase_tune(rep, env):
+    """mcr.tune on this phase's process: the other backend (NCCL; Gloo on the
+    dry run) against MPI on the device's buffers, then backend="auto" running
+    each call where the table says."""
+    import mcr.hooks
+    from mcr import tuning
+    from mcr.tune import worker
+    MPI, mcr, device = env["MPI"], env["mcr"], env["device"]
+    world = MPI.COMM_WORLD
+    tm = Ctx(MPI, world, None, device)
+    describe(rep, mcr, tm, env["ordinal"])
+    kind, other = ("cuda" if tm.cuda else "cpu"), env["other"]
+    folder = world.bcast(tempfile.mkdtemp(prefix="mcr-gpu-tune-") if tm.rank == 0 else None)
+    path = os.path.join(folder, "tuning.json")
+
+    def tune():
+        status = worker.main(["--devices", kind, "--backends", f"mpi,{other}",
+                              "--ops", ",".join(TUNE_OPS), "-m", "4:1048576", "--rounds", "1",
+                              "--time-budget", "30", "--out", path])
+        if status:
+            raise AssertionError(f"mcr.tune exited with status {status}")
+        table = tuning.Table.load(path)
+        for name in TUNE_OPS:
+            op = name.capitalize()
+            entries = [e for e in table.entries if (e.op, e.device) == (op, kind)]
+            if len(entries) != 19:                   # 4 B to 1 MiB
+                raise AssertionError(f"{op}: {len(entries)} entries, expected 19")
+            for e in entries:
+                if set(e.latency_us) != {"mpi", other}:
+                    raise AssertionError(f"{op} {e.bytes} B: measured {sorted(e.latency_us)}")
+        chosen = {(e.op, e.backend) for e in table.entries}
+        return "chosen: " + ", ".join(f"{op} {b}" for op, b in sorted(chosen))
+    rep.group(f"mcr.tune: {other} against MPI on {kind} buffers", [("", tune)])
+
+    def auto_follows_table():
+        # as measured, and with Allreduce above 1 KiB sent to the other backend
+        # by hand (a table's choices may be edited), so that auto runs both
+        table = tuning.Table.load(path)
+        for e in table.entries:
+            if e.op == "Allreduce" and e.bytes > 1024:
+                e.backend = other
+        edited = os.path.join(folder, f"edited-{tm.rank}.json")
+        table.save(edited)
+        os.environ["MCR_TUNING"] = edited
+        comm = world.Dup()
+        comm.backend = "auto"
+        seen = []
+        try:
+            for e in (x for x in table.entries if x.op == "Allreduce"):
+                n = max(1, e.bytes // 4)
+                choice = comm.choose("Allreduce", 4 * n, kind)
+                if choice.backend != e.backend:
+                    raise AssertionError(f"choose at {4 * n} B: {choice.backend}, table "
+                                         f"{e.backend}")
+                xs = [tm.data(("tune", r, n), n, torch.float32) for r in range(tm.size)]
+                y = tm.fresh(n, torch.float32)
+                with mcr.hooks.installed(lambda call: seen.append(call.backend)):
+                    comm.Allreduce(tm.dev(xs[tm.rank]), y)
+                if seen[-1] != e.backend:
+                    raise AssertionError(f"auto ran {4 * n} B on {seen[-1]}, table {e.backend}")
+                tm.expect(y, fold("SUM", xs), f"Allreduce of {4 * n} B under auto")
+        finally:
+            comm.Free()
+            del os.environ["MCR_TUNING"]
+        if set(seen) != {"mpi", other}:
+            raise AssertionError(f"auto ran on {sorted(set(seen))}, not on mpi and {other}")
+        return f"{len(seen)} sizes, on " + ", ".join(sorted(set(seen)))
+    rep.group("backend='auto' runs where the table says", [("", auto_follows_table)])
+    world.Barrier()
+    if tm.rank == 0:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 PHASES = {"mpi": phase_mpi, "mpi-aware0": phase_mpi, "nccl1": phase_nccl1,
-          "mixed2": phase_mixed2, "nccl2": phase_nccl2}
+          "mixed2": phase_mixed2, "nccl2": phase_nccl2, "tune": phase_tune}
 
 
 def child(args):
