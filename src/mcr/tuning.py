@@ -7,7 +7,7 @@ version 1; the schema is on the docs' "Tuning" page)::
 
     {"format": "mcr-tuning", "version": 1,
      "machine": {"host": "node1", "mpi": "Open MPI v5.0.11", "torch": "2.13.0",
-                 "world_size": 2, "ppn": 2, "device": "cpu"},
+                 "world_size": 2, "ppn": 2, "devices": ["cpu"]},
      "entries": [{"op": "Allreduce", "device": "cpu", "bytes": 4,
                   "min_bytes": 0, "max_bytes": 4, "backend": "mpi",
                   "latency_us": {"mpi": 3.1, "gloo": 48.0}}, ...]}
