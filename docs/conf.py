@@ -11,6 +11,7 @@ class, method or constant of mcr is missing from ``api.rst``.
 import os
 import re
 import sys
+import textwrap
 
 from sphinx.util import logging
 
@@ -164,6 +165,41 @@ def write_conformance_exclusions():
 
 
 write_conformance_exclusions()
+
+
+# -- the tuning page: mcr.tune's usage, and this machine's tables ------------
+
+def write_tuning_pages():
+    """docs/_generated/tune_usage.rst (the help of ``python -m mcr.tune``) and
+    tuning_here.rst (the tables in _static/, measured on the machine the docs
+    were written on, as mcr.tune summarizes them)."""
+    os.environ["COLUMNS"] = "80"           # argparse wraps its help to the terminal
+    from mcr import tuning
+    from mcr.tune import cli, report
+
+    out = os.path.join(HERE, "_generated")
+    os.makedirs(out, exist_ok=True)
+    usage = cli.parser().format_help().replace(tuning.cache_dir(), "~/.cache/mcr/tuning")
+    with open(os.path.join(out, "tune_usage.rst"), "w") as f:
+        f.write(".. code-block:: text\n\n" + textwrap.indent(usage, "   ") + "\n")
+    lines = []
+    for nprocs in (2, 4):
+        name = f"tuning-n{nprocs}"
+        path = os.path.join(HERE, "_static", f"{name}.json")
+        if not os.path.exists(path):
+            continue
+        table = tuning.Table.load(path)
+        measured = sorted({(e.op, e.device) for e in table.entries})
+        text = "\n".join(report.summary(table, measured, f"_static/{name}.json"))
+        lines += [f"{nprocs} processes (`{name}.json <_static/{name}.json>`_):", "",
+                  ".. code-block:: text", "", textwrap.indent(text, "   "), ""]
+        if os.path.exists(os.path.join(HERE, "_static", f"{name}.png")):
+            lines += [f".. image:: _static/{name}.png", f"   :alt: {name}", ""]
+    with open(os.path.join(out, "tuning_here.rst"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+write_tuning_pages()
 
 
 def setup(app):
