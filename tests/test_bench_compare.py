@@ -19,6 +19,7 @@ import pytest
 from mcr import launch
 from mcr.bench.compare import cli, driver, report
 PEERS = ("C", "C-mt", "mpi4py-numpy", "mpi4py-torch", "torch-gloo", "mcr-gloo", "mcr-mpi",
+         "mcr-auto",
          "C pers", "C-mt pers", "mcr-mpi pers")
 SIZES = (4, 8, 16, 32, 64)
 HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
@@ -63,7 +64,7 @@ def test_tables(run):
         for peer in PEERS:
             assert re.search(rf"(^| ){re.escape(peer)}( |$)", text), (peer, text)
         for ratio in ("mcr-C (us)", "mcr/mpi4py-np", "mcr/mpi4py-pt", "mcr/C",
-                      "pers/nonpers"):
+                      "pers/nonpers", "auto/best"):
             assert ratio in text, (ratio, text)
         assert [int(r[0]) for r in rows] == list(SIZES)
         for r in rows:
@@ -79,7 +80,7 @@ def test_targets_section(run):
     for what in ("mcr - C-mt <= 0.5 us", "1 KiB to 1 MiB: mcr / C-mt",
                  "mcr / mpi4py-numpy <= 0.8",
                  "mcr / mpi4py-torch <= 1/20", "mcr-gloo / torch-gloo <= 1.1",
-                 "mcr pers / mcr <="):
+                 "mcr pers / mcr <=", "mcr-auto / min(mcr-mpi, mcr-gloo) <= 1.05"):
         # nothing of 1 KiB or more was measured
         verdict = r"n/a" if "1 KiB to" in what else r"(met|NOT met) \(worst "
         assert re.search(re.escape(what) + r"[^:]*: " + verdict, text), (what, section)
@@ -104,8 +105,11 @@ def test_json(run):
             ratio = summary["ratios"]["min"]["mcr/C"]
             assert ratio == pytest.approx(cells["mcr-mpi"]["rounds_us"][0]
                                           / cells["C"]["rounds_us"][0])
+            best = min(cells["mcr-mpi"]["rounds_us"][0], cells["mcr-gloo"]["rounds_us"][0])
+            assert summary["ratios"]["min"]["auto/best"] == pytest.approx(
+                cells["mcr-auto"]["rounds_us"][0] / best)
     names = [t["name"] for t in data["targets"]]
-    assert len(names) == 6 and all(t["applies"] for t in data["targets"])
+    assert len(names) == 7 and all(t["applies"] for t in data["targets"])
 
 
 @pytest.mark.skipif(not HAVE_MATPLOTLIB, reason="matplotlib is not installed")

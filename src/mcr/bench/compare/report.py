@@ -309,7 +309,7 @@ def report(args: argparse.Namespace, data: dict[str, Any]) -> list[str]:
 PLOT_COLORS = {"C": "black", "C-mt": "gray", "mpi4py-numpy": "tab:blue",
                "mpi4py-torch": "tab:orange", "torch-gloo": "tab:purple",
                "torch-nccl": "tab:brown", "mcr-gloo": "tab:olive", "mcr-nccl": "tab:cyan",
-               "mcr-mpi": "tab:red"}
+               "mcr-mpi": "tab:red", "mcr-auto": "tab:pink"}
 PLOT_STYLES = {"blocking": "-", "persistent": "--", "nonblocking": ":"}
 
 
