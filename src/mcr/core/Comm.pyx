@@ -749,13 +749,12 @@ cdef class Comm(_MPI.Intracomm):
         size and device (auto.pxi), the ranks agreeing on the table first."""
         if op <= CALL_SENDRECV_REPLACE or op == CALL_ALLTOALLW:
             return self.on_mpi(op, form, "mpi", info, a, b, c, d, e, f, g, 0)
-        cdef _Chooser ch = self.chooser
-        if ch is None or not ch.agreed:
+        if self.chooser is None or not self.chooser.agreed:
             self.prologue(None)
-            ch = self.agreed_chooser()
+            self.agreed_chooser()
         if op == CALL_BARRIER:
-            ch.last = ch.lookup(op, 0, 0)
-            if ch.last:
+            self.chooser.last = self.chooser.lookup(op, 0, 0)
+            if self.chooser.last:
                 return self.on_chosen(op, form, None, a, b, c, d, e, f, g)
             return self.on_mpi(op, form, "mpi", info, a, b, c, d, e, f, g, 0)
         return self.on_mpi(op, form, None, info, a, b, c, d, e, f, g, AUTO)
@@ -767,14 +766,13 @@ cdef class Comm(_MPI.Intracomm):
             agree(self, self.chooser)
         return self.chooser
 
-    cdef bint auto_other(self, int op, _Msg m, int *mode) except -1:
+    cdef bint auto_other(self, int op, _Msg m, int *mode) noexcept:
         """Called by a collective's call_* under auto once it has parsed `m`:
         choose the backend; True when it is not MPI (call_* then returns `m`
         unrun), else strip AUTO from `mode` and run on MPI."""
         mode[0] -= AUTO
-        cdef _Chooser ch = self.chooser
-        ch.last = ch.lookup(op, on_device(m), auto_key(op, m, self.ob_mpi))
-        return ch.last != 0
+        self.chooser.last = self.chooser.lookup(op, on_device(m), auto_key(op, m, self.ob_mpi))
+        return self.chooser.last != 0
 
     cdef object on_chosen(self, int op, int form, object m, object a, object b, object c,
                           object d, object e, object f, object g):
