@@ -747,7 +747,7 @@ cdef class Comm(_MPI.Intracomm):
         """Run `op` on the backend auto chooses for it: MPI for point-to-point
         and Alltoallw; for a collective, the tuning table's choice for its
         size and device (auto.pxi), the ranks agreeing on the table first."""
-        if op <= CALL_SENDRECV_REPLACE or op == CALL_ALLTOALLW:
+        if always_mpi(op):
             return self.on_mpi(op, form, "mpi", info, a, b, c, d, e, f, g, 0)
         if self.chooser is None or not self.chooser.agreed:
             self.prologue(None)
@@ -784,7 +784,7 @@ cdef class Comm(_MPI.Intracomm):
     cdef str auto_name(self, int op, object a, object b, object c, object d, object e,
                        object f, object g):
         """The backend auto chooses for this call (the hooks are told it)."""
-        if op <= CALL_SENDRECV_REPLACE or op == CALL_ALLTOALLW:
+        if always_mpi(op):
             return "mpi"
         self.prologue(None)
         cdef _Chooser ch = self.agreed_chooser()
@@ -839,7 +839,7 @@ cdef class Comm(_MPI.Intracomm):
         if ch.error is not None:
             raise ch.error
         name = CALL_NAMES[iop]
-        if iop <= CALL_SENDRECV_REPLACE or iop == CALL_ALLTOALLW:
+        if always_mpi(iop):
             return tuning.explain(None, "fixed", name, device, nbytes, "mpi")
         backend = ch.names[ch.lookup(iop, tuning.DEVICES.index(device),
                                      min(nbytes, LLONG_MAX))]

@@ -121,6 +121,12 @@ cdef int agree(object comm, _Chooser ch) except -1:
     return 0
 
 
+cdef inline bint always_mpi(int op) noexcept:
+    """Operations auto runs on MPI whatever the table: point-to-point (sender
+    and receiver must take the same backend) and Alltoallw (only MPI has it)."""
+    return op <= CALL_SENDRECV_REPLACE or op == CALL_ALLTOALLW
+
+
 cdef long long auto_key(int op, _Msg m, MPI_Comm comm) noexcept:
     """The size auto decides by, as mcr.bench.ops counts it: the bytes one
     process contributes (one block of a gather or all-to-all, the whole
