@@ -94,9 +94,17 @@ cdef class Comm(_MPI.Intracomm):
     """
     cdef object dflt              # default backend name; None means MPI
     cdef _Chooser chooser          # what auto decides here (auto.pxi), at first use
+    cdef object compress_dflt      # the compression default (a spec), or None
+    cdef bint unlogged             # mcr's private communicator: the logger skips it
 
     def __cinit__(self, *args, **kwargs):
         self.dflt = ENV_BACKEND
+
+    def __dealloc__(self):
+        global compress_defaults
+        if self.compress_dflt is not None:
+            compress_defaults -= 1
+            update_ext_on()
 
     @property
     def backend(self):
@@ -111,6 +119,29 @@ cdef class Comm(_MPI.Intracomm):
             value = "mpi"
         check_backend(value)
         self.dflt = None if value == "mpi" else AUTO_NAME if value == "auto" else value
+
+    @property
+    def compress(self):
+        """The compression of the calls that can be compressed (Allreduce,
+        Allgather(v), Bcast, Alltoall(v) on float32/float64 tensors) when
+        they pass no ``compress``: None (none), ``"fp16"``, ``"bf16"``,
+        ``"zfp:rate=R"`` or ``(encode, decode)`` (see ``mcr.compress``);
+        settable. Calls on other buffers are not compressed. Communicators
+        made from this one (``Dup``, ``Split``, ...) start with the same."""
+        return self.compress_dflt
+
+    @compress.setter
+    def compress(self, value):
+        if value is not None and value is not False:
+            compress_module().codec(value)      # a bad spec fails here, not at a call
+        self.set_compress(None if value is False else value)
+
+    cdef int set_compress(self, object value) except -1:
+        global compress_defaults
+        compress_defaults += (value is not None) - (self.compress_dflt is not None)
+        self.compress_dflt = value
+        update_ext_on()
+        return 0
 
     def __repr__(self):
         if self.ob_mpi == MPI_COMM_NULL:
@@ -665,7 +696,7 @@ cdef class Comm(_MPI.Intracomm):
                      object a=None, object b=None, object c=None, object d=None,
                      object e=None, object f=None, object g=None):
         cdef object sub = self.sub(backend)
-        if not hooks_on:
+        if not ext_on:
             if sub is None:
                 return self.on_mpi(op, form, backend, info, a, b, c, d, e, f, g, 0)
             if sub is AUTO_SUB:
@@ -673,21 +704,108 @@ cdef class Comm(_MPI.Intracomm):
             return self.on_backend(sub, op, form, backend, a, b, c, d, e, f, g)
         return self.hooked(sub, op, form, backend, info, a, b, c, d, e, f, g)
 
+    cdef inline object call_c(self, int op, int form, object backend, object info,
+                              object compress, object a, object b, object c=None):
+        """`call` for an operation that can be compressed: `compress` is the
+        call's ``compress`` argument (None: the communicator's default)."""
+        if compress is None:
+            return self.call(op, form, backend, info, a, b, c)
+        return self.hooked(self.sub(backend), op, form, backend, info, a, b, c, None, None,
+                           None, None, compress)
+
     cdef object hooked(self, object sub, int op, int form, object backend, object info,
-                       object a, object b, object c, object d, object e, object f, object g):
-        """`call` with call hooks installed: they see the call, with the backend
-        it runs on (for auto, the one chosen), before it runs, and its result."""
+                       object a, object b, object c, object d, object e, object f, object g,
+                       object compress=None):
+        """`call` with an extension on: the call hooks see the call, with the
+        backend it runs on (for auto, the one chosen), before it runs, and its
+        result; compression (`compress`, else the communicator's default) and
+        the logger (commlog.pxi) apply."""
+        why = None
         if sub is AUTO_SUB:
             backend = self.auto_name(op, a, b, c, d, e, f, g)
             sub = None if backend == "mpi" else backends_module().subcomm(self, backend)
-        after = run_call_hooks(self, op, form, "mpi" if sub is None else sub.name,
-                               (a, b, c, d, e, f, g)[:CALL_NARGS[op]])
-        if sub is None:
+            if not always_mpi(op):
+                why = self.chooser.why()
+        name = "mpi" if sub is None else sub.name
+        after = run_call_hooks(self, op, form, name, (a, b, c, d, e, f, g)[:CALL_NARGS[op]]) \
+            if call_hooks else ()
+        if compress is None:
+            compress = self.compress_dflt
+        if compress is not None and compress is not False and compressible(op):
+            result = self.compressed(sub, op, form, backend, name, why, compress,
+                                     compress is not self.compress_dflt, info, a, b, c)
+        elif log_on and not self.unlogged:
+            result = self.logged(sub, op, form, backend, name, why, info, a, b, c, d, e, f, g)
+        elif sub is None:
             result = self.on_mpi(op, form, backend, info, a, b, c, d, e, f, g, 0)
         else:
             result = self.on_backend(sub, op, form, backend, a, b, c, d, e, f, g)
         for then in after:
             then(result)
+        return result
+
+    cdef object logged(self, object sub, int op, int form, object backend, str name,
+                       object why, object info, object a, object b, object c, object d,
+                       object e, object f, object g):
+        """Run the call as `hooked` does, with a logger record: made now for
+        a blocking call, handed to the Request of a non-blocking one; a
+        persistent request makes one at each Start."""
+        cdef long long t0 = now_ns()
+        cdef _Rec r
+        if sub is None:
+            result = self.on_mpi(op, form, backend, info, a, b, c, d, e, f, g, KEEP)
+            if form == BLOCKING:
+                m, result = result, None
+            elif form == NONBLOCKING:
+                m = (<Request>result).ob_buf
+        else:
+            m = self.backend_msg(sub, op, form, a, b, c, d, e, f, g)
+            result = self.on_parsed(sub, op, form, backend, m, a, b, c, d, e, f, g)
+        if form == PERSISTENT:
+            return result
+        r = log_post(self, op, form, name, m, why, a, b, c, d)
+        r.t0 = t0
+        if form == BLOCKING:
+            r.t1 = now_ns()
+            log_finish(r)
+        else:
+            (<Request>result).rec = r
+        return result
+
+    cdef object compressed(self, object sub, int op, int form, object backend, str name,
+                           object why, object spec, bint explicit, object info, object a,
+                           object b, object c):
+        """Run a call that can be compressed through mcr.compress: parsed and
+        checked here, exchanged compressed on `name`'s backend. A call on
+        buffers compression does not serve runs as it is when the
+        compression is the communicator's default, and raises when it was
+        asked for (`explicit`)."""
+        compress = compress_module()
+        codec = compress.codec(spec)
+        cdef long long t0 = now_ns()
+        m = self.parse_run(op, VALIDATE, None, a, b, c, None, None, None, None, MPI_INFO_NULL,
+                           NULL)
+        if not compress.applies(CALL_NAMES[op], m):
+            if explicit:
+                compress.refuse(CALL_NAMES[op], m)
+            if log_on and not self.unlogged:
+                return self.logged(sub, op, form, backend, name, why, info, a, b, c, None,
+                                   None, None, None)
+            if sub is None:
+                return self.on_mpi(op, form, backend, info, a, b, c, None, None, None, None, 0)
+            return self.on_parsed(sub, op, form, backend, m, a, b, c, None, None, None, None)
+        cdef _Rec r = None
+        if log_on and not self.unlogged and form != PERSISTENT:
+            r = log_post(self, op, form, name, m, why, a, b, c, None)
+            r.t0 = t0
+        result = compress.run(self, CALL_NAMES[op], FORM_NAMES[form], m, (a, b, c)[:CALL_NARGS[op]],
+                              codec, name, None if r is None else r.set_wire)
+        if r is not None:
+            if form == BLOCKING:
+                r.t1 = now_ns()
+                log_finish(r)
+            else:
+                (<Request>result).rec = r
         return result
 
     def _icall(self, int op, backend, a, b, c, d, e, f, g):
@@ -700,20 +818,22 @@ cdef class Comm(_MPI.Intracomm):
         # auto (0 or AUTO): the collective's call_* chooses the backend once it
         # has parsed the message; when it is not MPI, the parsed message is
         # posted there (on_chosen)
+        # (KEEP: a blocking call returns its parsed message, for the logger)
         cdef Request req
         cdef Prequest preq
         cdef int mode
+        cdef int choose = auto & AUTO
         if form == BLOCKING:
-            m = self.parse_run(op, BLOCKING + auto, backend, a, b, c, d, e, f, g,
+            m = self.parse_run(op, BLOCKING + choose, backend, a, b, c, d, e, f, g,
                                MPI_INFO_NULL, NULL)
-            if auto and self.chooser.last:
+            if choose and self.chooser.last:
                 return self.on_chosen(op, form, m, a, b, c, d, e, f, g)
-            return None
+            return m if auto & KEEP else None
         if form == NONBLOCKING:
             req = Request.__new__(Request)
-            m = self.parse_run(op, NONBLOCKING + auto, backend, a, b, c, d, e, f, g,
+            m = self.parse_run(op, NONBLOCKING + choose, backend, a, b, c, d, e, f, g,
                                MPI_INFO_NULL, &req.ob_mpi)
-            if auto and self.chooser.last:
+            if choose and self.chooser.last:
                 return self.on_chosen(op, form, m, a, b, c, d, e, f, g)
             req.ob_buf = m
             if CALL_RECV <= op <= CALL_SENDRECV_REPLACE:
@@ -728,9 +848,9 @@ cdef class Comm(_MPI.Intracomm):
         if op == CALL_ALLTOALLW and mode == PERSISTENT and self.prologue(backend) == 0 \
                 and self.nprocs() == 1:
             mode = VALIDATE       # one process: the block moves at each start (call_alltoallw)
-        m = self.parse_run(op, mode + auto, backend, a, b, c, d, e, f, g, as_info(info),
+        m = self.parse_run(op, mode + choose, backend, a, b, c, d, e, f, g, as_info(info),
                            &preq.ob_mpi)
-        if auto and self.chooser.last:
+        if choose and self.chooser.last:
             return self.on_chosen(op, form, m, a, b, c, d, e, f, g)
         preq.keep = m
         if CALL_RECV <= op <= CALL_SENDRECV_REPLACE:
@@ -740,6 +860,7 @@ cdef class Comm(_MPI.Intracomm):
                                     e, f, g)
         else:
             preq.ob_buf = m       # staged device buffers are copied at each start
+            preq.logop, preq.logargs = op + 1, (a, b, c, d)
         return preq
 
     cdef object on_auto(self, int op, int form, object info, object a, object b, object c,
@@ -771,8 +892,11 @@ cdef class Comm(_MPI.Intracomm):
         choose the backend; True when it is not MPI (call_* then returns `m`
         unrun), else strip AUTO from `mode` and run on MPI."""
         mode[0] -= AUTO
-        self.chooser.last = self.chooser.lookup(op, on_device(m), auto_key(op, m, self.ob_mpi))
-        return self.chooser.last != 0
+        cdef _Chooser ch = self.chooser
+        ch.last_dev = on_device(m)
+        ch.last_key = auto_key(op, m, self.ob_mpi)
+        ch.last = ch.lookup(op, ch.last_dev, ch.last_key)
+        return ch.last != 0
 
     cdef object on_chosen(self, int op, int form, object m, object a, object b, object c,
                           object d, object e, object f, object g):
@@ -847,14 +971,20 @@ cdef class Comm(_MPI.Intracomm):
 
     cdef object on_backend(self, object sub, int op, int form, object backend, object a,
                            object b, object c, object d, object e, object f, object g):
+        return self.on_parsed(sub, op, form, backend,
+                              self.backend_msg(sub, op, form, a, b, c, d, e, f, g),
+                              a, b, c, d, e, f, g)
+
+    cdef object backend_msg(self, object sub, int op, int form, object a, object b,
+                            object c, object d, object e, object f, object g):
+        """`op`'s message, parsed and checked for a backend other than MPI."""
         if op == CALL_ALLTOALLW:
             raise ValueError(f"{method_name(op, form)}: backend {sub.name!r} cannot run it (one MPI "
                              f"datatype per process); use backend='mpi'")
         if form == BLOCKING and CALL_RECV <= op <= CALL_SENDRECV_REPLACE:
             status = (d, g, f)[op - CALL_RECV]          # the `status` argument
             check_status(status)                      # before the receive takes a message
-        m = self.parse_run(op, VALIDATE, None, a, b, c, d, e, f, g, MPI_INFO_NULL, NULL)
-        return self.on_parsed(sub, op, form, backend, m, a, b, c, d, e, f, g)
+        return self.parse_run(op, VALIDATE, None, a, b, c, d, e, f, g, MPI_INFO_NULL, NULL)
 
     cdef object on_parsed(self, object sub, int op, int form, object backend, object m,
                           object a, object b, object c, object d, object e, object f,
@@ -976,7 +1106,7 @@ cdef class Comm(_MPI.Intracomm):
         """Start a barrier; return a ``Request``."""
         return self.call(CALL_BARRIER, NONBLOCKING, backend, None)
 
-    def Bcast(self, buf, root=0, *, backend=None):
+    def Bcast(self, buf, root=0, *, backend=None, compress=None):
         """Broadcast `buf` from `root` to all processes.
 
         Parameters
@@ -985,12 +1115,17 @@ cdef class Comm(_MPI.Intracomm):
             Sent at `root`, received (must be writable) elsewhere.
         root : int
             Rank of the sending process.
+        compress : str, tuple, mcr.compress.Codec, False or None
+            Compress the data on the wire: ``"fp16"``, ``"bf16"``,
+            ``"zfp:rate=R"`` or ``(encode, decode)``, for float32/float64
+            tensors (``mcr.compress``); None: the communicator's ``compress``;
+            False: none.
         """
-        return self.call(CALL_BCAST, BLOCKING, backend, None, buf, root)
+        return self.call_c(CALL_BCAST, BLOCKING, backend, None, compress, buf, root)
 
-    def Ibcast(self, buf, root=0, *, backend=None):
+    def Ibcast(self, buf, root=0, *, backend=None, compress=None):
         """Start a broadcast; return a ``Request``. Arguments as ``Bcast``."""
-        return self.call(CALL_BCAST, NONBLOCKING, backend, None, buf, root)
+        return self.call_c(CALL_BCAST, NONBLOCKING, backend, None, compress, buf, root)
 
     def Gather(self, sendbuf, recvbuf, root=0, *, backend=None):
         """Gather equal blocks from all processes at `root`.
@@ -1068,7 +1203,7 @@ cdef class Comm(_MPI.Intracomm):
         """Start a vector scatter; return a ``Request``. Arguments as ``Scatterv``."""
         return self.call(CALL_SCATTERV, NONBLOCKING, backend, None, sendbuf, recvbuf, root)
 
-    def Allgather(self, sendbuf, recvbuf, *, backend=None):
+    def Allgather(self, sendbuf, recvbuf, *, backend=None, compress=None):
         """Gather equal blocks from all processes on all processes.
 
         Parameters
@@ -1077,14 +1212,19 @@ cdef class Comm(_MPI.Intracomm):
             This process's block (``IN_PLACE``: already at its place in `recvbuf`).
         recvbuf : message spec
             Room for one block per process, in rank order.
+        compress : str, tuple, mcr.compress.Codec, False or None
+            Compress the data on the wire: ``"fp16"``, ``"bf16"``,
+            ``"zfp:rate=R"`` or ``(encode, decode)``, for float32/float64
+            tensors (``mcr.compress``); None: the communicator's ``compress``;
+            False: none.
         """
-        return self.call(CALL_ALLGATHER, BLOCKING, backend, None, sendbuf, recvbuf)
+        return self.call_c(CALL_ALLGATHER, BLOCKING, backend, None, compress, sendbuf, recvbuf)
 
-    def Iallgather(self, sendbuf, recvbuf, *, backend=None):
+    def Iallgather(self, sendbuf, recvbuf, *, backend=None, compress=None):
         """Start an allgather; return a ``Request``. Arguments as ``Allgather``."""
-        return self.call(CALL_ALLGATHER, NONBLOCKING, backend, None, sendbuf, recvbuf)
+        return self.call_c(CALL_ALLGATHER, NONBLOCKING, backend, None, compress, sendbuf, recvbuf)
 
-    def Allgatherv(self, sendbuf, recvbuf, *, backend=None):
+    def Allgatherv(self, sendbuf, recvbuf, *, backend=None, compress=None):
         """Gather blocks of varying size on all processes.
 
         Parameters
@@ -1093,14 +1233,19 @@ cdef class Comm(_MPI.Intracomm):
             This process's block.
         recvbuf : vector message spec
             ``[buf, counts, displs]``: block ``i`` lands at ``displs[i]``.
+        compress : str, tuple, mcr.compress.Codec, False or None
+            Compress the data on the wire: ``"fp16"``, ``"bf16"``,
+            ``"zfp:rate=R"`` or ``(encode, decode)``, for float32/float64
+            tensors (``mcr.compress``); None: the communicator's ``compress``;
+            False: none.
         """
-        return self.call(CALL_ALLGATHERV, BLOCKING, backend, None, sendbuf, recvbuf)
+        return self.call_c(CALL_ALLGATHERV, BLOCKING, backend, None, compress, sendbuf, recvbuf)
 
-    def Iallgatherv(self, sendbuf, recvbuf, *, backend=None):
+    def Iallgatherv(self, sendbuf, recvbuf, *, backend=None, compress=None):
         """Start a vector allgather; return a ``Request``. Arguments as ``Allgatherv``."""
-        return self.call(CALL_ALLGATHERV, NONBLOCKING, backend, None, sendbuf, recvbuf)
+        return self.call_c(CALL_ALLGATHERV, NONBLOCKING, backend, None, compress, sendbuf, recvbuf)
 
-    def Alltoall(self, sendbuf, recvbuf, *, backend=None):
+    def Alltoall(self, sendbuf, recvbuf, *, backend=None, compress=None):
         """Send block ``j`` of `sendbuf` to process ``j``, from every process.
 
         Parameters
@@ -1109,14 +1254,19 @@ cdef class Comm(_MPI.Intracomm):
             One equal block per destination (``IN_PLACE``: taken from `recvbuf`).
         recvbuf : message spec
             One equal block per source, in rank order.
+        compress : str, tuple, mcr.compress.Codec, False or None
+            Compress the data on the wire: ``"fp16"``, ``"bf16"``,
+            ``"zfp:rate=R"`` or ``(encode, decode)``, for float32/float64
+            tensors (``mcr.compress``); None: the communicator's ``compress``;
+            False: none.
         """
-        return self.call(CALL_ALLTOALL, BLOCKING, backend, None, sendbuf, recvbuf)
+        return self.call_c(CALL_ALLTOALL, BLOCKING, backend, None, compress, sendbuf, recvbuf)
 
-    def Ialltoall(self, sendbuf, recvbuf, *, backend=None):
+    def Ialltoall(self, sendbuf, recvbuf, *, backend=None, compress=None):
         """Start an all-to-all; return a ``Request``. Arguments as ``Alltoall``."""
-        return self.call(CALL_ALLTOALL, NONBLOCKING, backend, None, sendbuf, recvbuf)
+        return self.call_c(CALL_ALLTOALL, NONBLOCKING, backend, None, compress, sendbuf, recvbuf)
 
-    def Alltoallv(self, sendbuf, recvbuf, *, backend=None):
+    def Alltoallv(self, sendbuf, recvbuf, *, backend=None, compress=None):
         """All-to-all with blocks of varying size.
 
         Parameters
@@ -1127,12 +1277,17 @@ cdef class Comm(_MPI.Intracomm):
         recvbuf : vector message spec
             ``[buf, counts, displs]``: ``counts[i]`` elements from process ``i``
             land at ``displs[i]``.
+        compress : str, tuple, mcr.compress.Codec, False or None
+            Compress the data on the wire: ``"fp16"``, ``"bf16"``,
+            ``"zfp:rate=R"`` or ``(encode, decode)``, for float32/float64
+            tensors (``mcr.compress``); None: the communicator's ``compress``;
+            False: none.
         """
-        return self.call(CALL_ALLTOALLV, BLOCKING, backend, None, sendbuf, recvbuf)
+        return self.call_c(CALL_ALLTOALLV, BLOCKING, backend, None, compress, sendbuf, recvbuf)
 
-    def Ialltoallv(self, sendbuf, recvbuf, *, backend=None):
+    def Ialltoallv(self, sendbuf, recvbuf, *, backend=None, compress=None):
         """Start a vector all-to-all; return a ``Request``. Arguments as ``Alltoallv``."""
-        return self.call(CALL_ALLTOALLV, NONBLOCKING, backend, None, sendbuf, recvbuf)
+        return self.call_c(CALL_ALLTOALLV, NONBLOCKING, backend, None, compress, sendbuf, recvbuf)
 
     def Alltoallw(self, sendbuf, recvbuf, *, backend=None):
         """All-to-all with a count, byte displacement and datatype per process.
@@ -1180,7 +1335,7 @@ cdef class Comm(_MPI.Intracomm):
         """Start a reduce; return a ``Request``. Arguments as ``Reduce``."""
         return self.call(CALL_REDUCE, NONBLOCKING, backend, None, sendbuf, recvbuf, op, root)
 
-    def Allreduce(self, sendbuf, recvbuf, op=SUM, *, backend=None):
+    def Allreduce(self, sendbuf, recvbuf, op=SUM, *, backend=None, compress=None):
         """Reduce element-wise over all processes, result on all.
 
         Parameters
@@ -1191,12 +1346,17 @@ cdef class Comm(_MPI.Intracomm):
             Receives the result; same element type and count as `sendbuf`.
         op : mpi4py.MPI.Op
             The reduction, as in ``Reduce``.
+        compress : str, tuple, mcr.compress.Codec, False or None
+            Compress the data on the wire: ``"fp16"``, ``"bf16"``,
+            ``"zfp:rate=R"`` or ``(encode, decode)``, for float32/float64
+            tensors (``mcr.compress``); None: the communicator's ``compress``;
+            False: none.
         """
-        return self.call(CALL_ALLREDUCE, BLOCKING, backend, None, sendbuf, recvbuf, op)
+        return self.call_c(CALL_ALLREDUCE, BLOCKING, backend, None, compress, sendbuf, recvbuf, op)
 
-    def Iallreduce(self, sendbuf, recvbuf, op=SUM, *, backend=None):
+    def Iallreduce(self, sendbuf, recvbuf, op=SUM, *, backend=None, compress=None):
         """Start an allreduce; return a ``Request``. Arguments as ``Allreduce``."""
-        return self.call(CALL_ALLREDUCE, NONBLOCKING, backend, None, sendbuf, recvbuf, op)
+        return self.call_c(CALL_ALLREDUCE, NONBLOCKING, backend, None, compress, sendbuf, recvbuf, op)
 
     def Reduce_scatter_block(self, sendbuf, recvbuf, op=SUM, *, backend=None):
         """Reduce element-wise, then scatter equal blocks of the result.
@@ -1311,13 +1471,13 @@ cdef class Comm(_MPI.Intracomm):
         """
         return self.call(CALL_BARRIER, PERSISTENT, backend, info)
 
-    def Bcast_init(self, buf, root=0, info=None, *, backend=None):
+    def Bcast_init(self, buf, root=0, info=None, *, backend=None, compress=None):
         """Create a persistent Bcast; return an inactive ``Prequest``.
 
         Arguments as ``Bcast``, plus `info` (an ``MPI.Info`` or None); each
         ``Start`` runs the operation on what the buffers hold then.
         """
-        return self.call(CALL_BCAST, PERSISTENT, backend, info, buf, root)
+        return self.call_c(CALL_BCAST, PERSISTENT, backend, info, compress, buf, root)
 
     def Gather_init(self, sendbuf, recvbuf, root=0, info=None, *, backend=None):
         """Create a persistent Gather; return an inactive ``Prequest``.
@@ -1351,37 +1511,37 @@ cdef class Comm(_MPI.Intracomm):
         """
         return self.call(CALL_SCATTERV, PERSISTENT, backend, info, sendbuf, recvbuf, root)
 
-    def Allgather_init(self, sendbuf, recvbuf, info=None, *, backend=None):
+    def Allgather_init(self, sendbuf, recvbuf, info=None, *, backend=None, compress=None):
         """Create a persistent Allgather; return an inactive ``Prequest``.
 
         Arguments as ``Allgather``, plus `info` (an ``MPI.Info`` or None); each
         ``Start`` runs the operation on what the buffers hold then.
         """
-        return self.call(CALL_ALLGATHER, PERSISTENT, backend, info, sendbuf, recvbuf)
+        return self.call_c(CALL_ALLGATHER, PERSISTENT, backend, info, compress, sendbuf, recvbuf)
 
-    def Allgatherv_init(self, sendbuf, recvbuf, info=None, *, backend=None):
+    def Allgatherv_init(self, sendbuf, recvbuf, info=None, *, backend=None, compress=None):
         """Create a persistent Allgatherv; return an inactive ``Prequest``.
 
         Arguments as ``Allgatherv``, plus `info` (an ``MPI.Info`` or None); each
         ``Start`` runs the operation on what the buffers hold then.
         """
-        return self.call(CALL_ALLGATHERV, PERSISTENT, backend, info, sendbuf, recvbuf)
+        return self.call_c(CALL_ALLGATHERV, PERSISTENT, backend, info, compress, sendbuf, recvbuf)
 
-    def Alltoall_init(self, sendbuf, recvbuf, info=None, *, backend=None):
+    def Alltoall_init(self, sendbuf, recvbuf, info=None, *, backend=None, compress=None):
         """Create a persistent Alltoall; return an inactive ``Prequest``.
 
         Arguments as ``Alltoall``, plus `info` (an ``MPI.Info`` or None); each
         ``Start`` runs the operation on what the buffers hold then.
         """
-        return self.call(CALL_ALLTOALL, PERSISTENT, backend, info, sendbuf, recvbuf)
+        return self.call_c(CALL_ALLTOALL, PERSISTENT, backend, info, compress, sendbuf, recvbuf)
 
-    def Alltoallv_init(self, sendbuf, recvbuf, info=None, *, backend=None):
+    def Alltoallv_init(self, sendbuf, recvbuf, info=None, *, backend=None, compress=None):
         """Create a persistent Alltoallv; return an inactive ``Prequest``.
 
         Arguments as ``Alltoallv``, plus `info` (an ``MPI.Info`` or None); each
         ``Start`` runs the operation on what the buffers hold then.
         """
-        return self.call(CALL_ALLTOALLV, PERSISTENT, backend, info, sendbuf, recvbuf)
+        return self.call_c(CALL_ALLTOALLV, PERSISTENT, backend, info, compress, sendbuf, recvbuf)
 
     def Alltoallw_init(self, sendbuf, recvbuf, info=None, *, backend=None):
         """Create a persistent Alltoallw; return an inactive ``Prequest``.
@@ -1399,13 +1559,13 @@ cdef class Comm(_MPI.Intracomm):
         """
         return self.call(CALL_REDUCE, PERSISTENT, backend, info, sendbuf, recvbuf, op, root)
 
-    def Allreduce_init(self, sendbuf, recvbuf, op=SUM, info=None, *, backend=None):
+    def Allreduce_init(self, sendbuf, recvbuf, op=SUM, info=None, *, backend=None, compress=None):
         """Create a persistent Allreduce; return an inactive ``Prequest``.
 
         Arguments as ``Allreduce``, plus `info` (an ``MPI.Info`` or None); each
         ``Start`` runs the operation on what the buffers hold then.
         """
-        return self.call(CALL_ALLREDUCE, PERSISTENT, backend, info, sendbuf, recvbuf, op)
+        return self.call_c(CALL_ALLREDUCE, PERSISTENT, backend, info, compress, sendbuf, recvbuf, op)
 
     def Reduce_scatter_block_init(self, sendbuf, recvbuf, op=SUM, info=None, *, backend=None):
         """Create a persistent Reduce_scatter_block; return an inactive ``Prequest``.
@@ -1487,11 +1647,15 @@ cdef class Comm(_MPI.Intracomm):
         # mpi4py's Dup and Clone make an object of type(self): a user's
         # subclass stays one, as with mpi4py
         (<Comm>comm).dflt = self.dflt
+        if self.compress_dflt is not None:
+            (<Comm>comm).set_compress(self.compress_dflt)
         return comm
 
     cdef Comm derived(self, _MPI.Comm comm):
         cdef Comm out = as_comm(comm)
         out.dflt = self.dflt
+        if self.compress_dflt is not None:
+            out.set_compress(self.compress_dflt)
         return out
 
     def Split(self, int color=0, int key=0):

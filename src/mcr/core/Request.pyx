@@ -12,6 +12,7 @@ cdef class Request(_MPI.Request):
     """
     cdef MPI_Datatype rtype      # element type of a receive, for Status.Get_count
     cdef _Work ext               # the non-MPI part (backend works, steps), or None
+    cdef object rec              # the logger's record (commlog.pxi), or None
 
     def __cinit__(self, *args, **kwargs):
         self.rtype = MPI_DATATYPE_NULL
@@ -25,6 +26,8 @@ cdef class Request(_MPI.Request):
         # its buffers; a completed non-blocking one lets them go
         status_type(status, self.rtype)
         release_buffers(self)
+        if self.rec is not None:
+            log_done(self)
         return 0
 
     def Wait(self, status=None):
@@ -50,8 +53,7 @@ cdef class Request(_MPI.Request):
         if self.ext is not None:
             wait_work(self.ext)
             self.ext.fill(status)
-            self.ext = None           # completed: the request is inactive now
-            self.ob_buf = None
+            completed(self)           # the request is inactive now
             return True
         if sp == MPI_STATUS_IGNORE and self.rtype != MPI_DATATYPE_NULL:
             sp = &own                 # a receive's status explains a truncation
@@ -83,8 +85,7 @@ cdef class Request(_MPI.Request):
                 mpi_progress()
                 return False
             self.ext.fill(status)
-            self.ext = None
-            self.ob_buf = None
+            completed(self)
             return True
         if sp == MPI_STATUS_IGNORE and self.rtype != MPI_DATATYPE_NULL:
             sp = &own
@@ -311,6 +312,8 @@ cdef class _Handles:
             req.ob_mpi = self.handles[i]
             if done:
                 release_buffers(req)
+                if isinstance(req, Request) and (<Request>req).rec is not None:
+                    log_done(<Request>req)
         return 0
 
     cdef int fill_status(self, object status, int index, int k) except -1:
@@ -448,6 +451,8 @@ cdef int completed(Request req) except -1:
     """The caller has been told `req` completed: it becomes inactive."""
     req.ext = None
     req.ob_buf = None
+    if req.rec is not None:
+        log_done(req)
     return 0
 
 
@@ -617,6 +622,8 @@ cdef class Prequest(Request):
     cdef object keep          # the parsed message: the buffers, for the request's life
     cdef object start_fn      # emulation: posts the non-blocking form, returns a Request
     cdef object comm          # the communicator it was made on
+    cdef int logop            # the operation + 1, for the logger (0: none)
+    cdef tuple logargs        # its first arguments (peer, root, tag), for the logger
 
     cdef bint foreign         # runs on a backend other than MPI: always emulated
 
@@ -648,9 +655,12 @@ cdef class Prequest(Request):
                 raise ValueError(f"{request_name(index)}: it was freed (or never created)")
             if type(self.ob_buf) is _Msg and (<_Msg>self.ob_buf).staged is not None:
                 restage(<_Msg>self.ob_buf)
+            if log_on and self.logop:
+                self.log_start()
             with nogil:
                 ierr = MPI_Start(&self.ob_mpi)
             if ierr != MPI_SUCCESS:
+                self.rec = None
                 start_failed(ierr, index)
             return 0
         if self.ob_mpi != MPI_REQUEST_NULL or self.ext is not None:
@@ -660,6 +670,18 @@ cdef class Prequest(Request):
         self.ob_buf, inner.ob_buf = inner.ob_buf, None
         self.ext, inner.ext = inner.ext, None
         self.rtype = inner.rtype
+        self.rec, inner.rec = inner.rec, None
+        if self.rec is not None:
+            (<_Rec>self.rec).form = PERSISTENT
+        return 0
+
+    cdef int log_start(self) except -1:
+        """The logger's record of this start (an MPI persistent request)."""
+        cdef Comm comm = <Comm>self.comm
+        if not comm.unlogged:
+            a, b, c, d = self.logargs
+            self.rec = log_post(comm, self.logop - 1, PERSISTENT, "mpi", self.keep, None,
+                                a, b, c, d)
         return 0
 
     def __bool__(self):

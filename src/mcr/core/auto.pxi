@@ -10,6 +10,7 @@ from libc.limits cimport LLONG_MAX
 
 cdef enum:
     AUTO = 8              # added to a mode of dispatch.h: choose once parsed
+    KEEP = 16             # Comm.on_mpi: a blocking call returns its parsed message
     AUTO_RANGES = 64      # size ranges per operation and device
 
 cdef object AUTO_SUB = object()  # Comm.sub's answer for backend="auto"
@@ -49,6 +50,8 @@ cdef class _Chooser:
     cdef object error            # why the table cannot be used (agreed, then raised)
     cdef bint agreed             # every rank has the same (agree())
     cdef int last                # the backend of the latest choice
+    cdef int last_dev            # ... the device it was made for (0 host, 1 CUDA)
+    cdef long long last_key      # ... and the size (auto_key)
 
     cdef inline int lookup(self, int op, int dev, long long nbytes) noexcept:
         cdef int i = 0
@@ -56,6 +59,11 @@ cdef class _Chooser:
         while i < last and nbytes > self.bound[op][dev][i]:
             i += 1
         return self.pick[op][dev][i]
+
+    cdef tuple why(self):
+        """What decided the latest choice, for the logger: (table, source,
+        device index, size)."""
+        return (self.table, self.source, self.last_dev, self.last_key)
 
     cdef int fill(self) except -1:
         """Set the ranges from the table (or the defaults)."""

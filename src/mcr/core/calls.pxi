@@ -57,6 +57,29 @@ cdef int call_id(object name) except -1:
                      "e.g. 'Allreduce', 'Ialltoallv', 'Bcast_init')")
 
 
+cdef inline bint compressible(int op) noexcept:
+    """Operations mcr.compress serves."""
+    return (op == CALL_ALLREDUCE or op == CALL_BCAST or op == CALL_ALLGATHER
+            or op == CALL_ALLGATHERV or op == CALL_ALLTOALL or op == CALL_ALLTOALLV)
+
+
+cdef object _compress = None     # mcr.compress, imported at the first compressed call
+
+
+cdef object compress_module():
+    global _compress
+    if _compress is None:
+        from mcr import compress
+        _compress = compress
+    return _compress
+
+
+def _set_unlogged(comm):
+    """Mark `comm` as one of mcr's private communicators (those of
+    mcr.compress, mcr.Fusion): the logger does not record its calls."""
+    (<Comm?>comm).unlogged = True
+
+
 cdef str method_name(int op, int form):
     """The Comm method of `op` in `form`: Alltoallw, Ialltoallw, Alltoallw_init."""
     cdef str name = CALL_NAMES[op]
@@ -94,8 +117,16 @@ cdef class Call:
         return f"<mcr.Call {self.op} {self.form} on {self.backend}>"
 
 
-cdef bint hooks_on = False        # the one flag test of the call path
+cdef bint ext_on = False          # the one flag test of the call path: hooks,
+                                  # the logger or a compression default is on
 cdef list call_hooks = []
+cdef Py_ssize_t compress_defaults = 0   # communicators with a compression default
+
+
+cdef int update_ext_on() except -1:
+    global ext_on
+    ext_on = bool(call_hooks) or log_on or compress_defaults > 0
+    return 0
 
 
 cdef list run_call_hooks(object comm, int op, int form, str backend, tuple args):
@@ -113,18 +144,16 @@ cdef list run_call_hooks(object comm, int op, int form, str backend, tuple args)
 
 def _add_call_hook(hook):
     """Add `hook` (see mcr.hooks.add)."""
-    global hooks_on
     if not callable(hook):
         raise TypeError(f"hook: expected a callable, got {type(hook).__name__}")
     call_hooks.append(hook)
-    hooks_on = True
+    update_ext_on()
 
 
 def _remove_call_hook(hook):
     """Remove `hook` (see mcr.hooks.remove)."""
-    global hooks_on
     try:
         call_hooks.remove(hook)
     except ValueError:
         raise ValueError(f"hook: {hook!r} is not installed") from None
-    hooks_on = bool(call_hooks)
+    update_ext_on()
