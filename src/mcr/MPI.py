@@ -33,6 +33,9 @@ from mcr._core import Comm as _Comm  # noqa: E402
 from mcr._core import Prequest as _Prequest  # noqa: E402
 from mcr._core import Request as _Request  # noqa: E402
 from mcr._core import Status as _Status  # noqa: E402
+from mcr.log import _from_env as _log_from_env  # noqa: E402
+
+_log_from_env()
 
 _MethodDescriptor = type(_Comm.__dict__["Free"])
 

@@ -53,7 +53,17 @@ def _check_default_backend() -> None:
             raise ValueError(f"MCR_BACKEND: {exc}") from None
 
 
+def _check_log() -> None:
+    """A bad $MCR_LOG fails ``import mcr``; logging starts when the core loads."""
+    import os
+
+    if os.environ.get("MCR_LOG"):
+        from .log.config import Config   # no MPI, no torch
+        Config.from_env()
+
+
 _check_default_backend()
+_check_log()
 
 
 def _load() -> None:
@@ -63,6 +73,8 @@ def _load() -> None:
     from . import _core
     globals().update({name: getattr(MPI if name in _MPI4PY_NAMES else _core, name)
                       for name in __all__})
+    from .log import _from_env
+    _from_env()
 
 
 def __getattr__(name: str) -> Any:
