@@ -1,0 +1,364 @@
+"""The communication logger (mcr.log).
+
+MPI cases, at 1-4 ranks on MPI and Gloo: each makes real calls with the
+logger on and checks the records against what the calls were (operation,
+form, backend, sizes computed from the tensors with nccl-tests' rule, root,
+peer, tag), that every form is timed from its post to the completion the
+program saw (a Wait after a sleep), that the totals count every call, that
+auto says why, that the cross-rank table finds the slow ranks, and that the
+results are still right. Job tests run ``MCR_LOG`` end to end (the table at
+exit, the JSON log, the trace, ``python -m mcr.log summary/plot``, the
+overhead benchmark); unit tests cover the configuration, the report and the
+output formats without MPI.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import mcr
+import mcr.hooks
+import mcr.log
+from mcr import launch
+from mcr.log import output, report
+from mcr.log.config import Config
+from mpiharness import case, mpi_cases, mpi_env, run_script
+from util import assert_comm_works, rank_data, raises
+
+BACKENDS = ("mpi", "gloo")
+
+
+class logging_on:
+    """Log (keeping records) within a ``with`` block, from a clean slate."""
+
+    def __enter__(self):
+        mcr.log.reset()
+        mcr.log.start(records=True)
+        return self
+
+    def __exit__(self, *exc):
+        self.records = mcr.log.records()
+        self.rows = mcr.log.summary()["rows"]
+        mcr.log.stop()
+        mcr.log.reset()
+
+
+def fields(records, *names):
+    return [tuple(r[n] for n in names) for r in records]
+
+
+@case
+def every_form_on_every_backend(comm):
+    size, rank = comm.size, comm.rank
+    x = rank_data(rank, 6, torch.float64)
+    total = sum(rank_data(r, 6, torch.float64) for r in range(size))
+    for backend in BACKENDS:
+        with logging_on() as log:
+            y = torch.zeros(6, dtype=torch.float64)
+            comm.Allreduce(x, y, backend=backend)
+            assert torch.equal(y, total)
+            ys = [torch.zeros(6, dtype=torch.float64) for _ in range(3)]
+            reqs = [comm.Iallreduce(x, yk, backend=backend) for yk in ys]
+            reqs[0].Wait()
+            while not reqs[1].Test():
+                pass
+            mcr.Request.Waitall(reqs[2:])
+            for yk in ys:
+                assert torch.equal(yk, total)
+            b = x.clone() if rank == 0 else torch.zeros(6, dtype=torch.float64)
+            preq = comm.Bcast_init(b, 0, backend=backend)
+            for _ in range(2):
+                preq.Start()
+                preq.Wait()
+            preq.Free()
+            assert torch.equal(b, rank_data(0, 6, torch.float64))
+        expected = [("Allreduce", "blocking")] + [("Allreduce", "nonblocking")] * 3 \
+            + [("Bcast", "persistent")] * 2
+        assert fields(log.records, "op", "form") == expected, (backend, log.records)
+        for r in log.records:
+            assert r["backend"] == backend and r["bytes"] == 48 and r["count"] == 6
+            assert r["dtype"] == "float64" and r["procs"] == size and r["rank"] == rank
+            assert r["wire_bytes"] == 48 and r["why"] is None and r["device"] == "cpu"
+            assert r["end"] >= r["start"] and r["duration_us"] >= 0
+            assert r["peer"] == (0 if r["op"] == "Bcast" else None) and r["tag"] is None
+        rows = {(r["op"], r["backend"], r["bytes"]): r["calls"] for r in log.rows}
+        assert rows == {("Allreduce", backend, 48): 4, ("Bcast", backend, 48): 2}, log.rows
+
+
+@case
+def nonblocking_runs_to_the_completion_seen(comm):
+    # the record ends when Wait reports completion, not when the data arrived
+    x, y = torch.ones(4), torch.zeros(4)
+    for backend in BACKENDS:
+        with logging_on() as log:
+            req = comm.Iallreduce(x, y, backend=backend)
+            time.sleep(0.05)
+            req.Wait()
+            reqs = [comm.Ibcast(x, 0, backend=backend)]
+            time.sleep(0.05)
+            assert mcr.Request.Waitany(reqs) == 0
+        assert [r["form"] for r in log.records] == ["nonblocking"] * 2
+        for r in log.records:
+            assert r["duration_us"] >= 45e3, (backend, r)
+        assert torch.equal(y, torch.full((4,), float(comm.size)))
+
+
+@case
+def freed_and_stopped_are_not_recorded(comm):
+    x, y = torch.ones(2), torch.zeros(2)
+    with logging_on() as log:
+        req = comm.Isend(x, mcr.PROC_NULL, 0)
+        req.Free()                   # never reported complete: no record
+        comm.Barrier()
+        mcr.log.stop()
+        comm.Allreduce(x, y)         # logger off
+        mcr.log.start(records=True)
+        comm.Bcast(x, 0)
+    assert [r["op"] for r in log.records] == ["Barrier", "Bcast"], log.records
+    assert log.records[0]["bytes"] == 0
+    assert not mcr.log.active()
+
+
+@case
+def sizes_follow_nccl_tests(comm):
+    # the size of each operation, computed here from the tensors
+    size, rank = comm.size, comm.rank
+    n = 3
+    f4 = torch.float32
+    x = rank_data(rank, n)
+    with logging_on() as log:
+        comm.Allgather(x, torch.zeros(n * size))
+        comm.Alltoall(torch.ones(n * size), torch.zeros(n * size))
+        comm.Gather(x, torch.zeros(n * size) if rank == 0 else None, 0)
+        comm.Scatter(torch.ones(n * size) if rank == size - 1 else None, torch.zeros(n),
+                     size - 1)
+        comm.Reduce_scatter_block(torch.ones(n * size), torch.zeros(n))
+        counts = [k + 1 for k in range(size)]
+        comm.Allgatherv(torch.ones(rank + 1), [torch.zeros(sum(counts)), counts])
+        comm.Gatherv(torch.ones(rank + 1),
+                     [torch.zeros(sum(counts)), counts] if rank == 0 else None, 0)
+        comm.Reduce(x.to(torch.int32), torch.zeros(n, dtype=torch.int32), mcr.MAX, 0)
+        comm.Scan(x, torch.zeros(n))
+    e = torch.tensor([], dtype=f4).element_size()
+    expected = [
+        ("Allgather", n * size * e, None), ("Alltoall", n * size * e, None),
+        ("Gather", n * size * e, 0), ("Scatter", n * size * e, size - 1),
+        ("Reduce_scatter_block", n * size * e, None),
+        ("Allgatherv", sum(counts) * e, None),
+        ("Gatherv", (sum(counts) if rank == 0 else rank + 1) * e, 0),
+        ("Reduce", n * 4, 0), ("Scan", n * e, None)]
+    assert fields(log.records, "op", "bytes", "peer") == expected, log.records
+    assert log.records[7]["dtype"] == "int32" and log.records[7]["count"] == n
+    by_op = {r["op"]: r for r in log.rows}
+    factor = (size - 1) / size
+    ar = by_op["Allgather"]
+    assert ar["busbw_GBps"] == pytest.approx(ar["algbw_GBps"] * factor)
+
+
+@case
+def point_to_point_peers_and_tags(comm):
+    size, rank = comm.size, comm.rank
+    right, left = (rank + 1) % size, (rank - 1) % size
+    out = torch.zeros(5, dtype=torch.int64)
+    with logging_on() as log:
+        for backend in BACKENDS:
+            if size == 1 and backend == "gloo":
+                continue             # a Gloo pair cannot send to itself
+            req = comm.Isend(torch.arange(5) + rank, right, 7, backend=backend)
+            comm.Recv(out, left, 7, backend=backend)
+            req.Wait()
+            assert torch.equal(out, torch.arange(5) + left)
+    for r in log.records:
+        assert r["bytes"] == 40 and r["dtype"] == "int64" and r["tag"] == 7
+        assert r["peer"] == (right if r["op"] == "Send" else left), r
+    assert {r["op"] for r in log.records} == {"Send", "Recv"}
+
+
+@case
+def auto_says_why(comm):
+    x, y = torch.ones(8), torch.zeros(8)
+    with logging_on() as log:
+        comm.Allreduce(x, y, backend="auto")
+        comm.Send(x, mcr.PROC_NULL, 1, backend="auto")
+    ar, send = log.records
+    choice = comm.choose("Allreduce", 32)
+    assert ar["backend"] == choice.backend and ar["why"] == choice.reason, (ar, choice)
+    assert send["backend"] == "mpi" and send["why"] is None
+
+
+@case
+def stragglers_show_who_waited(comm):
+    size, rank = comm.size, comm.rank
+    mcr.log.reset()
+    mcr.log.start()
+    for _ in range(3):
+        if rank == 0:
+            time.sleep(0.03)         # rank 0 arrives late: the others wait for it
+        comm.Barrier()
+    table = mcr.log.summary(stragglers=True)
+    mcr.log.stop()
+    mcr.log.reset()
+    (row,) = [r for r in table["stragglers"] if r["op"] == "Barrier"]
+    assert row["ranks"] == size
+    if size > 1:
+        assert row["slowest_rank"] != 0 and row["max_avg_us"] >= 25e3, row
+        assert row["min_avg_us"] < row["max_avg_us"]
+
+
+@case
+def hooks_and_private_comms(comm):
+    seen = []
+    private = comm.Dup()
+    mcr._core._set_unlogged(private)
+    x, y = torch.ones(3), torch.zeros(3)
+    with logging_on() as log, mcr.hooks.installed(lambda call: seen.append(call.op)):
+        comm.Allreduce(x, y)
+        private.Allreduce(x, y)      # mcr's own traffic: not logged, still hooked
+    private.Free()
+    assert [r["op"] for r in log.records] == ["Allreduce"]
+    assert seen == ["Allreduce", "Allreduce"]
+    assert_comm_works(comm)
+
+
+test_mpi = mpi_cases(__name__)
+
+
+# -- MCR_LOG end to end ------------------------------------------------------------------
+
+PROGRAM = """
+import torch, mcr
+comm = mcr.COMM_WORLD
+x, y = torch.ones(256), torch.zeros(256)
+for _ in range(5):
+    comm.Allreduce(x, y)
+reqs = [comm.Iallgather(x, torch.zeros(256 * comm.size)) for _ in range(2)]
+mcr.Request.Waitall(reqs)
+comm.Allreduce(x, y, backend="gloo")
+assert torch.equal(y, torch.full((256,), float(comm.size)))
+"""
+
+
+def test_mcr_log_env_writes_table_json_and_trace(tmp_path):
+    script = tmp_path / "prog.py"
+    script.write_text(PROGRAM)
+    jpath, tpath = tmp_path / "calls.jsonl", tmp_path / "trace.json"
+    env = dict(mpi_env(), MCR_LOG=f"summary:stragglers,json:{jpath},trace:{tpath}")
+    result = launch.run(2, [sys.executable, str(script)], timeout=120, env=env,
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert result.returncode == 0, result.stdout
+    out = result.stdout
+    assert "mcr communication summary (rank 0 of 2)" in out, out
+    assert "mcr stragglers" in out and "busbw GB/s" in out
+    assert out.count("mcr communication summary") == 1     # rank 0 only
+    table = out[out.index("mcr communication summary"):]
+    assert "Allreduce  mpi      1 KiB" in table and "Iallgather" not in table, table
+
+    records = output.read_json(str(jpath))
+    assert len(records) == 2 * 8
+    for rank in (0, 1):
+        mine = [r for r in records if r["rank"] == rank]
+        assert [(r["op"], r["form"], r["backend"]) for r in mine] == \
+            [("Allreduce", "blocking", "mpi")] * 5 + [("Allgather", "nonblocking", "mpi")] * 2 \
+            + [("Allreduce", "blocking", "gloo")]
+        assert mine[5]["bytes"] == 256 * 4 * 2
+
+    trace = json.loads(tpath.read_text())
+    events = trace["traceEvents"]
+    names = {(e["pid"], e["args"]["name"]) for e in events if e["name"] == "thread_name"}
+    assert names == {(0, "gloo"), (0, "mpi"), (1, "gloo"), (1, "mpi")}
+    complete = [e for e in events if e["ph"] == "X"]
+    begins = [e for e in events if e["ph"] == "b"]
+    ends = [e for e in events if e["ph"] == "e"]
+    assert len(complete) == 12 and len(begins) == len(ends) == 4
+    assert all(e["ts"] >= 0 and e["dur"] >= 0 for e in complete)
+    assert len({json.dumps(e["id2"]) + str(e["pid"]) for e in begins}) == 4
+    from_trace = output.read_json(str(tpath))
+    key = lambda r: (r["rank"], r["start"])                          # noqa: E731
+    assert sorted(from_trace, key=key) == sorted(records, key=key)
+
+    summ = subprocess.run([sys.executable, "-m", "mcr.log", "summary", str(jpath)],
+                          capture_output=True, text=True, timeout=60)
+    assert summ.returncode == 0 and "Allreduce  gloo" in summ.stdout, summ
+    png = tmp_path / "log.png"
+    plotted = subprocess.run([sys.executable, "-m", "mcr.log", "plot", str(tpath), "--out",
+                              str(png)], capture_output=True, text=True, timeout=120)
+    assert plotted.returncode == 0, plotted.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_summary_per_rank():
+    env = dict(mpi_env(), MCR_LOG="summary:ranks")
+    result = launch.run(2, [sys.executable, "-c", "import mcr, torch\n"
+                            "mcr.COMM_WORLD.Bcast(torch.ones(3), 0)\n"], timeout=120,
+                        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert result.returncode == 0, result.stdout
+    assert "(rank 0 of 2)" in result.stdout and "(rank 1 of 2)" in result.stdout
+    assert result.stdout.count("Bcast") == 2
+
+
+def test_bad_mcr_log_fails_import_without_mpi():
+    env = dict(os.environ, MCR_LOG="summary,jsn:x")
+    proc = subprocess.run([sys.executable, "-c", "import mcr"], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode != 0
+    assert "MCR_LOG: 'jsn:x' is not understood" in proc.stderr, proc.stderr
+
+
+def test_overhead_benchmark_runs():
+    code, out = run_script(1, ["-m", "mcr.log", "overhead", "--iters", "20", "--rounds", "1"],
+                           timeout=120)
+    assert code == 0, out
+    assert "Allreduce 4 B" in out and "+summary" in out
+
+
+# -- without MPI ---------------------------------------------------------------------------
+
+def test_config_parse():
+    cfg = Config.parse("summary:stragglers, trace:/tmp/t.json")
+    assert cfg.summary and cfg.stragglers and not cfg.ranks
+    assert cfg.trace == "/tmp/t.json" and cfg.json is None and cfg.keep
+    assert not Config.parse("summary").keep
+    for bad in ("summary:all", "json", "trace:", "csv:x"):
+        with raises(ValueError, "MCR_LOG", repr(bad)):
+            Config.parse(bad)
+
+
+def test_bus_factors_are_nccl_tests():
+    assert report.bus_factor("Allreduce", 4) == pytest.approx(2 * 3 / 4)
+    assert report.bus_factor("Allgather", 8) == pytest.approx(7 / 8)
+    assert report.bus_factor("Reduce_scatter_block", 2) == pytest.approx(0.5)
+    assert report.bus_factor("Alltoall", 4) == pytest.approx(0.75)
+    assert report.bus_factor("Bcast", 4) == 1.0 and report.bus_factor("Send", 2) == 1.0
+    assert report.bus_factor("Allreduce", 1) == 0.0
+
+
+def test_rows_and_tables():
+    rows = report.rows({("Allreduce", "mpi", 1 << 20, 4): (4, 4_000_000, 900_000,
+                                                          1_200_000, 4 << 20)})
+    (r,) = rows
+    assert r["avg_us"] == pytest.approx(1000.0) and r["calls"] == 4
+    assert r["algbw_GBps"] == pytest.approx((1 << 20) / 1e6)
+    assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * 1.5)
+    text = report.format_summary(rows)
+    assert "1 MiB" in text and "1000.00" in text
+    again = report.rows_from_records([dict(op="Allreduce", backend="mpi", bytes=1 << 20,
+                                           procs=4, duration_us=1000.0, wire_bytes=1 << 20)])
+    assert again[0]["avg_us"] == pytest.approx(1000.0)
+    strag = report.stragglers([rows, [dict(rows[0], avg_us=2000.0)]])
+    assert strag[0]["slowest_rank"] == 1 and strag[0]["spread"] == pytest.approx(2.0)
+    assert "(no calls logged)" in report.format_summary([])
+
+
+def test_read_json_names_the_bad_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"op": "Bcast", "duration_us": 1}\n{oops\n')
+    with raises(ValueError, f"{path}:2"):
+        output.read_json(str(path))
+    path.write_text('[1, 2]\n')
+    with raises(ValueError, f"{path}:1", "not an mcr log record"):
+        output.read_json(str(path))
