@@ -1,0 +1,900 @@
+"""Compressed collectives: Allreduce, Allgather(v), Bcast and Alltoall(v) on
+float32/float64 buffers, with each payload encoded by a lossy codec before it
+goes on the wire and decoded after.
+
+Codecs (``codec(spec)``): ``"fp16"`` and ``"bf16"`` (a cast, 2 bytes per
+value), ``"zfp:rate=R"`` (zfp's fixed-rate mode through the ``zfpy`` package,
+``R`` bits per value; ``pip install "mcr[zfp]"``), a pair ``(encode,
+decode)`` of functions, or a ``Codec``.
+
+The core parses and validates a call exactly as for an uncompressed one, asks
+``applies(op, msg)`` whether compression serves it, and if so hands it to
+``run``. Every operation here is a short pipeline of *stages*, each one
+exchange of encoded bytes (an all-to-all, all-gather or broadcast through
+mcr's own ``I...`` methods, on the chosen backend), with local work between
+stages: encode, decode, reduce.
+
+Private communicators, and the order of stages
+----------------------------------------------
+Stage ``k`` of every compressed operation of a communicator runs on a private
+duplicate of it, ``private_comms(comm, backend).comms[k]``, made when the
+first operation that needs it is posted (the ``Dup`` is collective, so it
+happens inside a call every rank makes, never inside a ``Wait``). Stage 0 is
+posted by the call itself. A later stage is posted once the stage before it
+has completed, which is found out inside ``Test``/``Wait`` of *some*
+compressed request, so ranks may find it out at different times and in a
+different order of operations. Collectives on one communicator must be posted
+in the same order on every rank, so each private communicator keeps a FIFO of
+the operations whose stage on it is still to be posted, in the order the
+operations were posted (the same on every rank): an operation's stage ``k``
+is posted only once every operation before it has posted its own, and each
+``Test``/``Wait`` of a compressed request of the communicator posts all that
+has become ready, in that order.
+
+Progress rule: a stage after the first is posted only while this rank tests
+or waits on a compressed request of the same communicator and backend (or
+makes a blocking compressed call on it). A program that posts a multi-stage
+compressed operation (an Allreduce; any operation of a codec whose wire size
+is not fixed) and then blocks in something else that needs the other ranks
+to have finished it can deadlock, where the uncompressed operation would not.
+
+The private communicators are freed with the communicator (an MPI attribute
+whose delete callback frees them in ``Comm.Free``); those of ``COMM_WORLD``
+and ``COMM_SELF`` are left to ``MPI_Finalize``.
+
+Algorithms and their precision
+------------------------------
+``decode(encode(x))`` is written ``Q(x)`` below (the codec's rounding).
+
+- Allreduce (ops SUM, MAX, MIN): the vector of ``n`` elements is cut into
+  ``size`` chunks, chunk ``i`` of ``n // size`` elements plus one for
+  ``i < n % size``. Each rank encodes its chunk ``j`` and sends it to rank
+  ``j`` (stage 0: all-to-all); rank ``j`` decodes the ``size`` chunks it got
+  and reduces them in rank order (``((Q(x0) + Q(x1)) + Q(x2)) + ...``) in the
+  buffer's own type (float32 stays float32, float64 float64), encodes the
+  reduced chunk, and all ranks gather the encoded reduced chunks (stage 1)
+  and decode them, the owner its own too. So every rank gets the same bits:
+  ``Q(fold(Q(x_0[c]), ..., Q(x_{size-1}[c])))`` for each chunk ``c``: each
+  input rounded once by the codec, the sum exact-order in full precision,
+  the result rounded once more.
+- Allgather(v): each rank encodes its block, all gather the encoded blocks
+  and decode every block into place, their own too: every rank holds
+  ``Q(block)`` of every rank.
+- Bcast: the root encodes, broadcasts, the others decode (``Q(buf)``); the
+  root's buffer is not changed.
+- Alltoall(v): each rank encodes each block it sends, exchanges them, and
+  decodes each block it receives (its own block to itself too).
+
+``fp16``/``bf16`` round to nearest even; a value beyond the float16 range
+(abs above 65504) becomes inf, and bf16 keeps float32's range with 8 bits of
+significand. zfp's fixed-rate mode bounds the size, not the error: the error
+of a value depends on the values of its block of 4 (see the docs page for
+the bound the tests check).
+
+Wire size
+---------
+A payload's size comes from ``Codec.wire_nbytes(numel, dtype)`` when it
+returns an int (fp16/bf16: ``2 * numel``; zfp fixed-rate: the zfp stream's
+size); when it returns None (user codecs), the sizes are exchanged first, in
+one more stage of int64 (an all-to-all, all-gather or broadcast). A codec's
+``wire_nbytes`` must return None for every size or for none.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import math
+import re
+from collections import deque
+from collections.abc import Callable, Generator, Sequence
+from typing import Any
+
+import torch
+from mpi4py import MPI
+
+from mcr import _core
+from mcr.backends import compose
+from mcr.backends.message import Side
+
+__all__ = ["SUPPORTED_OPS", "FORMS", "Codec", "codec", "applies", "check", "run",
+           "private_comms"]
+
+SUPPORTED_OPS: tuple[str, ...] = ("Allreduce", "Allgather", "Allgatherv", "Bcast",
+                                  "Alltoall", "Alltoallv")
+FORMS: tuple[str, ...] = ("blocking", "nonblocking", "persistent")
+REDUCTIONS: tuple[str, ...] = ("SUM", "MAX", "MIN")
+BACKENDS: tuple[str, ...] = ("mpi", "gloo", "nccl")
+_FLOATS = {"float32": torch.float32, "float64": torch.float64}
+_BYTE = torch.uint8
+_SIZE = torch.int64            # the element type of exchanged payload sizes
+
+
+# -- Codecs ---------------------------------------------------------------------------
+
+
+class Codec:
+    """A lossy encoding of float32/float64 tensors for the wire.
+
+    Subclass it and define ``encode`` and ``decode`` (and ``wire_nbytes``
+    when the payload's size follows from the element count), or pass an
+    ``(encode, decode)`` pair to ``codec``.
+    """
+
+    name = "codec"
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """The payload of ``x`` (a 1-D contiguous float32/float64 tensor): a
+        tensor of any type on ``x``'s device; its bytes travel."""
+        raise NotImplementedError(f"compress: codec {self.name!r} does not define encode")
+
+    def decode(self, payload: torch.Tensor, out: torch.Tensor) -> None:
+        """Write the values ``payload`` (the bytes ``encode`` made, as a uint8
+        tensor) encodes into ``out`` (1-D, the type and length encoded)."""
+        raise NotImplementedError(f"compress: codec {self.name!r} does not define decode")
+
+    def wire_nbytes(self, numel: int, dtype: torch.dtype) -> int | None:
+        """The payload's size in bytes for ``numel`` elements of ``dtype``, or
+        None when it depends on the values (the sizes are then exchanged)."""
+        return None
+
+    def __repr__(self) -> str:
+        return f"<mcr.compress.Codec {self.name!r}>"
+
+
+class _Cast(Codec):
+    """fp16 or bf16: a cast, rounding to nearest even, on the tensor's device."""
+
+    def __init__(self, name: str, dtype: torch.dtype) -> None:
+        self.name, self.dtype = name, dtype
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to(self.dtype)
+
+    def decode(self, payload: torch.Tensor, out: torch.Tensor) -> None:
+        out.copy_(payload.view(self.dtype))
+
+    def wire_nbytes(self, numel: int, dtype: torch.dtype) -> int:
+        return 2 * numel
+
+
+_ZFP_HEADER_BITS = 96          # zfpy's full header: magic 32, metadata 52, mode 12
+_ZFP_MIN_BLOCK_BITS = {torch.float32: 9, torch.float64: 12}   # sign + exponent of a block
+
+
+class _Zfp(Codec):
+    """zfp fixed-rate on host memory (zfpy); CUDA tensors go through host copies."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self.name = f"zfp:rate={rate:g}"
+        self.zfpy = _import_zfpy(self.name)
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() == 0:
+            return torch.empty(0, dtype=_BYTE, device=x.device)
+        stream = self.zfpy.compress_numpy(x.detach().cpu().numpy(), rate=self.rate)
+        return torch.frombuffer(bytearray(stream), dtype=_BYTE).to(x.device)
+
+    def decode(self, payload: torch.Tensor, out: torch.Tensor) -> None:
+        if out.numel() == 0:
+            return
+        values = self.zfpy.decompress_numpy(payload.cpu().numpy().tobytes())
+        if values.size != out.numel():
+            raise ValueError(f"compress: {self.name} decoded {values.size} values, "
+                             f"expected {out.numel()}")
+        out.copy_(torch.from_numpy(values.reshape(-1)))
+
+    def wire_nbytes(self, numel: int, dtype: torch.dtype) -> int:
+        # zfp codes 1-D arrays in blocks of 4 values, each of floor(4 R + 1/2)
+        # bits (at least its exponent's), after the header; the stream is
+        # flushed to 64-bit words
+        if numel == 0:
+            return 0
+        block = max(math.floor(4 * self.rate + 0.5), _ZFP_MIN_BLOCK_BITS[dtype])
+        bits = _ZFP_HEADER_BITS + -(-numel // 4) * block
+        return -(-bits // 64) * 8
+
+
+class _User(Codec):
+    """A user's ``(encode, decode)`` pair: ``encode(x) -> tensor``,
+    ``decode(payload, like) -> tensor`` with ``like.numel()`` elements."""
+
+    def __init__(self, encode: Callable[[torch.Tensor], Any],
+                 decode: Callable[[torch.Tensor, torch.Tensor], Any]) -> None:
+        self.name = f"({getattr(encode, '__name__', 'encode')}, " \
+                    f"{getattr(decode, '__name__', 'decode')})"
+        self.encode_fn, self.decode_fn = encode, decode
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        payload = self.encode_fn(x)
+        if not isinstance(payload, torch.Tensor):
+            raise TypeError(f"compress: encode of codec {self.name} must return a torch "
+                            f"tensor, returned {type(payload).__name__}")
+        return payload
+
+    def decode(self, payload: torch.Tensor, out: torch.Tensor) -> None:
+        values = self.decode_fn(payload, out)
+        if not isinstance(values, torch.Tensor) or values.numel() != out.numel():
+            got = (f"a tensor of {values.numel()} elements" if isinstance(values, torch.Tensor)
+                   else type(values).__name__)
+            raise TypeError(f"compress: decode of codec {self.name} must return a tensor of "
+                            f"{out.numel()} elements, returned {got}")
+        out.copy_(values.reshape(-1))
+
+
+def _import_zfpy(name: str) -> Any:
+    try:
+        zfpy = importlib.import_module("zfpy")      # an optional extra, without stubs
+    except ImportError:
+        raise ImportError(f"compress: codec {name!r} needs the zfpy package: "
+                          'pip install "mcr[zfp]"') from None
+    return zfpy
+
+
+_SPEC_HELP = ("'fp16', 'bf16', 'zfp:rate=R', an (encode, decode) pair of callables or an "
+              "mcr.compress.Codec")
+
+
+def codec(spec: object) -> Codec:
+    """The codec ``spec`` names (cached per spec where it is hashable).
+
+    Parameters
+    ----------
+    spec : str, tuple or Codec
+        ``"fp16"``, ``"bf16"``, ``"zfp:rate=R"`` (R bits per value, 0 < R <= 64),
+        a pair ``(encode, decode)`` of callables, or a ``Codec`` (returned as is).
+
+    Raises
+    ------
+    TypeError
+        For a spec of another kind.
+    ValueError
+        For an unknown codec name or a bad rate.
+    ImportError
+        For zfp when zfpy is not installed.
+    """
+    if isinstance(spec, Codec):
+        return spec
+    if isinstance(spec, str):
+        return _named(spec)
+    if isinstance(spec, tuple) and len(spec) == 2 and all(callable(f) for f in spec):
+        try:
+            return _paired(spec)
+        except TypeError:           # an unhashable callable: not cached
+            return _User(*spec)
+    raise TypeError(f"compress: expected {_SPEC_HELP}, got {spec!r}")
+
+
+@functools.lru_cache(maxsize=64)
+def _named(spec: str) -> Codec:
+    if spec == "fp16":
+        return _Cast("fp16", torch.float16)
+    if spec == "bf16":
+        return _Cast("bf16", torch.bfloat16)
+    if spec == "zfp" or spec.startswith("zfp:"):
+        found = re.fullmatch(r"zfp:rate=([0-9.eE+-]+)", spec)
+        rate = _number(found.group(1)) if found else None
+        if rate is None or not 0 < rate <= 64:
+            raise ValueError(f"compress: expected 'zfp:rate=R' with R bits per value, "
+                             f"0 < R <= 64, got {spec!r}")
+        return _Zfp(rate)
+    raise ValueError(f"compress: unknown codec {spec!r}; expected {_SPEC_HELP}")
+
+
+@functools.lru_cache(maxsize=64)
+def _paired(spec: tuple[Any, Any]) -> Codec:
+    return _User(*spec)
+
+
+def _number(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _encoded(c: Codec, x: torch.Tensor) -> torch.Tensor:
+    """``c.encode(x)`` as contiguous bytes, checked against ``c.wire_nbytes``."""
+    payload = c.encode(x)
+    if payload.device != x.device:
+        raise ValueError(f"compress: codec {c.name} encoded a tensor on {x.device} into one "
+                         f"on {payload.device}; the payload must stay on the tensor's device")
+    payload = payload.contiguous().reshape(-1)
+    if payload.dtype != _BYTE:
+        payload = payload.view(_BYTE)
+    expected = c.wire_nbytes(x.numel(), x.dtype)
+    if expected is not None and payload.numel() != expected:
+        raise ValueError(f"compress: codec {c.name} encoded {x.numel()} elements into "
+                         f"{payload.numel()} bytes, its wire_nbytes says {expected}")
+    return payload
+
+
+# -- What compression serves ----------------------------------------------------------
+
+
+def _sides(op: str, msg: Any) -> tuple[Side, Side]:
+    """(send side, receive side) of a parsed message: the one place that
+    reads the caller's buffers (Bcast: both are ``buf``)."""
+    r = Side(msg.side(1))
+    return (r if op == "Bcast" else Side(msg.side(0))), r
+
+
+def why_not(op: str, msg: Any) -> str | None:
+    """Why compression does not serve ``op`` on ``msg``; None when it does."""
+    if op not in SUPPORTED_OPS:
+        return f"it applies to {', '.join(SUPPORTED_OPS)}, not {op}"
+    s, r = _sides(op, msg)
+    for side, arg in ((s, "sendbuf"), (r, "recvbuf")):
+        if side.kind == "in_place":
+            continue
+        if side.tname not in _FLOATS:
+            what = "a derived datatype" if side.tname is None else side.tname
+            return (f"{'buf' if op == 'Bcast' else arg}: compression applies to float32 "
+                    f"and float64 elements, got {what}")
+    return None
+
+
+def applies(op: str, msg: Any) -> bool:
+    """Whether the compressed path serves ``op`` (a name of ``SUPPORTED_OPS``
+    or any other method name) on the parsed message ``msg``: float32/float64
+    elements on both sides (or ``IN_PLACE``)."""
+    return why_not(op, msg) is None
+
+
+def check(op: str, msg: Any, args: Sequence[Any] = ()) -> None:
+    """Raise what ``run`` would raise for ``op`` on ``msg`` before it
+    communicates: TypeError when compression does not apply, ValueError for
+    an Allreduce op other than SUM, MAX, MIN."""
+    reason = why_not(op, msg)
+    if reason is not None:
+        raise TypeError(f"compress: {reason}")
+    if op == "Allreduce":
+        _reduction(args)
+
+
+def _reduction(args: Sequence[Any]) -> str:
+    op = args[2] if len(args) > 2 else MPI.SUM
+    name = None
+    if isinstance(op, MPI.Op):
+        name = next((n for n in REDUCTIONS if getattr(MPI, n) == op), None)
+    if name is None:
+        raise ValueError(f"compress: Allreduce supports op {', '.join(REDUCTIONS)}, got "
+                         f"{_op_text(op)}")
+    return name
+
+
+def _op_text(op: object) -> str:
+    if isinstance(op, MPI.Op):
+        for n in ("PROD", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR", "MAXLOC", "MINLOC"):
+            if op == getattr(MPI, n):
+                return n
+        return "a user-defined op"
+    return repr(op)
+
+
+# -- Private communicators and the order of stages ------------------------------------
+
+
+class _Group:
+    """The private communicators of one (communicator, backend): stage ``k``
+    runs on ``comms[k]``; ``waiting[k]``: the operations whose stage ``k`` is
+    still to be posted, in posting order."""
+
+    def __init__(self, comm: Any, backend: str) -> None:
+        self.comm, self.backend = comm, backend
+        self.comms: list[Any] = []
+        self.waiting: list[deque[_Flight]] = []
+        self.busy = False
+
+    def ensure(self, stages: int) -> None:
+        """Make the first ``stages`` private communicators (collective)."""
+        while len(self.comms) < stages:
+            private = self.comm.Dup()
+            if self.backend != "mpi":
+                # the backend's group too, now: a lazy one would be made inside
+                # some Wait, which ranks reach at different points
+                from mcr import backends
+                backends.subcomm(private, self.backend).start()
+            self.comms.append(private)
+            self.waiting.append(deque())
+
+    def pump(self) -> None:
+        """Post every later stage that has become ready, in posting order."""
+        if self.busy:           # a Test below came back here
+            return
+        self.busy = True
+        try:
+            moved = True
+            while moved:
+                moved = False
+                for k in range(1, len(self.waiting)):
+                    queue = self.waiting[k]
+                    while queue and queue[0].stage == k - 1 and queue[0].ready():
+                        queue.popleft().post(k)
+                        moved = True
+        finally:
+            self.busy = False
+
+    def free(self) -> None:
+        for private in self.comms:
+            private.Free()
+        self.comms.clear()
+
+
+_KEYVAL: int | None = None
+
+
+def _attached(comm: Any) -> dict[Any, Any]:
+    """The dict of compression state kept on ``comm`` (an MPI attribute)."""
+    global _KEYVAL
+    if _KEYVAL is None:
+        _KEYVAL = MPI.Comm.Create_keyval(delete_fn=_release)
+    found = comm.Get_attr(_KEYVAL)
+    if found is None:
+        found = {}
+        comm.Set_attr(_KEYVAL, found)
+    state: dict[Any, Any] = found
+    return state
+
+
+def _release(comm: Any, keyval: int, state: dict[Any, Any]) -> None:
+    """MPI's delete callback: ``comm`` is being freed (collectively), so are
+    its private communicators. At MPI_Finalize (COMM_WORLD, COMM_SELF) MPI
+    frees them itself."""
+    if comm == MPI.COMM_WORLD or comm == MPI.COMM_SELF:
+        return
+    for held in state.values():
+        held.free()
+
+
+def private_comms(comm: Any, backend: str) -> _Group:
+    """The private communicators of ``comm``'s compressed operations on
+    ``backend`` (one per stage, made as operations need them)."""
+    state = _attached(comm)
+    group = state.get(backend)
+    if group is None:
+        group = state[backend] = _Group(comm, backend)
+    assert isinstance(group, _Group)
+    return group
+
+
+# A pipeline yields, for each stage, the function that posts its exchange on
+# that stage's private communicator; it is resumed once the exchange is done.
+_Post = Callable[[Any], Any]
+_Pipeline = Generator[_Post, None, None]
+
+
+class _Flight:
+    """One compressed operation in progress (the work of its Request)."""
+
+    def __init__(self, group: _Group, pipeline: _Pipeline, stages: int,
+                 on_wire: Callable[[int], object] | None, sent: list[int]) -> None:
+        self.group, self.pipeline, self.stages = group, pipeline, stages
+        self.on_wire, self.sent = on_wire, sent
+        self.stage = -1
+        self.req: Any = None
+        self.req_done = False
+        self.finished = False
+
+    def post(self, k: int) -> None:
+        """Post stage ``k`` (its previous stage is complete)."""
+        poster = next(self.pipeline)
+        self.stage, self.req_done = k, False
+        self.req = poster(self.group.comms[k])
+
+    def ready(self) -> bool:
+        """Whether the stage in flight is complete."""
+        if not self.req_done:
+            self.req_done = bool(self.req.Test())
+        return self.req_done
+
+    def is_completed(self) -> bool:
+        if self.finished:
+            return True
+        self.group.pump()
+        if self.stage == self.stages - 1 and self.ready():
+            for _ in self.pipeline:     # the last decode; the pipeline ends here
+                raise RuntimeError("compress: a pipeline has more stages than it said")
+            self.finished = True
+            if self.on_wire is not None:
+                self.on_wire(self.sent[0])
+        return self.finished
+
+    def wait(self) -> None:
+        pass
+
+
+def _launch(comm: Any, backend: str, plan: Callable[[list[int]], tuple[int, _Pipeline]],
+            on_wire: Callable[[int], object] | None) -> Any:
+    """Post stage 0 of a new operation and queue its later stages; its Request."""
+    sent = [0]
+    stages, pipeline = plan(sent)
+    group = private_comms(comm, backend)
+    group.ensure(stages)
+    flight = _Flight(group, pipeline, stages, on_wire, sent)
+    flight.post(0)
+    for k in range(1, stages):
+        group.waiting[k].append(flight)
+    return _core._work_request(backend, [flight])
+
+
+# -- Persistent requests --------------------------------------------------------------
+
+
+class _Catch:
+    """A stand-in backend sub-communicator of the parse communicator: the
+    core hands it the parsed message, which it keeps, and nothing is sent."""
+
+    name = "gloo"
+
+    def __init__(self) -> None:
+        self.msg: Any = None
+
+    def check(self, msg: Any, args: Sequence[object], one_buffer: bool) -> None:
+        self.msg = msg
+
+    def caught(self, msg: Any, **keywords: Any) -> Any:
+        self.msg = msg
+        return _core._work_request(self.name, [])
+
+    allreduce = allgather = allgatherv = bcast = alltoall = alltoallv = caught
+
+    def free(self) -> None:
+        pass
+
+
+def _parse_comm(comm: Any) -> tuple[Any, _Catch]:
+    """A private duplicate of ``comm`` (made at first need, collective) whose
+    "gloo" sub-communicator is a ``_Catch``."""
+    state = _attached(comm)
+    found = state.get("parse")
+    if found is None:
+        from mcr import backends
+        dup = comm.Dup()
+        catch = _Catch()
+        subs = dup.Get_attr(backends._keyval())
+        if subs is None:
+            subs = {}
+            dup.Set_attr(backends._keyval(), subs)
+        subs["gloo"] = catch
+        found = state["parse"] = _Parsing(dup, catch)
+    return found.comm, found.catch
+
+
+class _Parsing:
+    def __init__(self, comm: Any, catch: _Catch) -> None:
+        self.comm, self.catch = comm, catch
+
+    def free(self) -> None:
+        self.comm.Free()
+
+
+def _method(op: str, form: str) -> str:
+    if form == "nonblocking":
+        return "I" + op[0].lower() + op[1:]
+    return op + "_init" if form == "persistent" else op
+
+
+def _parsed(comm: Any, op: str, args: Sequence[Any]) -> Any:
+    """``args`` of ``op`` parsed and validated by the core, as it hands them to
+    a backend (the ``I`` form on the parse communicator: nothing is sent)."""
+    parse, catch = _parse_comm(comm)
+    catch.msg = None
+    getattr(parse, _method(op, "nonblocking"))(*args, backend="gloo").Wait()
+    return catch.msg
+
+
+def _prequest(comm: Any, op: str, args: Sequence[Any], start: Callable[[], Any]) -> Any:
+    """A Prequest whose each Start calls ``start()`` (which posts and returns a
+    Request): the core's ``_prequest`` where it has one, else an emulated
+    persistent request of the parse communicator whose start posts here."""
+    make = getattr(_core, "_prequest", None)
+    if make is not None:
+        return make(comm, start)
+    parse, _ = _parse_comm(comm)
+    anchor = _anchor_class()(parse)
+    anchor.start = start
+    return getattr(anchor, _method(op, "persistent"))(*args, backend="gloo")
+
+
+@functools.cache
+def _anchor_class() -> type:
+    from mcr import Comm
+
+    class _Anchor(Comm):
+        """A handle on the parse communicator whose emulated persistent
+        requests start through ``self.start`` (the core's emulated Start
+        calls ``self._icall``)."""
+
+        start: Callable[[], Any]
+
+        def _icall(self, *unused: Any) -> Any:
+            return self.start()
+
+    return _Anchor
+
+
+# -- The operations --------------------------------------------------------------------
+
+
+def run(comm: Any, op: str, form: str, msg: Any, args: Sequence[Any], codec_spec: Any,
+        backend: str, on_wire: Callable[[int], object] | None = None) -> Any:
+    """Run ``op`` compressed.
+
+    Parameters
+    ----------
+    comm : mcr.Comm
+        The communicator.
+    op : str
+        One of ``SUPPORTED_OPS``.
+    form : str
+        ``"blocking"`` (returns None once done), ``"nonblocking"`` (returns
+        an ``mcr.Request``) or ``"persistent"`` (returns an ``mcr.Prequest``
+        whose each Start encodes what the buffers hold then).
+    msg : parsed message or None
+        The core's parsed message of ``args``; None: parse ``args`` here.
+    args : sequence
+        The method's arguments in its blocking signature's order (Allreduce:
+        sendbuf, recvbuf, op; Bcast: buf, root; the others: sendbuf, recvbuf).
+    codec_spec : str, tuple or Codec
+        What ``codec`` accepts.
+    backend : str
+        The backend the exchanges run on: ``"mpi"``, ``"gloo"`` or ``"nccl"``.
+    on_wire : callable, optional
+        Called with the bytes this rank sends to other ranks for the call
+        (each Start for persistent), once the operation completes.
+
+    Raises
+    ------
+    ValueError
+        For an unknown op, form or backend, a bad codec, or an Allreduce op
+        other than SUM, MAX, MIN.
+    TypeError
+        When compression does not apply to the message (elements not
+        float32/float64) or the codec spec is of a wrong kind.
+    """
+    if op not in SUPPORTED_OPS:
+        raise ValueError(f"compress: op: expected one of {', '.join(SUPPORTED_OPS)}, "
+                         f"got {op!r}")
+    if form not in FORMS:
+        raise ValueError(f"compress: form: expected one of {', '.join(FORMS)}, got {form!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"compress: backend: expected one of {', '.join(BACKENDS)}, got "
+                         f"{backend!r}")
+    c = codec(codec_spec)
+    if msg is None:
+        msg = _parsed(comm, op, args)
+    check(op, msg, args)
+    s, r = _sides(op, msg)
+    size, rank = comm.Get_size(), comm.Get_rank()
+
+    def plan(sent: list[int]) -> tuple[int, _Pipeline]:
+        return _PLANS[op](c, backend, size, rank, s, r, args, sent)
+
+    if form == "persistent":
+        return _prequest(comm, op, args, lambda: _launch(comm, backend, plan, on_wire))
+    req = _launch(comm, backend, plan, on_wire)
+    if form == "blocking":
+        req.Wait()
+        return None
+    return req
+
+
+def _fixed(c: Codec, counts: Sequence[int], dtype: torch.dtype) -> list[int] | None:
+    """The payload sizes of blocks of ``counts`` elements, or None when the
+    codec's sizes depend on the values."""
+    sizes = [c.wire_nbytes(n, dtype) for n in counts]
+    if any(n is None for n in sizes):
+        return None
+    return [int(n) for n in sizes if n is not None]
+
+
+def _offsets(sizes: Sequence[int]) -> list[int]:
+    out, at = [], 0
+    for n in sizes:
+        out.append(at)
+        at += n
+    return out
+
+
+def _joined(payloads: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
+    if not payloads:
+        return torch.empty(0, dtype=_BYTE, device=device)
+    return torch.cat(list(payloads)) if len(payloads) > 1 else payloads[0]
+
+
+def _decode_all(c: Codec, packed: torch.Tensor, sizes: Sequence[int],
+                outs: Sequence[torch.Tensor]) -> None:
+    for payload, out in zip(torch.split(packed, list(sizes)), outs):
+        if out.numel():
+            c.decode(payload, out)
+
+
+def _alltoallv(backend: str, inp: torch.Tensor, in_sizes: Sequence[int], out: torch.Tensor,
+               out_sizes: Sequence[int]) -> _Post:
+    def post(private: Any) -> Any:
+        return private.Ialltoallv([inp, list(in_sizes), _offsets(in_sizes)],
+                                  [out, list(out_sizes), _offsets(out_sizes)], backend=backend)
+    return post
+
+
+def _allgatherv(backend: str, mine: torch.Tensor, out: torch.Tensor,
+                sizes: Sequence[int]) -> _Post:
+    def post(private: Any) -> Any:
+        return private.Iallgatherv(mine, [out, list(sizes), _offsets(sizes)], backend=backend)
+    return post
+
+
+def _sizes_alltoall(backend: str, mine: Sequence[int], device: torch.device
+                    ) -> tuple[torch.Tensor, _Post]:
+    """(the sizes to receive, the post of an all-to-all of one int64 per rank)."""
+    inp = torch.tensor(list(mine), dtype=_SIZE, device=device)
+    out = torch.empty(len(mine), dtype=_SIZE, device=device)
+    return out, lambda private: private.Ialltoall(inp, out, backend=backend)
+
+
+def _sizes_allgather(backend: str, mine: int, size: int, device: torch.device
+                     ) -> tuple[torch.Tensor, _Post]:
+    inp = torch.tensor([mine], dtype=_SIZE, device=device)
+    out = torch.empty(size, dtype=_SIZE, device=device)
+    return out, lambda private: private.Iallgather(inp, out, backend=backend)
+
+
+def _blocks(x: Side, counts: Sequence[int], displs: Sequence[int]) -> list[torch.Tensor]:
+    return [x.typed(n, d) for n, d in zip(counts, displs)]
+
+
+def _others(sizes: Sequence[int], rank: int) -> int:
+    return sum(n for i, n in enumerate(sizes) if i != rank)
+
+
+# Each plan: (stages, pipeline). A pipeline encodes before its first yield
+# (so encoding errors come before any communication), yields one post per
+# stage and decodes after the last; ``sent[0]`` collects the bytes this rank
+# sends to other ranks.
+
+_Plan = Callable[[Codec, str, int, int, Side, Side, Sequence[Any], list[int]],
+                 tuple[int, _Pipeline]]
+
+
+def _plan_allreduce(c: Codec, backend: str, size: int, rank: int, s: Side, r: Side,
+                    args: Sequence[Any], sent: list[int]) -> tuple[int, _Pipeline]:
+    reduction = _reduction(args)
+    n = r.count
+    dtype = _FLOATS[r.tname]
+    device = r.torch_device()
+    counts = [n // size + (1 if i < n % size else 0) for i in range(size)]
+    displs = _offsets(counts)
+    x = r if s.kind == "in_place" else s
+    fixed = _fixed(c, counts, dtype)
+
+    def pipeline() -> _Pipeline:
+        chunks = [_encoded(c, t) for t in _blocks(x, counts, displs)]
+        out_sizes: list[int]
+        if fixed is None:
+            got, post = _sizes_alltoall(backend, [p.numel() for p in chunks], device)
+            sent[0] += 8 * (size - 1)
+            yield post
+            out_sizes = [int(v) for v in got.tolist()]
+        else:
+            out_sizes = [fixed[rank]] * size
+        in_sizes = [p.numel() for p in chunks]
+        inbox = torch.empty(sum(out_sizes), dtype=_BYTE, device=device)
+        sent[0] += _others(in_sizes, rank)
+        yield _alltoallv(backend, _joined(chunks, device), in_sizes, inbox, out_sizes)
+        # decode the operands of this rank's chunk, reduce them in rank order
+        operands = [torch.empty(counts[rank], dtype=dtype, device=device)
+                    for _ in range(size)]
+        _decode_all(c, inbox, out_sizes, operands)
+        reduced = _encoded(c, compose.fold(reduction, operands)) if counts[rank] else \
+            torch.empty(0 if fixed is None else fixed[rank], dtype=_BYTE, device=device)
+        if fixed is None:
+            got, post = _sizes_allgather(backend, reduced.numel(), size, device)
+            sent[0] += 8 * (size - 1)
+            yield post
+            sizes = [int(v) for v in got.tolist()]
+        else:
+            sizes = fixed
+        gathered = torch.empty(sum(sizes), dtype=_BYTE, device=device)
+        sent[0] += reduced.numel() * (size - 1)
+        yield _allgatherv(backend, reduced, gathered, sizes)
+        _decode_all(c, gathered, sizes, _blocks(r, counts, displs))
+
+    return (2 if fixed is not None else 4), pipeline()
+
+
+def _plan_allgather(c: Codec, backend: str, size: int, rank: int, s: Side, r: Side,
+                    args: Sequence[Any], sent: list[int]) -> tuple[int, _Pipeline]:
+    counts, displs = r.blocks(size)
+    dtype = _FLOATS[r.tname]
+    device = r.torch_device()
+    fixed = _fixed(c, counts, dtype)
+
+    def pipeline() -> _Pipeline:
+        own = r.typed(counts[rank], displs[rank]) if s.kind == "in_place" \
+            else s.typed(s.count)
+        mine = _encoded(c, own)
+        if fixed is None:
+            got, post = _sizes_allgather(backend, mine.numel(), size, device)
+            sent[0] += 8 * (size - 1)
+            yield post
+            sizes = [int(v) for v in got.tolist()]
+        else:
+            sizes = fixed
+        out = torch.empty(sum(sizes), dtype=_BYTE, device=device)
+        sent[0] += mine.numel() * (size - 1)
+        yield _allgatherv(backend, mine, out, sizes)
+        _decode_all(c, out, sizes, _blocks(r, counts, displs))
+
+    return (1 if fixed is not None else 2), pipeline()
+
+
+def _plan_bcast(c: Codec, backend: str, size: int, rank: int, s: Side, r: Side,
+                args: Sequence[Any], sent: list[int]) -> tuple[int, _Pipeline]:
+    root = args[1] if len(args) > 1 else 0
+    dtype = _FLOATS[r.tname]
+    device = r.torch_device()
+    fixed = _fixed(c, [r.count], dtype)
+
+    def pipeline() -> _Pipeline:
+        payload = _encoded(c, r.typed(r.count)) if rank == root else None
+        if fixed is None:
+            nbytes = torch.tensor([payload.numel() if payload is not None else 0],
+                                  dtype=_SIZE, device=device)
+            if rank == root:
+                sent[0] += 8 * (size - 1)
+            yield lambda private: private.Ibcast(nbytes, root, backend=backend)
+            total = int(nbytes.item())
+        else:
+            total = fixed[0]
+        buf = payload if payload is not None else \
+            torch.empty(total, dtype=_BYTE, device=device)
+        if rank == root:
+            sent[0] += buf.numel() * (size - 1)
+        yield lambda private: private.Ibcast(buf, root, backend=backend)
+        if rank != root and r.count:
+            c.decode(buf, r.typed(r.count))
+
+    return (1 if fixed is not None else 2), pipeline()
+
+
+def _plan_alltoall(c: Codec, backend: str, size: int, rank: int, s: Side, r: Side,
+                   args: Sequence[Any], sent: list[int]) -> tuple[int, _Pipeline]:
+    rcounts, rdispls = r.blocks(size)
+    src = r if s.kind == "in_place" else s
+    scounts, sdispls = src.blocks(size)
+    dtype = _FLOATS[r.tname]
+    device = r.torch_device()
+    # every rank decides alike whether sizes are exchanged (None for all or none)
+    fixed_in = _fixed(c, scounts, dtype)
+    fixed_out = _fixed(c, rcounts, dtype)
+    fixed = fixed_in is not None and fixed_out is not None
+
+    def pipeline() -> _Pipeline:
+        blocks = [_encoded(c, t) for t in _blocks(src, scounts, sdispls)]
+        in_sizes = [p.numel() for p in blocks]
+        if fixed_out is None:
+            got, post = _sizes_alltoall(backend, in_sizes, device)
+            sent[0] += 8 * (size - 1)
+            yield post
+            out_sizes = [int(v) for v in got.tolist()]
+        else:
+            out_sizes = fixed_out
+        out = torch.empty(sum(out_sizes), dtype=_BYTE, device=device)
+        sent[0] += _others(in_sizes, rank)
+        yield _alltoallv(backend, _joined(blocks, device), in_sizes, out, out_sizes)
+        _decode_all(c, out, out_sizes, _blocks(r, rcounts, rdispls))
+
+    return (1 if fixed else 2), pipeline()
+
+
+_PLANS: dict[str, _Plan] = {
+    "Allreduce": _plan_allreduce,
+    "Allgather": _plan_allgather,
+    "Allgatherv": _plan_allgather,
+    "Bcast": _plan_bcast,
+    "Alltoall": _plan_alltoall,
+    "Alltoallv": _plan_alltoall,
+}
