@@ -159,7 +159,6 @@ class _Cast(Codec):
 
 
 _ZFP_HEADER_BITS = 96          # zfpy's full header: magic 32, metadata 52, mode 12
-_ZFP_MIN_BLOCK_BITS = {torch.float32: 9, torch.float64: 12}   # sign + exponent of a block
 
 
 class _Zfp(Codec):
@@ -187,11 +186,11 @@ class _Zfp(Codec):
 
     def wire_nbytes(self, numel: int, dtype: torch.dtype) -> int:
         # zfp codes 1-D arrays in blocks of 4 values, each of floor(4 R + 1/2)
-        # bits (at least its exponent's), after the header; the stream is
+        # bits, after the header; the stream is
         # flushed to 64-bit words
         if numel == 0:
             return 0
-        block = max(math.floor(4 * self.rate + 0.5), _ZFP_MIN_BLOCK_BITS[dtype])
+        block = math.floor(4 * self.rate + 0.5)
         bits = _ZFP_HEADER_BITS + -(-numel // 4) * block
         return -(-bits // 64) * 8
 
@@ -242,7 +241,7 @@ def codec(spec: object) -> Codec:
     Parameters
     ----------
     spec : str, tuple or Codec
-        ``"fp16"``, ``"bf16"``, ``"zfp:rate=R"`` (R bits per value, 0 < R <= 64),
+        ``"fp16"``, ``"bf16"``, ``"zfp:rate=R"`` (R bits per value, 3 <= R <= 64),
         a pair ``(encode, decode)`` of callables, or a ``Codec`` (returned as is).
 
     Raises
@@ -275,9 +274,11 @@ def _named(spec: str) -> Codec:
     if spec == "zfp" or spec.startswith("zfp:"):
         found = re.fullmatch(r"zfp:rate=([0-9.eE+-]+)", spec)
         rate = _number(found.group(1)) if found else None
-        if rate is None or not 0 < rate <= 64:
+        if rate is None or not 3 <= rate <= 64:
+            # below 3 bits per value, a block of 4 values holds less than a
+            # float64 exponent, and zfpy's stream is no longer of fixed size
             raise ValueError(f"compress: expected 'zfp:rate=R' with R bits per value, "
-                             f"0 < R <= 64, got {spec!r}")
+                             f"3 <= R <= 64, got {spec!r}")
         return _Zfp(rate)
     raise ValueError(f"compress: unknown codec {spec!r}; expected {_SPEC_HELP}")
 
