@@ -17,7 +17,7 @@ from mpi4py import MPI
 
 import mcr
 from mcr import compress
-from mpiharness import case, mpi_cases
+from mpiharness import case, mpi_cases, run_script
 from util import assert_comm_works, raises
 
 BACKENDS = ("mpi", "gloo")
@@ -440,3 +440,23 @@ def private_comms_freed_with_comm(comm):
 
 
 test_mpi = mpi_cases(__name__)
+
+
+def test_benchmark_tiny():
+    """``python -m mcr.bench.compression`` on a tiny range: one row per
+    operation, size and codec, the uncompressed row exact."""
+    from mcr.bench import compression
+    code, out = run_script(2, ["-m", "mcr.bench.compression", "--sizes", "4K,16K",
+                               "--codecs", "fp16,bf16", "--ops", "Allreduce,Alltoall",
+                               "--rounds", "1", "--iters", "2"], timeout=120)
+    assert code == 0, out
+    rows = [line.split() for line in out.splitlines() if line.startswith(("Allreduce",
+                                                                          "Alltoall"))]
+    assert len(rows) == 2 * 2 * 3, out
+    for op, size, spec, wire, t, speed, err in rows:
+        assert float(t) > 0
+        if spec == "none":
+            assert float(err) == 0
+        else:
+            assert 0 < float(err) < 1, (op, size, spec, err)
+    assert compression._sizes("64K..1M") == [65536, 262144, 1048576]
