@@ -67,8 +67,16 @@ def start_wait(req, form, before=None):
         req.Free()
 
 
-def run(comm, op, form, args, spec, backend, on_wire=None, before=None):
-    start_wait(compress.run(comm, op, form, None, args, spec, backend, on_wire), form, before)
+def method(op, form):
+    if form == "nonblocking":
+        return "I" + op[0].lower() + op[1:]
+    return op + "_init" if form == "persistent" else op
+
+
+def run(comm, op, form, args, spec, backend, before=None):
+    """`op` in `form` through the communicator's method with ``compress=spec``."""
+    req = getattr(comm, method(op, form))(*args, backend=backend, compress=spec)
+    start_wait(req, form, before)
 
 
 # -- codecs, without MPI ----------------------------------------------------------------
@@ -353,8 +361,7 @@ def stages_posted_in_order(comm):
             spec = "fp16" if i % 2 else (_half, _unhalf)       # 2 and 4 stages
             x = data(rank, 10 + i, seed=i)
             y = torch.zeros(10 + i)
-            reqs.append(compress.run(comm, "Allreduce", "nonblocking", None, (x, y, mcr.SUM),
-                                     spec, backend))
+            reqs.append(comm.Iallreduce(x, y, mcr.SUM, backend=backend, compress=spec))
             xs.append(x)
             ys.append(y)
         order = list(range(4)) if rank % 2 else list(reversed(range(4)))
@@ -365,8 +372,7 @@ def stages_posted_in_order(comm):
                                               "fp16")), (backend, i)
         # Waitall and Test across them
         y = torch.zeros(6)
-        r1 = compress.run(comm, "Allreduce", "nonblocking", None,
-                          (data(rank, 6), y, mcr.MAX), "bf16", backend)
+        r1 = comm.Iallreduce(data(rank, 6), y, mcr.MAX, backend=backend, compress="bf16")
         while not r1.Test():
             pass
         assert torch.equal(y, reduced([data(r, 6) for r in range(size)], "bf16", "MAX"))
@@ -374,54 +380,85 @@ def stages_posted_in_order(comm):
 
 @case
 def bytes_on_the_wire(comm):
+    # the logger records them, one record per call (per start), the private
+    # communicators' own traffic not
     size, rank = comm.size, comm.rank
     for backend in BACKENDS:
-        seen = []
+        mcr.log.reset()
+        mcr.log.start(records=True)
         run(comm, "Allgather", "blocking", (data(rank, 10), torch.zeros(10 * size)), "fp16",
-            backend, seen.append)
-        assert seen == [20 * (size - 1)], seen
-        seen = []
+            backend)
         run(comm, "Allreduce", "persistent", (data(rank, 8 * size), torch.zeros(8 * size),
-                                              mcr.SUM), "bf16", backend, seen.append)
-        # each start: 7 of 8 chunks of 8 values out, then the reduced chunk to 7 ranks
-        assert seen == [2 * 2 * 8 * (size - 1)] * 2, seen
-        seen = []
+                                              mcr.SUM), "bf16", backend)
         buf = torch.zeros(5)
-        run(comm, "Bcast", "blocking", (buf, 0), "fp16", backend, seen.append)
-        assert seen == [10 * (size - 1) if rank == 0 else 0], seen
+        run(comm, "Bcast", "nonblocking", (buf, 0), "fp16", backend)
+        records = mcr.log.records()
+        mcr.log.stop()
+        mcr.log.reset()
+        assert [(r["op"], r["form"], r["backend"]) for r in records] == \
+            [("Allgather", "blocking", backend)] + [("Allreduce", "persistent", backend)] * 2 \
+            + [("Bcast", "nonblocking", backend)], records
+        allgather, start1, start2, bcast = records
+        assert allgather["bytes"] == 40 * size and allgather["wire_bytes"] == 20 * (size - 1)
+        # each start: 7 of 8 chunks of 8 values out, then the reduced chunk to 7 ranks
+        for start in (start1, start2):
+            assert start["bytes"] == 32 * size
+            assert start["wire_bytes"] == 2 * 2 * 8 * (size - 1), start
+        assert bcast["bytes"] == 20 and bcast["wire_bytes"] == (10 * (size - 1) if rank == 0
+                                                                 else 0)
 
 
 @case
 def bad_input_before_communicating(comm):
-    rank = comm.rank
     x, y = torch.ones(4), torch.zeros(4)
     for backend in BACKENDS:
         with raises(ValueError, "compress", "supports op SUM, MAX, MIN", "PROD"):
-            compress.run(comm, "Allreduce", "blocking", None, (x, y, mcr.PROD), "fp16", backend)
+            comm.Allreduce(x, y, mcr.PROD, backend=backend, compress="fp16")
         with raises(TypeError, "compress", "float32 and float64", "int32"):
-            compress.run(comm, "Allreduce", "blocking", None,
-                         (x.int(), y.int(), mcr.SUM), "fp16", backend)
+            comm.Allreduce(x.int(), y.int(), backend=backend, compress="fp16")
         with raises(TypeError, "compress", "buf", "float16"):
-            compress.run(comm, "Bcast", "blocking", None, (x.half(), 0), "fp16", backend)
+            comm.Bcast(x.half(), 0, backend=backend, compress="fp16")
         with raises(ValueError, "compress", "unknown codec"):
-            compress.run(comm, "Allgather", "blocking", None, (x, torch.zeros(4 * comm.size)),
-                         "fp12", backend)
-        with raises(ValueError, "compress", "op", "Reduce"):
-            compress.run(comm, "Reduce", "blocking", None, (x, y, mcr.SUM, 0), "fp16", backend)
-        with raises(ValueError, "compress", "form"):
-            compress.run(comm, "Allreduce", "eventually", None, (x, y, mcr.SUM), "fp16",
-                         backend)
+            comm.Allgather(x, torch.zeros(4 * comm.size), backend=backend, compress="fp12")
+        with raises(TypeError, "compress"):
+            comm.Reduce(x, y, mcr.SUM, 0, backend=backend, compress="fp16")
         # the core's own validation, as for an uncompressed call
         with raises(ValueError, "counts must match"):
-            compress.run(comm, "Allreduce", "blocking", None, (x, torch.zeros(3), mcr.SUM),
-                         "fp16", backend)
-    assert not compress.applies("Allreduce", compress._parsed(comm, "Allreduce",
-                                                               (x.int(), y.int(), mcr.SUM)))
-    assert compress.applies("Allreduce", compress._parsed(comm, "Allreduce",
-                                                           (mcr.IN_PLACE, y, mcr.SUM)))
-    assert not compress.applies("Gather", compress._parsed(comm, "Allreduce", (x, y, mcr.SUM)))
+            comm.Allreduce(x, torch.zeros(3), backend=backend, compress="fp16")
     assert_comm_works(comm)
-    del rank
+
+
+@case
+def communicator_default(comm):
+    # comm.compress: what it serves is compressed, the rest runs as it is;
+    # compress=False turns it off for one call; Dup inherits it
+    size, rank = comm.size, comm.rank
+    dup = comm.Dup()
+    with raises(ValueError, "compress", "unknown codec"):
+        dup.compress = "fp12"
+    assert dup.compress is None
+    dup.compress = "fp16"
+    assert dup.compress == "fp16"
+    xs = [data(r, 7) / 3 for r in range(size)]
+    y = torch.zeros(7)
+    dup.Allreduce(xs[rank], y)
+    assert torch.equal(y, reduced(xs, "fp16"))
+    ints = [(torch.arange(7) % 3 + r + 1).float() for r in range(size)]   # exact sums
+    dup.Allreduce(ints[rank], y, compress=False)
+    assert torch.equal(y, sum(ints))
+    z = torch.zeros(7, dtype=torch.int64)
+    dup.Allreduce(torch.arange(7) * (rank + 1), z)             # int64: not compressed
+    assert torch.equal(z, torch.arange(7) * sum(range(1, size + 1)))
+    p = torch.zeros(7)
+    dup.Allreduce(ints[rank], p, mcr.PROD)                     # PROD: not compressed
+    assert torch.equal(p, torch.stack(ints).prod(0))
+    child = dup.Dup()
+    assert child.compress == "fp16"
+    child.Free()
+    dup.compress = None
+    dup.Allreduce(ints[rank] + 1024.25, y)                      # not float16 values
+    assert torch.equal(y, sum(ints) + 1024.25 * size)
+    dup.Free()
 
 
 @case

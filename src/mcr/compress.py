@@ -97,7 +97,7 @@ from mcr import _core
 from mcr.backends import compose
 from mcr.backends.message import Side
 
-__all__ = ["SUPPORTED_OPS", "FORMS", "Codec", "codec", "applies", "check", "run",
+__all__ = ["SUPPORTED_OPS", "FORMS", "Codec", "codec", "applies", "usable", "check", "run",
            "private_comms"]
 
 SUPPORTED_OPS: tuple[str, ...] = ("Allreduce", "Allgather", "Allgatherv", "Bcast",
@@ -344,6 +344,20 @@ def applies(op: str, msg: Any) -> bool:
     return why_not(op, msg) is None
 
 
+def usable(op: str, msg: Any, args: Sequence[Any] = ()) -> bool:
+    """Whether a communicator's default compression serves this call: it
+    applies, and an Allreduce reduces with SUM, MAX or MIN (other calls run
+    uncompressed)."""
+    if not applies(op, msg):
+        return False
+    if op == "Allreduce":
+        try:
+            _reduction(args)
+        except ValueError:
+            return False
+    return True
+
+
 def check(op: str, msg: Any, args: Sequence[Any] = ()) -> None:
     """Raise what ``run`` would raise for ``op`` on ``msg`` before it
     communicates: TypeError when compression does not apply, ValueError for
@@ -393,6 +407,8 @@ class _Group:
         """Make the first ``stages`` private communicators (collective)."""
         while len(self.comms) < stages:
             private = self.comm.Dup()
+            private.compress = None             # its payloads are encoded already
+            _core._set_unlogged(private)        # the logger records the user's call
             if self.backend != "mpi":
                 # the backend's group too, now: a lazy one would be made inside
                 # some Wait, which ranks reach at different points
@@ -524,97 +540,13 @@ def _launch(comm: Any, backend: str, plan: Callable[[list[int]], tuple[int, _Pip
 # -- Persistent requests --------------------------------------------------------------
 
 
-class _Catch:
-    """A stand-in backend sub-communicator of the parse communicator: the
-    core hands it the parsed message, which it keeps, and nothing is sent."""
-
-    name = "gloo"
-
-    def __init__(self) -> None:
-        self.msg: Any = None
-
-    def check(self, msg: Any, args: Sequence[object], one_buffer: bool) -> None:
-        self.msg = msg
-
-    def caught(self, msg: Any, **keywords: Any) -> Any:
-        self.msg = msg
-        return _core._work_request(self.name, [])
-
-    allreduce = allgather = allgatherv = bcast = alltoall = alltoallv = caught
-
-    def free(self) -> None:
-        pass
-
-
-def _parse_comm(comm: Any) -> tuple[Any, _Catch]:
-    """A private duplicate of ``comm`` (made at first need, collective) whose
-    "gloo" sub-communicator is a ``_Catch``."""
-    state = _attached(comm)
-    found = state.get("parse")
-    if found is None:
-        from mcr import backends
-        dup = comm.Dup()
-        catch = _Catch()
-        subs = dup.Get_attr(backends._keyval())
-        if subs is None:
-            subs = {}
-            dup.Set_attr(backends._keyval(), subs)
-        subs["gloo"] = catch
-        found = state["parse"] = _Parsing(dup, catch)
-    return found.comm, found.catch
-
-
-class _Parsing:
-    def __init__(self, comm: Any, catch: _Catch) -> None:
-        self.comm, self.catch = comm, catch
-
-    def free(self) -> None:
-        self.comm.Free()
-
-
-def _method(op: str, form: str) -> str:
-    if form == "nonblocking":
-        return "I" + op[0].lower() + op[1:]
-    return op + "_init" if form == "persistent" else op
-
-
-def _parsed(comm: Any, op: str, args: Sequence[Any]) -> Any:
-    """``args`` of ``op`` parsed and validated by the core, as it hands them to
-    a backend (the ``I`` form on the parse communicator: nothing is sent)."""
-    parse, catch = _parse_comm(comm)
-    catch.msg = None
-    getattr(parse, _method(op, "nonblocking"))(*args, backend="gloo").Wait()
-    return catch.msg
-
-
-def _prequest(comm: Any, op: str, args: Sequence[Any], start: Callable[[], Any]) -> Any:
-    """A Prequest whose each Start calls ``start()`` (which posts and returns a
-    Request): the core's ``_prequest`` where it has one, else an emulated
-    persistent request of the parse communicator whose start posts here."""
-    make = getattr(_core, "_prequest", None)
-    if make is not None:
-        return make(comm, start)
-    parse, _ = _parse_comm(comm)
-    anchor = _anchor_class()(parse)
-    anchor.start = start
-    return getattr(anchor, _method(op, "persistent"))(*args, backend="gloo")
-
-
-@functools.cache
-def _anchor_class() -> type:
-    from mcr import Comm
-
-    class _Anchor(Comm):
-        """A handle on the parse communicator whose emulated persistent
-        requests start through ``self.start`` (the core's emulated Start
-        calls ``self._icall``)."""
-
-        start: Callable[[], Any]
-
-        def _icall(self, *unused: Any) -> Any:
-            return self.start()
-
-    return _Anchor
+def _prequest(comm: Any, op: str, msg: Any, args: Sequence[Any], backend: str,
+              start: Callable[[Callable[[int], object] | None], Any]) -> Any:
+    """A Prequest whose each Start calls ``start(on_wire)``, which posts and
+    returns a Request (the logger records each start, with its bytes on the
+    wire)."""
+    preq = _core._prequest(comm, lambda: start(preq._note_wire), op, msg, args, backend)
+    return preq
 
 
 # -- The operations --------------------------------------------------------------------
@@ -634,8 +566,8 @@ def run(comm: Any, op: str, form: str, msg: Any, args: Sequence[Any], codec_spec
         ``"blocking"`` (returns None once done), ``"nonblocking"`` (returns
         an ``mcr.Request``) or ``"persistent"`` (returns an ``mcr.Prequest``
         whose each Start encodes what the buffers hold then).
-    msg : parsed message or None
-        The core's parsed message of ``args``; None: parse ``args`` here.
+    msg : parsed message
+        The core's parsed message of ``args`` (``msg.side(0)``, ``msg.side(1)``).
     args : sequence
         The method's arguments in its blocking signature's order (Allreduce:
         sendbuf, recvbuf, op; Bcast: buf, root; the others: sendbuf, recvbuf).
@@ -644,8 +576,9 @@ def run(comm: Any, op: str, form: str, msg: Any, args: Sequence[Any], codec_spec
     backend : str
         The backend the exchanges run on: ``"mpi"``, ``"gloo"`` or ``"nccl"``.
     on_wire : callable, optional
-        Called with the bytes this rank sends to other ranks for the call
-        (each Start for persistent), once the operation completes.
+        Called with the bytes this rank sends to other ranks for the call,
+        once the operation completes (persistent requests: the logger's
+        record of each Start is told instead).
 
     Raises
     ------
@@ -665,8 +598,6 @@ def run(comm: Any, op: str, form: str, msg: Any, args: Sequence[Any], codec_spec
         raise ValueError(f"compress: backend: expected one of {', '.join(BACKENDS)}, got "
                          f"{backend!r}")
     c = codec(codec_spec)
-    if msg is None:
-        msg = _parsed(comm, op, args)
     check(op, msg, args)
     s, r = _sides(op, msg)
     size, rank = comm.Get_size(), comm.Get_rank()
@@ -675,7 +606,8 @@ def run(comm: Any, op: str, form: str, msg: Any, args: Sequence[Any], codec_spec
         return _PLANS[op](c, backend, size, rank, s, r, args, sent)
 
     if form == "persistent":
-        return _prequest(comm, op, args, lambda: _launch(comm, backend, plan, on_wire))
+        return _prequest(comm, op, msg, args, backend,
+                         lambda note: _launch(comm, backend, plan, note))
     req = _launch(comm, backend, plan, on_wire)
     if form == "blocking":
         req.Wait()

@@ -88,30 +88,32 @@ def _buffers(op: str, nbytes: int, size: int, rank: int, device: Any) -> tuple[A
     return x, y
 
 
-def _call(comm: Any, op: str, x: Any, y: Any, backend: str, spec: str | None,
-          wire: list[int]) -> None:
-    from mcr import SUM, compress
+def _call(comm: Any, op: str, x: Any, y: Any, backend: str, spec: str | None) -> None:
+    from mcr import SUM
     args = (x, y, SUM) if op == "Allreduce" else (x, y)
-    if spec is None:
-        getattr(comm, op)(*args, backend=backend)
-    else:
-        compress.run(comm, op, "blocking", None, args, spec, backend, wire.append)
+    getattr(comm, op)(*args, backend=backend, compress=False if spec is None else spec)
 
 
 def _timed(comm: Any, op: str, x: Any, y: Any, backend: str, spec: str | None,
            rounds: int, iters: int) -> tuple[float, int]:
-    """(seconds per call, min over rounds; bytes this rank put on the wire per call)."""
-    wire: list[int] = []
-    _call(comm, op, x, y, backend, spec, wire)          # warm up: private comms, groups
+    """(seconds per call, min over rounds; bytes this rank put on the wire per
+    call, as the logger records them)."""
+    import mcr.log
+    mcr.log.reset()
+    mcr.log.start(records=True)
+    _call(comm, op, x, y, backend, spec)          # warm up: private comms, groups
+    wire = mcr.log.records()[-1]["wire_bytes"]
+    mcr.log.stop()
+    mcr.log.reset()
     best = float("inf")
     for _ in range(rounds):
         comm.Barrier()
         t0 = time.perf_counter()
         for _ in range(iters):
-            _call(comm, op, x, y, backend, spec, wire)
+            _call(comm, op, x, y, backend, spec)
         best = min(best, (time.perf_counter() - t0) / iters)
     worst = comm.allreduce(best, op=__import__("mpi4py").MPI.MAX)
-    return worst, wire[-1] if wire else -1
+    return worst, wire
 
 
 def _worker(args: argparse.Namespace) -> int:

@@ -776,18 +776,19 @@ cdef class Comm(_MPI.Intracomm):
                            object why, object spec, bint explicit, object info, object a,
                            object b, object c):
         """Run a call that can be compressed through mcr.compress: parsed and
-        checked here, exchanged compressed on `name`'s backend. A call on
-        buffers compression does not serve runs as it is when the
-        compression is the communicator's default, and raises when it was
-        asked for (`explicit`)."""
+        checked here, exchanged compressed on `name`'s backend. A call that
+        compression does not serve (its element type, its reduction) runs as
+        it is when the compression is the communicator's default, and raises
+        when it was asked for (`explicit`)."""
         compress = compress_module()
         codec = compress.codec(spec)
         cdef long long t0 = now_ns()
         m = self.parse_run(op, VALIDATE, None, a, b, c, None, None, None, None, MPI_INFO_NULL,
                            NULL)
-        if not compress.applies(CALL_NAMES[op], m):
-            if explicit:
-                compress.refuse(CALL_NAMES[op], m)
+        args = (a, b, c)[:CALL_NARGS[op]]
+        if explicit:
+            compress.check(CALL_NAMES[op], m, args)
+        elif not compress.usable(CALL_NAMES[op], m, args):
             if log_on and not self.unlogged:
                 return self.logged(sub, op, form, backend, name, why, info, a, b, c, None,
                                    None, None, None)
@@ -798,8 +799,8 @@ cdef class Comm(_MPI.Intracomm):
         if log_on and not self.unlogged and form != PERSISTENT:
             r = log_post(self, op, form, name, m, why, a, b, c, None)
             r.t0 = t0
-        result = compress.run(self, CALL_NAMES[op], FORM_NAMES[form], m, (a, b, c)[:CALL_NARGS[op]],
-                              codec, name, None if r is None else r.set_wire)
+        result = compress.run(self, CALL_NAMES[op], FORM_NAMES[form], m, args, codec, name,
+                              None if r is None else r.set_wire)
         if r is not None:
             if form == BLOCKING:
                 r.t1 = now_ns()

@@ -624,6 +624,7 @@ cdef class Prequest(Request):
     cdef object comm          # the communicator it was made on
     cdef int logop            # the operation + 1, for the logger (0: none)
     cdef tuple logargs        # its first arguments (peer, root, tag), for the logger
+    cdef str logbackend       # the backend it runs on, for the logger (None: MPI)
 
     cdef bint foreign         # runs on a backend other than MPI: always emulated
 
@@ -665,23 +666,34 @@ cdef class Prequest(Request):
             return 0
         if self.ob_mpi != MPI_REQUEST_NULL or self.ext is not None:
             raise still_active(index)
+        cdef long long t0 = now_ns()
         cdef Request inner = self.start_fn()
         self.ob_mpi, inner.ob_mpi = inner.ob_mpi, MPI_REQUEST_NULL
         self.ob_buf, inner.ob_buf = inner.ob_buf, None
         self.ext, inner.ext = inner.ext, None
         self.rtype = inner.rtype
         self.rec, inner.rec = inner.rec, None
-        if self.rec is not None:
+        if self.rec is not None:          # the start was logged as its I- form
             (<_Rec>self.rec).form = PERSISTENT
+        elif log_on and self.logop:       # one the start function runs (mcr.compress)
+            self.log_start()
+            if self.rec is not None:
+                (<_Rec>self.rec).t0 = t0
         return 0
+
+    def _note_wire(self, nbytes):
+        """The bytes the current start put on the wire (mcr.compress), for
+        the logger."""
+        if self.rec is not None:
+            (<_Rec>self.rec).wire = nbytes
 
     cdef int log_start(self) except -1:
         """The logger's record of this start (an MPI persistent request)."""
         cdef Comm comm = <Comm>self.comm
         if not comm.unlogged:
             a, b, c, d = self.logargs
-            self.rec = log_post(comm, self.logop - 1, PERSISTENT, "mpi", self.keep, None,
-                                a, b, c, d)
+            self.rec = log_post(comm, self.logop - 1, PERSISTENT, self.logbackend or "mpi",
+                                self.keep, None, a, b, c, d)
         return 0
 
     def __bool__(self):

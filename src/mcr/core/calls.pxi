@@ -74,6 +74,22 @@ cdef object compress_module():
     return _compress
 
 
+def _prequest(Comm comm, start, str op, msg, args, str backend):
+    """A Prequest of `op` on `comm` whose each Start calls `start()`, which
+    posts the operation and returns its Request (mcr.compress); `msg`,
+    `args`, `backend`: the parsed message, arguments and backend, for the
+    logger's record of each start."""
+    cdef Prequest preq = Prequest.__new__(Prequest)
+    preq.comm = comm
+    preq.foreign = True
+    preq.keep = msg
+    preq.start_fn = start
+    preq.logop = call_id(op) + 1
+    preq.logargs = (tuple(args) + (None,) * 4)[:4]
+    preq.logbackend = backend
+    return preq
+
+
 def _set_unlogged(comm):
     """Mark `comm` as one of mcr's private communicators (those of
     mcr.compress, mcr.Fusion): the logger does not record its calls."""
