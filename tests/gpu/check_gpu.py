@@ -87,6 +87,7 @@ def phases(device, ndev):
         Phase("mixed2", 2, 60, f"MPI on 2 processes with {other} on each process alone"),
         Phase("nccl2", 2, 90, f"{other} backend on 2 processes (one device each)", skip=two),
         Phase("tune", 1, 90, f"mcr.tune of {other} against MPI, and backend='auto'"),
+        Phase("ext", 1, 60, f"the logger, compression and fusion on {other} and MPI"),
     ]
 
 
@@ -1364,8 +1365,75 @@ def phase_tune(rep, env):
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def phase_ext(rep, env):
+    """Issue 12 on the device's buffers: the logger times calls on CUDA
+    tensors with events (no device synchronization), compression encodes and
+    decodes on the device, fusion packs device tensors; on the other backend
+    and on MPI."""
+    import mcr.log
+    MPI, mcr, device = env["MPI"], env["mcr"], env["device"]
+    world = MPI.COMM_WORLD
+    tm = Ctx(MPI, world, None, device)
+    describe(rep, mcr, tm, env["ordinal"])
+    comm = world.Dup()
+    kind, other = ("cuda" if tm.cuda else "cpu"), env["other"]
+    n = 1 << 16
+
+    def logged():
+        mcr.log.reset()
+        mcr.log.start(records=True)
+        xs = [tm.data(("log", r), n, torch.float32) for r in range(tm.size)]
+        try:
+            for backend in ("mpi", other):
+                y = tm.fresh(n, torch.float32)
+                comm.Allreduce(tm.dev(xs[tm.rank]), y, backend=backend)
+                tm.expect(y, fold("SUM", xs), f"Allreduce on {backend} while logging")
+                z = tm.fresh(n, torch.float32)
+                comm.Iallreduce(tm.dev(xs[tm.rank]), z, backend=backend).Wait()
+                tm.expect(z, fold("SUM", xs), f"Iallreduce on {backend} while logging")
+            records = mcr.log.records()
+            rows = mcr.log.summary()["rows"]
+        finally:
+            mcr.log.stop()
+            mcr.log.reset()
+        where = f"cuda:{env['ordinal']}" if tm.cuda else "cpu"
+        got = [(r["op"], r["form"], r["backend"], r["device"], r["bytes"]) for r in records]
+        want = [(op, form, b, where, 4 * n) for b in ("mpi", other)
+                for op, form in (("Allreduce", "blocking"), ("Allreduce", "nonblocking"))]
+        if got != want:
+            raise CheckFailed(f"records {got}, expected {want}")
+        if any(r["duration_us"] <= 0 for r in records):
+            raise CheckFailed(f"durations {[r['duration_us'] for r in records]}")
+        if sum(r["calls"] for r in rows) != 4:
+            raise CheckFailed(f"summary rows {rows}")
+        return "durations (us): " + ", ".join(f"{r['duration_us']:.1f}" for r in records)
+
+    def compressed():
+        xs = [tm.data(("fp16", r), n, torch.float32) for r in range(tm.size)]
+        out = []
+        for backend in ("mpi", other):
+            for spec, cast in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
+                y = tm.fresh(n, torch.float32)
+                comm.Allreduce(tm.dev(xs[tm.rank]), y, backend=backend, compress=spec)
+                acc = xs[0].to(cast).float()
+                for x in xs[1:]:
+                    acc = acc + x.to(cast).float()
+                tm.expect(y, acc.to(cast).float(), f"Allreduce compress={spec} on {backend}")
+                g = tm.fresh(n * tm.size, torch.float32)
+                comm.Iallgather(tm.dev(xs[tm.rank]), g, backend=backend, compress=spec).Wait()
+                tm.expect(g, torch.cat([x.to(cast).float() for x in xs]),
+                          f"Iallgather compress={spec} on {backend}")
+                out.append(f"{spec} on {backend}")
+        return ", ".join(out)
+
+    rep.group(f"mcr.log on {kind} tensors" + (" (CUDA events)" if tm.cuda else ""),
+              [("", logged)])
+    rep.group(f"compression on {kind} tensors", [("", compressed)])
+    comm.Free()
+
+
 PHASES = {"mpi": phase_mpi, "mpi-aware0": phase_mpi, "nccl1": phase_nccl1,
-          "mixed2": phase_mixed2, "nccl2": phase_nccl2, "tune": phase_tune}
+          "mixed2": phase_mixed2, "nccl2": phase_nccl2, "tune": phase_tune, "ext": phase_ext}
 
 
 def child(args):
