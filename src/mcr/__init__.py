@@ -25,7 +25,10 @@ __all__ = [
     "COMM_WORLD", "COMM_SELF", "Comm", "Request", "Prequest", "Status", "Exception",
     "SUM", "PROD", "MAX", "MIN", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR",
     "IN_PLACE", "ANY_SOURCE", "ANY_TAG", "PROC_NULL", "UNDEFINED", "build_info",
+    "Fusion",
 ]
+# the names bound at first use (loading them initializes MPI)
+_LAZY_NAMES = [name for name in __all__ if name != "Fusion"]
 
 # mpi4py's own objects (ops, IN_PLACE and the integer constants), so that code
 # mixing mcr and mpi4py works; the other names are the compiled core's
@@ -38,6 +41,8 @@ if TYPE_CHECKING:
 
     from ._core import (COMM_SELF, COMM_WORLD, Comm, Exception, Prequest, Request, Status,
                         build_info)
+
+from .fusion import Fusion   # imports neither torch nor mpi4py.MPI until used
 
 
 def _check_default_backend() -> None:
@@ -72,13 +77,13 @@ def _load() -> None:
 
     from . import _core
     globals().update({name: getattr(MPI if name in _MPI4PY_NAMES else _core, name)
-                      for name in __all__})
+                      for name in _LAZY_NAMES})
     from .log import _from_env
     _from_env()
 
 
 def __getattr__(name: str) -> Any:
-    if name in __all__:
+    if name in _LAZY_NAMES:
         _load()
         return globals()[name]
     raise AttributeError(f"module 'mcr' has no attribute {name!r}")

@@ -1,0 +1,619 @@
+"""Tensor fusion: many small collectives of one kind run as one.
+
+``mcr.Fusion(comm)`` stands for the communicator ``comm``: its ``Iallreduce``,
+``Ibcast`` and ``Iallgather`` gather small tensors into buckets of up to
+``bucket_bytes`` bytes, and each bucket runs as one collective on ``comm``
+(so call hooks and ``backend="auto"`` see one large operation). Every call
+still returns its own ``mcr.Request``, completed when its bucket's collective
+has completed and its result has been copied out. Every other method is
+``comm``'s, called after the open buckets are flushed, so a loop of
+``Iallreduce`` calls is fused by changing only the object it calls::
+
+    with mcr.Fusion(comm, bucket_bytes=1 << 20) as fcomm:
+        reqs = [fcomm.Iallreduce(mcr.IN_PLACE, g) for g in grads]
+        mcr.Request.Waitall(reqs)
+
+What is fused. Plain contiguous torch tensors (CPU or CUDA): ``Iallreduce``
+with ``SUM``, ``PROD``, ``MAX`` or ``MIN`` (not on bool; ``MAX``/``MIN`` not
+on complex), ``Ibcast``, and ``Iallgather`` (blocks of equal size; sendbuf a
+tensor or ``IN_PLACE``). A bucket holds calls of one kind only: operation,
+op (Allreduce) or root (Bcast), dtype, device and backend; calls of other
+kinds go to their own buckets. Anything else (a message spec list, a tensor
+of more than ``bucket_bytes`` bytes, other ops) runs unfused, after a flush.
+``bucket_bytes`` counts what each rank contributes (for Allgather, its send
+block).
+
+When a bucket is flushed (its collective is posted): when it is full (the
+next call would not fit, or it holds exactly ``bucket_bytes``), when one of its
+requests is tested or waited for (``Wait``, ``Test``, ``Request.Waitall``,
+..., ``Free``), at ``flush()`` and at the end of a ``with`` block, before any
+call forwarded to ``comm`` (except queries such as ``Get_rank`` and
+non-blocking point-to-point calls such as ``Isend``, which take no part in
+the order of collectives), and when ``cycle`` seconds have passed.
+
+Agreement: rank 0 decides. Every rank must run the same collectives in the
+same order, so every rank must cut the sequence of fused calls into the same
+buckets. "Full" is a function of the sequence of calls, but the other
+triggers are not: a clock differs between ranks, and ``Waitany``/``Testany``
+test requests only until one is complete, which depends on timing. So rank 0
+alone decides where each bucket ends, on all the triggers above, and posts
+its collective at once; it sends each decision to the other ranks (a few
+bytes, non-blocking, on a private duplicate of ``comm``) as "the bucket that
+starts at call i holds that kind's calls before call n" (or "every open
+bucket holds the calls before call n"). The other ranks keep adding calls to
+their open buckets, never closing one themselves: they read decisions when
+one of their buckets is tested or waited for, when their own bucket reaches
+``bucket_bytes`` (then at every call until the decision has come), and when
+they reach call n of a decision they read early; and they post the
+collectives in the order rank 0 decided them. Where a rank must have posted
+everything (``flush()``, the end of a ``with`` block, a call forwarded to
+``comm``), it waits for rank 0's decisions up to that point; rank 0, running
+the same program, flushes at the same point, so the wait ends.
+
+The clock. ``cycle`` is read by rank 0 only, whenever it enters the fusion
+code (a fused call, a test or wait of a fused request, a flush): when
+``cycle`` seconds have passed since a call found no bucket open, every open
+bucket is flushed. Nothing runs in the background: while rank 0 computes
+outside mcr, no clock flush happens; the other ranks ignore the clock.
+
+Ordering. Fused collectives are posted on ``comm`` in rank 0's order, and
+every forwarded call flushes first, so collectives issued through the
+``Fusion`` reach ``comm`` in program order on every rank, as MPI requires.
+Collectives issued on ``comm`` directly while calls are unflushed would
+overtake them: call ``flush()`` first.
+
+Progress. A bucket is posted only when some rank enters mcr; a rank blocked
+elsewhere (outside mcr, or in a call on ``comm`` itself) does not post its
+open buckets, and ranks waiting for those results wait with it. Go through
+the ``Fusion`` (or ``flush()``) before blocking on another rank.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from array import array
+from bisect import bisect_left
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._core import Comm, Request
+
+__all__ = ["Fusion", "DEFAULT_BUCKET_BYTES"]
+
+DEFAULT_BUCKET_BYTES = 1 << 20
+
+_ALLREDUCE, _BCAST, _ALLGATHER = "allreduce", "bcast", "allgather"
+_OPEN, _POSTED, _DONE = 0, 1, 2
+_EVERY = -1                 # a decision's first call that means "every open bucket"
+_NEVER = 1 << 62            # a call index no program reaches
+_TAG = 1
+
+# forwarded without a flush: queries, and non-blocking point-to-point calls
+# (they are not ordered with collectives, and fusing loops mix them in)
+_NO_FLUSH = frozenset({
+    "Get_rank", "Get_size", "Get_group", "Get_name", "Get_topology", "Get_attr",
+    "Get_info", "Get_errhandler", "Is_inter", "Is_intra", "Is_topo", "Compare",
+    "to_mpi4py", "py2f", "f2py", "handle", "Isend", "Ibsend", "Issend", "Irsend", "Irecv",
+    "Iprobe", "Improbe", "isend", "ibsend", "issend", "irecv", "iprobe",
+    "Send_init", "Bsend_init", "Ssend_init", "Rsend_init", "Recv_init",
+})
+
+
+class _Bucket:
+    """Calls of one kind (``key``), run as one collective once closed."""
+
+    __slots__ = ("fusion", "key", "kind", "arg", "backend", "itemsize", "ins", "outs",
+                 "counts", "members", "nbytes", "state", "req", "buf", "skip")
+
+    def __init__(self, fusion: Fusion, key: tuple[Any, ...], kind: str, arg: Any,
+                 backend: str | None, itemsize: int) -> None:
+        self.fusion = fusion
+        self.key = key
+        self.kind = kind
+        self.arg = arg                      # the op (Allreduce) or the root (Bcast)
+        self.backend = backend
+        self.itemsize = itemsize
+        self.ins: list[Any] = []            # flat tensors to send
+        self.outs: list[Any] = []           # flat tensors to receive into
+        self.counts: list[int] = []         # elements each call sends
+        self.members: list[_Member] = []    # in the order of their calls
+        self.nbytes = 0
+        self.state = _OPEN
+        self.req: Request | None = None
+        self.buf: Any = None
+        self.skip = 0                       # tests to answer without asking MPI
+
+    @property
+    def first(self) -> int:
+        return self.members[0].index
+
+    def split(self, end: int) -> _Bucket | None:
+        """Keep the calls before call `end`; return the others as a new open
+        bucket (None if there are none)."""
+        cut = bisect_left(self.members, end, key=_index)
+        if cut == len(self.members):
+            return None
+        rest = _Bucket(self.fusion, self.key, self.kind, self.arg, self.backend, self.itemsize)
+        rest.ins, self.ins = self.ins[cut:], self.ins[:cut]
+        rest.outs, self.outs = self.outs[cut:], self.outs[:cut]
+        rest.counts, self.counts = self.counts[cut:], self.counts[:cut]
+        rest.members, self.members = self.members[cut:], self.members[:cut]
+        rest.nbytes = sum(rest.counts) * self.itemsize
+        self.nbytes -= rest.nbytes
+        for m in rest.members:
+            m.bucket = rest
+        return rest
+
+    def post(self) -> None:
+        """Pack the inputs and post the one collective."""
+        f = self.fusion
+        torch = f._torch
+        if self.kind == _ALLREDUCE:
+            self.buf = torch.cat(self.ins)
+            self.req = f._comm.Iallreduce(f._in_place, self.buf, self.arg, backend=self.backend)
+        elif self.kind == _BCAST:
+            self.buf = (torch.cat(self.ins) if f._rank == self.arg
+                        else self.outs[0].new_empty(sum(self.counts)))
+            self.req = f._comm.Ibcast(self.buf, self.arg, backend=self.backend)
+        else:
+            send = torch.cat(self.ins)
+            self.buf = send.new_empty(f._size * send.numel())
+            self.req = f._comm.Iallgather(send, self.buf, backend=self.backend)
+        self.ins = []
+        self.state = _POSTED
+        f._posted.append(self)
+        if f.trace is not None:
+            f.trace.append((self.kind, self.first, len(self.members)))
+
+    def test(self) -> bool:
+        """Whether the posted collective has completed. Waitall tests every
+        request at each turn: MPI is asked at a few of this bucket's members
+        per turn only."""
+        if self.state == _POSTED:
+            f = self.fusion
+            if f._timed and f._open:
+                f._tick()
+            if self.skip:
+                self.skip -= 1
+                return False
+            assert self.req is not None
+            if not self.req.Test():
+                self.skip = len(self.members) >> 3
+                return False
+            self.state = _DONE
+        return True
+
+    def finish(self) -> None:
+        """Copy the results out, once for the whole bucket."""
+        if self.buf is None:
+            return
+        if self.state != _DONE:
+            assert self.req is not None
+            self.req.Wait()
+            self.state = _DONE
+        f = self.fusion
+        if self.kind == _ALLREDUCE or (self.kind == _BCAST and f._rank != self.arg):
+            f._torch.split_with_sizes_copy(self.buf, self.counts, out=self.outs)
+        elif self.kind == _ALLGATHER:
+            size = f._size
+            f._torch.split_with_sizes_copy(self.buf.view(size, -1), self.counts, dim=1,
+                                           out=[o.view(size, -1) for o in self.outs])
+        self.buf = None
+        self.outs = self.members = []
+
+
+class _Member:
+    """The work of one call's request (``is_completed``, ``wait``): its
+    bucket's, wherever the call ends up."""
+
+    __slots__ = ("bucket", "index")
+
+    def __init__(self, bucket: _Bucket, index: int) -> None:
+        self.bucket = bucket
+        self.index = index                  # the call's position in the fusion's sequence
+
+    def is_completed(self) -> bool:
+        b = self.bucket
+        if b.state == _DONE:
+            return True
+        if b.state == _OPEN:
+            b.fusion._wanted(b)
+            b = self.bucket           # a rank other than 0 may have moved it to a new bucket
+            if b.state == _OPEN:
+                return False
+        return b.test()
+
+    def wait(self) -> None:
+        self.bucket.finish()
+
+
+def _index(m: _Member) -> int:
+    return m.index
+
+
+class Fusion:
+    """A communicator that fuses small collectives into buckets.
+
+    Collective over `comm` (it duplicates `comm` for its own messages). Used
+    in place of `comm`: ``Iallreduce``, ``Ibcast`` and ``Iallgather`` on
+    plain contiguous tensors are fused; every other call is `comm`'s, after a
+    flush. See :mod:`mcr.fusion` for the rules.
+
+    Parameters
+    ----------
+    comm : mcr.Comm
+        The communicator the fused collectives run on.
+    bucket_bytes : int, optional
+        Largest bucket, in bytes each rank contributes (default 1 MiB).
+        Larger tensors run unfused.
+    cycle : float, optional
+        Seconds after which rank 0 flushes every open bucket (checked when it
+        enters the fusion code); None (default): no clock.
+    backend : str, optional
+        Backend of the fused collectives (``"mpi"``, ``"gloo"``, ``"nccl"``,
+        ``"auto"``); None: `comm`'s default. A call's own ``backend=`` takes
+        precedence (its calls get buckets of their own).
+    trace : bool, optional
+        Record each posted bucket as ``(kind, first call, number of calls)``
+        in ``trace`` (for tests and tuning).
+
+    Raises
+    ------
+    TypeError, ValueError
+        If an argument has the wrong type or value (named in the message).
+    """
+
+    __slots__ = ("_comm", "_torch", "_tensor", "_in_place", "_work_request", "_ops",
+                 "_rank", "_size", "_leader", "_limit", "_cycle", "_timed", "_since",
+                 "_backend", "_open", "_count", "_ctl", "_sends", "_rbuf", "_rreq",
+                 "_queue", "_next_at", "_closed", "_posted", "trace")
+
+    def __init__(self, comm: Comm, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                 cycle: float | None = None, *, backend: str | None = None,
+                 trace: bool = False) -> None:
+        import torch
+        from mpi4py import MPI
+
+        from . import _core
+        from .backends import check_name
+
+        if not isinstance(comm, _core.Comm):
+            raise TypeError(f"comm: expected an mcr.Comm, got {type(comm).__name__}")
+        if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int):
+            raise TypeError(f"bucket_bytes: expected an int, got {type(bucket_bytes).__name__}")
+        if bucket_bytes < 1:
+            raise ValueError(f"bucket_bytes: expected at least 1 byte, got {bucket_bytes}")
+        if cycle is not None:
+            if isinstance(cycle, bool) or not isinstance(cycle, (int, float)):
+                raise TypeError(f"cycle: expected seconds (a float) or None, got "
+                                f"{type(cycle).__name__}")
+            if not (cycle > 0 and math.isfinite(cycle)):
+                raise ValueError(f"cycle: expected a positive finite number of seconds, "
+                                 f"got {cycle}")
+        if backend is not None:
+            check_name(backend)
+        self._comm = comm
+        self._torch = torch
+        self._tensor = torch.Tensor
+        self._in_place = MPI.IN_PLACE
+        self._work_request = _core._work_request
+        self._ops = (MPI.SUM, MPI.PROD, MPI.MAX, MPI.MIN)
+        self._rank = comm.Get_rank()
+        self._size = comm.Get_size()
+        self._leader = self._rank == 0
+        self._limit = bucket_bytes
+        self._cycle = float(cycle) if cycle is not None else 0.0
+        self._timed = cycle is not None and self._leader
+        self._since = 0.0
+        self._backend = backend
+        self._open: dict[tuple[Any, ...], _Bucket] = {}
+        self._count = 0                      # fused calls so far
+        self._closed = False
+        self._posted: deque[_Bucket] = deque()   # posted, not yet seen complete
+        self.trace: list[tuple[str, int, int]] | None = [] if trace else None
+        # decisions: rank 0 sends (first call, end call) pairs; the others
+        # queue them until they reach the end call
+        self._ctl = comm.to_mpi4py().Dup() if self._size > 1 else None
+        self._sends: list[Any] = []
+        self._rbuf = array("q", (0, 0))
+        self._queue: deque[tuple[int, int]] = deque()
+        self._next_at = _NEVER
+        self._rreq = (self._ctl.Irecv(self._rbuf, 0, _TAG)
+                      if self._ctl is not None and not self._leader else None)
+
+    # ------------------------------------------------------------------
+    # Fused collectives. The checks are written out in each method: this is
+    # the path every small call takes.
+
+    def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = None, *,
+                   backend: str | None = None) -> Request:
+        """Start an allreduce, fused when eligible; return a ``Request``.
+        Arguments as ``mcr.Comm.Iallreduce`` (`op` None: ``SUM``)."""
+        if op is None:
+            op = self._ops[0]
+        T = self._tensor
+        if type(recvbuf) is T and recvbuf.is_contiguous() and not self._closed:
+            n = recvbuf.numel()
+            dtype = recvbuf.dtype
+            device = recvbuf.get_device()
+            out = recvbuf if recvbuf.dim() == 1 else recvbuf.view(-1)
+            if sendbuf is self._in_place:
+                inp = out
+            elif (type(sendbuf) is T and sendbuf.dtype == dtype
+                  and sendbuf.get_device() == device and sendbuf.numel() == n):
+                inp = sendbuf if sendbuf.dim() == 1 else sendbuf.reshape(-1)
+            else:
+                inp = None
+            if inp is not None:
+                req = self._add((id(op), dtype, device, backend), _ALLREDUCE, op, backend,
+                                inp, out, n)     # Ops are not hashable: their id
+                if req is not None:
+                    return req
+        return self._unfused("Iallreduce", sendbuf, recvbuf, op, backend=backend)
+
+    def Ibcast(self, buf: Any, root: int = 0, *, backend: str | None = None) -> Request:
+        """Start a broadcast, fused when eligible; return a ``Request``.
+        Arguments as ``mcr.Comm.Ibcast``."""
+        if (type(buf) is self._tensor and buf.is_contiguous() and not self._closed
+                and type(root) is int and 0 <= root < self._size):
+            flat = buf if buf.dim() == 1 else buf.view(-1)
+            req = self._add((_BCAST, root, buf.dtype, buf.get_device(), backend), _BCAST,
+                            root, backend, flat, flat, buf.numel())
+            if req is not None:
+                return req
+        return self._unfused("Ibcast", buf, root, backend=backend)
+
+    def Iallgather(self, sendbuf: Any, recvbuf: Any, *, backend: str | None = None) -> Request:
+        """Start an allgather, fused when eligible; return a ``Request``.
+        Arguments as ``mcr.Comm.Iallgather``."""
+        T = self._tensor
+        if type(recvbuf) is T and recvbuf.is_contiguous() and not self._closed:
+            size, rank = self._size, self._rank
+            total = recvbuf.numel()
+            n = total // size
+            dtype = recvbuf.dtype
+            device = recvbuf.get_device()
+            out = recvbuf.view(-1)
+            if sendbuf is self._in_place:
+                inp = out[rank * n:(rank + 1) * n] if n * size == total else None
+            elif (type(sendbuf) is T and sendbuf.dtype == dtype
+                  and sendbuf.get_device() == device and sendbuf.numel() * size == total):
+                inp = sendbuf.reshape(-1)
+            else:
+                inp = None
+            if inp is not None:
+                req = self._add((_ALLGATHER, dtype, device, backend), _ALLGATHER, None,
+                                backend, inp, out, n)
+                if req is not None:
+                    return req
+        return self._unfused("Iallgather", sendbuf, recvbuf, backend=backend)
+
+    def _add(self, key: tuple[Any, ...], kind: str, arg: Any, backend: str | None,
+             inp: Any, out: Any, n: int) -> Request | None:
+        """Add a call to the open bucket of `key`; None if it is not fused (too
+        large, or an op/dtype/device that is not). Rank 0 closes the bucket
+        once it is full."""
+        b = self._open.get(key)
+        if b is None:
+            b = self._bucket(key, kind, arg, backend, out)
+            if b is None:
+                return None
+        nbytes = n * b.itemsize
+        limit = self._limit
+        if nbytes > limit:
+            if not b.members:
+                del self._open[key]
+            return None
+        leader = self._leader
+        if leader and b.nbytes + nbytes > limit and b.members:
+            self._close(b)
+            b = self._open.get(key) or self._bucket(key, kind, arg, backend, out)
+            assert b is not None
+        index = self._count
+        self._count = index + 1
+        m = _Member(b, index)
+        b.members.append(m)
+        b.ins.append(inp)
+        b.outs.append(out)
+        b.counts.append(n)
+        b.nbytes += nbytes
+        req: Request = self._work_request("fusion", [m])
+        if self._posted and not index & 31:
+            self._progress()
+        if leader:
+            if b.nbytes >= limit:
+                self._close(b)
+            if self._timed:
+                self._tick()
+        elif b.nbytes >= limit or index >= self._next_at:
+            self._advance()
+        return req
+
+    def _progress(self) -> None:
+        """Let posted buckets advance while calls are added (MPI moves a
+        non-blocking collective only inside MPI calls): test the oldest."""
+        posted = self._posted
+        while posted and (posted[0].state == _DONE or posted[0].req.Test()):  # type: ignore[union-attr]
+            posted.popleft().state = _DONE
+
+    def _bucket(self, key: tuple[Any, ...], kind: str, arg: Any, backend: str | None,
+                tensor: Any) -> _Bucket | None:
+        """A new open bucket for `key`, or None if such calls are not fused."""
+        if tensor.device.type not in ("cpu", "cuda"):
+            return None
+        if kind == _ALLREDUCE:
+            dtype = tensor.dtype
+            known = [k for k, op in enumerate(self._ops) if arg is op]
+            if not known or dtype == self._torch.bool or (dtype.is_complex and known[0] >= 2):
+                return None
+        if self._timed and not self._open:
+            self._since = time.perf_counter()
+        b = _Bucket(self, key, kind, arg, backend if backend is not None else self._backend,
+                    tensor.element_size())
+        self._open[key] = b
+        return b
+
+    # ------------------------------------------------------------------
+    # Closing buckets: rank 0 decides, the others follow
+
+    def _close(self, b: _Bucket) -> None:
+        """Rank 0: post bucket `b` and tell the others where it ends."""
+        del self._open[b.key]
+        # tell first: posting may block until the others post too (a backend's
+        # first use makes its communicator, collectively)
+        self._send(b.first, self._count)
+        b.post()
+
+    def _flush_all(self) -> None:
+        """Rank 0: post every open bucket (in the order of their first calls)."""
+        if not self._open:
+            return
+        buckets = sorted(self._open.values(), key=_first)
+        self._open.clear()
+        self._send(_EVERY, self._count)
+        for b in buckets:
+            b.post()
+
+    def _send(self, first: int, end: int) -> None:
+        if self._ctl is None:
+            return
+        msg = array("q", (first, end))
+        for r in range(1, self._size):
+            self._sends.append(self._ctl.Isend(msg, r, _TAG))
+        if len(self._sends) > 64:
+            self._sends = [s for s in self._sends if not s.Test()]
+
+    def _tick(self) -> None:
+        """Rank 0: flush everything once the cycle time has passed."""
+        if self._open and time.perf_counter() - self._since >= self._cycle:
+            self._flush_all()
+
+    def _wanted(self, b: _Bucket) -> None:
+        """A request of open bucket `b` is tested: rank 0 posts the bucket;
+        the others take the decisions that have come."""
+        if self._leader:
+            self._close(b)
+            if self._timed:
+                self._tick()
+        else:
+            self._advance()
+
+    def _advance(self) -> None:
+        """Not rank 0: read the decisions that have come; apply those whose
+        end call this rank has reached, in order."""
+        assert self._rreq is not None and self._ctl is not None
+        while self._rreq.Test():
+            self._queue.append((self._rbuf[0], self._rbuf[1]))
+            self._rreq = self._ctl.Irecv(self._rbuf, 0, _TAG)
+        queue = self._queue
+        while queue and queue[0][1] <= self._count:
+            first, end = queue.popleft()
+            if first == _EVERY:
+                buckets = sorted((b for b in self._open.values() if b.first < end), key=_first)
+            else:
+                buckets = [b for b in self._open.values() if b.first == first]
+                if not buckets:
+                    raise RuntimeError(
+                        f"fusion: rank 0 closed a bucket starting at call {first}, which "
+                        f"starts no open bucket on rank {self._rank}; the ranks made "
+                        "different sequences of fused calls")
+            for b in buckets:
+                rest = b.split(end)
+                if rest is None:
+                    del self._open[b.key]
+                else:
+                    self._open[b.key] = rest
+                b.post()
+        # a decision read early applies when this rank reaches its end call
+        self._next_at = queue[0][1] - 1 if queue else _NEVER
+
+    def flush(self) -> None:
+        """Post every open bucket.
+
+        Collective over the communicator in program order, like a fused call:
+        on ranks other than 0, it waits until rank 0's decisions cover every
+        call made so far (rank 0 flushes at the same point).
+        """
+        if self._closed:
+            return
+        if self._leader:
+            self._flush_all()
+            return
+        end = self._count
+        self._advance()
+        while any(b.first < end for b in self._open.values()):
+            assert self._rreq is not None
+            self._rreq.Wait()
+            self._advance()
+
+    def close(self) -> None:
+        """Flush, and release the private communicator; collective. Afterwards
+        every call is forwarded unfused. Closing twice is harmless."""
+        if self._closed:
+            return
+        self.flush()
+        self._closed = True
+        if self._ctl is None:
+            return
+        from mpi4py import MPI
+        if self._leader:
+            MPI.Request.Waitall(self._sends)
+            self._sends = []
+        else:
+            assert self._rreq is not None
+            self._rreq.Cancel()
+            self._rreq.Wait()
+        self._ctl.Free()
+
+    def __enter__(self) -> Fusion:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        # after an error (perhaps on this rank only) a collective flush could
+        # wait for ranks that never come: leave the buckets as they are
+        if exc_type is None:
+            self.close()
+
+    # ------------------------------------------------------------------
+    # Everything else is the communicator's
+
+    @property
+    def comm(self) -> Comm:
+        """The communicator the fused collectives run on."""
+        return self._comm
+
+    @property
+    def bucket_bytes(self) -> int:
+        """Largest bucket, in bytes each rank contributes."""
+        return self._limit
+
+    def _unfused(self, name: str, *args: Any, **kwargs: Any) -> Request:
+        """Flush, then start `name` on the communicator itself."""
+        self.flush()
+        req: Request = getattr(self._comm, name)(*args, **kwargs)
+        return req
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        attr = getattr(self._comm, name)
+        if name in _NO_FLUSH or not callable(attr):
+            return attr
+
+        def flushed(*args: Any, **kwargs: Any) -> Any:
+            self.flush()
+            return attr(*args, **kwargs)
+
+        flushed.__name__ = name
+        flushed.__doc__ = attr.__doc__
+        return flushed
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self._open)} open buckets"
+        return f"<mcr.Fusion of {self._comm!r}, bucket_bytes={self._limit}, {state}>"
+
+
+def _first(b: _Bucket) -> int:
+    return b.first
