@@ -589,10 +589,12 @@ class Fusion:
         """Largest bucket, in bytes each rank contributes."""
         return self._limit
 
-    def _unfused(self, name: str, *args: Any, **kwargs: Any) -> Request:
-        """Flush, then start `name` on the communicator itself."""
+    def _unfused(self, name: str, *args: Any, backend: str | None) -> Request:
+        """Flush, then start `name` on the communicator itself (on this
+        fusion's backend, unless the call names one)."""
         self.flush()
-        req: Request = getattr(self._comm, name)(*args, **kwargs)
+        req: Request = getattr(self._comm, name)(
+            *args, backend=backend if backend is not None else self._backend)
         return req
 
     def __getattr__(self, name: str) -> Any:
