@@ -43,7 +43,7 @@ starts at call i holds that kind's calls before call n" (or "every open
 bucket holds the calls before call n"). The other ranks keep adding calls to
 their open buckets, never closing one themselves: they read decisions when
 one of their buckets is tested or waited for, when their own bucket reaches
-``bucket_bytes`` (then at every call until the decision has come), and when
+``bucket_bytes`` (then at every 8th call until the decision has come), and when
 they reach call n of a decision they read early; and they post the
 collectives in the order rank 0 decided them. Where a rank must have posted
 everything (``flush()``, the end of a ``with`` block, a call forwarded to
@@ -123,7 +123,7 @@ class _Bucket:
         self.state = _OPEN
         self.req: Request | None = None
         self.buf: Any = None
-        self.skip = 0                       # tests to answer without asking MPI
+        self.skip = 0                       # tests to answer "not yet" without asking MPI
 
     @property
     def first(self) -> int:
@@ -163,6 +163,7 @@ class _Bucket:
             self.req = f._comm.Iallgather(send, self.buf, backend=self.backend)
         self.ins = []
         self.state = _POSTED
+        self.skip = 0
         f._posted.append(self)
         if f.trace is not None:
             f.trace.append((self.kind, self.first, len(self.members)))
@@ -219,9 +220,13 @@ class _Member:
         if b.state == _DONE:
             return True
         if b.state == _OPEN:
+            if b.skip:                # not rank 0, still waiting for the decision
+                b.skip -= 1
+                return False
             b.fusion._wanted(b)
             b = self.bucket           # a rank other than 0 may have moved it to a new bucket
             if b.state == _OPEN:
+                b.skip = len(b.members) >> 3
                 return False
         return b.test()
 
@@ -427,7 +432,9 @@ class Fusion:
                 self._close(b)
             if self._timed:
                 self._tick()
-        elif b.nbytes >= limit or index >= self._next_at:
+        elif (b.nbytes >= limit and not index & 7) or index >= self._next_at:
+            # this bucket is due: look for rank 0's decision (every 8th call:
+            # a look costs more than a call)
             self._advance()
         return req
 
