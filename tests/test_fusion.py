@@ -8,6 +8,7 @@ agreement rule promises even when the ranks' clocks and tests disagree.
 """
 
 import os
+import random
 import re
 import subprocess
 import sys
@@ -216,6 +217,50 @@ def cycle_rule_holds_when_clocks_disagree(comm):
         # rank 0's clock fires at its calls 4 and 8 (after each pause);
         # Waitall flushes the rest
         assert [(first, k) for _, first, k in trace] == [(0, 5), (5, 4), (9, 3)], trace
+        f.close()
+
+
+@case
+def random_programs_agree(comm):
+    """The same random program on every rank (kinds, sizes, Waitany, Testany,
+    flush), with timing of its own per rank (pauses, a 2 ms cycle): every
+    rank makes rank 0's groups, and every result is right."""
+    size, rank = comm.size, comm.rank
+    for backend in BACKENDS:
+        program = random.Random(7)
+        timing = random.Random(100 + rank)
+        f = mcr.Fusion(comm, bucket_bytes=256, cycle=0.002, backend=backend, trace=True)
+        pending, checks = [], []
+        for i in range(60):
+            kind = program.choice(["sum", "max", "bcast"])
+            n = program.randint(1, 20)
+            if kind == "bcast":
+                root = program.randrange(size)
+                y = data(rank, i, n, torch.float32) if rank == root else torch.zeros(n)
+                pending.append(f.Ibcast(y, root))
+                checks.append((y, data(root, i, n, torch.float32)))
+            else:
+                dtype = torch.int64 if kind == "sum" else torch.float32
+                op = mcr.SUM if kind == "sum" else mcr.MAX
+                y = torch.empty(n, dtype=dtype)
+                pending.append(f.Iallreduce(data(rank, i, n, dtype), y, op))
+                checks.append((y, total(size, i, n, dtype, op)))
+            step = program.random()
+            if step < 0.1:
+                pending.pop(mcr.Request.Waitany(pending))
+            elif step < 0.2:
+                index, _ = mcr.Request.Testany(pending)
+                if index != mcr.UNDEFINED:
+                    pending.pop(index)
+            elif step < 0.25:
+                f.flush()
+            if timing.random() < 0.2:
+                time.sleep(timing.random() * 0.004)
+        mcr.Request.Waitall(pending)
+        for k, (y, want) in enumerate(checks):
+            assert torch.equal(y, want), (backend, k, y, want)
+        trace = same_everywhere(comm, f.trace)
+        assert sum(k for _, _, k in trace) == 60
         f.close()
 
 
