@@ -300,7 +300,7 @@ class Fusion:
         if backend is not None:
             check_name(backend)
         self._comm = comm
-        self._torch = torch
+        self._torch: Any = torch              # imported here: import mcr stays light
         self._tensor = torch.Tensor
         self._in_place = MPI.IN_PLACE
         self._work_request = _core._work_request
