@@ -1208,6 +1208,46 @@ def phase_mpi(rep, env):
         run_ops(rep, t, EXTRA_OPS, ("float32", "bfloat16"), (("tensor", (1000,)),))
     rep.section("MPI: stream semantics")
     run_streams(rep, t)
+    rep.group("mpi: tensor fusion (mcr.Fusion)", fusion_cases(t))
+
+
+def fusion_cases(t):
+    """mcr.Fusion on this context's backend and device: many small calls run
+    in a few buckets, every result against torch's on the host."""
+    import mcr
+    calls, n = 40, 300
+
+    def allreduce(dtype):
+        xs = [[t.data(("fusion", i, r), n, dtype) for r in range(t.size)]
+              for i in range(calls)]
+        ys = [t.fresh(n, dtype) for _ in range(calls)]
+        with mcr.Fusion(t.comm, bucket_bytes=8 * n * 4, backend=t.backend, trace=True) as f:
+            reqs = [f.Iallreduce(t.dev(x[t.rank]), y) for x, y in zip(xs, ys)]
+            mcr.Request.Waitall(reqs)
+            buckets = len(f.trace)
+        for i, (x, y) in enumerate(zip(xs, ys)):
+            t.expect(y, fold("SUM", x), f"Iallreduce call {i}")
+        return f"{calls} calls in {buckets} buckets"
+
+    def bcast_allgather():
+        with mcr.Fusion(t.comm, backend=t.backend) as f:
+            xs = [t.data(("fusion-bcast", i), n, torch.float32) for i in range(calls)]
+            bufs = [t.dev(x) if t.rank == 0 else t.fresh(n, torch.float32) for x in xs]
+            gs = [[t.data(("fusion-gather", i, r), n, torch.int64) for r in range(t.size)]
+                  for i in range(calls)]
+            outs = [t.fresh(n * t.size, torch.int64) for _ in range(calls)]
+            reqs = [f.Ibcast(b, 0) for b in bufs]
+            reqs += [f.Iallgather(t.dev(g[t.rank]), o) for g, o in zip(gs, outs)]
+            mcr.Request.Waitall(reqs)
+        for i, (x, b) in enumerate(zip(xs, bufs)):
+            t.expect(b, x, f"Ibcast call {i}")
+        for i, (g, o) in enumerate(zip(gs, outs)):
+            t.expect(o, torch.cat(g), f"Iallgather call {i}")
+
+    return [("Iallreduce float32", functools.partial(allreduce, torch.float32)),
+            ("Iallreduce bfloat16", functools.partial(allreduce, torch.bfloat16)),
+            ("Iallreduce int64", functools.partial(allreduce, torch.int64)),
+            ("Ibcast and Iallgather", bcast_allgather)]
 
 
 def backend_checks(rep, env, t, tm, quick):
@@ -1228,6 +1268,7 @@ def backend_checks(rep, env, t, tm, quick):
     run_ops(rep, t, CORE_OPS + EXTRA_OPS, DTYPES, kinds)
     rep.section(f"{t.name}: stream semantics")
     run_streams(rep, t)
+    rep.group(f"{t.name}: tensor fusion (mcr.Fusion)", fusion_cases(t))
     rep.section(f"{t.name} mixed with MPI (MPI on {'CUDA' if t.cuda else 'host'} buffers)")
     run_mixed(rep, tm, t)
 
