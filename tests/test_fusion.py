@@ -356,7 +356,7 @@ def test_benchmark_runs_tiny():
                           text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout
     assert "20 x 64 B float32 Iallreduce + Waitall, 2 ranks" in proc.stdout, proc.stdout
-    for variant in ("unfused", "fused B=256", "fused B=512"):
+    for variant in ("unfused", "by hand", "fused B=256", "fused B=512"):
         assert re.search(rf"^{re.escape(variant)}\s+\d+\.\d+\s+\d+\.\d+$", proc.stdout,
                          re.M), (variant, proc.stdout)
     assert re.search(r"^target: fused \(B=512\) at least 5x faster than unfused: "

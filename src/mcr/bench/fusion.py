@@ -3,7 +3,8 @@
 Times ``count`` non-blocking allreduces of ``bytes`` bytes each, then one
 ``mcr.Request.Waitall``, unfused (``comm.Iallreduce``) and fused
 (``mcr.Fusion(comm, bucket_bytes=B).Iallreduce``) for each bucket size B of
-the sweep. Rounds alternate between the variants; each variant's time is the
+the sweep; and, as the floor, the same work fused by hand (``torch.cat``, one
+``Allreduce``, ``torch.split_with_sizes_copy`` back). Rounds alternate between the variants; each variant's time is the
 slowest rank's, and the figure is the minimum over rounds. Started as a plain
 program, it runs itself under ``mpiexec -n N`` (:mod:`mcr.launch`); rank 0
 prints the table and checks every result against the sum computed here.
@@ -82,12 +83,21 @@ def _worker(args: argparse.Namespace) -> None:
         mcr.Request.Waitall([comm.Iallreduce(x, y, backend=args.backend)
                              for x, y in zip(xs, ys)])
 
+    sizes = [n] * args.count
+
+    def by_hand() -> None:
+        # the floor: what fusion does, written for this one loop (no requests)
+        buf = torch.cat(xs)
+        comm.Allreduce(MPI.IN_PLACE, buf, backend=args.backend)
+        torch.split_with_sizes_copy(buf, sizes, out=ys)
+
     def fused(f: Any) -> Callable[[], None]:
         def run() -> None:
             mcr.Request.Waitall([f.Iallreduce(x, y) for x, y in zip(xs, ys)])
         return run
 
-    variants: list[tuple[str, Callable[[], None]]] = [("unfused", unfused)]
+    variants: list[tuple[str, Callable[[], None]]] = [("unfused", unfused),
+                                                      ("by hand", by_hand)]
     variants += [(f"fused B={b}", fused(fusions[b])) for b in args.buckets]
     best = {name: float("inf") for name, _ in variants}
     for _ in range(args.rounds + 1):          # the first round warms up
