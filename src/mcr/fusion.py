@@ -65,7 +65,8 @@ overtake them: call ``flush()`` first.
 Progress. A bucket is posted only when some rank enters mcr; a rank blocked
 elsewhere (outside mcr, or in a call on ``comm`` itself) does not post its
 open buckets, and ranks waiting for those results wait with it. Go through
-the ``Fusion`` (or ``flush()``) before blocking on another rank.
+the ``Fusion`` (or ``flush()``) before blocking on another rank. A ``Fusion``
+and its requests are used by one thread at a time: it keeps no locks.
 """
 
 from __future__ import annotations
