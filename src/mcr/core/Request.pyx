@@ -485,6 +485,26 @@ cdef class _Tested:
         pass
 
 
+cdef class _Poll:
+    """One turn of polling the works of a list of requests. Requests whose
+    work waits on the same single handle (the calls of one mcr.Fusion bucket)
+    ask it once per turn: once it says "not yet", the others are not asked
+    again in that turn."""
+    cdef object pending          # a handle that said "not yet" this turn
+
+    cdef bint test(self, object req) except -1:
+        cdef _Work w = work_of(req)
+        if w.done:
+            return True
+        if len(w.works) == 1 and w.works[0] is self.pending:
+            return False
+        if w.test():
+            return True
+        if len(w.works) == 1:
+            self.pending = w.works[0]
+        return False
+
+
 cdef bint has_work(object requests) except -1:
     for req in requests:
         if work_of(req) is not None:
@@ -507,13 +527,12 @@ cdef object mixed_all(object requests, object statuses, bint wait):
     requests = list(requests)
     works, plain = split_work(requests)
     cdef int spins = 0
-    if wait:
-        while not all([work_of(requests[i]).test() for i in works]):
-            idle(spins)
-            spins += 1
-    elif not all([work_of(requests[i]).test() for i in works]):
-        mpi_progress()
-        return False
+    while not all_tested(requests, works):
+        if not wait:
+            mpi_progress()
+            return False
+        idle(spins)
+        spins += 1
     sub = [] if statuses is not None else None
     if not complete_all([requests[i] for i in plain], sub, wait):
         return False
@@ -529,6 +548,17 @@ cdef object mixed_all(object requests, object statuses, bint wait):
     return True
 
 
+cdef bint all_tested(list requests, list indices) except -1:
+    """Test the works of requests[i] for each i (each distinct one, every
+    turn); whether all are complete."""
+    cdef _Poll poll = _Poll.__new__(_Poll)
+    cdef bint done = True
+    for i in indices:
+        if not poll.test(requests[i]):
+            done = False
+    return done
+
+
 cdef object any_result(object index, bint flag, bint wait):
     return index if wait else (index, flag)
 
@@ -538,9 +568,11 @@ cdef object mixed_any(object requests, object status, bint wait):
     works, plain = split_work(requests)
     active = works
     cdef int spins = 0
+    cdef _Poll poll
     while True:
+        poll = _Poll.__new__(_Poll)
         for i in active:
-            if work_of(requests[i]).test():
+            if poll.test(requests[i]):
                 work_of(requests[i]).fill(status)
                 completed(requests[i])
                 return any_result(i, True, wait)
@@ -561,8 +593,10 @@ cdef object mixed_some(object requests, object statuses, bint wait):
     works, plain = split_work(requests)
     active = works
     cdef int spins = 0
+    cdef _Poll poll
     while True:
-        done = [i for i in active if work_of(requests[i]).test()]
+        poll = _Poll.__new__(_Poll)
+        done = [i for i in active if poll.test(requests[i])]
         sub = [] if statuses is not None else None
         got = complete_some([requests[i] for i in plain], sub, False)
         if got is None and not active:

@@ -185,7 +185,11 @@ def _drain_detached():
 def _work_request(str backend, list works, list steps=None, object keep=None,
                   object status=None):
     """A Request completed by `works` (objects with is_completed() and wait()),
-    running `steps` (callables) once they are; for the Python backends.
+    running `steps` (callables) once they are; for the Python backends. The
+    list `works` is kept, not copied: until the request completes, its
+    owner may replace a handle in it (mcr.Fusion moves a call to another
+    bucket so), and Waitall and the other class methods ask requests whose
+    single handle is the same object once per turn.
     `status`, for a receive: a callable returning (source, tag, bytes, MPI
     datatype handle) once the works are complete."""
     cdef Request req = Request.__new__(Request)
