@@ -106,7 +106,7 @@ class _Bucket:
     """Calls of one kind (``key``), run as one collective once closed."""
 
     __slots__ = ("fusion", "key", "kind", "arg", "backend", "itemsize", "ins", "outs",
-                 "counts", "members", "nbytes", "state", "req", "buf", "skip")
+                 "counts", "calls", "works", "nbytes", "state", "req", "buf", "skip")
 
     def __init__(self, fusion: Fusion, key: tuple[Any, ...], kind: str, arg: Any,
                  backend: str | None, itemsize: int) -> None:
@@ -119,7 +119,11 @@ class _Bucket:
         self.ins: list[Any] = []            # flat tensors to send
         self.outs: list[Any] = []           # flat tensors to receive into
         self.counts: list[int] = []         # elements each call sends
-        self.members: list[_Member] = []    # in the order of their calls
+        self.calls: list[int] = []          # the calls' positions in the fusion's sequence
+        # each call's request waits on the one-item list of handles it was
+        # made with, [this bucket]: a call moved to another bucket (split)
+        # is moved by replacing that item
+        self.works: list[list[Any]] = []
         self.nbytes = 0
         self.state = _OPEN
         self.req: Request | None = None
@@ -128,38 +132,47 @@ class _Bucket:
 
     @property
     def first(self) -> int:
-        return self.members[0].index
+        return self.calls[0]
 
     def split(self, end: int) -> _Bucket | None:
         """Keep the calls before call `end`; return the others as a new open
         bucket (None if there are none)."""
-        cut = bisect_left(self.members, end, key=_index)
-        if cut == len(self.members):
+        cut = bisect_left(self.calls, end)
+        if cut == len(self.calls):
             return None
         rest = _Bucket(self.fusion, self.key, self.kind, self.arg, self.backend, self.itemsize)
         rest.ins, self.ins = self.ins[cut:], self.ins[:cut]
         rest.outs, self.outs = self.outs[cut:], self.outs[:cut]
         rest.counts, self.counts = self.counts[cut:], self.counts[:cut]
-        rest.members, self.members = self.members[cut:], self.members[:cut]
+        rest.calls, self.calls = self.calls[cut:], self.calls[:cut]
+        rest.works, self.works = self.works[cut:], self.works[:cut]
         rest.nbytes = sum(rest.counts) * self.itemsize
         self.nbytes -= rest.nbytes
-        for m in rest.members:
-            m.bucket = rest
+        for handles in rest.works:
+            handles[0] = rest
         return rest
+
+    def packed(self) -> Any:
+        """The inputs, one after another in one new tensor (memcpy by the core
+        for host tensors it reads directly; torch.cat otherwise)."""
+        f = self.fusion
+        buf = self.outs[0].new_empty(sum(self.counts))
+        if f._pack(self.ins, buf):
+            return buf
+        return f._torch.cat([t.reshape(-1) for t in self.ins])
 
     def post(self) -> None:
         """Pack the inputs and post the one collective."""
         f = self.fusion
-        torch = f._torch
         if self.kind == _ALLREDUCE:
-            self.buf = torch.cat(self.ins)
+            self.buf = self.packed()
             self.req = f._comm.Iallreduce(f._in_place, self.buf, self.arg, backend=self.backend)
         elif self.kind == _BCAST:
-            self.buf = (torch.cat(self.ins) if f._rank == self.arg
+            self.buf = (self.packed() if f._rank == self.arg
                         else self.outs[0].new_empty(sum(self.counts)))
             self.req = f._comm.Ibcast(self.buf, self.arg, backend=self.backend)
         else:
-            send = torch.cat(self.ins)
+            send = self.packed()
             self.buf = send.new_empty(f._size * send.numel())
             self.req = f._comm.Iallgather(send, self.buf, backend=self.backend)
         self.ins = []
@@ -167,7 +180,7 @@ class _Bucket:
         self.skip = 0
         f._posted.append(self)
         if f.trace is not None:
-            f.trace.append((self.kind, self.first, len(self.members)))
+            f.trace.append((self.kind, self.first, len(self.calls)))
 
     def test(self) -> bool:
         """Whether the posted collective has completed. Waitall tests every
@@ -182,10 +195,34 @@ class _Bucket:
                 return False
             assert self.req is not None
             if not self.req.Test():
-                self.skip = len(self.members) >> 3
+                self.skip = len(self.calls) >> 3
                 return False
             self.state = _DONE
         return True
+
+    # the work of every call's request (is_completed, wait): Waitall asks
+    # once per turn for all the calls of a bucket (the core's _Poll)
+
+    def is_completed(self) -> bool:
+        if self.state == _DONE:
+            return True
+        if self.state == _OPEN:
+            if self.skip:             # not rank 0, still waiting for the decision
+                self.skip -= 1
+                return False
+            f = self.fusion
+            f._wanted(self)
+            if self.state == _OPEN:
+                self.skip = len(self.calls) >> 3
+                return False
+            if not f._leader:
+                # rank 0's cut may have moved the asking call to another
+                # bucket (its handle replaced): it asks again next turn
+                return False
+        return self.test()
+
+    def wait(self) -> None:
+        self.finish()
 
     def finish(self) -> None:
         """Copy the results out, once for the whole bucket."""
@@ -197,46 +234,17 @@ class _Bucket:
             self.state = _DONE
         f = self.fusion
         if self.kind == _ALLREDUCE or (self.kind == _BCAST and f._rank != self.arg):
-            f._torch.split_with_sizes_copy(self.buf, self.counts, out=self.outs)
+            if not f._unpack(self.buf, self.outs):
+                f._torch.split_with_sizes_copy(self.buf, self.counts,
+                                               out=[o.view(-1) for o in self.outs])
         elif self.kind == _ALLGATHER:
             size = f._size
             f._torch.split_with_sizes_copy(self.buf.view(size, -1), self.counts, dim=1,
                                            out=[o.view(size, -1) for o in self.outs])
         self.buf = None
-        self.outs = self.members = []
-
-
-class _Member:
-    """The work of one call's request (``is_completed``, ``wait``): its
-    bucket's, wherever the call ends up."""
-
-    __slots__ = ("bucket", "index")
-
-    def __init__(self, bucket: _Bucket, index: int) -> None:
-        self.bucket = bucket
-        self.index = index                  # the call's position in the fusion's sequence
-
-    def is_completed(self) -> bool:
-        b = self.bucket
-        if b.state == _DONE:
-            return True
-        if b.state == _OPEN:
-            if b.skip:                # not rank 0, still waiting for the decision
-                b.skip -= 1
-                return False
-            b.fusion._wanted(b)
-            b = self.bucket           # a rank other than 0 may have moved it to a new bucket
-            if b.state == _OPEN:
-                b.skip = len(b.members) >> 3
-                return False
-        return b.test()
-
-    def wait(self) -> None:
-        self.bucket.finish()
-
-
-def _index(m: _Member) -> int:
-    return m.index
+        self.outs = []
+        self.calls = []
+        self.works = []
 
 
 class Fusion:
@@ -271,7 +279,8 @@ class Fusion:
         If an argument has the wrong type or value (named in the message).
     """
 
-    __slots__ = ("_comm", "_torch", "_tensor", "_in_place", "_work_request", "_ops",
+    __slots__ = ("_comm", "_torch", "_tensor", "_in_place", "_work_request", "_meta", "_pack",
+                 "_unpack", "_ops",
                  "_rank", "_size", "_leader", "_limit", "_cycle", "_timed", "_since",
                  "_backend", "_open", "_count", "_ctl", "_sends", "_rbuf", "_rreq",
                  "_queue", "_next_at", "_closed", "_posted", "trace")
@@ -305,6 +314,8 @@ class Fusion:
         self._tensor = torch.Tensor
         self._in_place = MPI.IN_PLACE
         self._work_request = _core._work_request
+        self._meta = _core._tensor_key
+        self._pack, self._unpack = _core._pack, _core._unpack
         self._ops = (MPI.SUM, MPI.PROD, MPI.MAX, MPI.MIN)
         self._rank = comm.Get_rank()
         self._size = comm.Get_size()
@@ -339,6 +350,35 @@ class Fusion:
         Arguments as ``mcr.Comm.Iallreduce`` (`op` None: ``SUM``)."""
         if op is None:
             op = self._ops[0]
+        meta = self._meta(recvbuf)
+        if meta is not None and not self._closed:
+            # a contiguous host tensor the core reads directly: one call for
+            # (bytes, element type), where torch's API takes five
+            inp = recvbuf if sendbuf is self._in_place else \
+                sendbuf if self._meta(sendbuf) == meta else None
+            if inp is not None:
+                key: tuple[Any, ...] = (id(op), meta[1], -1, backend)    # as below
+                b = self._open.get(key)
+                nbytes = meta[0]
+                index = self._count
+                if b is not None and (b.nbytes + nbytes < self._limit and index & 31
+                                      and index < self._next_at and not self._timed):
+                    # the common case written out: the call fits in the open
+                    # bucket, which stays open, and nothing else is due
+                    self._count = index + 1
+                    handles = [b]
+                    b.calls.append(index)
+                    b.works.append(handles)
+                    b.ins.append(inp)
+                    b.outs.append(recvbuf)
+                    b.counts.append(nbytes // b.itemsize)
+                    b.nbytes += nbytes
+                    quick: Request = self._work_request("fusion", handles)
+                    return quick
+                req = self._add(key, _ALLREDUCE, op, backend, inp, recvbuf, recvbuf.numel())
+                if req is not None:
+                    return req
+            return self._unfused("Iallreduce", sendbuf, recvbuf, op, backend=backend)
         T = self._tensor
         if type(recvbuf) is T and recvbuf.is_contiguous() and not self._closed:
             n = recvbuf.numel()
@@ -363,13 +403,14 @@ class Fusion:
                     if (b.nbytes + nbytes < self._limit and index & 31
                             and index < self._next_at and not self._timed):
                         self._count = index + 1
-                        m = _Member(b, index)
-                        b.members.append(m)
+                        handles = [b]
+                        b.calls.append(index)
+                        b.works.append(handles)
                         b.ins.append(inp)
                         b.outs.append(out)
                         b.counts.append(n)
                         b.nbytes += nbytes
-                        fast: Request = self._work_request("fusion", [m])
+                        fast: Request = self._work_request("fusion", handles)
                         return fast
                 req = self._add(key, _ALLREDUCE, op, backend, inp, out, n)
                 if req is not None:
@@ -426,23 +467,24 @@ class Fusion:
         nbytes = n * b.itemsize
         limit = self._limit
         if nbytes > limit:
-            if not b.members:
+            if not b.calls:
                 del self._open[key]
             return None
         leader = self._leader
-        if leader and b.nbytes + nbytes > limit and b.members:
+        if leader and b.nbytes + nbytes > limit and b.calls:
             self._close(b)
             b = self._open.get(key) or self._bucket(key, kind, arg, backend, out)
             assert b is not None
         index = self._count
         self._count = index + 1
-        m = _Member(b, index)
-        b.members.append(m)
+        handles = [b]
+        b.calls.append(index)
+        b.works.append(handles)
         b.ins.append(inp)
         b.outs.append(out)
         b.counts.append(n)
         b.nbytes += nbytes
-        req: Request = self._work_request("fusion", [m])
+        req: Request = self._work_request("fusion", handles)
         if self._posted and not index & 31:
             self._progress()
         if leader:

@@ -1,0 +1,78 @@
+# What mcr.Fusion needs from the core on its per-call path: one look at a
+# tensor (instead of five torch attribute reads), and packing and unpacking a
+# bucket's host tensors with memcpy (torch.cat and split_with_sizes_copy cost
+# 1-3 us per tensor, more than a 4 KiB copy).
+
+cdef list torch_dtypes = None    # element type index -> torch.dtype (None: not torch's)
+
+
+def _tensor_key(t):
+    """(bytes, torch dtype, -1) of a contiguous host tensor mcr reads
+    directly (the dtype and device as torch's API gives them, so that keys
+    made either way are equal), or None: the caller uses torch's API."""
+    global torch_dtypes
+    cdef bufinfo b
+    if fast_ok and type(t) is _Tensor and fast_tensor_info(t, &b) == 0:
+        if torch_dtypes is None:
+            torch_dtypes = [getattr(_torch, name, None) for name in TYPE_NAMES]
+        return (b.nbytes, torch_dtypes[b.tindex], -1)
+    return None
+
+
+def _pack(list tensors, object dst):
+    """Copy the host tensors `tensors` one after another into the host tensor
+    `dst`; False (nothing copied) when one is not a contiguous host tensor
+    the fast path reads, or they do not fit: the caller uses torch."""
+    cdef bufinfo b, d
+    if not fast_ok or type(dst) is not _Tensor or fast_tensor_info(dst, &d) != 0:
+        return False
+    cdef Py_ssize_t n = len(tensors), i, total = 0
+    cdef char **addr = <char**>PyMem_Malloc(max(n, 1) * sizeof(char*))
+    cdef Py_ssize_t *size = <Py_ssize_t*>PyMem_Malloc(max(n, 1) * sizeof(Py_ssize_t))
+    try:
+        for i in range(n):
+            t = tensors[i]
+            if type(t) is not _Tensor or fast_tensor_info(t, &b) != 0:
+                return False
+            addr[i], size[i] = b.addr, b.nbytes
+            total += b.nbytes
+        if total > d.nbytes:
+            return False
+        with nogil:
+            total = 0
+            for i in range(n):
+                memcpy(d.addr + total, addr[i], size[i])
+                total += size[i]
+        return True
+    finally:
+        PyMem_Free(addr)
+        PyMem_Free(size)
+
+
+def _unpack(object src, list tensors):
+    """Copy consecutive pieces of the host tensor `src` into the host tensors
+    `tensors` (each its own size); False (nothing copied) as for _pack."""
+    cdef bufinfo b, s
+    if not fast_ok or type(src) is not _Tensor or fast_tensor_info(src, &s) != 0:
+        return False
+    cdef Py_ssize_t n = len(tensors), i, total = 0
+    cdef char **addr = <char**>PyMem_Malloc(max(n, 1) * sizeof(char*))
+    cdef Py_ssize_t *size = <Py_ssize_t*>PyMem_Malloc(max(n, 1) * sizeof(Py_ssize_t))
+    try:
+        for i in range(n):
+            t = tensors[i]
+            if type(t) is not _Tensor or fast_tensor_info(t, &b) != 0:
+                return False
+            addr[i], size[i] = b.addr, b.nbytes
+            total += b.nbytes
+        if total > s.nbytes:
+            return False
+        with nogil:
+            total = 0
+            for i in range(n):
+                memcpy(addr[i], s.addr + total, size[i])
+                total += size[i]
+        return True
+    finally:
+        PyMem_Free(addr)
+        PyMem_Free(size)
