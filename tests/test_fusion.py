@@ -363,3 +363,29 @@ def test_benchmark_runs_tiny():
                          re.M), (variant, proc.stdout)
     assert re.search(r"^target: fused \(B=512\) at least 5x faster than unfused: "
                      r"\d+\.\d+x, (met|NOT met)$", proc.stdout, re.M), proc.stdout
+
+
+FIRST_CALLS = """
+import torch, mcr
+comm = mcr.COMM_WORLD
+f = mcr.Fusion(comm, bucket_bytes=1 << 14, trace=True)
+xs = [torch.full((256,), float(comm.rank + k)) for k in range(64)]
+ys = [torch.zeros(256) for _ in range(64)]
+reqs = [f.Iallreduce(x, y) for x, y in zip(xs, ys)]   # before mcr has read any tensor
+mcr.Request.Waitall(reqs)
+traces = comm.allgather(f.trace)
+assert all(t == traces[0] for t in traces), traces
+for k, y in enumerate(ys):
+    assert torch.equal(y, torch.full((256,), float(sum(r + k for r in range(comm.size)))))
+f.close()
+print("groups", len(traces[0]))
+"""
+
+
+def test_fused_calls_before_any_other_call():
+    # the first calls of a program go through fusion before the core has read
+    # a tensor (its fast path binds then): every rank must still group alike
+    from mpiharness import run_script
+    code, out = run_script(3, ["-c", FIRST_CALLS], timeout=120)
+    assert code == 0, out
+    assert out.count("groups 4") == 3, out        # 64 calls of 1 KiB, 16 KiB buckets
