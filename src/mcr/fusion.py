@@ -106,7 +106,7 @@ class _Bucket:
     """Calls of one kind (``key``), run as one collective once closed."""
 
     __slots__ = ("fusion", "key", "kind", "arg", "backend", "itemsize", "ins", "outs",
-                 "counts", "calls", "works", "nbytes", "state", "req", "buf", "skip")
+                 "counts", "calls", "works", "nbytes", "state", "req", "buf")
 
     def __init__(self, fusion: Fusion, key: tuple[Any, ...], kind: str, arg: Any,
                  backend: str | None, itemsize: int) -> None:
@@ -128,7 +128,6 @@ class _Bucket:
         self.state = _OPEN
         self.req: Request | None = None
         self.buf: Any = None
-        self.skip = 0                       # tests to answer "not yet" without asking MPI
 
     @property
     def first(self) -> int:
@@ -177,25 +176,19 @@ class _Bucket:
             self.req = f._comm.Iallgather(send, self.buf, backend=self.backend)
         self.ins = []
         self.state = _POSTED
-        self.skip = 0
         f._posted.append(self)
         if f.trace is not None:
             f.trace.append((self.kind, self.first, len(self.calls)))
 
     def test(self) -> bool:
-        """Whether the posted collective has completed. Waitall tests every
-        request at each turn: MPI is asked at a few of this bucket's members
-        per turn only."""
+        """Whether the posted collective has completed (Waitall and the other
+        class methods ask once per turn for all the calls of the bucket)."""
         if self.state == _POSTED:
             f = self.fusion
             if f._timed and f._open:
                 f._tick()
-            if self.skip:
-                self.skip -= 1
-                return False
             assert self.req is not None
             if not self.req.Test():
-                self.skip = len(self.calls) >> 3
                 return False
             self.state = _DONE
         return True
@@ -207,13 +200,9 @@ class _Bucket:
         if self.state == _DONE:
             return True
         if self.state == _OPEN:
-            if self.skip:             # not rank 0, still waiting for the decision
-                self.skip -= 1
-                return False
             f = self.fusion
-            f._wanted(self)
+            f._wanted(self)           # rank 0 posts it; the others read decisions
             if self.state == _OPEN:
-                self.skip = len(self.calls) >> 3
                 return False
             if not f._leader:
                 # rank 0's cut may have moved the asking call to another
@@ -279,7 +268,7 @@ class Fusion:
         If an argument has the wrong type or value (named in the message).
     """
 
-    __slots__ = ("_comm", "_torch", "_tensor", "_in_place", "_work_request", "_meta", "_pack",
+    __slots__ = ("_comm", "_torch", "_tensor", "_in_place", "_work_request", "_meta", "_quick", "_pack",
                  "_unpack", "_ops",
                  "_rank", "_size", "_leader", "_limit", "_cycle", "_timed", "_since",
                  "_backend", "_open", "_count", "_ctl", "_sends", "_rbuf", "_rreq",
@@ -315,6 +304,7 @@ class Fusion:
         self._in_place = MPI.IN_PLACE
         self._work_request = _core._work_request
         self._meta = _core._tensor_key
+        self._quick = _core._fuse_quick
         self._pack, self._unpack = _core._pack, _core._unpack
         self._ops = (MPI.SUM, MPI.PROD, MPI.MAX, MPI.MIN)
         self._rank = comm.Get_rank()
@@ -350,10 +340,15 @@ class Fusion:
         Arguments as ``mcr.Comm.Iallreduce`` (`op` None: ``SUM``)."""
         if op is None:
             op = self._ops[0]
+        quick: Request | None = self._quick(self, sendbuf, recvbuf, op, backend)
+        if quick is not None:
+            return quick
         meta = self._meta(recvbuf)
         if meta is not None and not self._closed:
-            # a contiguous host tensor the core reads directly: one call for
-            # (bytes, element type), where torch's API takes five
+            # a contiguous host tensor the core reads directly (the common
+            # case, the call fitting in the open bucket with nothing else
+            # due, is the core's _fuse_quick): one call for (bytes, element
+            # type), where torch's API takes five
             inp = recvbuf if sendbuf is self._in_place else \
                 sendbuf if self._meta(sendbuf) == meta else None
             if inp is not None:
@@ -361,20 +356,6 @@ class Fusion:
                 b = self._open.get(key)
                 nbytes = meta[0]
                 index = self._count
-                if b is not None and (b.nbytes + nbytes < self._limit and index & 31
-                                      and index < self._next_at and not self._timed):
-                    # the common case written out: the call fits in the open
-                    # bucket, which stays open, and nothing else is due
-                    self._count = index + 1
-                    handles = [b]
-                    b.calls.append(index)
-                    b.works.append(handles)
-                    b.ins.append(inp)
-                    b.outs.append(recvbuf)
-                    b.counts.append(nbytes // b.itemsize)
-                    b.nbytes += nbytes
-                    quick: Request = self._work_request("fusion", handles)
-                    return quick
                 req = self._add(key, _ALLREDUCE, op, backend, inp, recvbuf, recvbuf.numel())
                 if req is not None:
                     return req

@@ -76,3 +76,45 @@ def _unpack(object src, list tensors):
     finally:
         PyMem_Free(addr)
         PyMem_Free(size)
+
+
+def _fuse_quick(f, sendbuf, recvbuf, op, backend):
+    """mcr.Fusion.Iallreduce's common case, compiled: `recvbuf` (and
+    `sendbuf`, or IN_PLACE) contiguous host tensors the core reads directly,
+    whose call fits in the open bucket of its kind, with nothing else due
+    (see Fusion.Iallreduce). Adds the call and returns its Request, or
+    returns None, touching nothing: the Python path decides."""
+    global torch_dtypes
+    cdef bufinfo r, s
+    if not fast_ok or type(recvbuf) is not _Tensor or fast_tensor_info(recvbuf, &r) != 0:
+        return None
+    inp = recvbuf
+    if sendbuf is not IN_PLACE:
+        if type(sendbuf) is not _Tensor or fast_tensor_info(sendbuf, &s) != 0 \
+                or s.nbytes != r.nbytes or s.tindex != r.tindex:
+            return None
+        inp = sendbuf
+    if torch_dtypes is None:
+        torch_dtypes = [getattr(_torch, name, None) for name in TYPE_NAMES]
+    b = f._open.get((id(op), torch_dtypes[r.tindex], -1, backend))
+    if b is None or f._closed or f._timed:
+        return None
+    cdef Py_ssize_t index = f._count
+    cdef Py_ssize_t nbytes = b.nbytes
+    if nbytes + r.nbytes >= f._limit or not (index & 31) or index >= f._next_at:
+        return None
+    f._count = index + 1
+    cdef list handles = [b]
+    b.calls.append(index)
+    b.works.append(handles)
+    b.ins.append(inp)
+    b.outs.append(recvbuf)
+    b.counts.append(r.nbytes // <Py_ssize_t>b.itemsize)
+    b.nbytes = nbytes + r.nbytes
+    cdef Request req = Request.__new__(Request)
+    cdef _Work w = _Work.__new__(_Work)
+    w.backend = "fusion"
+    w.works = handles
+    w.steps = []
+    req.ext = w
+    return req
