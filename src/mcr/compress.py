@@ -723,19 +723,29 @@ def _plan_allreduce(c: Codec, backend: str, size: int, rank: int, s: Side, r: Si
         _decode_all(c, inbox, out_sizes, operands)
         reduced = _encoded(c, compose.fold(reduction, operands)) if counts[rank] else \
             torch.empty(0 if fixed is None else fixed[rank], dtype=_BYTE, device=device)
-        if fixed is None:
-            got, post = _sizes_allgather(backend, reduced.numel(), size, device)
-            sent[0] += 8 * (size - 1)
-            yield post
-            sizes = [int(v) for v in got.tolist()]
-        else:
-            sizes = fixed
-        gathered = torch.empty(sum(sizes), dtype=_BYTE, device=device)
-        sent[0] += reduced.numel() * (size - 1)
-        yield _allgatherv(backend, reduced, gathered, sizes)
+        gathered, sizes = yield from _gathered(backend, reduced, size, device, fixed, sent)
         _decode_all(c, gathered, sizes, _blocks(r, counts, displs))
 
     return (2 if fixed is not None else 4), pipeline()
+
+
+def _gathered(backend: str, mine: torch.Tensor, size: int, device: torch.device,
+              fixed: list[int] | None, sent: list[int]
+              ) -> Generator[_Post, None, tuple[torch.Tensor, list[int]]]:
+    """Stages that all-gather every rank's encoded payload ``mine`` (their
+    sizes first, unless ``fixed``); (the payloads one after another, their
+    sizes)."""
+    if fixed is None:
+        got, post = _sizes_allgather(backend, mine.numel(), size, device)
+        sent[0] += 8 * (size - 1)
+        yield post
+        sizes = [int(v) for v in got.tolist()]
+    else:
+        sizes = fixed
+    out = torch.empty(sum(sizes), dtype=_BYTE, device=device)
+    sent[0] += mine.numel() * (size - 1)
+    yield _allgatherv(backend, mine, out, sizes)
+    return out, sizes
 
 
 def _plan_allgather(c: Codec, backend: str, size: int, rank: int, s: Side, r: Side,
@@ -748,17 +758,7 @@ def _plan_allgather(c: Codec, backend: str, size: int, rank: int, s: Side, r: Si
     def pipeline() -> _Pipeline:
         own = r.typed(counts[rank], displs[rank]) if s.kind == "in_place" \
             else s.typed(s.count)
-        mine = _encoded(c, own)
-        if fixed is None:
-            got, post = _sizes_allgather(backend, mine.numel(), size, device)
-            sent[0] += 8 * (size - 1)
-            yield post
-            sizes = [int(v) for v in got.tolist()]
-        else:
-            sizes = fixed
-        out = torch.empty(sum(sizes), dtype=_BYTE, device=device)
-        sent[0] += mine.numel() * (size - 1)
-        yield _allgatherv(backend, mine, out, sizes)
+        out, sizes = yield from _gathered(backend, _encoded(c, own), size, device, fixed, sent)
         _decode_all(c, out, sizes, _blocks(r, counts, displs))
 
     return (1 if fixed is not None else 2), pipeline()

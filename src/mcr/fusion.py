@@ -151,6 +151,19 @@ class _Bucket:
             handles[0] = rest
         return rest
 
+    def add(self, index: int, inp: Any, out: Any, n: int) -> list[Any]:
+        """Add call `index` (`n` elements from `inp` into `out`); the list of
+        handles its request waits on (the core's _fuse_quick adds the same
+        way)."""
+        handles = [self]
+        self.calls.append(index)
+        self.works.append(handles)
+        self.ins.append(inp)
+        self.outs.append(out)
+        self.counts.append(n)
+        self.nbytes += n * self.itemsize
+        return handles
+
     def packed(self) -> Any:
         """The inputs, one after another in one new tensor (memcpy by the core
         for host tensors it reads directly; torch.cat otherwise)."""
@@ -353,9 +366,6 @@ class Fusion:
                 sendbuf if self._meta(sendbuf) == meta else None
             if inp is not None:
                 key: tuple[Any, ...] = (id(op), meta[1], -1, backend)    # as below
-                b = self._open.get(key)
-                nbytes = meta[0]
-                index = self._count
                 req = self._add(key, _ALLREDUCE, op, backend, inp, recvbuf, recvbuf.numel())
                 if req is not None:
                     return req
@@ -375,24 +385,6 @@ class Fusion:
                 inp = None
             if inp is not None:
                 key = (id(op), dtype, device, backend)      # Ops are not hashable: their id
-                b = self._open.get(key)
-                if b is not None:
-                    # the common case written out: the call fits in the open
-                    # bucket, which stays open, and nothing else is due
-                    nbytes = n * b.itemsize
-                    index = self._count
-                    if (b.nbytes + nbytes < self._limit and index & 31
-                            and index < self._next_at and not self._timed):
-                        self._count = index + 1
-                        handles = [b]
-                        b.calls.append(index)
-                        b.works.append(handles)
-                        b.ins.append(inp)
-                        b.outs.append(out)
-                        b.counts.append(n)
-                        b.nbytes += nbytes
-                        fast: Request = self._work_request("fusion", handles)
-                        return fast
                 req = self._add(key, _ALLREDUCE, op, backend, inp, out, n)
                 if req is not None:
                     return req
@@ -458,14 +450,7 @@ class Fusion:
             assert b is not None
         index = self._count
         self._count = index + 1
-        handles = [b]
-        b.calls.append(index)
-        b.works.append(handles)
-        b.ins.append(inp)
-        b.outs.append(out)
-        b.counts.append(n)
-        b.nbytes += nbytes
-        req: Request = self._work_request("fusion", handles)
+        req: Request = self._work_request("fusion", b.add(index, inp, out, n))
         if self._posted and not index & 31:
             self._progress()
         if leader:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["find_mpiexec", "MpiexecNotFoundError", "is_open_mpi", "version", "launched",
-           "job_env", "command", "start", "run", "Job", "JobResult", "LAUNCHER_VARS",
+           "job_env", "command", "start", "run", "run_module", "Job", "JobResult", "LAUNCHER_VARS",
            "JOB_MARKER", "OPEN_MPI_ENV"]
 
 # Variables that MPI launchers (Open MPI, MPICH, Intel MPI) set in the processes
@@ -389,3 +389,20 @@ def run(nprocs: int, argv: Sequence[str], *, timeout: float | None,
     finally:
         if main:
             signal.signal(signal.SIGTERM, previous)
+
+
+def run_module(nprocs: int, argv: Sequence[str], *, timeout: float, name: str) -> int:
+    """Run ``python -m argv...`` on ``nprocs`` ranks and wait: how a tool that
+    was started outside ``mpiexec`` runs itself as the ranks.
+
+    Returns
+    -------
+    int
+        The job's exit status; 1, with a message naming ``name`` on stderr,
+        when it ran past ``timeout`` seconds and was stopped.
+    """
+    result = run(nprocs, [sys.executable, "-m", *argv], timeout=timeout)
+    if result.returncode is None:
+        print(f"{name}: stopped after {timeout:g} s (--timeout)", file=sys.stderr)
+        return 1
+    return result.returncode

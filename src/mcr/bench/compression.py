@@ -12,7 +12,6 @@ block each rank sends), of normal values; the time is the minimum over
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -165,12 +164,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if launch.launched():
         return _worker(args)
     argv = list(sys.argv[1:] if argv is None else argv)
-    result = launch.run(args.n, [sys.executable, "-m", "mcr.bench.compression"] + argv,
-                        timeout=args.timeout, env=dict(os.environ))
-    if result.timed_out:
-        print(f"error: the benchmark did not finish in {args.timeout:g} s", file=sys.stderr)
-        return 1
-    return result.returncode or 0
+    return launch.run_module(args.n, ["mcr.bench.compression", *argv], timeout=args.timeout,
+                             name="mcr.bench.compression")
 
 
 if __name__ == "__main__":

@@ -143,12 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _worker(args)
         return 0
     argv = list(sys.argv[1:] if argv is None else argv)
-    result = launch.run(args.nprocs, [sys.executable, "-m", "mcr.bench.fusion", "--worker",
-                                      *argv], timeout=args.timeout)
-    if result.timed_out:
-        print(f"error: the benchmark did not finish in {args.timeout:g} s", file=sys.stderr)
-        return 1
-    return result.returncode or 0
+    return launch.run_module(args.nprocs, ["mcr.bench.fusion", "--worker", *argv],
+                             timeout=args.timeout, name="mcr.bench.fusion")
 
 
 if __name__ == "__main__":

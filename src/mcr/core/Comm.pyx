@@ -125,9 +125,15 @@ cdef class Comm(_MPI.Intracomm):
         """The compression of the calls that can be compressed (Allreduce,
         Allgather(v), Bcast, Alltoall(v) on float32/float64 tensors) when
         they pass no ``compress``: None (none), ``"fp16"``, ``"bf16"``,
-        ``"zfp:rate=R"`` or ``(encode, decode)`` (see ``mcr.compress``);
-        settable. Calls on other buffers are not compressed. Communicators
-        made from this one (``Dup``, ``Split``, ...) start with the same."""
+        ``"zfp:rate=R"``, ``(encode, decode)`` or a ``mcr.compress.Codec``;
+        settable. Calls it cannot serve (other element types, an Allreduce
+        op other than SUM, MAX, MIN) run uncompressed. Communicators made
+        from this one (``Dup``, ``Split``, ...) start with the same.
+
+        A call's own ``compress`` argument takes precedence: a spec as above
+        (raising ``TypeError`` or ``ValueError`` naming ``compress`` for a
+        call it cannot serve, before any process communicates), None for
+        this default, False for none."""
         return self.compress_dflt
 
     @compress.setter
@@ -704,15 +710,6 @@ cdef class Comm(_MPI.Intracomm):
             return self.on_backend(sub, op, form, backend, a, b, c, d, e, f, g)
         return self.hooked(sub, op, form, backend, info, a, b, c, d, e, f, g)
 
-    cdef inline object call_c(self, int op, int form, object backend, object info,
-                              object compress, object a, object b, object c=None):
-        """`call` for an operation that can be compressed: `compress` is the
-        call's ``compress`` argument (None: the communicator's default)."""
-        if compress is None:
-            return self.call(op, form, backend, info, a, b, c)
-        return self.hooked(self.sub(backend), op, form, backend, info, a, b, c, None, None,
-                           None, None, compress)
-
     cdef object hooked(self, object sub, int op, int form, object backend, object info,
                        object a, object b, object c, object d, object e, object f, object g,
                        object compress=None):
@@ -724,8 +721,8 @@ cdef class Comm(_MPI.Intracomm):
         if sub is AUTO_SUB:
             backend = self.auto_name(op, a, b, c, d, e, f, g)
             sub = None if backend == "mpi" else backends_module().subcomm(self, backend)
-            if not always_mpi(op):
-                why = self.chooser.why()
+            if log_on and not always_mpi(op):
+                why = self.chooser.why()       # the logger's "why"
         name = "mpi" if sub is None else sub.name
         after = run_call_hooks(self, op, form, name, (a, b, c, d, e, f, g)[:CALL_NARGS[op]]) \
             if call_hooks else ()
@@ -1117,16 +1114,13 @@ cdef class Comm(_MPI.Intracomm):
         root : int
             Rank of the sending process.
         compress : str, tuple, mcr.compress.Codec, False or None
-            Compress the data on the wire: ``"fp16"``, ``"bf16"``,
-            ``"zfp:rate=R"`` or ``(encode, decode)``, for float32/float64
-            tensors (``mcr.compress``); None: the communicator's ``compress``;
-            False: none.
+            Compression on the wire (see the ``compress`` attribute).
         """
-        return self.call_c(CALL_BCAST, BLOCKING, backend, None, compress, buf, root)
+        return call_c(self, CALL_BCAST, BLOCKING, backend, None, compress, buf, root, None)
 
     def Ibcast(self, buf, root=0, *, backend=None, compress=None):
         """Start a broadcast; return a ``Request``. Arguments as ``Bcast``."""
-        return self.call_c(CALL_BCAST, NONBLOCKING, backend, None, compress, buf, root)
+        return call_c(self, CALL_BCAST, NONBLOCKING, backend, None, compress, buf, root, None)
 
     def Gather(self, sendbuf, recvbuf, root=0, *, backend=None):
         """Gather equal blocks from all processes at `root`.
@@ -1214,16 +1208,15 @@ cdef class Comm(_MPI.Intracomm):
         recvbuf : message spec
             Room for one block per process, in rank order.
         compress : str, tuple, mcr.compress.Codec, False or None
-            Compress the data on the wire: ``"fp16"``, ``"bf16"``,
-            ``"zfp:rate=R"`` or ``(encode, decode)``, for float32/float64
-            tensors (``mcr.compress``); None: the communicator's ``compress``;
-            False: none.
+            Compression on the wire (see the ``compress`` attribute).
         """
-        return self.call_c(CALL_ALLGATHER, BLOCKING, backend, None, compress, sendbuf, recvbuf)
+        return call_c(self, CALL_ALLGATHER, BLOCKING, backend, None, compress, sendbuf, recvbuf,
+                           None)
 
     def Iallgather(self, sendbuf, recvbuf, *, backend=None, compress=None):
         """Start an allgather; return a ``Request``. Arguments as ``Allgather``."""
-        return self.call_c(CALL_ALLGATHER, NONBLOCKING, backend, None, compress, sendbuf, recvbuf)
+        return call_c(self, CALL_ALLGATHER, NONBLOCKING, backend, None, compress, sendbuf, recvbuf,
+                           None)
 
     def Allgatherv(self, sendbuf, recvbuf, *, backend=None, compress=None):
         """Gather blocks of varying size on all processes.
@@ -1235,16 +1228,15 @@ cdef class Comm(_MPI.Intracomm):
         recvbuf : vector message spec
             ``[buf, counts, displs]``: block ``i`` lands at ``displs[i]``.
         compress : str, tuple, mcr.compress.Codec, False or None
-            Compress the data on the wire: ``"fp16"``, ``"bf16"``,
-            ``"zfp:rate=R"`` or ``(encode, decode)``, for float32/float64
-            tensors (``mcr.compress``); None: the communicator's ``compress``;
-            False: none.
+            Compression on the wire (see the ``compress`` attribute).
         """
-        return self.call_c(CALL_ALLGATHERV, BLOCKING, backend, None, compress, sendbuf, recvbuf)
+        return call_c(self, CALL_ALLGATHERV, BLOCKING, backend, None, compress, sendbuf, recvbuf,
+                           None)
 
     def Iallgatherv(self, sendbuf, recvbuf, *, backend=None, compress=None):
         """Start a vector allgather; return a ``Request``. Arguments as ``Allgatherv``."""
-        return self.call_c(CALL_ALLGATHERV, NONBLOCKING, backend, None, compress, sendbuf, recvbuf)
+        return call_c(self, CALL_ALLGATHERV, NONBLOCKING, backend, None, compress, sendbuf, recvbuf,
+                           None)
 
     def Alltoall(self, sendbuf, recvbuf, *, backend=None, compress=None):
         """Send block ``j`` of `sendbuf` to process ``j``, from every process.
@@ -1256,16 +1248,15 @@ cdef class Comm(_MPI.Intracomm):
         recvbuf : message spec
             One equal block per source, in rank order.
         compress : str, tuple, mcr.compress.Codec, False or None
-            Compress the data on the wire: ``"fp16"``, ``"bf16"``,
-            ``"zfp:rate=R"`` or ``(encode, decode)``, for float32/float64
-            tensors (``mcr.compress``); None: the communicator's ``compress``;
-            False: none.
+            Compression on the wire (see the ``compress`` attribute).
         """
-        return self.call_c(CALL_ALLTOALL, BLOCKING, backend, None, compress, sendbuf, recvbuf)
+        return call_c(self, CALL_ALLTOALL, BLOCKING, backend, None, compress, sendbuf, recvbuf,
+                           None)
 
     def Ialltoall(self, sendbuf, recvbuf, *, backend=None, compress=None):
         """Start an all-to-all; return a ``Request``. Arguments as ``Alltoall``."""
-        return self.call_c(CALL_ALLTOALL, NONBLOCKING, backend, None, compress, sendbuf, recvbuf)
+        return call_c(self, CALL_ALLTOALL, NONBLOCKING, backend, None, compress, sendbuf, recvbuf,
+                           None)
 
     def Alltoallv(self, sendbuf, recvbuf, *, backend=None, compress=None):
         """All-to-all with blocks of varying size.
@@ -1279,16 +1270,15 @@ cdef class Comm(_MPI.Intracomm):
             ``[buf, counts, displs]``: ``counts[i]`` elements from process ``i``
             land at ``displs[i]``.
         compress : str, tuple, mcr.compress.Codec, False or None
-            Compress the data on the wire: ``"fp16"``, ``"bf16"``,
-            ``"zfp:rate=R"`` or ``(encode, decode)``, for float32/float64
-            tensors (``mcr.compress``); None: the communicator's ``compress``;
-            False: none.
+            Compression on the wire (see the ``compress`` attribute).
         """
-        return self.call_c(CALL_ALLTOALLV, BLOCKING, backend, None, compress, sendbuf, recvbuf)
+        return call_c(self, CALL_ALLTOALLV, BLOCKING, backend, None, compress, sendbuf, recvbuf,
+                           None)
 
     def Ialltoallv(self, sendbuf, recvbuf, *, backend=None, compress=None):
         """Start a vector all-to-all; return a ``Request``. Arguments as ``Alltoallv``."""
-        return self.call_c(CALL_ALLTOALLV, NONBLOCKING, backend, None, compress, sendbuf, recvbuf)
+        return call_c(self, CALL_ALLTOALLV, NONBLOCKING, backend, None, compress, sendbuf, recvbuf,
+                           None)
 
     def Alltoallw(self, sendbuf, recvbuf, *, backend=None):
         """All-to-all with a count, byte displacement and datatype per process.
@@ -1348,16 +1338,13 @@ cdef class Comm(_MPI.Intracomm):
         op : mpi4py.MPI.Op
             The reduction, as in ``Reduce``.
         compress : str, tuple, mcr.compress.Codec, False or None
-            Compress the data on the wire: ``"fp16"``, ``"bf16"``,
-            ``"zfp:rate=R"`` or ``(encode, decode)``, for float32/float64
-            tensors (``mcr.compress``); None: the communicator's ``compress``;
-            False: none.
+            Compression on the wire (see the ``compress`` attribute).
         """
-        return self.call_c(CALL_ALLREDUCE, BLOCKING, backend, None, compress, sendbuf, recvbuf, op)
+        return call_c(self, CALL_ALLREDUCE, BLOCKING, backend, None, compress, sendbuf, recvbuf, op)
 
     def Iallreduce(self, sendbuf, recvbuf, op=SUM, *, backend=None, compress=None):
         """Start an allreduce; return a ``Request``. Arguments as ``Allreduce``."""
-        return self.call_c(CALL_ALLREDUCE, NONBLOCKING, backend, None, compress, sendbuf, recvbuf, op)
+        return call_c(self, CALL_ALLREDUCE, NONBLOCKING, backend, None, compress, sendbuf, recvbuf, op)
 
     def Reduce_scatter_block(self, sendbuf, recvbuf, op=SUM, *, backend=None):
         """Reduce element-wise, then scatter equal blocks of the result.
@@ -1478,7 +1465,7 @@ cdef class Comm(_MPI.Intracomm):
         Arguments as ``Bcast``, plus `info` (an ``MPI.Info`` or None); each
         ``Start`` runs the operation on what the buffers hold then.
         """
-        return self.call_c(CALL_BCAST, PERSISTENT, backend, info, compress, buf, root)
+        return call_c(self, CALL_BCAST, PERSISTENT, backend, info, compress, buf, root, None)
 
     def Gather_init(self, sendbuf, recvbuf, root=0, info=None, *, backend=None):
         """Create a persistent Gather; return an inactive ``Prequest``.
@@ -1518,7 +1505,8 @@ cdef class Comm(_MPI.Intracomm):
         Arguments as ``Allgather``, plus `info` (an ``MPI.Info`` or None); each
         ``Start`` runs the operation on what the buffers hold then.
         """
-        return self.call_c(CALL_ALLGATHER, PERSISTENT, backend, info, compress, sendbuf, recvbuf)
+        return call_c(self, CALL_ALLGATHER, PERSISTENT, backend, info, compress, sendbuf, recvbuf,
+                           None)
 
     def Allgatherv_init(self, sendbuf, recvbuf, info=None, *, backend=None, compress=None):
         """Create a persistent Allgatherv; return an inactive ``Prequest``.
@@ -1526,7 +1514,8 @@ cdef class Comm(_MPI.Intracomm):
         Arguments as ``Allgatherv``, plus `info` (an ``MPI.Info`` or None); each
         ``Start`` runs the operation on what the buffers hold then.
         """
-        return self.call_c(CALL_ALLGATHERV, PERSISTENT, backend, info, compress, sendbuf, recvbuf)
+        return call_c(self, CALL_ALLGATHERV, PERSISTENT, backend, info, compress, sendbuf, recvbuf,
+                           None)
 
     def Alltoall_init(self, sendbuf, recvbuf, info=None, *, backend=None, compress=None):
         """Create a persistent Alltoall; return an inactive ``Prequest``.
@@ -1534,7 +1523,8 @@ cdef class Comm(_MPI.Intracomm):
         Arguments as ``Alltoall``, plus `info` (an ``MPI.Info`` or None); each
         ``Start`` runs the operation on what the buffers hold then.
         """
-        return self.call_c(CALL_ALLTOALL, PERSISTENT, backend, info, compress, sendbuf, recvbuf)
+        return call_c(self, CALL_ALLTOALL, PERSISTENT, backend, info, compress, sendbuf, recvbuf,
+                           None)
 
     def Alltoallv_init(self, sendbuf, recvbuf, info=None, *, backend=None, compress=None):
         """Create a persistent Alltoallv; return an inactive ``Prequest``.
@@ -1542,7 +1532,8 @@ cdef class Comm(_MPI.Intracomm):
         Arguments as ``Alltoallv``, plus `info` (an ``MPI.Info`` or None); each
         ``Start`` runs the operation on what the buffers hold then.
         """
-        return self.call_c(CALL_ALLTOALLV, PERSISTENT, backend, info, compress, sendbuf, recvbuf)
+        return call_c(self, CALL_ALLTOALLV, PERSISTENT, backend, info, compress, sendbuf, recvbuf,
+                           None)
 
     def Alltoallw_init(self, sendbuf, recvbuf, info=None, *, backend=None):
         """Create a persistent Alltoallw; return an inactive ``Prequest``.
@@ -1566,7 +1557,7 @@ cdef class Comm(_MPI.Intracomm):
         Arguments as ``Allreduce``, plus `info` (an ``MPI.Info`` or None); each
         ``Start`` runs the operation on what the buffers hold then.
         """
-        return self.call_c(CALL_ALLREDUCE, PERSISTENT, backend, info, compress, sendbuf, recvbuf, op)
+        return call_c(self, CALL_ALLREDUCE, PERSISTENT, backend, info, compress, sendbuf, recvbuf, op)
 
     def Reduce_scatter_block_init(self, sendbuf, recvbuf, op=SUM, info=None, *, backend=None):
         """Create a persistent Reduce_scatter_block; return an inactive ``Prequest``.
@@ -1715,6 +1706,17 @@ cdef class Comm(_MPI.Intracomm):
         if self.ob_mpi == MPI_COMM_SELF:
             return (_newobj, (type(self), COMM_SELF))
         return _MPI.Intracomm.__reduce__(self)
+
+
+cdef inline object call_c(Comm comm, int op, int form, object backend, object info,
+                          object compress, object a, object b, object c):
+    """Comm.call for an operation that can be compressed: `compress` is the
+    call's ``compress`` argument (None: the communicator's default). A
+    function, not a method, so that the C compiler inlines it."""
+    if compress is None:
+        return comm.call(op, form, backend, info, a, b, c)
+    return comm.hooked(comm.sub(backend), op, form, backend, info, a, b, c, None, None, None,
+                       None, compress)
 
 
 cdef object _newobj = __import__("copyreg").__newobj__

@@ -88,10 +88,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if launch.launched():
         worker(args.iters, args.rounds)
         return 0
-    result = launch.run(args.nprocs, [sys.executable, "-m", "mcr.log", "overhead",
-                                      "--iters", str(args.iters), "--rounds",
-                                      str(args.rounds)], timeout=args.timeout)
-    if result.returncode is None:
-        print(f"mcr.log overhead: stopped after {args.timeout:g} s", file=sys.stderr)
-        return 1
-    return result.returncode
+    return launch.run_module(args.nprocs, ["mcr.log", "overhead", "--iters", str(args.iters),
+                                           "--rounds", str(args.rounds)],
+                             timeout=args.timeout, name="mcr.log overhead")
