@@ -141,12 +141,12 @@ def test_zfp_wire_size_and_bound(dtype, rate):
 
 def test_zfpy_missing_is_named(monkeypatch):
     monkeypatch.setitem(sys.modules, "zfpy", None)       # import zfpy fails
-    compress._named.cache_clear()
+    compress._CACHE.clear()
     try:
         with raises(ImportError, "zfpy", 'pip install "mcr[zfp]"'):
             compress.codec("zfp:rate=7")
     finally:
-        compress._named.cache_clear()
+        compress._CACHE.clear()
 
 
 def test_user_codec_checks_its_results():

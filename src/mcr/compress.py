@@ -82,7 +82,6 @@ one more stage of int64 (an all-to-all, all-gather or broadcast). A codec's
 
 from __future__ import annotations
 
-import functools
 import importlib
 import math
 import re
@@ -255,17 +254,29 @@ def codec(spec: object) -> Codec:
     """
     if isinstance(spec, Codec):
         return spec
+    try:
+        found = _CACHE.get(spec)
+    except TypeError:               # a pair with an unhashable callable: not cached
+        found = None
+    if found is not None:
+        return found
     if isinstance(spec, str):
-        return _named(spec)
-    if isinstance(spec, tuple) and len(spec) == 2 and all(callable(f) for f in spec):
+        made = _named(spec)
+    elif isinstance(spec, tuple) and len(spec) == 2 and all(callable(f) for f in spec):
+        made = _User(*spec)
+    else:
+        raise TypeError(f"compress: expected {_SPEC_HELP}, got {spec!r}")
+    if len(_CACHE) < 64:
         try:
-            return _paired(spec)
-        except TypeError:           # an unhashable callable: not cached
-            return _User(*spec)
-    raise TypeError(f"compress: expected {_SPEC_HELP}, got {spec!r}")
+            _CACHE[spec] = made
+        except TypeError:
+            pass
+    return made
 
 
-@functools.lru_cache(maxsize=64)
+_CACHE: dict[object, Codec] = {}    # codecs by spec (names, hashable pairs)
+
+
 def _named(spec: str) -> Codec:
     if spec == "fp16":
         return _Cast("fp16", torch.float16)
@@ -281,11 +292,6 @@ def _named(spec: str) -> Codec:
                              f"3 <= R <= 64, got {spec!r}")
         return _Zfp(rate)
     raise ValueError(f"compress: unknown codec {spec!r}; expected {_SPEC_HELP}")
-
-
-@functools.lru_cache(maxsize=64)
-def _paired(spec: tuple[Any, Any]) -> Codec:
-    return _User(*spec)
 
 
 def _number(text: str) -> float | None:

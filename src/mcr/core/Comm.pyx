@@ -1211,12 +1211,12 @@ cdef class Comm(_MPI.Intracomm):
             Compression on the wire (see the ``compress`` attribute).
         """
         return call_c(self, CALL_ALLGATHER, BLOCKING, backend, None, compress, sendbuf, recvbuf,
-                           None)
+                      None)
 
     def Iallgather(self, sendbuf, recvbuf, *, backend=None, compress=None):
         """Start an allgather; return a ``Request``. Arguments as ``Allgather``."""
         return call_c(self, CALL_ALLGATHER, NONBLOCKING, backend, None, compress, sendbuf, recvbuf,
-                           None)
+                      None)
 
     def Allgatherv(self, sendbuf, recvbuf, *, backend=None, compress=None):
         """Gather blocks of varying size on all processes.
@@ -1231,12 +1231,13 @@ cdef class Comm(_MPI.Intracomm):
             Compression on the wire (see the ``compress`` attribute).
         """
         return call_c(self, CALL_ALLGATHERV, BLOCKING, backend, None, compress, sendbuf, recvbuf,
-                           None)
+                      None)
 
     def Iallgatherv(self, sendbuf, recvbuf, *, backend=None, compress=None):
         """Start a vector allgather; return a ``Request``. Arguments as ``Allgatherv``."""
-        return call_c(self, CALL_ALLGATHERV, NONBLOCKING, backend, None, compress, sendbuf, recvbuf,
-                           None)
+        return call_c(self, CALL_ALLGATHERV, NONBLOCKING, backend, None, compress, sendbuf,
+                      recvbuf,
+                      None)
 
     def Alltoall(self, sendbuf, recvbuf, *, backend=None, compress=None):
         """Send block ``j`` of `sendbuf` to process ``j``, from every process.
@@ -1251,12 +1252,12 @@ cdef class Comm(_MPI.Intracomm):
             Compression on the wire (see the ``compress`` attribute).
         """
         return call_c(self, CALL_ALLTOALL, BLOCKING, backend, None, compress, sendbuf, recvbuf,
-                           None)
+                      None)
 
     def Ialltoall(self, sendbuf, recvbuf, *, backend=None, compress=None):
         """Start an all-to-all; return a ``Request``. Arguments as ``Alltoall``."""
         return call_c(self, CALL_ALLTOALL, NONBLOCKING, backend, None, compress, sendbuf, recvbuf,
-                           None)
+                      None)
 
     def Alltoallv(self, sendbuf, recvbuf, *, backend=None, compress=None):
         """All-to-all with blocks of varying size.
@@ -1273,12 +1274,12 @@ cdef class Comm(_MPI.Intracomm):
             Compression on the wire (see the ``compress`` attribute).
         """
         return call_c(self, CALL_ALLTOALLV, BLOCKING, backend, None, compress, sendbuf, recvbuf,
-                           None)
+                      None)
 
     def Ialltoallv(self, sendbuf, recvbuf, *, backend=None, compress=None):
         """Start a vector all-to-all; return a ``Request``. Arguments as ``Alltoallv``."""
         return call_c(self, CALL_ALLTOALLV, NONBLOCKING, backend, None, compress, sendbuf, recvbuf,
-                           None)
+                      None)
 
     def Alltoallw(self, sendbuf, recvbuf, *, backend=None):
         """All-to-all with a count, byte displacement and datatype per process.
@@ -1340,11 +1341,13 @@ cdef class Comm(_MPI.Intracomm):
         compress : str, tuple, mcr.compress.Codec, False or None
             Compression on the wire (see the ``compress`` attribute).
         """
-        return call_c(self, CALL_ALLREDUCE, BLOCKING, backend, None, compress, sendbuf, recvbuf, op)
+        return call_c(self, CALL_ALLREDUCE, BLOCKING, backend, None, compress, sendbuf, recvbuf,
+                      op)
 
     def Iallreduce(self, sendbuf, recvbuf, op=SUM, *, backend=None, compress=None):
         """Start an allreduce; return a ``Request``. Arguments as ``Allreduce``."""
-        return call_c(self, CALL_ALLREDUCE, NONBLOCKING, backend, None, compress, sendbuf, recvbuf, op)
+        return call_c(self, CALL_ALLREDUCE, NONBLOCKING, backend, None, compress, sendbuf,
+                      recvbuf, op)
 
     def Reduce_scatter_block(self, sendbuf, recvbuf, op=SUM, *, backend=None):
         """Reduce element-wise, then scatter equal blocks of the result.
@@ -1506,7 +1509,7 @@ cdef class Comm(_MPI.Intracomm):
         ``Start`` runs the operation on what the buffers hold then.
         """
         return call_c(self, CALL_ALLGATHER, PERSISTENT, backend, info, compress, sendbuf, recvbuf,
-                           None)
+                      None)
 
     def Allgatherv_init(self, sendbuf, recvbuf, info=None, *, backend=None, compress=None):
         """Create a persistent Allgatherv; return an inactive ``Prequest``.
@@ -1515,7 +1518,7 @@ cdef class Comm(_MPI.Intracomm):
         ``Start`` runs the operation on what the buffers hold then.
         """
         return call_c(self, CALL_ALLGATHERV, PERSISTENT, backend, info, compress, sendbuf, recvbuf,
-                           None)
+                      None)
 
     def Alltoall_init(self, sendbuf, recvbuf, info=None, *, backend=None, compress=None):
         """Create a persistent Alltoall; return an inactive ``Prequest``.
@@ -1524,7 +1527,7 @@ cdef class Comm(_MPI.Intracomm):
         ``Start`` runs the operation on what the buffers hold then.
         """
         return call_c(self, CALL_ALLTOALL, PERSISTENT, backend, info, compress, sendbuf, recvbuf,
-                           None)
+                      None)
 
     def Alltoallv_init(self, sendbuf, recvbuf, info=None, *, backend=None, compress=None):
         """Create a persistent Alltoallv; return an inactive ``Prequest``.
@@ -1533,7 +1536,7 @@ cdef class Comm(_MPI.Intracomm):
         ``Start`` runs the operation on what the buffers hold then.
         """
         return call_c(self, CALL_ALLTOALLV, PERSISTENT, backend, info, compress, sendbuf, recvbuf,
-                           None)
+                      None)
 
     def Alltoallw_init(self, sendbuf, recvbuf, info=None, *, backend=None):
         """Create a persistent Alltoallw; return an inactive ``Prequest``.
@@ -1557,7 +1560,8 @@ cdef class Comm(_MPI.Intracomm):
         Arguments as ``Allreduce``, plus `info` (an ``MPI.Info`` or None); each
         ``Start`` runs the operation on what the buffers hold then.
         """
-        return call_c(self, CALL_ALLREDUCE, PERSISTENT, backend, info, compress, sendbuf, recvbuf, op)
+        return call_c(self, CALL_ALLREDUCE, PERSISTENT, backend, info, compress, sendbuf,
+                      recvbuf, op)
 
     def Reduce_scatter_block_init(self, sendbuf, recvbuf, op=SUM, info=None, *, backend=None):
         """Create a persistent Reduce_scatter_block; return an inactive ``Prequest``.
