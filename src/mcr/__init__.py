@@ -8,7 +8,8 @@ DLPack producers)::
     comm = mcr.COMM_WORLD
     comm.Allreduce(mcr.IN_PLACE, tensor, op=mcr.SUM)
 
-or, as a drop-in for mpi4py, ``from mcr import MPI``.
+or, as a drop-in for mpi4py, ``from mcr import MPI``, or under PyTorch's own
+API, ``torch.distributed.init_process_group("mcr")`` (see :mod:`mcr.distributed`).
 
 ``import mcr`` itself does not initialize MPI, as ``import mpi4py`` does not:
 the first use of one of the names below (``mcr.COMM_WORLD``, ``from mcr import
@@ -70,6 +71,10 @@ def _check_log() -> None:
 _check_default_backend()
 _check_log()
 
+from ._torchreg import install as _join_torch   # noqa: E402
+
+_join_torch()   # the "mcr" torch.distributed backend (imports neither torch nor MPI)
+
 
 def _load() -> None:
     """Import the core (this initializes MPI) and bind every public name here."""
@@ -86,6 +91,9 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY_NAMES:
         _load()
         return globals()[name]
+    if name == "distributed":       # imports torch.distributed (not MPI)
+        import importlib
+        return importlib.import_module(".distributed", __name__)
     raise AttributeError(f"module 'mcr' has no attribute {name!r}")
 
 

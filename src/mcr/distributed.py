@@ -1,0 +1,574 @@
+"""mcr as a ``torch.distributed`` backend: the process group named ``"mcr"``.
+
+``import mcr`` registers the backend with torch (without initializing MPI);
+under ``mpiexec``, ``torch.distributed.init_process_group("mcr")`` then needs
+nothing else: rank and size come from MPI, the store is bootstrapped over MPI
+(see :mod:`mcr._torchreg`). Each process group holds one mcr communicator
+(``group.comm``, a duplicate of ``COMM_WORLD`` or of a subset of it), and every
+torch.distributed operation on the group runs on it, on its default backend
+(MPI, Gloo, NCCL or ``auto``)::
+
+    import mcr, torch.distributed as dist
+    dist.init_process_group("mcr")                        # mpiexec -n 4 python train.py
+    dist.all_reduce(tensor)                               # MPI_Allreduce on the tensor
+    moe = dist.new_group(backend="mcr", pg_options=mcr.distributed.Options(backend="auto"))
+
+A Python subclass of torch's ``ProcessGroup`` is what PyTorch's own tests use
+for out-of-tree backends: torch's functions call its methods directly, and
+torch's C++ (DDP's reducer) reaches ``allreduce``, ``broadcast`` and
+``allgather`` through pybind11's trampoline. Each call posts mcr's
+non-blocking form, and returns a :class:`Work` holding the requests and what
+to do when they complete (unpack a staged result, divide for ``AVG``).
+
+There is no progress thread: operations progress when the program waits or
+tests (``Work.wait``, ``is_completed``, or any mcr wait). ``get_future``
+therefore completes the operation before it returns the future, so DDP's
+gradient allreduce runs when its bucket is ready, not overlapped with the rest
+of the backward pass.
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["Options", "ProcessGroupMCR", "Work", "create"]
+
+
+@dataclass
+class Options:
+    """Options of an ``"mcr"`` process group (``pg_options=`` of
+    ``init_process_group`` or ``new_group``).
+
+    Parameters
+    ----------
+    backend : str, optional
+        The mcr backend the group's operations run on: ``"mpi"``, ``"gloo"``,
+        ``"nccl"`` or ``"auto"``. Default: the communicator's own default
+        (``$MCR_BACKEND``, else ``"mpi"``). Settable later as
+        ``group.comm.backend``.
+    """
+
+    backend: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.backend is not None:
+            from .backends import check_name
+            check_name(self.backend)
+
+
+# torch's reduction -> the MPI op mcr runs (AVG is SUM, then a division)
+_OPS = {"SUM": "SUM", "AVG": "SUM", "PRODUCT": "PROD", "MIN": "MIN", "MAX": "MAX",
+        "BAND": "BAND", "BOR": "BOR", "BXOR": "BXOR"}
+
+_group_tags = itertools.count(1)    # Create_group tags: one per subgroup made here
+
+
+class Work(dist.Work):
+    """The outcome of one operation on an ``"mcr"`` group: its mcr requests,
+    and what runs once they complete.
+
+    It behaves as torch's own works: ``wait()`` blocks until the operation has
+    completed (and raises what it raised), ``is_completed()`` tests without
+    blocking, ``get_future()`` gives a completed ``torch.futures.Future``
+    holding :meth:`result`.
+    """
+
+    def __init__(self, op: str, requests: list[Any], result: list[torch.Tensor],
+                 finish: Callable[[], None] | None = None, status: Any = None) -> None:
+        super().__init__()
+        self._op = op
+        self._requests = requests
+        self._result = result
+        self._finish = finish
+        self._status = status
+        self._statuses = None if status is None else [status]
+        self._error: BaseException | None = None
+        self._done = False
+        if not requests:
+            self._complete()
+
+    def _complete(self) -> None:
+        self._done = True
+        if self._finish is not None:
+            self._finish()
+
+    def _fail(self, exc: BaseException) -> None:
+        self._error = exc
+        self._done = True
+
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        """Block until the operation has completed.
+
+        Parameters
+        ----------
+        timeout : datetime.timedelta, optional
+            Give up after this long with ``RuntimeError`` (the operation stays
+            pending). None or zero: wait as long as it takes.
+
+        Returns
+        -------
+        True
+        """
+        if self._error is not None:
+            raise self._error
+        if self._done:
+            return True
+        from . import _core
+        seconds = timeout.total_seconds() if timeout else 0.0
+        try:
+            if seconds > 0:
+                deadline = time.monotonic() + seconds
+                while not _core.Request.Testall(self._requests, self._statuses):
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"{self._op}: not completed within {seconds:g} s "
+                                           f"(Work.wait timeout)")
+                    time.sleep(0)
+            else:
+                _core.Request.Waitall(self._requests, self._statuses)
+        except RuntimeError as exc:
+            if "Work.wait timeout" in str(exc):
+                raise
+            self._fail(exc)
+            raise
+        except BaseException as exc:
+            self._fail(exc)
+            raise
+        self._complete()
+        return True
+
+    def is_completed(self) -> bool:
+        """Whether the operation has completed (tests it: drives progress)."""
+        if self._done:
+            return True
+        from . import _core
+        try:
+            if not _core.Request.Testall(self._requests, self._statuses):
+                return False
+        except BaseException as exc:
+            self._fail(exc)
+            return True
+        self._complete()
+        return True
+
+    def is_success(self) -> bool:
+        """Whether the operation has completed without an error."""
+        return self.is_completed() and self._error is None
+
+    def exception(self) -> BaseException | None:
+        """What the operation raised, if it failed."""
+        return self._error
+
+    def result(self) -> list[torch.Tensor]:
+        """The operation's output tensors (valid once it has completed)."""
+        return self._result
+
+    def get_future(self) -> torch.futures.Future[list[torch.Tensor]]:
+        """A future holding :meth:`result`. The operation completes first (mcr
+        has no progress thread: see the module's docstring)."""
+        self.wait()
+        future: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
+        future.set_result(self._result)
+        return future
+
+    def synchronize(self) -> None:
+        """Wait (the stream-ordered wait of torch's NCCL works is a full one here)."""
+        self.wait()
+
+    def block_current_stream(self) -> None:
+        self.wait()
+
+    def source_rank(self) -> int:
+        """The sender of a ``recv`` from any source (after it has completed)."""
+        if self._status is None:
+            raise ValueError(f"{self._op}: source_rank is known only for a receive "
+                             f"from any source")
+        self.wait()
+        return int(self._status.Get_source())
+
+    _source_rank = source_rank
+
+
+def _tensor(tensors: Sequence[torch.Tensor], op: str) -> torch.Tensor:
+    """The one tensor of a torch tensor list, contiguous (as Gloo and NCCL require)."""
+    if len(tensors) != 1:
+        raise ValueError(f"{op}: the 'mcr' backend takes one tensor per call "
+                         f"(got {len(tensors)}); use the *_coalesced calls for several")
+    return _contiguous(tensors[0], op)
+
+
+def _contiguous(tensor: torch.Tensor, op: str) -> torch.Tensor:
+    if not tensor.is_contiguous():
+        raise ValueError(f"{op}: tensor of shape {tuple(tensor.shape)} and strides "
+                         f"{tensor.stride()} is not contiguous; pass tensor.contiguous()")
+    return tensor
+
+
+def _flat(tensors: Sequence[torch.Tensor], op: str) -> torch.Tensor:
+    """One contiguous tensor holding ``tensors`` one after the other."""
+    if not tensors:
+        raise ValueError(f"{op}: empty tensor list")
+    dtypes = {t.dtype for t in tensors}
+    if len(dtypes) != 1:
+        raise TypeError(f"{op}: the tensors have different dtypes {sorted(map(str, dtypes))}")
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+def _unflatten(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> Callable[[], None]:
+    """What copies ``flat`` back into ``tensors`` (when the operation completes)."""
+    def finish() -> None:
+        offset = 0
+        for t in tensors:
+            n = t.numel()
+            t.copy_(flat[offset:offset + n].view(t.shape))
+            offset += n
+    return finish
+
+
+def _rows(tensor: torch.Tensor) -> int:
+    """Elements per dim-0 row (how all_to_all_single's splits count)."""
+    if tensor.dim() == 0:
+        return 1
+    per = 1
+    for n in tensor.shape[1:]:
+        per *= n
+    return per
+
+
+# torch's stubs type ProcessGroup's methods with the convenience overloads of
+# its C++ binding; torch's functions (and this class) use the options form only
+_ProcessGroup: Any = dist.ProcessGroup
+
+
+class ProcessGroupMCR(_ProcessGroup):  # type: ignore[misc]
+    """A torch.distributed process group whose operations run on one mcr
+    communicator, ``self.comm``.
+
+    Ranks (``root``, ``dst``, ``src``) are ranks in the group, as torch passes
+    them; the communicator numbers its processes the same way. The methods
+    take torch's options form, ``(tensors, opts)``, as torch.distributed's
+    functions call them; call those functions, not the methods.
+    """
+
+    def __init__(self, comm: Any, rank: int, size: int) -> None:
+        super().__init__(rank, size)
+        self.comm = comm
+
+    def getBackendName(self) -> str:
+        return "mcr"
+
+    def __repr__(self) -> str:
+        return (f"ProcessGroupMCR(rank={self.rank()}, size={self.size()}, "
+                f"backend={self.comm.backend!r})")
+
+    # -- helpers -------------------------------------------------------------
+
+    def _op(self, opts: Any, name: str, tensor: torch.Tensor) -> tuple[Any, bool]:
+        """The MPI op for torch's ``opts.reduceOp``, and whether it is AVG."""
+        from mpi4py import MPI
+        kind = opts.reduceOp.op.name
+        if kind not in _OPS:
+            raise ValueError(f"{name}: reduction {kind} is not supported by the 'mcr' "
+                             f"backend (supported: {', '.join(_OPS)})")
+        avg = kind == "AVG"
+        if avg and not (tensor.is_floating_point() or tensor.is_complex()):
+            raise TypeError(f"{name}: ReduceOp.AVG needs a floating-point or complex "
+                            f"tensor, got {tensor.dtype}")
+        return getattr(MPI, _OPS[kind]), avg
+
+    def _avg(self, tensors: Sequence[torch.Tensor]) -> Callable[[], None]:
+        size = self.size()
+
+        def finish() -> None:
+            for t in tensors:
+                t.div_(size)
+        return finish
+
+    # -- collectives ---------------------------------------------------------
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+        opts = opts or dist.AllreduceOptions()
+        tensor = _tensor(tensors, "all_reduce")
+        mpi_op, avg = self._op(opts, "all_reduce", tensor)
+        from mpi4py import MPI
+        request = self.comm.Iallreduce(MPI.IN_PLACE, tensor, op=mpi_op)
+        return Work("all_reduce", [request], [tensor], self._avg([tensor]) if avg else None)
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+        opts = opts or dist.AllreduceCoalescedOptions()
+        from mpi4py import MPI
+        requests = []
+        for tensor in tensors:
+            mpi_op, avg = self._op(opts, "all_reduce_coalesced", tensor)
+            requests.append(self.comm.Iallreduce(MPI.IN_PLACE,
+                                                 _contiguous(tensor, "all_reduce_coalesced"),
+                                                 op=mpi_op))
+        return Work("all_reduce_coalesced", requests, list(tensors),
+                    self._avg(tensors) if tensors and avg else None)
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+        opts = opts or dist.BroadcastOptions()
+        tensor = _tensor(tensors, "broadcast")
+        return Work("broadcast", [self.comm.Ibcast(tensor, root=opts.rootRank)], [tensor])
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+        opts = opts or dist.ReduceOptions()
+        tensor = _tensor(tensors, "reduce")
+        mpi_op, avg = self._op(opts, "reduce", tensor)
+        root = opts.rootRank
+        if self.rank() == root:
+            from mpi4py import MPI
+            request = self.comm.Ireduce(MPI.IN_PLACE, tensor, op=mpi_op, root=root)
+            return Work("reduce", [request], [tensor], self._avg([tensor]) if avg else None)
+        return Work("reduce", [self.comm.Ireduce(tensor, None, op=mpi_op, root=root)], [tensor])
+
+    def allgather(self, output_tensors: list[list[torch.Tensor]],
+                  input_tensors: list[torch.Tensor], opts: Any = None) -> Work:
+        tensor = _tensor(input_tensors, "all_gather")
+        outputs = self._one_list(output_tensors, "all_gather")
+        staged = torch.empty(sum(t.numel() for t in outputs), dtype=tensor.dtype,
+                             device=tensor.device)
+        counts = [t.numel() for t in outputs]
+        request = self.comm.Iallgatherv(tensor, [staged, counts])
+        return Work("all_gather", [request], outputs, _unflatten(staged, outputs))
+
+    def allgather_coalesced(self, output_lists: list[list[torch.Tensor]],
+                            input_tensors: list[torch.Tensor], opts: Any = None) -> Work:
+        works = [self.allgather([outputs], [tensor])
+                 for outputs, tensor in zip(output_lists, input_tensors)]
+        return self._merged("all_gather_coalesced", works)
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
+                          opts: Any = None) -> Work:
+        output = _contiguous(output, "all_gather_into_tensor")
+        input = _contiguous(input, "all_gather_into_tensor")
+        if output.numel() != input.numel() * self.size():
+            raise ValueError(f"all_gather_into_tensor: output has {output.numel()} elements, "
+                             f"expected input's {input.numel()} x {self.size()} ranks")
+        return Work("all_gather_into_tensor", [self.comm.Iallgather(input, output)], [output])
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(self, outputs: list[torch.Tensor],
+                                    inputs: list[torch.Tensor], opts: Any = None) -> Work:
+        return self._merged("all_gather_into_tensor_coalesced",
+                            [self.all_gather_single(o, i) for o, i in zip(outputs, inputs)])
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def reduce_scatter(self, output_tensors: list[torch.Tensor],
+                       input_tensors: list[list[torch.Tensor]], opts: Any = None) -> Work:
+        opts = opts or dist.ReduceScatterOptions()
+        output = _tensor(output_tensors, "reduce_scatter")
+        inputs = self._one_list(input_tensors, "reduce_scatter")
+        mpi_op, avg = self._op(opts, "reduce_scatter", output)
+        counts = [t.numel() for t in inputs]
+        if counts[self.rank()] != output.numel():
+            raise ValueError(f"reduce_scatter: output has {output.numel()} elements, but this "
+                             f"rank's input block has {counts[self.rank()]}")
+        request = self.comm.Ireduce_scatter(_flat(inputs, "reduce_scatter"), output,
+                                            recvcounts=counts, op=mpi_op)
+        return Work("reduce_scatter", [request], [output], self._avg([output]) if avg else None)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
+                              opts: Any = None) -> Work:
+        opts = opts or dist.ReduceScatterOptions()
+        name = "reduce_scatter_tensor"
+        output, input = _contiguous(output, name), _contiguous(input, name)
+        if input.numel() != output.numel() * self.size():
+            raise ValueError(f"{name}: input has {input.numel()} elements, expected "
+                             f"output's {output.numel()} x {self.size()} ranks")
+        mpi_op, avg = self._op(opts, name, output)
+        request = self.comm.Ireduce_scatter_block(input, output, op=mpi_op)
+        return Work(name, [request], [output], self._avg([output]) if avg else None)
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor],
+                                        inputs: list[torch.Tensor], opts: Any = None) -> Work:
+        return self._merged("reduce_scatter_tensor_coalesced",
+                            [self.reduce_scatter_single(o, i, opts)
+                             for o, i in zip(outputs, inputs)])
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
+                 opts: Any = None) -> Work:
+        name = "all_to_all"
+        if len(output_tensors) != self.size() or len(input_tensors) != self.size():
+            raise ValueError(f"{name}: expected {self.size()} input and output tensors, got "
+                             f"{len(input_tensors)} and {len(output_tensors)}")
+        send = _flat(input_tensors, name)
+        recv = torch.empty(sum(t.numel() for t in output_tensors), dtype=send.dtype,
+                           device=send.device)
+        request = self.comm.Ialltoallv([send, [t.numel() for t in input_tensors]],
+                                       [recv, [t.numel() for t in output_tensors]])
+        return Work(name, [request], list(output_tensors), _unflatten(recv, output_tensors))
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
+                          output_split_sizes: list[int], input_split_sizes: list[int],
+                          opts: Any = None) -> Work:
+        name = "all_to_all_single"
+        output, input = _contiguous(output, name), _contiguous(input, name)
+        if not output_split_sizes and not input_split_sizes:
+            return Work(name, [self.comm.Ialltoall(input, output)], [output])
+        send = self._splits(input, input_split_sizes, "input_split_sizes")
+        recv = self._splits(output, output_split_sizes, "output_split_sizes")
+        request = self.comm.Ialltoallv([input, send], [output, recv])
+        return Work(name, [request], [output])
+
+    def _splits(self, tensor: torch.Tensor, splits: list[int], what: str) -> list[int]:
+        """Element counts per rank from dim-0 splits (even when none are given)."""
+        size, per = self.size(), _rows(tensor)
+        if not splits:
+            rows = tensor.shape[0] if tensor.dim() else 1
+            if rows % size:
+                raise ValueError(f"all_to_all_single: {rows} rows do not split evenly over "
+                                 f"{size} ranks; give {what}")
+            return [rows // size * per] * size
+        if len(splits) != size:
+            raise ValueError(f"all_to_all_single: {what} has {len(splits)} entries for "
+                             f"{size} ranks")
+        rows = tensor.shape[0] if tensor.dim() else 1
+        if sum(splits) != rows:
+            raise ValueError(f"all_to_all_single: {what} sum to {sum(splits)}, but the "
+                             f"tensor has {rows} rows")
+        return [n * per for n in splits]
+
+    def gather(self, output_tensors: list[list[torch.Tensor]],
+               input_tensors: list[torch.Tensor], opts: Any = None) -> Work:
+        opts = opts or dist.GatherOptions()
+        tensor = _tensor(input_tensors, "gather")
+        root = opts.rootRank
+        if self.rank() != root:
+            return Work("gather", [self.comm.Igatherv(tensor, None, root=root)], [])
+        outputs = self._one_list(output_tensors, "gather")
+        staged = torch.empty(sum(t.numel() for t in outputs), dtype=tensor.dtype,
+                             device=tensor.device)
+        request = self.comm.Igatherv(tensor, [staged, [t.numel() for t in outputs]], root=root)
+        return Work("gather", [request], outputs, _unflatten(staged, outputs))
+
+    def scatter(self, output_tensors: list[torch.Tensor],
+                input_tensors: list[list[torch.Tensor]], opts: Any = None) -> Work:
+        opts = opts or dist.ScatterOptions()
+        tensor = _tensor(output_tensors, "scatter")
+        root = opts.rootRank
+        if self.rank() != root:
+            return Work("scatter", [self.comm.Iscatterv(None, tensor, root=root)], [tensor])
+        inputs = self._one_list(input_tensors, "scatter")
+        send = [_flat(inputs, "scatter"), [t.numel() for t in inputs]]
+        return Work("scatter", [self.comm.Iscatterv(send, tensor, root=root)], [tensor])
+
+    def barrier(self, opts: Any = None) -> Work:
+        return Work("barrier", [self.comm.Ibarrier()], [])
+
+    def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+        raise NotImplementedError(
+            "monitored_barrier: not supported by the 'mcr' backend (torch offers it on "
+            "Gloo only); use barrier()")
+
+    def _one_list(self, lists: list[list[torch.Tensor]], op: str) -> list[torch.Tensor]:
+        if len(lists) != 1:
+            raise ValueError(f"{op}: the 'mcr' backend takes one tensor list per call "
+                             f"(got {len(lists)})")
+        tensors = lists[0]
+        if len(tensors) != self.size():
+            raise ValueError(f"{op}: the list has {len(tensors)} tensors for "
+                             f"{self.size()} ranks")
+        return [_contiguous(t, op) for t in tensors]
+
+    def _merged(self, op: str, works: list[Work]) -> Work:
+        """One work over several (the *_coalesced calls)."""
+        requests = [r for w in works for r in w._requests]
+        result = [t for w in works for t in w._result]
+
+        def finish() -> None:
+            for w in works:
+                w._complete()
+        return Work(op, requests, result, finish)
+
+    # -- point-to-point ------------------------------------------------------
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Work:
+        tensor = _tensor(tensors, "send")
+        return Work("send", [self.comm.Isend(tensor, dst, tag)], [tensor])
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> Work:
+        tensor = _tensor(tensors, "recv")
+        return Work("recv", [self.comm.Irecv(tensor, src, tag)], [tensor])
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> Work:
+        from . import _core
+        from mpi4py import MPI
+        tensor = _tensor(tensors, "recv")
+        status = _core.Status()
+        request = self.comm.Irecv(tensor, MPI.ANY_SOURCE, tag)
+        return Work("recv", [request], [tensor], status=status)
+
+    # -- lifetime ------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Free the communicator (``destroy_process_group``)."""
+        comm, self.comm = self.comm, None
+        if comm is not None:
+            comm.Free()
+
+    abort = shutdown
+
+
+# -- the backend's creator -----------------------------------------------------
+
+def create(opts: Any, pg_options: Any) -> ProcessGroupMCR:
+    """Make the ``"mcr"`` process group that torch asks for (registered with
+    ``extended_api=True``: ``opts`` is torch's ``_DistributedBackendOptions``).
+
+    The default group gets a duplicate of ``COMM_WORLD``; a subgroup gets a
+    communicator over its ranks of ``COMM_WORLD``, made by its members only
+    (``MPI_Comm_create_group``), as torch calls the creator on members only.
+
+    Raises
+    ------
+    RuntimeError
+        If torch's ranks are not MPI's (the processes were not started by
+        ``mpiexec`` as one job).
+    TypeError
+        If ``pg_options`` is not an :class:`Options`.
+    """
+    if pg_options is not None and not isinstance(pg_options, Options):
+        raise TypeError(f"pg_options: the 'mcr' backend takes mcr.distributed.Options, "
+                        f"got {type(pg_options).__name__}")
+    import zlib
+
+    import mcr
+    world = mcr.COMM_WORLD
+    ranks = list(opts.global_ranks_in_group)
+    rank, size = opts.group_rank, opts.group_size
+    if not ranks:
+        if (rank, size) != (world.Get_rank(), world.Get_size()):
+            raise RuntimeError(
+                f"init_process_group('mcr'): torch says rank {rank} of {size}, MPI says "
+                f"rank {world.Get_rank()} of {world.Get_size()}; start the processes with "
+                f"mpiexec (the 'mcr' backend takes its ranks from MPI)")
+        comm = world.Dup()
+    else:
+        if max(ranks) >= world.Get_size() or ranks[rank] != world.Get_rank():
+            raise RuntimeError(
+                f"new_group(backend='mcr', ranks={ranks}): this process is rank "
+                f"{world.Get_rank()} of {world.Get_size()} in MPI's COMM_WORLD, which "
+                f"does not match torch's ranks; start the processes with mpiexec")
+        group = world.Get_group().Incl(ranks)
+        try:
+            # the same tag on every member: the group's name, which torch agreed
+            comm = world.Create_group(group, zlib.crc32(str(opts.group_id).encode()) % 32768)
+        finally:
+            group.Free()
+    if pg_options is not None and pg_options.backend is not None:
+        comm.backend = pg_options.backend
+    return ProcessGroupMCR(comm, rank, size)
