@@ -469,11 +469,6 @@ class ProcessGroupMCR(_ProcessGroup):  # type: ignore[misc]
     def barrier(self, opts: Any = None) -> Work:
         return Work("barrier", [self.comm.Ibarrier()], [])
 
-    def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
-        raise NotImplementedError(
-            "monitored_barrier: not supported by the 'mcr' backend (torch offers it on "
-            "Gloo only); use barrier()")
-
     def _one_list(self, lists: list[list[torch.Tensor]], op: str) -> list[torch.Tensor]:
         if len(lists) != 1:
             raise ValueError(f"{op}: the 'mcr' backend takes one tensor list per call "

@@ -1,0 +1,447 @@
+"""The torch.distributed backend "mcr" (mcr.distributed).
+
+The MPI cases run at 1-4 ranks in one job that calls
+``init_process_group("mcr")`` with no MASTER_ADDR set (the job's environment
+has none): every torch.distributed operation is checked against values
+computed here with torch on every rank's data, on an "mcr" group running MPI
+and on one running Gloo, and DDP and a ZeRO-style step are checked against the
+same training on torch's own Gloo group. The single-process tests check what
+``import mcr`` does and does not do.
+"""
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import mcr
+from mpiharness import case, mpi_cases, run_script
+from util import rank_data, raises
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BACKENDS = ("mpi", "gloo")
+_groups = {}
+
+
+def group(backend):
+    """An "mcr" group running `backend` (the default group first, once per job)."""
+    if not dist.is_initialized():
+        dist.init_process_group("mcr")
+    if backend not in _groups:
+        if backend == "torch-gloo":
+            _groups[backend] = dist.new_group(backend="gloo")
+        else:
+            options = mcr.distributed.Options(backend=backend)
+            _groups[backend] = dist.new_group(backend="mcr", pg_options=options)
+    return _groups[backend]
+
+
+@case
+def init_takes_ranks_from_mpi(comm):
+    group("mpi")
+    assert "MASTER_ADDR" not in os.environ
+    assert dist.get_backend() == "mcr"
+    assert (dist.get_rank(), dist.get_world_size()) == (comm.rank, comm.size)
+    world = dist.group.WORLD
+    assert isinstance(world, mcr.distributed.ProcessGroupMCR)
+    assert world.comm.Get_size() == comm.size and world.comm != comm   # a duplicate
+    assert group("gloo").comm.backend == "gloo"
+
+
+@case
+def reductions_match_torch(comm):
+    size, rank = comm.size, comm.rank
+    ops = {dist.ReduceOp.SUM: lambda x: x.sum(0), dist.ReduceOp.PRODUCT: lambda x: x.prod(0),
+           dist.ReduceOp.MAX: lambda x: x.max(0).values, dist.ReduceOp.MIN: lambda x: x.min(0).values}
+    for backend in BACKENDS:
+        g = group(backend)
+        for dtype in (torch.float32, torch.int64, torch.float64):
+            everyone = torch.stack([rank_data(r, 6, dtype) for r in range(size)])
+            for op, reduce in ops.items():
+                t = rank_data(rank, 6, dtype)
+                dist.all_reduce(t, op=op, group=g)
+                assert torch.equal(t, reduce(everyone)), (backend, dtype, op, t)
+                t = rank_data(rank, 6, dtype)
+                dist.reduce(t, dst=size - 1, op=op, group=g)
+                expected = reduce(everyone) if rank == size - 1 else rank_data(rank, 6, dtype)
+                assert torch.equal(t, expected), (backend, dtype, op, t)
+        t = rank_data(rank, 5, torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.AVG, group=g)
+        expected = torch.stack([rank_data(r, 5, torch.float64) for r in range(size)]).mean(0)
+        assert torch.allclose(t, expected), (backend, t, expected)
+        t = rank_data(rank, 5, torch.int32)
+        dist.all_reduce(t, op=dist.ReduceOp.BXOR, group=g)
+        expected = rank_data(0, 5, torch.int32)
+        for r in range(1, size):
+            expected = expected ^ rank_data(r, 5, torch.int32)
+        assert torch.equal(t, expected), (backend, t)
+
+
+@case
+def gathers_and_scatters_match_torch(comm):
+    size, rank = comm.size, comm.rank
+    for backend in BACKENDS:
+        g = group(backend)
+        everyone = [rank_data(r, 4) for r in range(size)]
+        t = rank_data(rank, 4)
+        dist.broadcast(t, src=size - 1, group=g)
+        assert torch.equal(t, everyone[-1])
+        out = [torch.empty(4) for _ in range(size)]
+        dist.all_gather(out, rank_data(rank, 4), group=g)
+        assert all(torch.equal(o, e) for o, e in zip(out, everyone)), backend
+        flat = torch.empty(size, 4)
+        dist.all_gather_into_tensor(flat, rank_data(rank, 4), group=g)
+        assert torch.equal(flat, torch.stack(everyone)), backend
+        # uneven all_gather: rank r contributes r + 1 elements
+        out = [torch.empty(r + 1) for r in range(size)]
+        dist.all_gather(out, rank_data(rank, rank + 1), group=g)
+        assert all(torch.equal(o, rank_data(r, r + 1)) for r, o in enumerate(out)), backend
+        root = size // 2
+        got = [torch.empty(4) for _ in range(size)] if rank == root else None
+        dist.gather(rank_data(rank, 4), got, dst=root, group=g)
+        if rank == root:
+            assert all(torch.equal(o, e) for o, e in zip(got, everyone)), backend
+        out = torch.empty(3)
+        blocks = [rank_data(100 + r, 3) for r in range(size)] if rank == root else None
+        dist.scatter(out, blocks, src=root, group=g)
+        assert torch.equal(out, rank_data(100 + rank, 3)), backend
+        # reduce_scatter: block q of rank r is rank_data(10 * r + q)
+        out = torch.empty(3)
+        dist.reduce_scatter(out, [rank_data(10 * rank + q, 3) for q in range(size)], group=g)
+        assert torch.equal(out, sum(rank_data(10 * r + rank, 3) for r in range(size))), backend
+        out = torch.empty(2)
+        whole = torch.cat([rank_data(10 * rank + q, 2) for q in range(size)])
+        dist.reduce_scatter_tensor(out, whole, group=g)
+        assert torch.equal(out, sum(rank_data(10 * r + rank, 2) for r in range(size))), backend
+
+
+@case
+def all_to_all_uneven_matches_torch(comm):
+    size, rank = comm.size, comm.rank
+
+    def rows(src, dst):            # rows rank src sends to rank dst: uneven, some empty
+        return (src + 2 * dst) % 3
+
+    def block(src, dst, dtype):
+        return torch.full((rows(src, dst), 5), float(100 * src + dst)).to(dtype)
+
+    for backend in BACKENDS:
+        g = group(backend)
+        for dtype in (torch.float32, torch.bfloat16, torch.int64):
+            send = torch.cat([block(rank, q, dtype) for q in range(size)])
+            recv_splits = [rows(q, rank) for q in range(size)]
+            out = torch.empty(sum(recv_splits), 5, dtype=dtype)
+            work = dist.all_to_all_single(out, send, recv_splits,
+                                          [rows(rank, q) for q in range(size)],
+                                          group=g, async_op=True)
+            work.wait()
+            expected = torch.cat([block(q, rank, dtype) for q in range(size)])
+            assert torch.equal(out, expected), (backend, dtype, out)
+        out = torch.empty(size * 2)
+        dist.all_to_all_single(out, torch.arange(size * 2.0) + 10 * rank, group=g)
+        expected = torch.cat([torch.arange(2 * rank, 2 * rank + 2.0) + 10 * q
+                              for q in range(size)])
+        assert torch.equal(out, expected), (backend, out)
+        outs = [torch.empty(q + 1) for q in range(size)]
+        dist.all_to_all(outs, [torch.full((rank + 1,), float(rank * 10 + q))
+                               for q in range(size)], group=g)
+        assert all(torch.equal(o, torch.full((q + 1,), float(q * 10 + rank)))
+                   for q, o in enumerate(outs)), (backend, outs)
+
+
+@case
+def point_to_point_and_batches(comm):
+    size, rank = comm.size, comm.rank
+    for backend in BACKENDS:
+        g = group(backend)
+        if size > 1:
+            t = torch.empty(4)
+            if rank == 0:
+                dist.send(rank_data(0, 4), dst=1, group=g)
+                source = dist.recv(t, tag=7, group=g)      # from any source
+                assert source == 1 and torch.equal(t, rank_data(1, 4)), (backend, source)
+            elif rank == 1:
+                dist.recv(t, src=0, group=g)
+                assert torch.equal(t, rank_data(0, 4)), backend
+                dist.send(rank_data(1, 4), dst=0, tag=7, group=g)
+        right, left = (rank + 1) % size, (rank - 1) % size
+        got = torch.empty(3)
+        works = dist.batch_isend_irecv([dist.P2POp(dist.irecv, got, left, group=g),
+                                        dist.P2POp(dist.isend, rank_data(rank, 3), right,
+                                                   group=g)])
+        for work in works:
+            work.wait()
+        assert torch.equal(got, rank_data(left, 3)), backend
+        send = dist.isend(rank_data(rank, 2), right, group=g, tag=3)
+        recv = dist.irecv(got := torch.empty(2), left, group=g, tag=3)
+        recv.wait()
+        send.wait()
+        assert torch.equal(got, rank_data(left, 2)), backend
+
+
+@case
+def works_behave_as_torch(comm):
+    size, rank = comm.size, comm.rank
+    g = group("mpi")
+    t = torch.ones(3)
+    work = dist.all_reduce(t, group=g, async_op=True)
+    assert isinstance(work, dist.Work)
+    future = work.get_future()
+    assert work.is_completed() and work.is_success() and work.exception() is None
+    assert torch.equal(future.wait()[0], torch.full((3,), float(size)))
+    assert future.wait()[0] is t and work.result() == [t]
+    # a chained callback, as DDP's communication hooks use
+    t = torch.ones(2)
+    doubled = dist.all_reduce(t, group=g, async_op=True).get_future().then(
+        lambda f: f.value()[0] * 2)
+    assert torch.equal(doubled.wait(), torch.full((2,), 2.0 * size))
+    # is_completed drives progress: polling alone completes a posted barrier
+    work = dist.barrier(group=g, async_op=True)
+    while not work.is_completed():
+        pass
+    assert work.wait() is True
+    # async ops on two backends in flight at once complete in any order
+    a, b = torch.full((2,), 1.0), torch.full((2,), 2.0)
+    wa = dist.all_reduce(a, group=group("gloo"), async_op=True)
+    wb = dist.all_reduce(b, group=g, async_op=True)
+    wb.wait()
+    wa.wait()
+    assert torch.equal(a, torch.full((2,), float(size))) and torch.equal(
+        b, torch.full((2,), 2.0 * size))
+    objects = [None] * size
+    dist.all_gather_object(objects, {"rank": rank}, group=g)
+    assert objects == [{"rank": r} for r in range(size)]
+    box = [{"from": rank}]
+    dist.broadcast_object_list(box, src=0, group=g)
+    assert box == [{"from": 0}]
+
+
+@case
+def subgroups(comm):
+    size, rank = comm.size, comm.rank
+    group("mpi")
+    evens = list(range(0, size, 2))
+    g = dist.new_group(evens, backend="mcr")
+    if rank in evens:
+        assert isinstance(g, mcr.distributed.ProcessGroupMCR)
+        assert dist.get_rank(g) == evens.index(rank) and dist.get_world_size(g) == len(evens)
+        t = torch.full((2,), float(rank))
+        dist.all_reduce(t, group=g)
+        assert torch.equal(t, torch.full((2,), float(sum(evens))))
+        t = torch.full((2,), float(rank))
+        dist.broadcast(t, src=evens[-1], group=g)       # a global rank, as torch takes it
+        assert torch.equal(t, torch.full((2,), float(evens[-1])))
+    else:
+        assert g == dist.GroupMember.NON_GROUP_MEMBER
+    mine = dist.new_subgroups(group_size=1)[0]
+    t = torch.full((1,), float(rank))
+    dist.all_reduce(t, group=mine)
+    assert t.item() == rank
+    # an mcr group over all ranks whose default backend is changed later
+    g = dist.new_group(backend="mcr")
+    g.comm.backend = "gloo"
+    t = torch.full((2,), 1.0)
+    dist.all_reduce(t, group=g)
+    assert torch.equal(t, torch.full((2,), float(size)))
+
+
+@case
+def unsupported_and_bad_calls_raise_clearly(comm):
+    size, rank = comm.size, comm.rank
+    g = group("mpi")
+    with raises(TypeError, "AVG", "torch.int64"):
+        dist.all_reduce(torch.ones(2, dtype=torch.int64), op=dist.ReduceOp.AVG, group=g)
+    with raises(ValueError, "monitored_barrier"):      # torch's own refusal
+        dist.monitored_barrier(group=g)
+    with raises(ValueError, "not contiguous"):
+        dist.all_reduce(torch.ones(4, 4).t(), group=g)
+    with raises(ValueError, "input_split_sizes", "sum to"):
+        dist.all_to_all_single(torch.empty(size), torch.empty(size), [1] * size,
+                               [2] * size, group=g)
+    with raises(ValueError, "all_gather_into_tensor", "expected"):
+        dist.all_gather_into_tensor(torch.empty(size + 1), torch.empty(1), group=g)
+    with raises(ValueError, "reduce_scatter_tensor"):
+        dist.reduce_scatter_tensor(torch.empty(2), torch.empty(2 * size + 1), group=g)
+    with raises(TypeError, "pg_options", "mcr.distributed.Options"):
+        dist.new_group(backend="mcr", pg_options={"backend": "gloo"})
+    with raises(ValueError, "unknown backend"):
+        mcr.distributed.Options(backend="nope")
+    # the group still works after every refusal
+    t = torch.ones(2)
+    dist.all_reduce(t, group=g)
+    assert torch.equal(t, torch.full((2,), float(size)))
+    del rank
+
+
+def train_ddp(g, size, rank, steps=8):
+    """A small MLP trained with DDP on group `g`: the losses and final weights."""
+    from torch.nn.parallel import DistributedDataParallel
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(12, 24), torch.nn.Tanh(),
+                                torch.nn.Linear(24, 3))
+    # tiny buckets: several allreduces per step, as in a large model
+    ddp = DistributedDataParallel(model, process_group=g, bucket_cap_mb=0.0005)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    data = torch.Generator().manual_seed(1)
+    x = torch.randn(steps, size, 6, 12, generator=data)
+    y = torch.randn(steps, size, 6, 3, generator=data)
+    losses = []
+    for step in range(steps):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(ddp(x[step, rank]), y[step, rank])
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses, torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+@case
+def ddp_matches_gloo(comm):
+    size, rank = comm.size, comm.rank
+    reference, ref_weights = train_ddp(group("torch-gloo"), size, rank)
+    for backend in BACKENDS:
+        losses, weights = train_ddp(group(backend), size, rank)
+        assert torch.allclose(torch.tensor(losses), torch.tensor(reference), rtol=1e-5,
+                              atol=1e-6), (backend, losses, reference)
+        assert torch.allclose(weights, ref_weights, rtol=1e-5, atol=1e-6), backend
+    # the weights are the same everywhere (DDP's point), and the loss went down
+    everyone = [torch.empty_like(ref_weights) for _ in range(size)]
+    dist.all_gather(everyone, ref_weights, group=group("mpi"))
+    assert all(torch.equal(w, ref_weights) for w in everyone)
+
+
+def train_zero(g, size, rank, steps=6):
+    """ZeRO/FSDP-style data parallelism on group `g`: each rank keeps a shard of
+    the flat parameters; a step all-gathers them, computes gradients, and
+    reduce-scatters the gradients onto the shards."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(10, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    params = list(model.parameters())
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+    per = -(-flat.numel() // size)
+    flat = torch.cat([flat, flat.new_zeros(per * size - flat.numel())])
+    shard = flat[rank * per:(rank + 1) * per].clone()
+    data = torch.Generator().manual_seed(2)
+    x, y = torch.randn(steps, size, 5, 10, generator=data), torch.randn(steps, size, 5, 2,
+                                                                         generator=data)
+    losses = []
+    for step in range(steps):
+        full = torch.empty(per * size)
+        dist.all_gather_into_tensor(full, shard, group=g)
+        offset = 0
+        for p in params:
+            p.data.copy_(full[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+            p.grad = None
+        loss = torch.nn.functional.mse_loss(model(x[step, rank]), y[step, rank])
+        loss.backward()
+        grads = torch.cat([p.grad.reshape(-1) for p in params])
+        grads = torch.cat([grads, grads.new_zeros(per * size - grads.numel())])
+        mine = torch.empty(per)
+        dist.reduce_scatter_tensor(mine, grads, group=g)
+        shard -= 0.1 * mine / size
+        losses.append(loss.item())
+    return losses, shard
+
+
+@case
+def zero_step_matches_gloo(comm):
+    size, rank = comm.size, comm.rank
+    reference, ref_shard = train_zero(group("torch-gloo"), size, rank)
+    for backend in BACKENDS:
+        losses, shard = train_zero(group(backend), size, rank)
+        assert torch.allclose(torch.tensor(losses), torch.tensor(reference), rtol=1e-5,
+                              atol=1e-6), (backend, losses, reference)
+        assert torch.allclose(shard, ref_shard, rtol=1e-5, atol=1e-6), backend
+
+
+test_mpi = mpi_cases(__name__)
+
+
+# -- single process: what import mcr does ----------------------------------------
+
+def _python(code, env=None):
+    full = dict(os.environ if env is None else env)
+    full["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.join(HERE, "..", "src"),
+                                                       full.get("PYTHONPATH")]))
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env=full)
+
+
+def test_import_registers_without_torch_or_mpi():
+    result = _python(
+        "import sys, mcr\n"
+        "assert 'torch' not in sys.modules and 'mpi4py.MPI' not in sys.modules\n"
+        "import torch.distributed as dist\n"
+        "assert 'mcr' in dist.Backend.backend_list, dist.Backend.backend_list\n"
+        "assert 'mpi4py.MPI' not in sys.modules\n"
+        "assert dist.Backend('mcr') == 'mcr'\n"
+        "print('ok')\n")
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr
+
+
+def test_import_after_torch_registers():
+    result = _python("import torch.distributed as dist, mcr, sys\n"
+                     "assert 'mcr' in dist.Backend.backend_list\n"
+                     "assert 'mpi4py.MPI' not in sys.modules\nprint('ok')\n")
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr
+
+
+def test_outside_mpi_without_master_addr_torch_error_unchanged():
+    from mcr import launch
+    env = {k: v for k, v in os.environ.items()
+           if k not in launch.LAUNCHER_VARS and k not in ("MASTER_ADDR", "MASTER_PORT")}
+    result = _python("import mcr, torch.distributed as dist\n"
+                     "dist.init_process_group('gloo')\n", env)
+    assert result.returncode != 0
+    assert "MASTER_ADDR" in result.stderr or "RANK" in result.stderr, result.stderr
+
+
+def test_torch_ranks_that_are_not_mpi_ranks_are_refused():
+    """Two processes started as torchrun would (env://, no mpiexec): each is
+    MPI's rank 0 of 1, so the 'mcr' group refuses, naming both views."""
+    from mcr import launch
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = ("import mcr, torch.distributed as dist\n"
+            "try:\n    dist.init_process_group('mcr')\n"
+            "except RuntimeError as exc:\n    print('refused:', exc)\n")
+    procs = []
+    for rank in range(2):
+        env = {k: v for k, v in os.environ.items() if k not in launch.LAUNCHER_VARS}
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                   WORLD_SIZE="2", PYTHONPATH=os.pathsep.join(
+                       filter(None, [os.path.join(HERE, "..", "src"), env.get("PYTHONPATH")])))
+        procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert "refused:" in outs[1] and "torch says rank 1 of 2, MPI says rank 0 of 1" in outs[1], outs
+    assert "start the processes with mpiexec" in outs[1]
+
+
+@pytest.mark.parametrize("nprocs", [2])
+def test_plain_gloo_init_under_mpiexec(nprocs, tmp_path):
+    """import mcr also lets torch's own Gloo start under mpiexec with nothing set."""
+    script = tmp_path / "gloo.py"
+    script.write_text(
+        "import os, torch, mcr, torch.distributed as dist\n"
+        "assert 'MASTER_ADDR' not in os.environ\n"
+        "mine = int(os.environ.get('OMPI_COMM_WORLD_RANK') or os.environ['PMI_RANK'])\n"
+        "try:\n"
+        "    dist.init_process_group('gloo', rank=1 - mine, world_size=2)\n"
+        "except ValueError as exc:\n"
+        "    assert f'rank={1 - mine} was given, but MPI says rank {mine} of 2' in str(exc), exc\n"
+        "    print('wrong rank refused')\n"
+        "dist.init_process_group('gloo')\n"
+        "t = torch.ones(2) * (dist.get_rank() + 1)\n"
+        "dist.all_reduce(t)\n"
+        "assert dist.get_backend() == 'gloo' and t.tolist() == [3.0, 3.0], t\n"
+        "print('gloo ok', dist.get_rank())\n")
+    code, out = run_script(nprocs, [str(script)], timeout=120)
+    assert code == 0, out
+    assert out.count("wrong rank refused") == nprocs and out.count("gloo ok") == nprocs, out
