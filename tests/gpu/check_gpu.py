@@ -26,6 +26,10 @@ time limit, all within ``--budget`` seconds:
 ``tune``        1 process: ``mcr.tune`` times NCCL against MPI on CUDA tensors
                 (4 B to 1 MiB, four collectives), then ``backend="auto"`` runs
                 each Allreduce size on the backend the table chose.
+``ext``         1 process: the logger, compression and fusion on CUDA tensors.
+``torch``       1 process (2 with two CUDA devices): ``init_process_group("mcr")``,
+                torch.distributed calls on CUDA tensors, and DDP on "mcr" groups
+                running NCCL and MPI, with the losses of torch's own NCCL.
 
 Every result is compared with what torch computes from the whole data on the
 CPU (every process can compute every process's input), never with mcr. Rank 0
@@ -88,6 +92,9 @@ def phases(device, ndev):
         Phase("nccl2", 2, 90, f"{other} backend on 2 processes (one device each)", skip=two),
         Phase("tune", 1, 90, f"mcr.tune of {other} against MPI, and backend='auto'"),
         Phase("ext", 1, 60, f"the logger, compression and fusion on {other} and MPI"),
+        Phase("torch", 2 if device == "cpu" or ndev >= 2 else 1, 120,
+              f"DDP and torch.distributed calls on the 'mcr' backend ({other} and MPI) "
+              f"against torch's own {other}"),
     ]
 
 
@@ -1473,7 +1480,85 @@ def phase_ext(rep, env):
     comm.Free()
 
 
-PHASES = {"mpi": phase_mpi, "mpi-aware0": phase_mpi, "nccl1": phase_nccl1,
+def phase_torch(rep, env):
+    """Issue 13 on the device: the 'mcr' torch.distributed backend. DDP trains
+    the same model on mcr groups running the other backend and MPI, and on
+    torch's own group of the other backend; the losses must agree."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    mcr, device, other, ordinal = env["mcr"], env["device"], env["other"], env["ordinal"]
+    dist.init_process_group("mcr")              # no MASTER_ADDR: rank and size from MPI
+    rank, size = dist.get_rank(), dist.get_world_size()
+    groups = {f"mcr-{b}": dist.new_group(backend="mcr",
+                                         pg_options=mcr.distributed.Options(backend=b))
+              for b in (other, "mpi")}
+    groups[f"torch-{other}"] = dist.new_group(backend=other)
+    kind = "cuda" if device.type == "cuda" else "cpu"
+
+    def calls(name):
+        def run():
+            g = groups[name]
+            x = torch.arange(6, dtype=torch.float32, device=device) + rank
+            dist.all_reduce(x, group=g)
+            want = sum(torch.arange(6.0) + r for r in range(size))
+            if not torch.equal(x.cpu(), want):
+                raise CheckFailed(f"all_reduce gave {x.cpu().tolist()}, expected {want.tolist()}")
+            rows = [(rank + q) % 3 + 1 for q in range(size)]          # uneven splits
+            back = [(q + rank) % 3 + 1 for q in range(size)]
+            send = torch.cat([torch.full((n, 2), float(10 * rank + q), device=device)
+                              for q, n in enumerate(rows)])
+            recv = torch.empty(sum(back), 2, device=device)
+            dist.all_to_all_single(recv, send, back, rows, group=g, async_op=True).wait()
+            want = torch.cat([torch.full((n, 2), float(10 * q + rank)) for q, n in enumerate(back)])
+            if not torch.equal(recv.cpu(), want):
+                raise CheckFailed(f"all_to_all_single gave {recv.cpu().tolist()}")
+            out = torch.empty(size * 3, device=device)
+            dist.all_gather_into_tensor(out, torch.full((3,), float(rank), device=device), group=g)
+            if not torch.equal(out.cpu(), torch.arange(size, dtype=torch.float32).repeat_interleave(3)):
+                raise CheckFailed(f"all_gather_into_tensor gave {out.cpu().tolist()}")
+            return "all_reduce, all_to_all_single (uneven), all_gather_into_tensor"
+        return run
+
+    losses = {}
+
+    def ddp(name):
+        def run():
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(),
+                                        torch.nn.Linear(64, 4)).to(device)
+            wrapped = DistributedDataParallel(
+                model, process_group=groups[name], bucket_cap_mb=0.01,
+                device_ids=[ordinal] if device.type == "cuda" else None)
+            opt = torch.optim.SGD(wrapped.parameters(), lr=0.05)
+            gen = torch.Generator().manual_seed(3)
+            xs, ys = torch.randn(10, size, 16, 32, generator=gen), torch.randn(10, size, 16, 4, generator=gen)
+            got = []
+            for step in range(10):
+                opt.zero_grad()
+                loss = torch.nn.functional.mse_loss(wrapped(xs[step, rank].to(device)),
+                                                    ys[step, rank].to(device))
+                loss.backward()
+                opt.step()
+                got.append(loss.item())
+            losses[name] = got
+            return f"loss {got[0]:.4f} -> {got[-1]:.4f}"
+        return run
+
+    def same():
+        ref = torch.tensor(losses[f"torch-{other}"])
+        for name, got in losses.items():
+            if not torch.allclose(torch.tensor(got), ref, rtol=1e-4, atol=1e-5):
+                raise CheckFailed(f"{name} losses {got} differ from torch-{other}'s {ref.tolist()}")
+        return f"{len(losses)} runs agree"
+
+    rep.group(f"torch.distributed on 'mcr' groups, {kind} tensors",
+              [(name, calls(name)) for name in groups if name.startswith("mcr")])
+    rep.group(f"DDP on {kind} tensors", [(name, ddp(name)) for name in groups])
+    rep.group("DDP losses equal torch's own backend", [("", same)])
+    dist.destroy_process_group()
+
+
+PHASES = {"torch": phase_torch, "mpi": phase_mpi, "mpi-aware0": phase_mpi, "nccl1": phase_nccl1,
           "mixed2": phase_mixed2, "nccl2": phase_nccl2, "tune": phase_tune, "ext": phase_ext}
 
 
