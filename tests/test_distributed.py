@@ -445,3 +445,33 @@ def test_plain_gloo_init_under_mpiexec(nprocs, tmp_path):
     code, out = run_script(nprocs, [str(script)], timeout=120)
     assert code == 0, out
     assert out.count("wrong rank refused") == nprocs and out.count("gloo ok") == nprocs, out
+
+
+def test_bench_torchdist_tiny():
+    """python -m mcr.bench.torchdist starts its own job and prints one checked
+    row per operation and size, with the ratios to torch's Gloo."""
+    from mcr import launch
+    env = {k: v for k, v in os.environ.items() if k not in launch.LAUNCHER_VARS}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.join(HERE, "..", "src"),
+                                                      env.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, "-m", "mcr.bench.torchdist", "-n", "2", "--ops",
+                           "all_reduce,all_to_all_single", "--sizes", "4,4096", "--rounds",
+                           "1", "--time", "0.005", "--timeout", "150"],
+                          capture_output=True, text=True, timeout=180, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [line.split() for line in proc.stdout.splitlines()
+            if line.startswith(("all_reduce", "all_to_all_single"))]
+    assert [(r[0], r[1]) for r in rows] == [("all_reduce", "4"), ("all_reduce", "4096"),
+                                            ("all_to_all_single", "4"),
+                                            ("all_to_all_single", "4096")], proc.stdout
+    for row in rows:
+        assert len(row) == 8 and all(float(x) > 0 for x in row[2:6]), row
+        assert row[6].endswith("x") and row[7].endswith("x"), row
+
+
+def test_bench_torchdist_rejects_bad_options():
+    from mcr.bench.torchdist import parse_args
+    with pytest.raises(SystemExit):
+        parse_args(["--ops", "all_reduce,nope"])
+    with pytest.raises(SystemExit):
+        parse_args(["--sizes", "2"])
