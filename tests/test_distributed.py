@@ -218,6 +218,13 @@ def works_behave_as_torch(comm):
     box = [{"from": rank}]
     dist.broadcast_object_list(box, src=0, group=g)
     assert box == [{"from": 0}]
+    got = [None] * size if rank == size - 1 else None
+    dist.gather_object(("r", rank), got, dst=size - 1, group=g)
+    assert rank != size - 1 or got == [("r", r) for r in range(size)], got
+    mine = [None]
+    dist.scatter_object_list(mine, [f"to {r}" for r in range(size)] if rank == 0 else None,
+                             src=0, group=g)
+    assert mine == [f"to {rank}"], mine
 
 
 @case
