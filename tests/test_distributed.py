@@ -262,6 +262,8 @@ def unsupported_and_bad_calls_raise_clearly(comm):
     g = group("mpi")
     with raises(TypeError, "AVG", "torch.int64"):
         dist.all_reduce(torch.ones(2, dtype=torch.int64), op=dist.ReduceOp.AVG, group=g)
+    with raises(ValueError, "PREMUL_SUM", "not supported by the 'mcr' backend", "SUM"):
+        dist.all_reduce(torch.ones(2), op=dist._make_nccl_premul_sum(2.0), group=g)
     with raises(ValueError, "monitored_barrier"):      # torch's own refusal
         dist.monitored_barrier(group=g)
     with raises(ValueError, "not contiguous"):

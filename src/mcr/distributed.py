@@ -269,6 +269,15 @@ class ProcessGroupMCR(_ProcessGroup):  # type: ignore[misc]
         super().__init__(rank, size)
         self.comm = comm
 
+    # torch asks a group for its backend per device (init_process_group with a
+    # device_id, new_group looking for a communicator to split): this group is
+    # its own backend on every device, and neither splits nor coalesces
+    supports_splitting = False
+    supports_coalescing = False
+
+    def _get_backend(self, device: Any) -> ProcessGroupMCR:
+        return self
+
     def getBackendName(self) -> str:
         return "mcr"
 

@@ -1487,7 +1487,8 @@ def phase_torch(rep, env):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
     mcr, device, other, ordinal = env["mcr"], env["device"], env["other"], env["ordinal"]
-    dist.init_process_group("mcr")              # no MASTER_ADDR: rank and size from MPI
+    # no MASTER_ADDR: rank and size from MPI; torch takes a device_id on CUDA only
+    dist.init_process_group("mcr", device_id=device if device.type == "cuda" else None)
     rank, size = dist.get_rank(), dist.get_world_size()
     groups = {f"mcr-{b}": dist.new_group(backend="mcr",
                                          pg_options=mcr.distributed.Options(backend=b))
