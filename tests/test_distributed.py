@@ -308,16 +308,23 @@ def train_ddp(g, size, rank, steps=8):
     return losses, torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
+def trains_as_torch_gloo(train, size, rank):
+    """Run `train` on torch's own Gloo group, then on each mcr group: the losses
+    and the parameters must agree. Returns torch's parameters."""
+    reference, ref_params = train(group("torch-gloo"), size, rank)
+    for backend in BACKENDS:
+        losses, params = train(group(backend), size, rank)
+        assert torch.allclose(torch.tensor(losses), torch.tensor(reference), rtol=1e-5,
+                              atol=1e-6), (backend, losses, reference)
+        assert torch.allclose(params, ref_params, rtol=1e-5, atol=1e-6), backend
+    return ref_params
+
+
 @case
 def ddp_matches_gloo(comm):
     size, rank = comm.size, comm.rank
-    reference, ref_weights = train_ddp(group("torch-gloo"), size, rank)
-    for backend in BACKENDS:
-        losses, weights = train_ddp(group(backend), size, rank)
-        assert torch.allclose(torch.tensor(losses), torch.tensor(reference), rtol=1e-5,
-                              atol=1e-6), (backend, losses, reference)
-        assert torch.allclose(weights, ref_weights, rtol=1e-5, atol=1e-6), backend
-    # the weights are the same everywhere (DDP's point), and the loss went down
+    ref_weights = trains_as_torch_gloo(train_ddp, size, rank)
+    # the weights are the same everywhere (DDP's point)
     everyone = [torch.empty_like(ref_weights) for _ in range(size)]
     dist.all_gather(everyone, ref_weights, group=group("mpi"))
     assert all(torch.equal(w, ref_weights) for w in everyone)
@@ -359,13 +366,7 @@ def train_zero(g, size, rank, steps=6):
 
 @case
 def zero_step_matches_gloo(comm):
-    size, rank = comm.size, comm.rank
-    reference, ref_shard = train_zero(group("torch-gloo"), size, rank)
-    for backend in BACKENDS:
-        losses, shard = train_zero(group(backend), size, rank)
-        assert torch.allclose(torch.tensor(losses), torch.tensor(reference), rtol=1e-5,
-                              atol=1e-6), (backend, losses, reference)
-        assert torch.allclose(shard, ref_shard, rtol=1e-5, atol=1e-6), backend
+    trains_as_torch_gloo(train_zero, comm.size, comm.rank)
 
 
 test_mpi = mpi_cases(__name__)
