@@ -212,6 +212,20 @@ def works_behave_as_torch(comm):
     wa.wait()
     assert torch.equal(a, torch.full((2,), float(size))) and torch.equal(
         b, torch.full((2,), 2.0 * size))
+    # wait(timeout) gives up on a receive nobody has sent yet, which stays pending
+    if size > 1:
+        import datetime
+        got = torch.zeros(2)
+        if rank == 0:
+            work = dist.irecv(got, src=1, tag=99, group=g)
+            with raises(RuntimeError, "recv: not completed within 0.05 s"):
+                work.wait(timeout=datetime.timedelta(seconds=0.05))
+            assert not work.is_completed()
+        dist.barrier(group=g)
+        if rank == 1:
+            dist.send(torch.full((2,), 5.0), dst=0, tag=99, group=g)
+        if rank == 0:
+            assert work.wait() and torch.equal(got, torch.full((2,), 5.0))
     objects = [None] * size
     dist.all_gather_object(objects, {"rank": rank}, group=g)
     assert objects == [{"rank": r} for r in range(size)]

@@ -31,7 +31,6 @@ of the backward pass.
 from __future__ import annotations
 
 import datetime
-import itertools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -77,9 +76,6 @@ _KINDS = {int(value): name   # type: ignore[call-overload]
 # them initializes MPI, which registering the backend must not do)
 MPI: Any = None
 Request: Any = None
-
-_group_tags = itertools.count(1)    # Create_group tags: one per subgroup made here
-
 
 class Work(dist.Work):
     """The outcome of one operation on an ``"mcr"`` group: its mcr requests,
@@ -137,20 +133,19 @@ class Work(dist.Work):
                 deadline = time.monotonic() + seconds
                 while not Request.Testall(self._requests, self._statuses):
                     if time.monotonic() > deadline:
-                        raise RuntimeError(f"{self._op}: not completed within {seconds:g} s "
-                                           f"(Work.wait timeout)")
+                        break
                     time.sleep(0)
+                else:
+                    self._complete()
             else:
                 Request.Waitall(self._requests, self._statuses)
-        except RuntimeError as exc:
-            if "Work.wait timeout" in str(exc):
-                raise
-            self._fail(exc)
-            raise
+                self._complete()
         except BaseException as exc:
             self._fail(exc)
             raise
-        self._complete()
+        if not self._done:
+            raise RuntimeError(f"{self._op}: not completed within {seconds:g} s "
+                               f"(Work.wait timeout; the operation is still pending)")
         return True
 
     def is_completed(self) -> bool:
