@@ -1,0 +1,247 @@
+"""What the workloads share: process groups per variant, the all-to-all with
+its backward, gradient allreduce overlapped with backward, and the example
+command line.
+
+A *variant* is a way to run the same torch.distributed calls: ``"mcr"``
+(an mcr group choosing its backend per call, ``backend="auto"``),
+``"mcr-mpi"`` (an mcr group on MPI), ``"gloo"`` and ``"nccl"`` (torch's own
+groups). :data:`VARIANTS` is the table; :func:`group` makes one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["VARIANTS", "Variant", "init", "group", "groups", "device", "blocks",
+           "Alltoall", "alltoall", "GradientAllreduce", "Trainer", "train",
+           "add_config_arguments", "config_from_args", "run_example"]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """How a variant's group is made: the torch.distributed backend, the mcr
+    backend its calls run on (mcr groups only), and the device of its tensors."""
+
+    backend: str
+    mcr_backend: str | None = None
+    device: str = "cpu"
+
+
+VARIANTS = {
+    "mcr": Variant("mcr", "auto"),
+    "mcr-mpi": Variant("mcr", "mpi"),
+    "gloo": Variant("gloo"),
+    "nccl": Variant("nccl", device="cuda"),
+}
+
+
+def init() -> None:
+    """Start torch.distributed on this mpiexec job (once; the world group on
+    Gloo, rank and size from MPI: no MASTER_ADDR, no torchrun)."""
+    if dist.is_initialized():
+        return
+    from mpi4py import MPI
+
+    from mcr.backends.store import rendezvous
+    world = MPI.COMM_WORLD
+    dist.init_process_group("gloo", store=rendezvous(world), rank=world.Get_rank(),
+                            world_size=world.Get_size())
+
+
+def group(variant: str) -> Any:
+    """A new process group of every rank for ``variant`` (collective: every
+    rank makes the same groups in the same order).
+
+    Raises
+    ------
+    ValueError
+        When ``variant`` is not in :data:`VARIANTS`.
+    RuntimeError
+        When the variant needs CUDA and there is none.
+    """
+    if variant not in VARIANTS:
+        raise ValueError(f"variant: expected one of {', '.join(VARIANTS)}, got {variant!r}")
+    how = VARIANTS[variant]
+    if how.device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"variant {variant!r}: needs CUDA, and torch sees no GPU")
+    init()
+    if how.backend == "mcr":
+        raise RuntimeError(f"variant {variant!r}: the torch.distributed backend 'mcr' "
+                           "is not available in this build")
+    return dist.new_group(backend=how.backend)
+
+
+def groups(variants: Iterable[str]) -> dict[str, Any]:
+    """One process group per variant, by name (collective)."""
+    return {name: group(name) for name in variants}
+
+
+def device(variant: str) -> torch.device:
+    """The device a variant's tensors live on (for CUDA: this rank's GPU)."""
+    if VARIANTS[variant].device == "cuda":
+        return torch.device("cuda", dist.get_rank() % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def blocks(n: int, parts: int) -> list[int]:
+    """``n`` split into ``parts`` contiguous blocks, the first ones one larger
+    when it does not divide (experts and tables over ranks)."""
+    return [n // parts + (i < n % parts) for i in range(parts)]
+
+
+# -- All-to-all with a backward ---------------------------------------------------
+
+class _Received(torch.autograd.Function):
+    """The rows an all-to-all received, joined to the graph of the rows sent:
+    the gradient goes back by the reverse all-to-all (the splits swapped)."""
+
+    @staticmethod
+    def forward(ctx: Any, sent: torch.Tensor, received: torch.Tensor,
+                send_splits: list[int], recv_splits: list[int], group: Any) -> torch.Tensor:
+        ctx.exchange = (sent.shape, send_splits, recv_splits, group)
+        return received
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        shape, send_splits, recv_splits, group = ctx.exchange
+        grad_sent = grad.new_empty(shape)
+        dist.all_to_all_single(grad_sent, grad.contiguous(), send_splits, recv_splits,
+                               group=group)
+        return grad_sent, None, None, None, None
+
+
+class Alltoall:
+    """An all-to-all of rows in flight (``Ialltoallv``): row block ``i`` of
+    ``x`` (``send_splits[i]`` rows) goes to rank ``i``, and ``recv_splits[j]``
+    rows come from rank ``j``. :meth:`wait` returns the received rows, whose
+    gradient is sent back to the senders in backward.
+    """
+
+    def __init__(self, x: torch.Tensor, send_splits: Sequence[int],
+                 recv_splits: Sequence[int], group: Any) -> None:
+        self.x = x
+        self.splits = (list(send_splits), list(recv_splits))
+        self.group = group
+        self.out = x.new_empty((sum(recv_splits), *x.shape[1:]))
+        self.work = dist.all_to_all_single(self.out, x.detach().contiguous(),
+                                           self.splits[1], self.splits[0], group=group,
+                                           async_op=True)
+
+    def wait(self) -> torch.Tensor:
+        """Wait for the exchange; the received rows (in the graph when ``x`` is)."""
+        self.work.wait()
+        if not self.x.requires_grad:
+            return self.out
+        received: torch.Tensor = _Received.apply(self.x, self.out, *self.splits, self.group)
+        return received
+
+
+def alltoall(x: torch.Tensor, send_splits: Sequence[int], recv_splits: Sequence[int],
+             group: Any) -> torch.Tensor:
+    """The blocking :class:`Alltoall` (``Alltoallv``)."""
+    return Alltoall(x, send_splits, recv_splits, group).wait()
+
+
+# -- Gradient allreduce overlapped with backward ---------------------------------
+
+class GradientAllreduce:
+    """Sums data-parallel gradients over the group, each one started (``async``)
+    as soon as backward has accumulated it, so the allreduces of the last
+    layers run while backward computes the first ones; :meth:`wait` before the
+    optimizer step. One allreduce per parameter: no bucketing (the DDP
+    workload shows bucketing).
+    """
+
+    def __init__(self, params: Iterable[torch.nn.Parameter], group: Any) -> None:
+        self.group = group
+        self.pending: list[Any] = []
+        for p in params:
+            p.register_post_accumulate_grad_hook(self._start)
+
+    def _start(self, p: torch.Tensor) -> None:
+        self.pending.append(dist.all_reduce(p.grad, group=self.group, async_op=True))
+
+    def wait(self) -> None:
+        """Wait for every allreduce this backward started."""
+        for work in self.pending:
+            work.wait()
+        self.pending.clear()
+
+
+# -- Training loop ------------------------------------------------------------------
+
+class Trainer(Protocol):
+    """A workload, built for one group: ``step()`` runs one training step and
+    returns this rank's share of its loss (the shares sum to the loss of the
+    global batch)."""
+
+    def step(self) -> torch.Tensor: ...
+
+
+def losses(shares: Sequence[torch.Tensor], group: Any) -> list[float]:
+    """The loss of every step, from this rank's shares (one allreduce)."""
+    total = torch.stack(list(shares)).double()
+    dist.all_reduce(total, group=group)
+    return [float(v) for v in total.cpu()]
+
+
+def train(trainer: Trainer, steps: int) -> list[torch.Tensor]:
+    """Run ``steps`` steps; this rank's loss shares, one per step."""
+    return [trainer.step() for _ in range(steps)]
+
+
+# -- Example command line ---------------------------------------------------------
+
+def add_config_arguments(parser: argparse.ArgumentParser, config: type) -> None:
+    """One ``--name`` option per field of the ``config`` dataclass (its type,
+    default and ``help`` metadata)."""
+    for f in dataclasses.fields(config):
+        parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default),
+                            default=f.default, help=f"{f.metadata.get('help', '')} "
+                                                    f"(default {f.default})")
+
+
+def config_from_args(config: type, args: argparse.Namespace) -> Any:
+    """The ``config`` dataclass from the options of :func:`add_config_arguments`."""
+    return config(**{f.name: getattr(args, f.name) for f in dataclasses.fields(config)})
+
+
+def run_example(doc: str, config: type, build: Callable[..., Trainer],
+                argv: Sequence[str] | None) -> int:
+    """The example program of a workload: ``mpiexec -n N python -m
+    mcr.workloads.NAME [--steps N] [--backend VARIANT] [sizes...]``; rank 0
+    prints every step's loss and the steps per second (after the first step).
+    """
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
+    parser.add_argument("--backend", default="mcr", choices=list(VARIANTS),
+                        help="the variant to run on (default mcr)")
+    add_config_arguments(parser, config)
+    args = parser.parse_args(argv)
+    if args.steps < 2:
+        parser.error(f"--steps: expected at least 2 (the first warms up), got {args.steps}")
+    pg = group(args.backend)
+    trainer = build(config_from_args(config, args), pg, device(args.backend))
+    shares = [trainer.step()]
+    dist.barrier(group=pg)
+    t0 = time.perf_counter()
+    shares += train(trainer, args.steps - 1)
+    _ = [s.item() for s in shares]       # the device has finished the last step
+    elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    trajectory = losses(shares, pg)
+    if dist.get_rank() == 0:
+        for i, loss in enumerate(trajectory):
+            print(f"step {i:4d}  loss {loss:.6f}")
+        print(f"{args.backend}: {dist.get_world_size()} ranks, "
+              f"{(args.steps - 1) / float(elapsed):.2f} steps/s (steps 1-{args.steps - 1})")
+    dist.destroy_process_group()
+    return 0

@@ -1,0 +1,191 @@
+"""A mixture-of-experts (MoE) layer's training step, expert-parallel.
+
+Run it as an example::
+
+    mpiexec -n 2 python -m mcr.workloads.moe [--steps N] [--backend mcr|mcr-mpi|gloo|nccl]
+
+**The layer.** ``out = x + shared(x) + gate * expert[router(x)](x)``: a
+linear router picks one expert per token (top-1 of a softmax, the gate being
+its probability), ``experts`` two-layer MLPs are spread over the ranks in
+contiguous blocks (expert-parallel), and a shared two-layer MLP (as in
+DeepSpeed's residual MoE) is data-parallel like the router. The loss is the
+squared error against a fixed random target function of ``x``.
+
+**The step**, on each rank's slice of the global batch of ``tokens`` tokens:
+
+1. route: the router's choice, the tokens sorted by expert (stably);
+2. exchange the token counts per expert (a small all-to-all), which fix the
+   uneven splits of the next two exchanges;
+3. start the all-to-all of the token rows to the ranks that own their experts
+   (``Ialltoallv``: ``all_to_all_single(..., async_op=True)`` with split
+   sizes), and compute the shared MLP while the tokens are in flight;
+4. run each local expert on its rows, from every rank;
+5. send the results back (``Alltoallv``), unsort, weigh by the gate;
+6. backward: the two exchanges run in reverse (their gradients go back to the
+   senders), while each router and shared-MLP gradient is summed over the
+   ranks by an ``all_reduce(async_op=True)`` started as soon as backward has
+   produced it, overlapping what backward still computes; expert gradients
+   need no allreduce (every token that used an expert is on its rank);
+7. wait for the allreduces, SGD step.
+
+**Same data everywhere.** The global batch, the parameters (each expert from
+its own seed) and so the loss of every step are the same at every world size
+and on every backend, up to the order of floating-point sums.
+
+**Sizes.** The defaults (a 4096-token global batch of width 64, MLPs of
+hidden width 128, 4 experts) make a step take milliseconds on two CPU cores,
+with each exchange a few hundred KiB: on a GPU an MoE layer computes in
+about the time its all-to-alls take, and a CPU computes ~100x slower, so the
+layer is scaled down until computing and communicating are of the same
+order here too, as in the paper's MoE step. Larger widths make the step
+compute-bound on CPU, and every backend then runs at the same speed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from . import common
+
+__all__ = ["Config", "MoE", "main"]
+
+
+@dataclass
+class Config:
+    """The sizes of the MoE workload (global: the same at every world size)."""
+
+    tokens: int = field(default=4096, metadata={"help": "tokens per step, all ranks together"})
+    width: int = field(default=64, metadata={"help": "token width (model dimension)"})
+    hidden: int = field(default=128, metadata={"help": "hidden width of every MLP"})
+    experts: int = field(default=4, metadata={"help": "experts, spread over the ranks"})
+    batches: int = field(default=4, metadata={"help": "distinct batches, cycled"})
+    lr: float = field(default=0.05, metadata={"help": "SGD learning rate"})
+    seed: int = field(default=0, metadata={"help": "seed of the data and the parameters"})
+
+
+def mlp(width: int, hidden: int, seed: int) -> nn.Sequential:
+    """A two-layer MLP whose parameters depend on ``seed`` alone."""
+    gen = torch.Generator().manual_seed(seed)
+    layers = nn.Sequential(nn.Linear(width, hidden), nn.ReLU(), nn.Linear(hidden, width))
+    with torch.no_grad():
+        for p in layers.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
+    return layers
+
+
+def router(config: Config) -> nn.Linear:
+    """The router: token -> one logit per expert."""
+    gen = torch.Generator().manual_seed(config.seed * 1000 + 1)
+    layer = nn.Linear(config.width, config.experts, bias=False)
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(layer.weight.shape, generator=gen) /
+                           config.width ** 0.5)
+    return layer
+
+
+def expert_seed(config: Config, e: int) -> int:
+    return config.seed * 1000 + 100 + e
+
+
+def shared_seed(config: Config) -> int:
+    return config.seed * 1000 + 2
+
+
+def data(config: Config) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The global batches: (tokens, targets), each of shape (tokens, width)."""
+    gen = torch.Generator().manual_seed(config.seed * 1000 + 3)
+    w = config.width
+    teacher_in = torch.randn(w, w, generator=gen) / w ** 0.5
+    teacher_out = torch.randn(w, w, generator=gen) / w ** 0.5
+    out = []
+    for _ in range(config.batches):
+        x = torch.randn(config.tokens, w, generator=gen)
+        out.append((x, torch.tanh(x @ teacher_in) @ teacher_out))
+    return out
+
+
+class MoE:
+    """The MoE workload on one process group: this rank's slice of the data,
+    its experts, and replicas of the router and the shared MLP."""
+
+    def __init__(self, config: Config, group: Any, device: torch.device | str = "cpu") -> None:
+        self.config, self.group = config, group
+        size, rank = dist.get_world_size(group), dist.get_rank(group)
+        self.size = size
+        self.owned = common.blocks(config.experts, size)          # experts per rank
+        first = sum(self.owned[:rank])
+        self.router = router(config).to(device)
+        self.shared = mlp(config.width, config.hidden, shared_seed(config)).to(device)
+        self.experts = nn.ModuleList(mlp(config.width, config.hidden, expert_seed(config, e))
+                                     for e in range(first, first + self.owned[rank])).to(device)
+        rows = common.blocks(config.tokens, size)
+        start = sum(rows[:rank])
+        self.batches = [(x[start:start + rows[rank]].to(device),
+                         t[start:start + rows[rank]].to(device)) for x, t in data(config)]
+        self.norm = config.tokens * config.width       # the loss is a mean over all ranks
+        dense = [*self.router.parameters(), *self.shared.parameters()]
+        self.allreduce = common.GradientAllreduce(dense, group)
+        self.optimizer = torch.optim.SGD([*dense, *self.experts.parameters()], lr=config.lr)
+        self.steps = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The layer on this rank's tokens (steps 1-5 of the module's docstring)."""
+        probs = torch.softmax(self.router(x), dim=-1)
+        gate, choice = probs.max(dim=-1)
+        order = torch.argsort(choice, stable=True)
+        per_expert = torch.bincount(choice, minlength=self.config.experts)
+        mine = self.owned[dist.get_rank(self.group)]
+        # counts[src, e]: tokens rank src sends to this rank's expert e
+        counts = per_expert.new_empty(self.size * mine)
+        dist.all_to_all_single(counts, per_expert, [mine] * self.size, self.owned,
+                               group=self.group)
+        counts = counts.view(self.size, mine)
+        per_expert_list = per_expert.tolist()
+        ends = torch.tensor(self.owned).cumsum(0).tolist()
+        send = [sum(per_expert_list[end - n:end]) for n, end in zip(self.owned, ends)]
+        recv = counts.sum(dim=1).tolist()
+        dispatch = common.Alltoall(x[order], send, recv, self.group)
+        shared = self.shared(x)                        # while the tokens travel
+        y = self.run_experts(dispatch.wait(), counts)
+        back = common.alltoall(y, recv, send, self.group)
+        return x + shared + gate.unsqueeze(1) * back[torch.argsort(order)]
+
+    def run_experts(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Each local expert on its rows; ``rows`` come grouped by source rank,
+        then by expert (``counts[src, e]`` rows each), and go back in that order."""
+        mine = counts.shape[1]
+        if mine == 0:                # no expert here: no rank sent anything
+            return rows
+        if mine == 1:
+            return self.experts[0](rows)
+        expert_of = torch.arange(mine, device=rows.device).repeat(self.size)
+        by_expert = torch.argsort(expert_of.repeat_interleave(counts.flatten()), stable=True)
+        outs = [e(part) for e, part in zip(self.experts,
+                                           rows[by_expert].split(counts.sum(0).tolist()))]
+        return torch.cat(outs)[torch.argsort(by_expert)]
+
+    def step(self) -> torch.Tensor:
+        """One training step (the module's docstring); this rank's share of the loss."""
+        x, target = self.batches[self.steps % len(self.batches)]
+        self.steps += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = ((self.forward(x) - target) ** 2).sum() / self.norm
+        loss.backward()
+        self.allreduce.wait()
+        self.optimizer.step()
+        return loss.detach()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The example: ``mpiexec -n N python -m mcr.workloads.moe [options]``."""
+    return common.run_example(__doc__ or "", Config, MoE, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
