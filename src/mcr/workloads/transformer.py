@@ -73,12 +73,14 @@ class LanguageModel(nn.Module):
                                            dropout=0.0, batch_first=True, norm_first=True)
         self.encoder = nn.TransformerEncoder(layer, config.layers, enable_nested_tensor=False)
         self.head = nn.Linear(config.width, config.words)
-        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(
-            config.length), persistent=False)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        # the mask is made here, not kept as a buffer, which DDP would
+        # broadcast before every forward
+        mask = nn.Transformer.generate_square_subsequent_mask(tokens.shape[1],
+                                                              device=tokens.device)
         h = self.tokens(tokens) + self.positions[:tokens.shape[1]]
-        return self.head(self.encoder(h, mask=self.mask, is_causal=True))
+        return self.head(self.encoder(h, mask=mask, is_causal=True))
 
 
 def model(config: Config) -> LanguageModel:
@@ -119,6 +121,7 @@ class Transformer:
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr)
         self.tokens = config.batch * config.length          # in the global batch
         self.scale = size                 # undoes DDP's average: a sum of shares
+        self.waiting: common.Stopwatch | None = None       # DDP waits inside itself
         self.steps = 0
 
     def step(self) -> torch.Tensor:
