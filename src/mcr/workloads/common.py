@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["VARIANTS", "Variant", "init", "group", "groups", "device", "blocks",
-           "Alltoall", "alltoall", "GradientAllreduce", "Trainer", "train",
+           "Stopwatch", "Alltoall", "alltoall", "GradientAllreduce", "Trainer", "train",
            "add_config_arguments", "config_from_args", "run_example"]
 
 
@@ -44,16 +44,14 @@ VARIANTS = {
 
 
 def init() -> None:
-    """Start torch.distributed on this mpiexec job (once; the world group on
-    Gloo, rank and size from MPI: no MASTER_ADDR, no torchrun)."""
-    if dist.is_initialized():
-        return
-    from mpi4py import MPI
-
-    from mcr.backends.store import rendezvous
-    world = MPI.COMM_WORLD
-    dist.init_process_group("gloo", store=rendezvous(world), rank=world.Get_rank(),
-                            world_size=world.Get_size())
+    """Start torch.distributed on this MPI job (once): the world group on
+    Gloo, its rank, size and store from MPI (``import mcr`` teaches the
+    ``env://`` rendezvous that once MPI is initialized; no MASTER_ADDR, no
+    torchrun)."""
+    import mcr  # noqa: F401  (registers the backend "mcr" and the rendezvous over MPI)
+    from mpi4py import MPI  # noqa: F401  (initialized: a program without mpiexec is 1 rank)
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
 
 
 def group(variant: str) -> Any:
@@ -74,8 +72,8 @@ def group(variant: str) -> Any:
         raise RuntimeError(f"variant {variant!r}: needs CUDA, and torch sees no GPU")
     init()
     if how.backend == "mcr":
-        raise RuntimeError(f"variant {variant!r}: the torch.distributed backend 'mcr' "
-                           "is not available in this build")
+        from mcr.distributed import Options
+        return dist.new_group(backend="mcr", pg_options=Options(backend=how.mcr_backend))
     return dist.new_group(backend=how.backend)
 
 
@@ -97,6 +95,24 @@ def blocks(n: int, parts: int) -> list[int]:
     return [n // parts + (i < n % parts) for i in range(parts)]
 
 
+# -- Waiting for communication ------------------------------------------------
+
+class Stopwatch:
+    """Seconds spent inside its ``with`` blocks: a workload's time blocked on
+    communication (waiting for exchanges and allreduces to complete)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._since = 0.0
+
+    def __enter__(self) -> Stopwatch:
+        self._since = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds += time.perf_counter() - self._since
+
+
 # -- All-to-all with a backward ---------------------------------------------------
 
 class _Received(torch.autograd.Function):
@@ -105,31 +121,36 @@ class _Received(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, sent: torch.Tensor, received: torch.Tensor,
-                send_splits: list[int], recv_splits: list[int], group: Any) -> torch.Tensor:
-        ctx.exchange = (sent.shape, send_splits, recv_splits, group)
+                exchange: Alltoall) -> torch.Tensor:
+        ctx.exchange = exchange
         return received
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        shape, send_splits, recv_splits, group = ctx.exchange
-        grad_sent = grad.new_empty(shape)
-        dist.all_to_all_single(grad_sent, grad.contiguous(), send_splits, recv_splits,
-                               group=group)
-        return grad_sent, None, None, None, None
+        exchange = ctx.exchange
+        send_splits, recv_splits = exchange.splits
+        grad_sent = grad.new_empty(exchange.x.shape)
+        with exchange.waiting:
+            dist.all_to_all_single(grad_sent, grad.contiguous(), send_splits, recv_splits,
+                                   group=exchange.group)
+        return grad_sent, None, None
 
 
 class Alltoall:
     """An all-to-all of rows in flight (``Ialltoallv``): row block ``i`` of
     ``x`` (``send_splits[i]`` rows) goes to rank ``i``, and ``recv_splits[j]``
     rows come from rank ``j``. :meth:`wait` returns the received rows, whose
-    gradient is sent back to the senders in backward.
+    gradient is sent back to the senders in backward (blocking). Time blocked
+    in either direction goes to ``waiting``.
     """
 
     def __init__(self, x: torch.Tensor, send_splits: Sequence[int],
-                 recv_splits: Sequence[int], group: Any) -> None:
+                 recv_splits: Sequence[int], group: Any,
+                 waiting: Stopwatch | None = None) -> None:
         self.x = x
         self.splits = (list(send_splits), list(recv_splits))
         self.group = group
+        self.waiting = waiting or Stopwatch()
         self.out = x.new_empty((sum(recv_splits), *x.shape[1:]))
         self.work = dist.all_to_all_single(self.out, x.detach().contiguous(),
                                            self.splits[1], self.splits[0], group=group,
@@ -137,17 +158,18 @@ class Alltoall:
 
     def wait(self) -> torch.Tensor:
         """Wait for the exchange; the received rows (in the graph when ``x`` is)."""
-        self.work.wait()
+        with self.waiting:
+            self.work.wait()
         if not self.x.requires_grad:
             return self.out
-        received: torch.Tensor = _Received.apply(self.x, self.out, *self.splits, self.group)
+        received: torch.Tensor = _Received.apply(self.x, self.out, self)
         return received
 
 
 def alltoall(x: torch.Tensor, send_splits: Sequence[int], recv_splits: Sequence[int],
-             group: Any) -> torch.Tensor:
+             group: Any, waiting: Stopwatch | None = None) -> torch.Tensor:
     """The blocking :class:`Alltoall` (``Alltoallv``)."""
-    return Alltoall(x, send_splits, recv_splits, group).wait()
+    return Alltoall(x, send_splits, recv_splits, group, waiting).wait()
 
 
 # -- Gradient allreduce overlapped with backward ---------------------------------
@@ -160,8 +182,10 @@ class GradientAllreduce:
     workload shows bucketing).
     """
 
-    def __init__(self, params: Iterable[torch.nn.Parameter], group: Any) -> None:
+    def __init__(self, params: Iterable[torch.nn.Parameter], group: Any,
+                 waiting: Stopwatch | None = None) -> None:
         self.group = group
+        self.waiting = waiting or Stopwatch()
         self.pending: list[Any] = []
         for p in params:
             p.register_post_accumulate_grad_hook(self._start)
@@ -171,8 +195,9 @@ class GradientAllreduce:
 
     def wait(self) -> None:
         """Wait for every allreduce this backward started."""
-        for work in self.pending:
-            work.wait()
+        with self.waiting:
+            for work in self.pending:
+                work.wait()
         self.pending.clear()
 
 
@@ -181,7 +206,10 @@ class GradientAllreduce:
 class Trainer(Protocol):
     """A workload, built for one group: ``step()`` runs one training step and
     returns this rank's share of its loss (the shares sum to the loss of the
-    global batch)."""
+    global batch); ``waiting`` times what it spent blocked on communication
+    (None where the waits are not its own: DDP's)."""
+
+    waiting: Stopwatch | None
 
     def step(self) -> torch.Tensor: ...
 

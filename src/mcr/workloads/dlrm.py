@@ -158,8 +158,9 @@ class DLRM:
         # every table's vectors for its own samples
         self.send = [self.owned[rank] * n for n in self.samples]
         self.recv = [n * self.samples[rank] for n in self.owned]
+        self.waiting = common.Stopwatch()
         dense = [*self.bottom.parameters(), *self.top.parameters()]
-        self.allreduce = common.GradientAllreduce(dense, group)
+        self.allreduce = common.GradientAllreduce(dense, group, self.waiting)
         self.optimizer = torch.optim.SGD([*dense, *self.tables.parameters()], lr=config.lr)
         pairs = torch.tril_indices(config.tables + 1, config.tables + 1, offset=-1,
                                    device=device)
@@ -174,7 +175,7 @@ class DLRM:
         # rows for rank r: every local table's vectors of r's samples, table by table
         send = torch.cat([part.reshape(-1, cfg.dim)
                           for part in pooled.split(self.samples, dim=1)])
-        exchange = common.Alltoall(send, self.send, self.recv, self.group)
+        exchange = common.Alltoall(send, self.send, self.recv, self.group, self.waiting)
         bottom = self.bottom(batch.dense)              # while the vectors travel
         vectors = exchange.wait().view(cfg.tables, -1, cfg.dim).transpose(0, 1)
         z = torch.cat([bottom.unsqueeze(1), vectors], dim=1)      # (samples, tables+1, dim)

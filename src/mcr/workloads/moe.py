@@ -129,8 +129,9 @@ class MoE:
         self.batches = [(x[start:start + rows[rank]].to(device),
                          t[start:start + rows[rank]].to(device)) for x, t in data(config)]
         self.norm = config.tokens * config.width       # the loss is a mean over all ranks
+        self.waiting = common.Stopwatch()
         dense = [*self.router.parameters(), *self.shared.parameters()]
-        self.allreduce = common.GradientAllreduce(dense, group)
+        self.allreduce = common.GradientAllreduce(dense, group, self.waiting)
         self.optimizer = torch.optim.SGD([*dense, *self.experts.parameters()], lr=config.lr)
         self.steps = 0
 
@@ -143,17 +144,18 @@ class MoE:
         mine = self.owned[dist.get_rank(self.group)]
         # counts[src, e]: tokens rank src sends to this rank's expert e
         counts = per_expert.new_empty(self.size * mine)
-        dist.all_to_all_single(counts, per_expert, [mine] * self.size, self.owned,
-                               group=self.group)
+        with self.waiting:
+            dist.all_to_all_single(counts, per_expert, [mine] * self.size, self.owned,
+                                   group=self.group)
         counts = counts.view(self.size, mine)
         per_expert_list = per_expert.tolist()
         ends = torch.tensor(self.owned).cumsum(0).tolist()
         send = [sum(per_expert_list[end - n:end]) for n, end in zip(self.owned, ends)]
         recv = counts.sum(dim=1).tolist()
-        dispatch = common.Alltoall(x[order], send, recv, self.group)
+        dispatch = common.Alltoall(x[order], send, recv, self.group, self.waiting)
         shared = self.shared(x)                        # while the tokens travel
         y = self.run_experts(dispatch.wait(), counts)
-        back = common.alltoall(y, recv, send, self.group)
+        back = common.alltoall(y, recv, send, self.group, self.waiting)
         return x + shared + gate.unsqueeze(1) * back[torch.argsort(order)]
 
     def run_experts(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
