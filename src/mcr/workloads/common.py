@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-__all__ = ["VARIANTS", "Variant", "init", "group", "groups", "device", "blocks",
+__all__ = ["VARIANTS", "Variant", "init", "group", "groups", "duplicate", "device", "blocks",
            "Stopwatch", "Alltoall", "alltoall", "GradientAllreduce", "Trainer", "train",
            "add_config_arguments", "config_from_args", "run_example"]
 
@@ -75,6 +75,22 @@ def group(variant: str) -> Any:
         from mcr.distributed import Options
         return dist.new_group(backend="mcr", pg_options=Options(backend=how.mcr_backend))
     return dist.new_group(backend=how.backend)
+
+
+def duplicate(group: Any) -> Any:
+    """A new process group of ``group``'s ranks on its backend (collective
+    over the world): the data-parallel group of a workload whose
+    model-parallel exchanges run on ``group``. Backward runs the two kinds
+    of collectives interleaved in an order that depends on the shape of each
+    rank's graph; on one group they could be matched wrongly across ranks,
+    on two each keeps its own order."""
+    ranks = dist.get_process_group_ranks(group)
+    backend = dist.get_backend(group)
+    if backend == "mcr":
+        from mcr.distributed import Options
+        return dist.new_group(ranks, backend="mcr",
+                              pg_options=Options(backend=group.comm.backend))
+    return dist.new_group(ranks, backend=backend)
 
 
 def groups(variants: Iterable[str]) -> dict[str, Any]:
@@ -139,37 +155,48 @@ class _Received(torch.autograd.Function):
 class Alltoall:
     """An all-to-all of rows in flight (``Ialltoallv``): row block ``i`` of
     ``x`` (``send_splits[i]`` rows) goes to rank ``i``, and ``recv_splits[j]``
-    rows come from rank ``j``. :meth:`wait` returns the received rows, whose
-    gradient is sent back to the senders in backward (blocking). Time blocked
-    in either direction goes to ``waiting``.
+    rows come from rank ``j``. :meth:`wait` returns the received rows.
+
+    With ``backward`` (default: whether autograd is recording), the exchange
+    runs in reverse in backward, sending the received rows' gradient back to
+    their senders (blocking). It must be the same on every rank, as every
+    collective: a rank whose ``x`` needs no gradient (an MoE rank without
+    experts, a DLRM rank without tables) still takes part in the reverse
+    exchange the others make. Time blocked in either direction goes to
+    ``waiting``.
     """
 
     def __init__(self, x: torch.Tensor, send_splits: Sequence[int],
                  recv_splits: Sequence[int], group: Any,
-                 waiting: Stopwatch | None = None) -> None:
+                 waiting: Stopwatch | None = None, backward: bool | None = None) -> None:
         self.x = x
         self.splits = (list(send_splits), list(recv_splits))
         self.group = group
         self.waiting = waiting or Stopwatch()
+        self.backward = torch.is_grad_enabled() if backward is None else backward
         self.out = x.new_empty((sum(recv_splits), *x.shape[1:]))
         self.work = dist.all_to_all_single(self.out, x.detach().contiguous(),
                                            self.splits[1], self.splits[0], group=group,
                                            async_op=True)
 
     def wait(self) -> torch.Tensor:
-        """Wait for the exchange; the received rows (in the graph when ``x`` is)."""
+        """Wait for the exchange; the received rows (in the graph with ``backward``)."""
         with self.waiting:
             self.work.wait()
-        if not self.x.requires_grad:
+        if not self.backward:
             return self.out
-        received: torch.Tensor = _Received.apply(self.x, self.out, self)
+        # a stand-in that needs a gradient, so that backward reaches the reverse
+        # exchange on this rank too
+        sent = self.x if self.x.requires_grad else self.x.detach().requires_grad_()
+        received: torch.Tensor = _Received.apply(sent, self.out, self)
         return received
 
 
 def alltoall(x: torch.Tensor, send_splits: Sequence[int], recv_splits: Sequence[int],
-             group: Any, waiting: Stopwatch | None = None) -> torch.Tensor:
+             group: Any, waiting: Stopwatch | None = None,
+             backward: bool | None = None) -> torch.Tensor:
     """The blocking :class:`Alltoall` (``Alltoallv``)."""
-    return Alltoall(x, send_splits, recv_splits, group, waiting).wait()
+    return Alltoall(x, send_splits, recv_splits, group, waiting, backward).wait()
 
 
 # -- Gradient allreduce overlapped with backward ---------------------------------
@@ -180,25 +207,48 @@ class GradientAllreduce:
     layers run while backward computes the first ones; :meth:`wait` before the
     optimizer step. One allreduce per parameter: no bucketing (the DDP
     workload shows bucketing).
+
+    The allreduces start in one fixed order on every rank, the reverse of
+    ``params`` (the order backward meets them in a feed-forward model): the
+    order in which backward produces gradients depends on the shape of each
+    rank's graph (an MoE rank without experts has a different one), and
+    collectives started in different orders on different ranks would be
+    matched wrongly. A gradient that is ready early waits for those before it.
     """
 
     def __init__(self, params: Iterable[torch.nn.Parameter], group: Any,
                  waiting: Stopwatch | None = None) -> None:
         self.group = group
         self.waiting = waiting or Stopwatch()
+        self.order = list(params)[::-1]
+        self.position = {id(p): i for i, p in enumerate(self.order)}
+        self.ready = [False] * len(self.order)
+        self.started = 0                       # order[:started] are in flight
         self.pending: list[Any] = []
-        for p in params:
-            p.register_post_accumulate_grad_hook(self._start)
+        for p in self.order:
+            p.register_post_accumulate_grad_hook(self._ready)
+
+    def _ready(self, p: torch.Tensor) -> None:
+        self.ready[self.position[id(p)]] = True
+        while self.started < len(self.order) and self.ready[self.started]:
+            self._start(self.order[self.started])
 
     def _start(self, p: torch.Tensor) -> None:
+        if p.grad is None:            # unused on this rank, maybe not on others
+            p.grad = torch.zeros_like(p)
         self.pending.append(dist.all_reduce(p.grad, group=self.group, async_op=True))
+        self.started += 1
 
     def wait(self) -> None:
-        """Wait for every allreduce this backward started."""
+        """Start what backward did not reach, and wait for every allreduce."""
+        while self.started < len(self.order):
+            self._start(self.order[self.started])
         with self.waiting:
             for work in self.pending:
                 work.wait()
         self.pending.clear()
+        self.ready = [False] * len(self.order)
+        self.started = 0
 
 
 # -- Training loop ------------------------------------------------------------------

@@ -140,7 +140,8 @@ class DLRM:
     """The DLRM workload on one process group: this rank's tables, its slice
     of the samples, and replicas of the MLPs."""
 
-    def __init__(self, config: Config, group: Any, device: torch.device | str = "cpu") -> None:
+    def __init__(self, config: Config, group: Any, device: torch.device | str = "cpu",
+                 grad_group: Any = None) -> None:
         self.config, self.group = config, group
         size, rank = dist.get_world_size(group), dist.get_rank(group)
         self.owned = common.blocks(config.tables, size)          # tables per rank
@@ -159,8 +160,10 @@ class DLRM:
         self.send = [self.owned[rank] * n for n in self.samples]
         self.recv = [n * self.samples[rank] for n in self.owned]
         self.waiting = common.Stopwatch()
+        # gradients are summed on a group of their own (see common.duplicate)
+        self.grad_group = grad_group if grad_group is not None else common.duplicate(group)
         dense = [*self.bottom.parameters(), *self.top.parameters()]
-        self.allreduce = common.GradientAllreduce(dense, group, self.waiting)
+        self.allreduce = common.GradientAllreduce(dense, self.grad_group, self.waiting)
         self.optimizer = torch.optim.SGD([*dense, *self.tables.parameters()], lr=config.lr)
         pairs = torch.tril_indices(config.tables + 1, config.tables + 1, offset=-1,
                                    device=device)

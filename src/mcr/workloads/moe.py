@@ -114,7 +114,8 @@ class MoE:
     """The MoE workload on one process group: this rank's slice of the data,
     its experts, and replicas of the router and the shared MLP."""
 
-    def __init__(self, config: Config, group: Any, device: torch.device | str = "cpu") -> None:
+    def __init__(self, config: Config, group: Any, device: torch.device | str = "cpu",
+                 grad_group: Any = None) -> None:
         self.config, self.group = config, group
         size, rank = dist.get_world_size(group), dist.get_rank(group)
         self.size = size
@@ -130,8 +131,10 @@ class MoE:
                          t[start:start + rows[rank]].to(device)) for x, t in data(config)]
         self.norm = config.tokens * config.width       # the loss is a mean over all ranks
         self.waiting = common.Stopwatch()
+        # gradients are summed on a group of their own (see common.duplicate)
+        self.grad_group = grad_group if grad_group is not None else common.duplicate(group)
         dense = [*self.router.parameters(), *self.shared.parameters()]
-        self.allreduce = common.GradientAllreduce(dense, group, self.waiting)
+        self.allreduce = common.GradientAllreduce(dense, self.grad_group, self.waiting)
         self.optimizer = torch.optim.SGD([*dense, *self.experts.parameters()], lr=config.lr)
         self.steps = 0
 
@@ -152,7 +155,9 @@ class MoE:
         ends = torch.tensor(self.owned).cumsum(0).tolist()
         send = [sum(per_expert_list[end - n:end]) for n, end in zip(self.owned, ends)]
         recv = counts.sum(dim=1).tolist()
-        dispatch = common.Alltoall(x[order], send, recv, self.group, self.waiting)
+        # x needs a gradient on every rank or on none: so does the dispatch
+        dispatch = common.Alltoall(x[order], send, recv, self.group, self.waiting,
+                                   backward=x.requires_grad)
         shared = self.shared(x)                        # while the tokens travel
         y = self.run_experts(dispatch.wait(), counts)
         back = common.alltoall(y, recv, send, self.group, self.waiting)
