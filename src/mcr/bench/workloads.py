@@ -92,7 +92,7 @@ def _configs(settings: Sequence[str], workloads: Sequence[str]) -> dict[str, Any
         try:
             setattr(configs[workload], name, kind(value))
         except ValueError:
-            raise ValueError(f"{key}: expected a {kind.__name__}, got {value!r}") from None
+            raise ValueError(f"{key}: expected {kind.__name__}, got {value!r}") from None
     return configs
 
 

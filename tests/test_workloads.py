@@ -1,0 +1,221 @@
+"""The paper's workloads (mcr.workloads) and their benchmark (mcr.bench.workloads).
+
+Each workload trains a few steps, at small sizes, on an mcr group choosing
+its backend, an mcr group on MPI and torch's Gloo group, at 2 ranks (MoE and
+DLRM also at 3, where experts, tables and samples split unevenly). Every
+variant's losses must equal those of the same model trained in one process
+with plain torch on the whole global batch (no communication: written here,
+from the workload's parameters and data), which also checks the exchanges'
+backward; the losses must be finite and fall. Then the example programs and
+the benchmark's command line, tiny.
+"""
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+
+import numpy
+import pytest
+import torch
+from mpi4py import MPI
+from torch import nn
+
+from mcr import launch
+from mcr.bench import workloads as bench
+from mcr.workloads import dlrm, moe, transformer
+from mpiharness import case, mpi_cases, run_script
+
+VARIANTS = ("mcr", "mcr-mpi", "gloo")
+STEPS = 4
+RTOL = 1e-4           # float32 sums in another order, over a few steps
+
+MOE = moe.Config(tokens=192, width=16, hidden=24, experts=5, batches=2, lr=0.2)
+DLRM = dlrm.Config(batch=96, dense=5, tables=5, rows=50, dim=8, pooling=3, hidden=16,
+                   batches=2, lr=0.5)
+TRANSFORMER = transformer.Config(batch=6, length=12, words=16, width=16, heads=2, layers=1,
+                                 batches=2, lr=1e-2)
+
+_groups = {}
+
+
+def groups():
+    """One process group per variant, made once per job."""
+    from mcr.workloads import common
+    if not _groups:
+        _groups.update(common.groups(VARIANTS))
+    return _groups
+
+
+def trajectories(comm, build, config):
+    """Every variant's losses over STEPS steps (summed over the ranks by MPI)."""
+    out = {}
+    for variant, group in groups().items():
+        trainer = build(config, group)
+        shares = numpy.array([float(trainer.step()) for _ in range(STEPS)])
+        out[variant] = MPI.COMM_WORLD.allreduce(shares, op=MPI.SUM).tolist()
+    return out
+
+
+def check(got, want):
+    for variant, losses in got.items():
+        assert all(math.isfinite(x) for x in losses), (variant, losses)
+        assert losses[-1] < losses[0], (variant, losses)
+        for step, (a, b) in enumerate(zip(losses, want)):
+            assert abs(a - b) <= RTOL * abs(b), (variant, step, losses, want)
+
+
+# -- Single-process references: the whole global batch, no communication -------
+
+def moe_reference(cfg):
+    router = moe.router(cfg)
+    shared = moe.mlp(cfg.width, cfg.hidden, moe.shared_seed(cfg))
+    experts = nn.ModuleList(moe.mlp(cfg.width, cfg.hidden, moe.expert_seed(cfg, e))
+                            for e in range(cfg.experts))
+    params = [*router.parameters(), *shared.parameters(), *experts.parameters()]
+    optimizer = torch.optim.SGD(params, lr=cfg.lr)
+    batches = moe.data(cfg)
+    losses = []
+    for step in range(STEPS):
+        x, target = batches[step % len(batches)]
+        optimizer.zero_grad()
+        gate, choice = torch.softmax(router(x), dim=-1).max(dim=-1)
+        every = torch.stack([e(x) for e in experts], dim=1)         # (tokens, experts, width)
+        chosen = every[torch.arange(len(x)), choice]
+        loss = ((x + shared(x) + gate[:, None] * chosen - target) ** 2).mean()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+def dlrm_reference(cfg):
+    bottom, top = dlrm.bottom_mlp(cfg), dlrm.top_mlp(cfg)
+    tables = nn.ModuleList(dlrm.table(cfg, t) for t in range(cfg.tables))
+    optimizer = torch.optim.SGD([*bottom.parameters(), *top.parameters(),
+                                 *tables.parameters()], lr=cfg.lr)
+    batches = dlrm.data(cfg)
+    losses = []
+    for step in range(STEPS):
+        b = batches[step % len(batches)]
+        optimizer.zero_grad()
+        dense = bottom(b.dense)
+        vectors = [dense] + [t(idx) for t, idx in zip(tables, b.indices)]
+        dots = [(vectors[i] * vectors[j]).sum(1) for i in range(len(vectors))
+                for j in range(i)]
+        logit = top(torch.cat([dense, torch.stack(dots, dim=1)], dim=1)).squeeze(1)
+        loss = nn.functional.binary_cross_entropy_with_logits(logit, b.labels)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+def transformer_reference(cfg):
+    model = transformer.model(cfg)
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    batches = transformer.data(cfg)
+    losses = []
+    for step in range(STEPS):
+        seq = batches[step % len(batches)]
+        optimizer.zero_grad()
+        logits = model(seq[:, :-1])
+        loss = nn.functional.cross_entropy(logits.flatten(0, 1), seq[:, 1:].flatten())
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+# -- The workloads on every variant ----------------------------------------------
+
+@case
+def moe_matches_one_process(comm):
+    check(trajectories(comm, moe.MoE, MOE), moe_reference(MOE))
+
+
+@case
+def dlrm_matches_one_process(comm):
+    check(trajectories(comm, dlrm.DLRM, DLRM), dlrm_reference(DLRM))
+
+
+@case
+def transformer_ddp_matches_one_process(comm):
+    if comm.size != 2:
+        return            # DDP: at 2 ranks only (the suite's time)
+    check(trajectories(comm, transformer.Transformer, TRANSFORMER),
+          transformer_reference(TRANSFORMER))
+
+
+@case
+def moe_with_an_expertless_rank(comm):
+    # fewer experts than ranks: a rank receives no tokens and sends everything
+    cfg = moe.Config(**{**MOE.__dict__, "experts": comm.size - 1})
+    if cfg.experts < 1:
+        return
+    check(trajectories(comm, moe.MoE, cfg), moe_reference(cfg))
+
+
+test_mpi = mpi_cases(__name__, sizes=(2, 3))
+
+
+# -- The example programs and the benchmark's command line ------------------------
+
+def test_example_prints_losses_and_steps_per_second():
+    code, out = run_script(2, ["-m", "mcr.workloads.moe", "--steps", "3", "--backend",
+                               "mcr-mpi", "--tokens", "64", "--width", "8", "--hidden", "8"],
+                           timeout=120)
+    assert code == 0, out
+    assert len(re.findall(r"^step +\d+  loss \d+\.\d+$", out, re.M)) == 3, out
+    assert re.search(r"^mcr-mpi: 2 ranks, \d+\.\d+ steps/s \(steps 1-2\)$", out, re.M), out
+
+
+def test_benchmark_table(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in launch.LAUNCHER_VARS}
+    path = tmp_path / "bench.json"
+    cmd = [sys.executable, "-m", "mcr.bench.workloads", "-n", "2", "--steps", "2",
+           "--rounds", "1", "--workloads", "moe,dlrm", "--log", "--json", str(path),
+           "--set", "moe.tokens=64", "--set", "moe.width=8", "--set", "moe.hidden=8",
+           "--set", "dlrm.batch=32", "--set", "dlrm.rows=20"]
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=240)
+    out = proc.stdout
+    assert proc.returncode == 0, out
+    assert "# mcr.bench.workloads: 2 ranks, cpu" in out, out
+    assert re.search(r"^workload +ranks +mcr +mcr-mpi +gloo +mcr/gloo +mcr-mpi/gloo "
+                     r"+loss max\|diff\| +agree$", out, re.M), out
+    for name in ("moe", "dlrm"):
+        assert re.search(rf"^{name} +2( +\d+\.\d\d){{5}} +\d\.\d\de[-+]\d\d +yes$", out,
+                         re.M), (name, out)
+        for variant in VARIANTS:
+            assert re.search(rf"^{name} +{variant} +\d+\.\d\d +\d+\.\d\d +-?\d+\.\d\d$",
+                             out, re.M), (name, variant, out)
+    assert re.search(r"^target: mcr at least 2x gloo in steps/s on moe and dlrm: "
+                     r"moe \d+\.\d\dx (met|NOT met), dlrm \d+\.\d\dx (met|NOT met)$",
+                     out, re.M), out
+    assert re.search(r"^moe on mcr-mpi, rank 0: 2 steps of", out, re.M), out
+    assert re.search(r"^Alltoallv +mpi ", out, re.M), out
+    rows = json.loads(path.read_text())["rows"]
+    assert [r["workload"] for r in rows] == ["moe", "dlrm"]
+    for r in rows:
+        assert sorted(r["losses"]) == sorted(VARIANTS)
+        assert all(len(x) == 4 for x in r["losses"].values())   # warm-up + 1 round
+        assert r["config"]["batch" if r["workload"] == "dlrm" else "tokens"] in (32, 64)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--workloads", "moe,bert"], "--workloads: expected distinct names"),
+    (["--variants", "mcr,mcr"], "--variants: expected distinct names"),
+    (["--set", "moe.experts"], "--set: expected WORKLOAD.FIELD=VALUE"),
+    (["--set", "moe.depth=3"], "moe has no size 'depth'"),
+    (["--set", "dlrm.rows=many"], "dlrm.rows: expected int, got 'many'"),
+    (["--workloads", "moe", "--set", "dlrm.rows=3"], "WORKLOAD one of moe,"),
+    (["--steps", "0"], "--steps: expected at least 1"),
+])
+def test_bad_options(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.parse_args(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
