@@ -158,6 +158,14 @@ def moe_with_an_expertless_rank(comm):
     check(trajectories(comm, moe.MoE, cfg), moe_reference(cfg))
 
 
+@case
+def dlrm_with_a_tableless_rank(comm):
+    # fewer tables than ranks: a rank looks nothing up, yet takes part in
+    # both directions of the exchange
+    cfg = dlrm.Config(**{**DLRM.__dict__, "tables": comm.size - 1})
+    check(trajectories(comm, dlrm.DLRM, cfg), dlrm_reference(cfg))
+
+
 test_mpi = mpi_cases(__name__, sizes=(2, 3))
 
 

@@ -5,7 +5,14 @@ command line.
 A *variant* is a way to run the same torch.distributed calls: ``"mcr"``
 (an mcr group choosing its backend per call, ``backend="auto"``),
 ``"mcr-mpi"`` (an mcr group on MPI), ``"gloo"`` and ``"nccl"`` (torch's own
-groups). :data:`VARIANTS` is the table; :func:`group` makes one.
+groups; NCCL on this rank's GPU). :data:`VARIANTS` is the table;
+:func:`group` makes one.
+
+Every collective of a workload must be started in the same order on every
+rank, also in backward, where the order follows each rank's graph:
+:class:`Alltoall` runs in reverse on every rank or on none, and
+:class:`GradientAllreduce` starts its allreduces in one fixed order, on a
+group of their own (:func:`duplicate`).
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["VARIANTS", "Variant", "init", "group", "groups", "duplicate", "device", "blocks",
-           "Stopwatch", "Alltoall", "alltoall", "GradientAllreduce", "Trainer", "train",
+           "Stopwatch", "Alltoall", "alltoall", "GradientAllreduce", "Trainer", "losses",
            "add_config_arguments", "config_from_args", "run_example"]
 
 
@@ -71,6 +78,8 @@ def group(variant: str) -> Any:
     if how.device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(f"variant {variant!r}: needs CUDA, and torch sees no GPU")
     init()
+    if how.device == "cuda":
+        torch.cuda.set_device(device(variant))
     if how.backend == "mcr":
         from mcr.distributed import Options
         return dist.new_group(backend="mcr", pg_options=Options(backend=how.mcr_backend))
@@ -271,11 +280,6 @@ def losses(shares: Sequence[torch.Tensor], group: Any) -> list[float]:
     return [float(v) for v in total.cpu()]
 
 
-def train(trainer: Trainer, steps: int) -> list[torch.Tensor]:
-    """Run ``steps`` steps; this rank's loss shares, one per step."""
-    return [trainer.step() for _ in range(steps)]
-
-
 # -- Example command line ---------------------------------------------------------
 
 def add_config_arguments(parser: argparse.ArgumentParser, config: type) -> None:
@@ -311,7 +315,7 @@ def run_example(doc: str, config: type, build: Callable[..., Trainer],
     shares = [trainer.step()]
     dist.barrier(group=pg)
     t0 = time.perf_counter()
-    shares += train(trainer, args.steps - 1)
+    shares += [trainer.step() for _ in range(args.steps - 1)]
     _ = [s.item() for s in shares]       # the device has finished the last step
     elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)

@@ -30,7 +30,7 @@ data-parallel: each rank runs them on its slice of the batch.
 4. backward: the all-to-all in reverse brings each table's gradient for the
    whole batch back to its owner (sparse row gradients), while each MLP
    gradient is summed by an ``all_reduce(async_op=True)`` started as soon as
-   backward has produced it;
+   backward has produced it (on a second group of the same ranks);
 5. wait for the allreduces, SGD step (sparse for the tables).
 
 **Same data everywhere.** The global batch, the tables (each from its own
@@ -138,7 +138,21 @@ def data(config: Config) -> list[Batch]:
 
 class DLRM:
     """The DLRM workload on one process group: this rank's tables, its slice
-    of the samples, and replicas of the MLPs."""
+    of the samples, and replicas of the MLPs.
+
+    Parameters
+    ----------
+    config : Config
+        The sizes.
+    group : torch.distributed.ProcessGroup
+        The ranks, and what the exchanges of pooled vectors run on (model parallelism).
+    device : torch.device or str
+        Where the tensors live (a GPU for NCCL).
+    grad_group : torch.distributed.ProcessGroup, optional
+        What the gradient allreduces run on (data parallelism): the ranks of
+        ``group``. Default: a new group like ``group``
+        (:func:`mcr.workloads.common.duplicate`).
+    """
 
     def __init__(self, config: Config, group: Any, device: torch.device | str = "cpu",
                  grad_group: Any = None) -> None:

@@ -24,8 +24,10 @@ squared error against a fixed random target function of ``x``.
 6. backward: the two exchanges run in reverse (their gradients go back to the
    senders), while each router and shared-MLP gradient is summed over the
    ranks by an ``all_reduce(async_op=True)`` started as soon as backward has
-   produced it, overlapping what backward still computes; expert gradients
-   need no allreduce (every token that used an expert is on its rank);
+   produced it, overlapping what backward still computes (on a second group
+   of the same ranks: DeepSpeed too keeps expert- and data-parallel groups
+   apart); expert gradients need no allreduce (every token that used an
+   expert is on its rank);
 7. wait for the allreduces, SGD step.
 
 **Same data everywhere.** The global batch, the parameters (each expert from
@@ -112,7 +114,21 @@ def data(config: Config) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 class MoE:
     """The MoE workload on one process group: this rank's slice of the data,
-    its experts, and replicas of the router and the shared MLP."""
+    its experts, and replicas of the router and the shared MLP.
+
+    Parameters
+    ----------
+    config : Config
+        The sizes.
+    group : torch.distributed.ProcessGroup
+        The ranks, and what the exchanges of tokens run on (expert parallelism).
+    device : torch.device or str
+        Where the tensors live (a GPU for NCCL).
+    grad_group : torch.distributed.ProcessGroup, optional
+        What the gradient allreduces run on (data parallelism): the ranks of
+        ``group``. Default: a new group like ``group``
+        (:func:`mcr.workloads.common.duplicate`).
+    """
 
     def __init__(self, config: Config, group: Any, device: torch.device | str = "cpu",
                  grad_group: Any = None) -> None:

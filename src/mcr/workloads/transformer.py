@@ -109,7 +109,17 @@ def data(config: Config) -> list[torch.Tensor]:
 
 class Transformer:
     """The transformer workload on one process group: the model wrapped in
-    DDP, this rank's slice of every batch."""
+    DDP, this rank's slice of every batch.
+
+    Parameters
+    ----------
+    config : Config
+        The sizes.
+    group : torch.distributed.ProcessGroup
+        The ranks, and what DDP's broadcast and gradient allreduces run on.
+    device : torch.device or str
+        Where the tensors live (a GPU for NCCL).
+    """
 
     def __init__(self, config: Config, group: Any, device: torch.device | str = "cpu") -> None:
         self.config = config
