@@ -197,7 +197,8 @@ class Alltoall:
         # a stand-in that needs a gradient, so that backward reaches the reverse
         # exchange on this rank too
         sent = self.x if self.x.requires_grad else self.x.detach().requires_grad_()
-        received: torch.Tensor = _Received.apply(sent, self.out, self)
+        apply: Any = _Received.apply           # untyped in torch's stubs
+        received: torch.Tensor = apply(sent, self.out, self)
         return received
 
 
@@ -235,7 +236,8 @@ class GradientAllreduce:
         self.started = 0                       # order[:started] are in flight
         self.pending: list[Any] = []
         for p in self.order:
-            p.register_post_accumulate_grad_hook(self._ready)
+            hook: Any = p.register_post_accumulate_grad_hook   # untyped in torch's stubs
+            hook(self._ready)
 
     def _ready(self, p: torch.Tensor) -> None:
         self.ready[self.position[id(p)]] = True
@@ -268,7 +270,8 @@ class Trainer(Protocol):
     global batch); ``waiting`` times what it spent blocked on communication
     (None where the waits are not its own: DDP's)."""
 
-    waiting: Stopwatch | None
+    @property
+    def waiting(self) -> Stopwatch | None: ...
 
     def step(self) -> torch.Tensor: ...
 

@@ -196,13 +196,14 @@ class DLRM:
             if len(self.tables) else batch.dense.new_empty((0, cfg.batch, cfg.dim))
         # rows for rank r: every local table's vectors of r's samples, table by table
         send = torch.cat([part.reshape(-1, cfg.dim)
-                          for part in pooled.split(self.samples, dim=1)])
+                          for part in torch.split(pooled, self.samples, dim=1)])
         exchange = common.Alltoall(send, self.send, self.recv, self.group, self.waiting)
         bottom = self.bottom(batch.dense)              # while the vectors travel
         vectors = exchange.wait().view(cfg.tables, -1, cfg.dim).transpose(0, 1)
         z = torch.cat([bottom.unsqueeze(1), vectors], dim=1)      # (samples, tables+1, dim)
         dots = torch.bmm(z, z.transpose(1, 2)).flatten(1)[:, self.pairs]
-        return self.top(torch.cat([bottom, dots], dim=1)).squeeze(1)
+        logits: torch.Tensor = self.top(torch.cat([bottom, dots], dim=1)).squeeze(1)
+        return logits
 
     def step(self) -> torch.Tensor:
         """One training step (the module's docstring); this rank's share of the loss."""
@@ -211,7 +212,7 @@ class DLRM:
         self.optimizer.zero_grad(set_to_none=True)
         loss = nn.functional.binary_cross_entropy_with_logits(
             self.forward(batch), batch.labels, reduction="sum") / self.config.batch
-        loss.backward()
+        torch.autograd.backward(loss)
         self.allreduce.wait()
         self.optimizer.step()
         return loss.detach()

@@ -179,7 +179,7 @@ class MoE:
         # x needs a gradient on every rank or on none: so does the dispatch
         dispatch = common.Alltoall(x[order], send, recv, self.group, self.waiting,
                                    backward=x.requires_grad)
-        shared = self.shared(x)                        # while the tokens travel
+        shared: torch.Tensor = self.shared(x)          # while the tokens travel
         y = self.run_experts(dispatch.wait(), counts)
         back = common.alltoall(y, recv, send, self.group, self.waiting)
         return x + shared + gate.unsqueeze(1) * back[torch.argsort(order)]
@@ -191,11 +191,12 @@ class MoE:
         if mine == 0:                # no expert here: no rank sent anything
             return rows
         if mine == 1:
-            return self.experts[0](rows)
+            only: torch.Tensor = self.experts[0](rows)
+            return only
         expert_of = torch.arange(mine, device=rows.device).repeat(self.size)
         by_expert = torch.argsort(expert_of.repeat_interleave(counts.flatten()), stable=True)
-        outs = [e(part) for e, part in zip(self.experts,
-                                           rows[by_expert].split(counts.sum(0).tolist()))]
+        parts = torch.split(rows[by_expert], counts.sum(0).tolist())
+        outs = [e(part) for e, part in zip(self.experts, parts)]
         return torch.cat(outs)[torch.argsort(by_expert)]
 
     def step(self) -> torch.Tensor:
@@ -204,7 +205,7 @@ class MoE:
         self.steps += 1
         self.optimizer.zero_grad(set_to_none=True)
         loss = ((self.forward(x) - target) ** 2).sum() / self.norm
-        loss.backward()
+        torch.autograd.backward(loss)
         self.allreduce.wait()
         self.optimizer.step()
         return loss.detach()

@@ -81,7 +81,8 @@ class LanguageModel(nn.Module):
         mask = nn.Transformer.generate_square_subsequent_mask(tokens.shape[1],
                                                               device=tokens.device)
         h = self.tokens(tokens) + self.positions[:tokens.shape[1]]
-        return self.head(self.encoder(h, mask=mask, is_causal=True))
+        logits: torch.Tensor = self.head(self.encoder(h, mask=mask, is_causal=True))
+        return logits
 
 
 def model(config: Config) -> LanguageModel:
@@ -143,7 +144,7 @@ class Transformer:
         logits = self.model(seq[:, :-1])
         share = nn.functional.cross_entropy(logits.flatten(0, 1), seq[:, 1:].flatten(),
                                             reduction="sum") / self.tokens
-        (share * self.scale).backward()
+        torch.autograd.backward(share * self.scale)
         self.optimizer.step()
         return share.detach()
 
