@@ -34,10 +34,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from mcr import launch
+from mcr.workloads import WORKLOADS
 
 __all__ = ["main", "parse_args"]
 
-WORKLOADS = {"moe": "MoE", "dlrm": "DLRM", "transformer": "Transformer"}
 TARGET = 2.0                    # the goal: mcr at least 2x Gloo in steps/s ...
 TARGET_WORKLOADS = ("moe", "dlrm")   # ... on these workloads, on CPU
 AGREE_RTOL = 1e-4               # losses agree when within this of each other, relatively

@@ -12,4 +12,5 @@ a benchmark workload (``python -m mcr.bench.workloads``); :mod:`.common`
 makes the process groups they run on.
 """
 
-WORKLOADS = ("moe", "dlrm", "transformer")
+# module -> its workload class (what mcr.bench.workloads builds)
+WORKLOADS = {"moe": "MoE", "dlrm": "DLRM", "transformer": "Transformer"}

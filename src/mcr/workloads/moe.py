@@ -97,10 +97,12 @@ def router(config: Config) -> nn.Linear:
 
 
 def expert_seed(config: Config, e: int) -> int:
+    """The seed of expert ``e``'s parameters (the same on whichever rank owns it)."""
     return config.seed * 1000 + 100 + e
 
 
 def shared_seed(config: Config) -> int:
+    """The seed of the shared MLP's parameters."""
     return config.seed * 1000 + 2
 
 
@@ -141,11 +143,14 @@ class MoE:
         size, rank = dist.get_world_size(group), dist.get_rank(group)
         self.size = size
         self.owned = common.blocks(config.experts, size)          # experts per rank
+        self.mine = self.owned[rank]
         first = sum(self.owned[:rank])
         self.router = router(config).to(device)
         self.shared = mlp(config.width, config.hidden, shared_seed(config)).to(device)
         self.experts = nn.ModuleList(mlp(config.width, config.hidden, expert_seed(config, e))
-                                     for e in range(first, first + self.owned[rank])).to(device)
+                                     for e in range(first, first + self.mine)).to(device)
+        self.owner = torch.repeat_interleave(torch.arange(size), torch.tensor(self.owned)
+                                             ).to(device)                 # rank of each expert
         rows = common.blocks(config.tokens, size)
         start = sum(rows[:rank])
         self.batches = [(x[start:start + rows[rank]].to(device),
@@ -165,16 +170,13 @@ class MoE:
         gate, choice = probs.max(dim=-1)
         order = torch.argsort(choice, stable=True)
         per_expert = torch.bincount(choice, minlength=self.config.experts)
-        mine = self.owned[dist.get_rank(self.group)]
         # counts[src, e]: tokens rank src sends to this rank's expert e
-        counts = per_expert.new_empty(self.size * mine)
+        counts = per_expert.new_empty(self.size * self.mine)
         with self.waiting:
-            dist.all_to_all_single(counts, per_expert, [mine] * self.size, self.owned,
+            dist.all_to_all_single(counts, per_expert, [self.mine] * self.size, self.owned,
                                    group=self.group)
-        counts = counts.view(self.size, mine)
-        per_expert_list = per_expert.tolist()
-        ends = torch.tensor(self.owned).cumsum(0).tolist()
-        send = [sum(per_expert_list[end - n:end]) for n, end in zip(self.owned, ends)]
+        counts = counts.view(self.size, self.mine)
+        send = torch.bincount(self.owner[choice], minlength=self.size).tolist()
         recv = counts.sum(dim=1).tolist()
         # x needs a gradient on every rank or on none: so does the dispatch
         dispatch = common.Alltoall(x[order], send, recv, self.group, self.waiting,
