@@ -27,6 +27,9 @@ time limit, all within ``--budget`` seconds:
                 (4 B to 1 MiB, four collectives), then ``backend="auto"`` runs
                 each Allreduce size on the backend the table chose.
 ``ext``         1 process: the logger, compression and fusion on CUDA tensors.
+``workloads``   1 process (2 with two CUDA devices): ``mcr.bench.workloads``'s
+                MoE, DLRM and DDP transformer steps on CUDA tensors, on mcr
+                groups (auto and NCCL) and on torch's NCCL; losses must agree.
 ``torch``       1 process (2 with two CUDA devices): ``init_process_group("mcr")``,
                 torch.distributed calls on CUDA tensors, and DDP on "mcr" groups
                 running NCCL and MPI, with the losses of torch's own NCCL.
@@ -92,6 +95,9 @@ def phases(device, ndev):
         Phase("nccl2", 2, 90, f"{other} backend on 2 processes (one device each)", skip=two),
         Phase("tune", 1, 90, f"mcr.tune of {other} against MPI, and backend='auto'"),
         Phase("ext", 1, 60, f"the logger, compression and fusion on {other} and MPI"),
+        Phase("workloads", 2 if device == "cpu" or ndev >= 2 else 1, 150,
+              f"the MoE, DLRM and DDP transformer steps on mcr groups and on torch's "
+              f"own {other}, losses compared"),
         Phase("torch", 2 if device == "cpu" or ndev >= 2 else 1, 120,
               f"DDP and torch.distributed calls on the 'mcr' backend ({other} and MPI) "
               f"against torch's own {other}"),
@@ -1559,7 +1565,30 @@ def phase_torch(rep, env):
     dist.destroy_process_group()
 
 
-PHASES = {"torch": phase_torch, "mpi": phase_mpi, "mpi-aware0": phase_mpi, "nccl1": phase_nccl1,
+def phase_workloads(rep, env):
+    """Issue 13's training steps (mcr.workloads) on the device's tensors: a few
+    steps of each on mcr groups and on torch's own group of the other
+    backend, with steps/s, and the losses of every step compared."""
+    from mcr.bench import workloads as bench
+    from mcr.workloads import common
+    other = env["other"]
+    variants = "mcr-cuda,mcr-nccl,nccl" if env["device"].type == "cuda" else f"mcr,mcr-mpi,{other}"
+    args = bench.parse_args(["--variants", variants, "--steps", "3", "--rounds", "1"])
+    groups = common.groups(args.variants)
+
+    def run(workload):
+        def case():
+            row = bench._bench(workload, args, groups)
+            if not row["agree"]:
+                raise CheckFailed(f"losses differ by up to {row['max_abs_diff_warmup']:.2e}: "
+                                  f"{row['losses']}")
+            return ", ".join(f"{v} {s:.1f} steps/s" for v, s in row["steps_per_s"].items())
+        return case
+
+    rep.group(f"workloads ({variants})", [(w, run(w)) for w in args.workloads])
+
+
+PHASES = {"workloads": phase_workloads, "torch": phase_torch, "mpi": phase_mpi, "mpi-aware0": phase_mpi, "nccl1": phase_nccl1,
           "mixed2": phase_mixed2, "nccl2": phase_nccl2, "tune": phase_tune, "ext": phase_ext}
 
 

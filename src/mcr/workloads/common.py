@@ -47,6 +47,9 @@ VARIANTS = {
     "mcr-mpi": Variant("mcr", "mpi"),
     "gloo": Variant("gloo"),
     "nccl": Variant("nccl", device="cuda"),
+    # CUDA tensors on mcr groups: auto (NCCL where the table says) and NCCL
+    "mcr-cuda": Variant("mcr", "auto", device="cuda"),
+    "mcr-nccl": Variant("mcr", "nccl", device="cuda"),
 }
 
 
