@@ -465,7 +465,9 @@ def test_plain_gloo_init_under_mpiexec(nprocs, tmp_path):
         "t = torch.ones(2) * (dist.get_rank() + 1)\n"
         "dist.all_reduce(t)\n"
         "assert dist.get_backend() == 'gloo' and t.tolist() == [3.0, 3.0], t\n"
-        "print('gloo ok', dist.get_rank())\n")
+        "print('gloo ok', dist.get_rank())\n"
+        # before exit: torch's Gloo threads can abort at interpreter shutdown
+        "dist.destroy_process_group()\n")
     code, out = run_script(nprocs, [str(script)], timeout=120)
     assert code == 0, out
     assert out.count("wrong rank refused") == nprocs and out.count("gloo ok") == nprocs, out

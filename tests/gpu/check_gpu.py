@@ -1586,6 +1586,7 @@ def phase_workloads(rep, env):
         return case
 
     rep.group(f"workloads ({variants})", [(w, run(w)) for w in args.workloads])
+    torch.distributed.destroy_process_group()   # torch's Gloo threads may abort at exit
 
 
 PHASES = {"workloads": phase_workloads, "torch": phase_torch, "mpi": phase_mpi, "mpi-aware0": phase_mpi, "nccl1": phase_nccl1,

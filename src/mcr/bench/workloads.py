@@ -248,12 +248,15 @@ def _log_report(row: dict[str, Any]) -> str:
 
 def _worker(args: argparse.Namespace) -> int:
     import torch
+    import torch.distributed
     from mpi4py import MPI
 
     from mcr.workloads import common
     torch.manual_seed(0)
     groups = common.groups(args.variants)
     rows = [_bench(w, args, groups) for w in args.workloads]
+    # before exit: torch's Gloo threads can abort at interpreter shutdown
+    torch.distributed.destroy_process_group()
     if MPI.COMM_WORLD.Get_rank() != 0:
         return 0
     devices = sorted({str(common.device(v)) for v in args.variants})
