@@ -22,7 +22,6 @@ import mcr
 from mpiharness import case, mpi_cases, run_script
 from util import rank_data, raises
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 BACKENDS = ("mpi", "gloo")
 _groups = {}
 
@@ -388,10 +387,17 @@ test_mpi = mpi_cases(__name__)
 
 # -- single process: what import mcr does ----------------------------------------
 
+def _with_mcr(env):
+    """``env`` whose Python finds the mcr this test imported (the source tree
+    built in place, or the installed package)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(mcr.__file__)))
+    env = dict(env)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    return env
+
+
 def _python(code, env=None):
-    full = dict(os.environ if env is None else env)
-    full["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.join(HERE, "..", "src"),
-                                                       full.get("PYTHONPATH")]))
+    full = _with_mcr(os.environ if env is None else env)
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120, env=full)
 
@@ -439,9 +445,8 @@ def test_torch_ranks_that_are_not_mpi_ranks_are_refused():
     for rank in range(2):
         env = {k: v for k, v in os.environ.items() if k not in launch.LAUNCHER_VARS}
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                   WORLD_SIZE="2", PYTHONPATH=os.pathsep.join(
-                       filter(None, [os.path.join(HERE, "..", "src"), env.get("PYTHONPATH")])))
-        procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, text=True,
+                   WORLD_SIZE="2")
+        procs.append(subprocess.Popen([sys.executable, "-c", code], env=_with_mcr(env), text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     outs = [p.communicate(timeout=120)[0] for p in procs]
     assert "refused:" in outs[1] and "torch says rank 1 of 2, MPI says rank 0 of 1" in outs[1], outs
@@ -477,9 +482,7 @@ def test_bench_torchdist_tiny():
     """python -m mcr.bench.torchdist starts its own job and prints one checked
     row per operation and size, with the ratios to torch's Gloo."""
     from mcr import launch
-    env = {k: v for k, v in os.environ.items() if k not in launch.LAUNCHER_VARS}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.join(HERE, "..", "src"),
-                                                      env.get("PYTHONPATH")]))
+    env = _with_mcr({k: v for k, v in os.environ.items() if k not in launch.LAUNCHER_VARS})
     proc = subprocess.run([sys.executable, "-m", "mcr.bench.torchdist", "-n", "2", "--ops",
                            "all_reduce,all_to_all_single", "--sizes", "4,4096", "--rounds",
                            "1", "--time", "0.005", "--timeout", "150"],
