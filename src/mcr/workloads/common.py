@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["VARIANTS", "Variant", "init", "group", "groups", "duplicate", "device", "blocks",
-           "Stopwatch", "Alltoall", "alltoall", "GradientAllreduce", "Trainer", "losses",
+           "Stopwatch", "Alltoall", "alltoall", "GradientAllreduce", "update", "Trainer", "losses",
            "add_config_arguments", "config_from_args", "run_example"]
 
 
@@ -263,6 +263,17 @@ class GradientAllreduce:
         self.pending.clear()
         self.ready = [False] * len(self.order)
         self.started = 0
+
+
+def update(loss: torch.Tensor, optimizer: torch.optim.Optimizer,
+           allreduce: GradientAllreduce) -> torch.Tensor:
+    """The end of a data-parallel step: backward from ``loss`` (which starts the
+    gradient allreduces), wait for them, take the optimizer step. Returns
+    ``loss``, detached."""
+    torch.autograd.backward(loss)
+    allreduce.wait()
+    optimizer.step()
+    return loss.detach()
 
 
 # -- Training loop ------------------------------------------------------------------

@@ -212,10 +212,7 @@ class DLRM:
         self.optimizer.zero_grad(set_to_none=True)
         loss = nn.functional.binary_cross_entropy_with_logits(
             self.forward(batch), batch.labels, reduction="sum") / self.config.batch
-        torch.autograd.backward(loss)
-        self.allreduce.wait()
-        self.optimizer.step()
-        return loss.detach()
+        return common.update(loss, self.optimizer, self.allreduce)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -207,10 +207,7 @@ class MoE:
         self.steps += 1
         self.optimizer.zero_grad(set_to_none=True)
         loss = ((self.forward(x) - target) ** 2).sum() / self.norm
-        torch.autograd.backward(loss)
-        self.allreduce.wait()
-        self.optimizer.step()
-        return loss.detach()
+        return common.update(loss, self.optimizer, self.allreduce)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
