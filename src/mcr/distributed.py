@@ -31,6 +31,7 @@ of the backward pass.
 from __future__ import annotations
 
 import datetime
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -235,14 +236,11 @@ def _unflatten(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> Callable[
     return finish
 
 
-def _rows(tensor: torch.Tensor) -> int:
-    """Elements per dim-0 row (how all_to_all_single's splits count)."""
+def _rows(tensor: torch.Tensor) -> tuple[int, int]:
+    """Dim-0 rows, and elements per row (how all_to_all_single's splits count)."""
     if tensor.dim() == 0:
-        return 1
-    per = 1
-    for n in tensor.shape[1:]:
-        per *= n
-    return per
+        return 1, 1
+    return tensor.shape[0], math.prod(tensor.shape[1:])
 
 
 # torch's stubs type ProcessGroup's methods with the convenience overloads of
@@ -449,9 +447,8 @@ class ProcessGroupMCR(_ProcessGroup):  # type: ignore[misc]
 
     def _splits(self, tensor: torch.Tensor, splits: list[int], what: str) -> list[int]:
         """Element counts per rank from dim-0 splits (even when none are given)."""
-        size, per = self.size(), _rows(tensor)
+        size, (rows, per) = self.size(), _rows(tensor)
         if not splits:
-            rows = tensor.shape[0] if tensor.dim() else 1
             if rows % size:
                 raise ValueError(f"all_to_all_single: {rows} rows do not split evenly over "
                                  f"{size} ranks; give {what}")
@@ -459,7 +456,6 @@ class ProcessGroupMCR(_ProcessGroup):  # type: ignore[misc]
         if len(splits) != size:
             raise ValueError(f"all_to_all_single: {what} has {len(splits)} entries for "
                              f"{size} ranks")
-        rows = tensor.shape[0] if tensor.dim() else 1
         if sum(splits) != rows:
             raise ValueError(f"all_to_all_single: {what} sum to {sum(splits)}, but the "
                              f"tensor has {rows} rows")
