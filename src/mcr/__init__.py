@@ -26,10 +26,11 @@ __all__ = [
     "COMM_WORLD", "COMM_SELF", "Comm", "Request", "Prequest", "Status", "Exception",
     "SUM", "PROD", "MAX", "MIN", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR",
     "IN_PLACE", "ANY_SOURCE", "ANY_TAG", "PROC_NULL", "UNDEFINED", "build_info",
-    "Fusion",
+    "Fusion", "MismatchError", "TimeoutError",
 ]
 # the names bound at first use (loading them initializes MPI)
-_LAZY_NAMES = [name for name in __all__ if name != "Fusion"]
+_LAZY_NAMES = [name for name in __all__
+               if name not in ("Fusion", "MismatchError", "TimeoutError")]
 
 # mpi4py's own objects (ops, IN_PLACE and the integer constants), so that code
 # mixing mcr and mpi4py works; the other names are the compiled core's
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from ._core import (COMM_SELF, COMM_WORLD, Comm, Exception, Prequest, Request, Status,
                         build_info)
 
+from .errors import MismatchError, TimeoutError   # noqa: A004 (mcr.TimeoutError is one)
 from .fusion import Fusion   # imports neither torch nor mpi4py.MPI until used
 
 

@@ -96,14 +96,20 @@ cdef class Comm(_MPI.Intracomm):
     cdef _Chooser chooser          # what auto decides here (auto.pxi), at first use
     cdef object compress_dflt      # the compression default (a spec), or None
     cdef bint unlogged             # mcr's private communicator: the logger skips it
+    cdef _Watch watch              # checked mode, timeout, records (checkimpl.pxi), or None
 
     def __cinit__(self, *args, **kwargs):
         self.dflt = ENV_BACKEND
+        if ENV_CHECK or ENV_TIMEOUT > 0:
+            self.set_watch(ENV_CHECK, ENV_TIMEOUT)
 
     def __dealloc__(self):
-        global compress_defaults
+        global compress_defaults, watched_comms
         if self.compress_dflt is not None:
             compress_defaults -= 1
+            update_ext_on()
+        if self.watch is not None:
+            watched_comms -= 1
             update_ext_on()
 
     @property
@@ -148,6 +154,53 @@ cdef class Comm(_MPI.Intracomm):
         self.compress_dflt = value
         update_ext_on()
         return 0
+
+    @property
+    def checked(self):
+        """Checked mode: before each collective the processes agree on what
+        they call (operation, backend, root, element type, counts, reduction
+        op, sequence number), and all raise ``mcr.MismatchError`` when they
+        differ, or when one of them refused its arguments, before any of them
+        communicates. Settable (on every process of the communicator alike);
+        initially ``$MCR_CHECK``. Communicators made from this one start with
+        the same."""
+        return self.watch is not None and self.watch.checked
+
+    @checked.setter
+    def checked(self, value):
+        self.set_watch(bool(value), self.watch.timeout if self.watch is not None else 0.0)
+
+    @property
+    def timeout(self):
+        """Seconds a wait on this communicator's calls may last before it
+        raises ``mcr.TimeoutError`` naming this process's pending calls
+        (blocking calls included), or None; settable, initially
+        ``$MCR_TIMEOUT``. Communicators made from this one start with the same.
+        Waits then poll, which costs latency on long waits (see the
+        "Debugging hangs" page)."""
+        if self.watch is None or self.watch.timeout == 0:
+            return None
+        return self.watch.timeout
+
+    @timeout.setter
+    def timeout(self, value):
+        self.set_watch(self.watch is not None and self.watch.checked, as_timeout(value))
+
+    cdef int set_watch(self, bint checked, double timeout) except -1:
+        global watched_comms
+        if self.watch is None:
+            self.watch = _Watch.__new__(_Watch)
+            watched_comms += 1
+            update_ext_on()
+        self.watch.checked = checked
+        self.watch.timeout = timeout
+        return 0
+
+    cdef _Watch recorded_watch(self):
+        """The watch of a communicator whose calls the flight recorder records."""
+        if self.watch is None:
+            self.set_watch(False, 0.0)
+        return self.watch
 
     def __repr__(self):
         if self.ob_mpi == MPI_COMM_NULL:
@@ -728,6 +781,23 @@ cdef class Comm(_MPI.Intracomm):
             if call_hooks else ()
         if compress is None:
             compress = self.compress_dflt
+        cdef _Watch w = self.watch
+        if w is None and recorder_on and not self.unlogged:
+            w = self.recorded_watch()
+        if w is None or self.unlogged:
+            result = self.extended(sub, op, form, backend, name, why, compress, info,
+                                   a, b, c, d, e, f, g)
+        else:
+            result = self.watched(w, sub, op, form, backend, name, why, compress, info,
+                                  a, b, c, d, e, f, g)
+        for then in after:
+            then(result)
+        return result
+
+    cdef object extended(self, object sub, int op, int form, object backend, str name,
+                         object why, object compress, object info, object a, object b,
+                         object c, object d, object e, object f, object g):
+        """Run a call with compression or the logger, as they apply."""
         if compress is not None and compress is not False and compressible(op):
             result = self.compressed(sub, op, form, backend, name, why, compress,
                                      compress is not self.compress_dflt, info, a, b, c)
@@ -737,8 +807,65 @@ cdef class Comm(_MPI.Intracomm):
             result = self.on_mpi(op, form, backend, info, a, b, c, d, e, f, g, 0)
         else:
             result = self.on_backend(sub, op, form, backend, a, b, c, d, e, f, g)
-        for then in after:
-            then(result)
+        return result
+
+    cdef object watched(self, _Watch w, object sub, int op, int form, object backend,
+                        str name, object why, object compress, object info, object a,
+                        object b, object c, object d, object e, object f, object g):
+        """Run a call under checked mode, a timeout or the flight recorder
+        (checkimpl.pxi): a collective first agrees on its fingerprint when
+        checked; the call gets a record when timed or recorded; a blocking call
+        with a timeout runs as its non-blocking form and a timed wait."""
+        cdef _Pend p = None
+        cdef Request req
+        cdef long long seq = 0
+        if op >= CALL_BARRIER:
+            w.seq += 1
+            seq = w.seq
+        if op >= CALL_BARRIER and w.checked:
+            m = check_collective(self, w, op, form, name, a, b, c, d, e, f, g)
+        elif w.timeout > 0 or recorder_on:
+            m = self.parse_run(op, VALIDATE, None, a, b, c, d, e, f, g, MPI_INFO_NULL, NULL)
+        if w.timeout > 0 or recorder_on:
+            p = new_pend(self, w, op, form, name, seq, m, a, b, c, d)
+        cdef bint timed = w.timeout > 0 and form == BLOCKING and (
+            op != CALL_SENDRECV and op != CALL_SENDRECV_REPLACE or HAVE_ISENDRECV
+            or sub is not None)
+        try:
+            if timed:
+                status = d if op == CALL_RECV else g if op == CALL_SENDRECV else \
+                    f if op == CALL_SENDRECV_REPLACE else None
+                if op == CALL_RECV:
+                    d = None
+                elif op == CALL_SENDRECV:
+                    g = None
+                elif op == CALL_SENDRECV_REPLACE:
+                    f = None
+                result = self.extended(sub, op, NONBLOCKING, backend, name, why, compress,
+                                       info, a, b, c, d, e, f, g)
+            else:
+                result = self.extended(sub, op, form, backend, name, why, compress, info,
+                                       a, b, c, d, e, f, g)
+        except BaseException:
+            if p is not None:
+                pend_end(p, PEND_FAILED)
+            raise
+        if form == BLOCKING and not timed:
+            if p is not None:
+                pend_end(p, PEND_DONE)
+            return result
+        req = <Request>result
+        req.timeout = w.timeout
+        req.pend = p
+        if form == PERSISTENT and p is not None:
+            pend_end(p, PEND_DONE)        # pending again at each Start
+        if timed:
+            try:
+                req.Wait(status)
+            except _errors.TimeoutError as exc:
+                exc.request = req             # to wait for it again, or to free it
+                raise
+            return None
         return result
 
     cdef object logged(self, object sub, int op, int form, object backend, str name,
@@ -1622,6 +1749,8 @@ cdef class Comm(_MPI.Intracomm):
             raise Exception(MPI_ERR_COMM)
         if _backends is not None:
             _backends.release(self)       # the Gloo/NCCL sub-communicators first
+        if self.watch is not None:
+            self.watch.free_priv()
         cdef int ierr
         with nogil:
             ierr = MPI_Comm_free(&self.ob_mpi)
@@ -1645,6 +1774,8 @@ cdef class Comm(_MPI.Intracomm):
         (<Comm>comm).dflt = self.dflt
         if self.compress_dflt is not None:
             (<Comm>comm).set_compress(self.compress_dflt)
+        if self.watch is not None:
+            (<Comm>comm).set_watch(self.watch.checked, self.watch.timeout)
         return comm
 
     cdef Comm derived(self, _MPI.Comm comm):
@@ -1652,6 +1783,8 @@ cdef class Comm(_MPI.Intracomm):
         out.dflt = self.dflt
         if self.compress_dflt is not None:
             out.set_compress(self.compress_dflt)
+        if self.watch is not None:
+            out.set_watch(self.watch.checked, self.watch.timeout)
         return out
 
     def Split(self, int color=0, int key=0):

@@ -13,6 +13,8 @@ cdef class Request(_MPI.Request):
     cdef MPI_Datatype rtype      # element type of a receive, for Status.Get_count
     cdef _Work ext               # the non-MPI part (backend works, steps), or None
     cdef object rec              # the logger's record (commlog.pxi), or None
+    cdef double timeout          # seconds a wait may last (checkimpl.pxi); 0: no limit
+    cdef object pend             # the call's record for timeouts and the recorder, or None
 
     def __cinit__(self, *args, **kwargs):
         self.rtype = MPI_DATATYPE_NULL
@@ -28,6 +30,8 @@ cdef class Request(_MPI.Request):
         release_buffers(self)
         if self.rec is not None:
             log_done(self)
+        if self.pend is not None:
+            pend_end(<_Pend>self.pend, PEND_DONE)
         return 0
 
     def Wait(self, status=None):
@@ -50,6 +54,8 @@ cdef class Request(_MPI.Request):
         cdef MPI_Status *sp = status_ptr(status)
         cdef MPI_Status own
         cdef int ierr
+        if self.timeout > 0:
+            return timed_wait(self, status)
         if self.ext is not None:
             wait_work(self.ext)
             self.ext.fill(status)
@@ -139,6 +145,8 @@ cdef class Request(_MPI.Request):
     def Free(self):
         """Release the request; the operation goes on, its buffers must not be
         touched until it would have completed."""
+        if self.pend is not None:
+            pend_end(<_Pend>self.pend, PEND_DONE)     # no longer waited for
         if self.ext is not None:
             detach(self.ext)
             self.ext = None
@@ -180,6 +188,10 @@ cdef class Request(_MPI.Request):
         """
         requests = as_requests(requests)
         check_statuses(statuses)
+        cdef double timeout = requests_timeout(requests) if watched_comms else 0
+        if timeout > 0:
+            return timed_multi(requests, timeout,
+                               lambda: (cls.Testall(requests, statuses), True))
         return complete_all(requests, statuses, True) if not has_work(requests) else \
             mixed_all(requests, statuses, True)
 
@@ -221,6 +233,9 @@ cdef class Request(_MPI.Request):
         """
         requests = as_requests(requests)
         check_status(status)
+        cdef double timeout = requests_timeout(requests) if watched_comms else 0
+        if timeout > 0:
+            return timed_multi(requests, timeout, lambda: tested_any(cls, requests, status))
         return complete_any(requests, status, True) if not has_work(requests) else \
             mixed_any(requests, status, True)
 
@@ -258,6 +273,9 @@ cdef class Request(_MPI.Request):
         """
         requests = as_requests(requests)
         check_statuses(statuses)
+        cdef double timeout = requests_timeout(requests) if watched_comms else 0
+        if timeout > 0:
+            return timed_multi(requests, timeout, lambda: tested_some(cls, requests, statuses))
         return complete_some(requests, statuses, True) if not has_work(requests) else \
             mixed_some(requests, statuses, True)
 
@@ -268,6 +286,16 @@ cdef class Request(_MPI.Request):
         check_statuses(statuses)
         return complete_some(requests, statuses, False) if not has_work(requests) else \
             mixed_some(requests, statuses, False)
+
+
+cdef tuple tested_any(object cls, object requests, object status):
+    index, flag = cls.Testany(requests, status)
+    return flag, index
+
+
+cdef tuple tested_some(object cls, object requests, object statuses):
+    done = cls.Testsome(requests, statuses)
+    return done is None or len(done) > 0, done
 
 
 cdef class _Handles:
@@ -314,6 +342,8 @@ cdef class _Handles:
                 release_buffers(req)
                 if isinstance(req, Request) and (<Request>req).rec is not None:
                     log_done(<Request>req)
+                if isinstance(req, Request) and (<Request>req).pend is not None:
+                    pend_end(<_Pend>(<Request>req).pend, PEND_DONE)
         return 0
 
     cdef int fill_status(self, object status, int index, int k) except -1:
@@ -453,6 +483,8 @@ cdef int completed(Request req) except -1:
     req.ob_buf = None
     if req.rec is not None:
         log_done(req)
+    if req.pend is not None:
+        pend_end(<_Pend>req.pend, PEND_DONE)
     return 0
 
 
@@ -681,6 +713,8 @@ cdef class Prequest(Request):
     cdef int start(self, Py_ssize_t index) except -1:
         """Start; `index`: the request's position in Startall's list (-1: Start)."""
         cdef int ierr
+        if self.pend is not None:
+            pend_restart(<_Pend>self.pend)
         if self.comm is not None and (<_MPI.Comm>self.comm).ob_mpi == MPI_COMM_NULL:
             # Open MPI crashes starting a persistent collective on a freed comm
             raise ValueError(f"{request_name(index)}: its communicator was freed; free "

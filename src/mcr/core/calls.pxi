@@ -134,14 +134,16 @@ cdef class Call:
 
 
 cdef bint ext_on = False          # the one flag test of the call path: hooks,
-                                  # the logger or a compression default is on
+                                  # the logger, a compression default, or a
+                                  # watched communicator (checkimpl.pxi) is on
 cdef list call_hooks = []
 cdef Py_ssize_t compress_defaults = 0   # communicators with a compression default
 
 
 cdef int update_ext_on() except -1:
     global ext_on
-    ext_on = bool(call_hooks) or log_on or compress_defaults > 0
+    ext_on = (bool(call_hooks) or log_on or compress_defaults > 0 or watched_comms > 0
+              or recorder_on)
     return 0
 
 

@@ -8,6 +8,7 @@
 # (or the other way round) from deadlocking.
 
 from libc.time cimport time_t
+from cpython.exc cimport PyErr_CheckSignals
 
 cdef extern from "<unistd.h>" nogil:
     int usleep(unsigned int usec)
@@ -79,7 +80,9 @@ def _poll():
 
 
 cdef int idle(int spins) except -1:
-    """One turn of a wait loop: drive MPI, and after a while yield the core."""
+    """One turn of a wait loop: drive MPI, and after a while yield the core.
+    A signal's handler runs here (Ctrl-C raises KeyboardInterrupt)."""
+    PyErr_CheckSignals()
     mpi_progress()
     if detached:
         poll_detached()

@@ -1,0 +1,689 @@
+# Hangs turned into errors: checked mode, timeouts and the flight recorder
+# (mcr/errors.py; docs/debugging.rst).
+#
+# A communicator gets a _Watch when it is checked ($MCR_CHECK, comm.checked),
+# has a timeout ($MCR_TIMEOUT, comm.timeout), or the flight recorder is on
+# ($MCR_FLIGHT_RECORDER); its calls then take the extension path of Comm.call
+# (calls.pxi), where Comm.watched applies what follows.
+# - Checked: before a collective, the processes exchange a fingerprint of the
+#   call (one Allgather of FP_BYTES each, on a private duplicate of the
+#   communicator) and raise together when they differ, or when the arguments
+#   of one of them were refused: none of them has communicated yet.
+# - Timeout: a blocking call runs as its non-blocking form and a timed wait.
+#   The Request carries the timeout, and its waits poll (driving MPI) until
+#   then, and raise TimeoutError naming this process's pending calls.
+# - Records: with a timeout or the recorder on, each call gets a _Pend record,
+#   kept while it is pending (the TimeoutError lists them) and, for the
+#   recorder, in a ring of the latest calls, written to a file at a timeout, a
+#   mismatch and exit (read by `python -m mcr.debug`).
+
+import atexit as _atexit
+import builtins as _builtins
+import json as _json
+import os as _os
+import socket as _socket
+import time as _time
+from collections import deque as _deque
+from zlib import crc32 as _crc32
+
+
+from mcr import errors as _errors
+
+cdef enum:
+    FP_INTS = 16
+    FP_TEXT = 384                  # the refusal of a process's arguments, if any
+    FP_BYTES = FP_INTS * 8 + FP_TEXT
+    FP_MAGIC = 0x6d637231          # "mcr1": a fingerprint, not something else
+
+cdef enum:                         # the fields of a fingerprint
+    F_MAGIC, F_SEQ, F_OP, F_FORM, F_BACKEND, F_ROOT, F_DTYPE, F_ROP, F_COUNT,
+    F_SEND, F_RECV, F_HASH, F_ERROR, F_EXTENT, F_SIZE
+
+# compared across processes: a difference is a mismatch (F_DTYPE, F_COUNT and
+# F_HASH only once the operations agree)
+cdef tuple MATCHED = (F_SEQ, F_OP, F_BACKEND, F_ROOT, F_ROP, F_DTYPE, F_COUNT, F_HASH)
+
+cdef dict BACKEND_OF_CRC = {}      # crc32 of a backend name -> the name
+
+
+cdef long long backend_id(str name):
+    cdef long long key = _crc32(name.encode())
+    BACKEND_OF_CRC[key] = name
+    return key
+
+
+def _env_seconds(str name):
+    """Seconds from the environment variable `name`; 0 when unset."""
+    value = _os.environ.get(name, "").strip()
+    if not value:
+        return 0.0
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < float("inf"):
+        raise ValueError(f"{name}: expected a number of seconds > 0, got {value!r}")
+    return seconds
+
+
+def _env_flag(str name):
+    value = _os.environ.get(name, "").strip().lower()
+    if value in ("", "0", "no", "false", "off"):
+        return False
+    if value in ("1", "yes", "true", "on"):
+        return True
+    raise ValueError(f"{name}: expected 1 (on) or 0 (off), got {value!r}")
+
+
+cdef bint ENV_CHECK = _env_flag("MCR_CHECK")
+cdef double ENV_TIMEOUT = _env_seconds("MCR_TIMEOUT")
+cdef object FLIGHT_DIR = _os.environ.get("MCR_FLIGHT_RECORDER") or None
+cdef Py_ssize_t FLIGHT_KEEP = int(_os.environ.get("MCR_FLIGHT_KEEP") or 1000)
+cdef bint recorder_on = FLIGHT_DIR is not None
+cdef Py_ssize_t watched_comms = 0  # communicators with a _Watch (part of ext_on)
+
+
+cdef double as_timeout(object value) except -1:
+    """A communicator's timeout: None or 0 for none, else seconds > 0."""
+    if value is None:
+        return 0.0
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"timeout: expected seconds (a number) or None, got "
+                        f"{type(value).__name__}") from None
+    if not 0 <= seconds < float("inf"):
+        raise ValueError(f"timeout: expected seconds >= 0 (0 or None: none), got {value!r}")
+    return seconds
+
+
+@cython.final
+cdef class _Watch:
+    """What a communicator watches: checked mode, its timeout, the sequence
+    number of its collectives, and its private duplicate (for fingerprints)."""
+    cdef bint checked
+    cdef double timeout
+    cdef long long seq             # collectives called while watched
+    cdef MPI_Comm priv
+    cdef str label                 # its name in records (the same on every member)
+    cdef list members              # its processes, as ranks of COMM_WORLD
+
+    def __cinit__(self):
+        self.priv = MPI_COMM_NULL
+
+    cdef int free_priv(self) except -1:
+        cdef int finalized = 1
+        MPI_Finalized(&finalized)
+        if self.priv != MPI_COMM_NULL and not finalized:
+            CHKERR(MPI_Comm_free(&self.priv))
+        self.priv = MPI_COMM_NULL
+        return 0
+
+
+cdef dict label_counts = {}        # members -> communicators labelled with them here
+
+
+cdef str comm_label(_Watch w, MPI_Comm comm):
+    """The communicator's name in records: "world", "self", or its processes
+    (as COMM_WORLD ranks) and how many with the same processes were labelled
+    before it here ("0-3#2"): the same on every member when they create their
+    communicators in the same order."""
+    if w.label is not None:
+        return w.label
+    cdef int result = MPI_UNEQUAL, size = 0
+    cdef MPI_Group group, world
+    MPI_Comm_compare(comm, MPI_COMM_WORLD, &result)
+    CHKERR(MPI_Comm_size(comm, &size))
+    ranks = list(range(size))
+    cdef int *mine = <int*>PyMem_Malloc(2 * size * sizeof(int) + 1)
+    if mine == NULL:
+        raise MemoryError()
+    try:
+        for i in range(size):
+            mine[i] = i
+        CHKERR(MPI_Comm_group(comm, &group))
+        CHKERR(MPI_Comm_group(MPI_COMM_WORLD, &world))
+        CHKERR(MPI_Group_translate_ranks(group, size, mine, world, mine + size))
+        ranks = [mine[size + i] for i in range(size)]
+        MPI_Group_free(&group)
+        MPI_Group_free(&world)
+    finally:
+        PyMem_Free(mine)
+    w.members = ranks
+    if result == MPI_IDENT:
+        w.label = "world"
+    else:
+        key = tuple(ranks)
+        label_counts[key] = label_counts.get(key, 0) + 1
+        w.label = f"{ranks_text(ranks)}#{label_counts[key]}"
+    return w.label
+
+
+cdef str ranks_text(list ranks):
+    """0-3, or 0,2,5: a list of ranks, runs shortened."""
+    if not ranks:
+        return "none"
+    parts = []
+    start = prev = ranks[0]
+    for r in ranks[1:] + [None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if r is not None:
+            start = prev = r
+    return ",".join(parts)
+
+
+# -- Fingerprints -----------------------------------------------------------------
+
+cdef long long counts_hash(side *x, int size) noexcept:
+    cdef unsigned long long h = 1469598103934665603ULL
+    cdef int i
+    if x.counts == NULL:
+        return -1
+    for i in range(size):
+        h = (h ^ <unsigned int>x.counts[i]) * 1099511628211ULL
+    return <long long>(h >> 1)
+
+
+cdef inline int own(side *x, int rank) noexcept:
+    """This process's block of a vector side."""
+    return x.counts[rank] if x.counts != NULL and 0 <= rank < x.nblocks else x.count
+
+
+cdef int msg_fields(long long *f, int op, _Msg m, int size, int rank) except -1:
+    """The dtype, counts and totals of a parsed collective, into fingerprint `f`:
+    what each process must agree on (F_COUNT, F_HASH), and for the gathers,
+    scatters and all-to-alls, the elements it sends and receives, whose sums
+    over the processes must be equal."""
+    cdef side *s = &m.s
+    cdef side *r = &m.r
+    cdef bint in_place_s = s.addr == <char*>MPI_IN_PLACE
+    cdef bint in_place_r = r.addr == <char*>MPI_IN_PLACE
+    cdef bint root = f[F_ROOT] == rank
+    f[F_DTYPE] = r.tindex
+    f[F_EXTENT] = r.extent
+    if op == CALL_BCAST:
+        f[F_COUNT] = r.count
+    elif op == CALL_GATHER or op == CALL_GATHERV:
+        if not root:
+            f[F_DTYPE], f[F_EXTENT] = s.tindex, s.extent
+        if op == CALL_GATHER:
+            f[F_COUNT] = r.count if root else s.count
+        f[F_SEND] = (own(r, rank) if in_place_s else s.count) if root else s.count
+        if root:
+            f[F_RECV] = total(r, size)
+    elif op == CALL_SCATTER or op == CALL_SCATTERV:
+        if root:
+            f[F_DTYPE], f[F_EXTENT] = s.tindex, s.extent
+            f[F_SEND] = total(s, size)
+        if op == CALL_SCATTER:
+            f[F_COUNT] = s.count if root else r.count
+        f[F_RECV] = own(s, rank) if root and in_place_r else r.count
+    elif op == CALL_ALLGATHER or op == CALL_ALLTOALL or op == CALL_ALLREDUCE \
+            or op == CALL_SCAN or op == CALL_EXSCAN or op == CALL_REDUCE_SCATTER_BLOCK:
+        f[F_COUNT] = r.count
+    elif op == CALL_ALLGATHERV:
+        f[F_COUNT] = total(r, size)
+        f[F_HASH] = counts_hash(r, size)
+        f[F_SEND] = (own(r, rank) if in_place_s else s.count) * size
+        f[F_RECV] = total(r, size)
+    elif op == CALL_ALLTOALLV:
+        f[F_SEND] = total(r if in_place_s else s, size)
+        f[F_RECV] = total(r, size)
+    elif op == CALL_REDUCE:
+        if not in_place_s:
+            f[F_DTYPE], f[F_EXTENT] = s.tindex, s.extent
+        f[F_COUNT] = r.count if in_place_s else s.count
+    elif op == CALL_REDUCE_SCATTER:
+        f[F_COUNT] = total(r, size)
+        f[F_HASH] = counts_hash(r, size)
+    return 0
+
+
+cdef int rop_id(object op) noexcept:
+    """The reduction op as the same number on every process (handles may differ)."""
+    cdef MPI_Op h
+    if not isinstance(op, _MPI.Op):
+        return -1
+    h = (<_MPI.Op>op).ob_mpi
+    for j in range(NOPS):
+        if OPS[j] == h:
+            return j
+    if h == MPI_MAXLOC:
+        return NOPS
+    if h == MPI_MINLOC:
+        return NOPS + 1
+    return 99
+
+
+cdef inline int int_or(object value, int other) noexcept:
+    return value if type(value) is int and -2**31 <= value < 2**31 else other
+
+
+cdef int fill_fingerprint(long long *f, Comm comm, int op, int form, str backend,
+                          long long seq, object m, object a, object b, object c,
+                          object d) except -1:
+    """Fingerprint `f` of a call: `m` its parsed message (None if refused)."""
+    cdef int size = comm.nprocs()
+    cdef int i
+    cdef side *x
+    for i in range(FP_INTS):
+        f[i] = 0
+    f[F_MAGIC], f[F_SEQ], f[F_OP], f[F_FORM] = FP_MAGIC, seq, op, form
+    f[F_BACKEND], f[F_SIZE] = backend_id(backend), size
+    f[F_ROOT] = f[F_DTYPE] = f[F_ROP] = f[F_COUNT] = f[F_HASH] = -1
+    if op == CALL_BCAST:
+        f[F_ROOT] = int_or(b, -1)
+    elif CALL_GATHER <= op <= CALL_SCATTERV:
+        f[F_ROOT] = int_or(c, -1)
+    elif op == CALL_REDUCE:
+        f[F_ROOT] = int_or(d, -1)
+    if op == CALL_REDUCE or op == CALL_ALLREDUCE or op == CALL_SCAN or op == CALL_EXSCAN \
+            or op == CALL_REDUCE_SCATTER_BLOCK:
+        f[F_ROP] = rop_id(SUM if c is None else c)
+    elif op == CALL_REDUCE_SCATTER:
+        f[F_ROP] = rop_id(SUM if d is None else d)
+    if type(m) is _Msg:
+        if op <= CALL_SENDRECV_REPLACE:      # point-to-point: what this process moves
+            x = &(<_Msg>m).s if op <= CALL_RSEND or op == CALL_SENDRECV else &(<_Msg>m).r
+            f[F_DTYPE], f[F_COUNT], f[F_EXTENT] = x.tindex, x.count, x.extent
+            f[F_ROOT] = int_or(b, -1)        # the peer
+        else:
+            msg_fields(f, op, <_Msg>m, size, comm.myrank())
+    elif m is not None:
+        f[F_DTYPE] = -2                      # Alltoallw: derived datatypes
+    return 0
+
+
+cdef str rop_name(long long k):
+    if 0 <= k < NOPS:
+        return OP_NAMES[k]
+    return {NOPS: "MAXLOC", NOPS + 1: "MINLOC"}.get(k, "user op")
+
+
+cdef str fingerprint_text(long long *f, bint with_seq=True, bint with_backend=True):
+    """"Allreduce float32[4] SUM #17": a fingerprint as people read it."""
+    cdef int op = <int>f[F_OP]
+    if not 0 <= op < CALL_COUNT:
+        return "(not an mcr call)"
+    parts = [CALL_NAMES[op]]
+    dtype = TYPE_NAMES[f[F_DTYPE]] if 0 <= f[F_DTYPE] < len(TYPE_NAMES) else \
+        "derived" if f[F_DTYPE] == -2 else ""
+    if op == CALL_BARRIER:
+        pass
+    elif f[F_COUNT] >= 0:
+        parts.append(f"{dtype}[{f[F_COUNT]}]")
+    else:
+        moves = f"{dtype} send {f[F_SEND]}" if f[F_SEND] else dtype
+        parts.append(f"{moves} recv {f[F_RECV]}" if f[F_RECV] else moves)
+    if f[F_ROP] >= 0:
+        parts.append(rop_name(f[F_ROP]))
+    if f[F_ROOT] >= 0 and op > CALL_SENDRECV_REPLACE:
+        parts.append(f"root={f[F_ROOT]}")
+    backend = BACKEND_OF_CRC.get(f[F_BACKEND], "another backend")
+    if with_backend and backend != "mpi":
+        parts.append(f"on {backend}")
+    if with_seq:
+        parts.append(f"#{f[F_SEQ]}")
+    return " ".join(parts)
+
+
+cdef str grouped(list lines):
+    """"rank 0: X; ranks 1-3: Y": per-process lines, equal ones grouped."""
+    order = []
+    who = {}
+    for rank, line in enumerate(lines):
+        if line not in who:
+            who[line] = []
+            order.append(line)
+        who[line].append(rank)
+    return "; ".join(f"rank{'s' if len(who[l]) > 1 else ''} {ranks_text(who[l])}: {l}"
+                     for l in order)
+
+
+cdef object mismatch(bytearray everyone, int size):
+    """Why the fingerprints of `everyone` disagree, or None when they agree."""
+    cdef char *base = everyone
+    cdef long long *f = <long long*>base
+    cdef long long *g
+    cdef int i, k
+    for i in range(1, size):
+        g = <long long*>(base + i * FP_BYTES)
+        for k in MATCHED:
+            if k in (F_DTYPE, F_COUNT, F_HASH) and g[F_OP] != f[F_OP]:
+                continue
+            if g[k] != f[k]:
+                return {F_SEQ: "their calls are out of step", F_OP: "different operations",
+                        F_BACKEND: "different backends", F_ROOT: "different roots",
+                        F_ROP: "different reduction ops", F_DTYPE: "different element types",
+                        F_COUNT: "different counts",
+                        F_HASH: "different counts arrays"}[k]
+    cdef long long sent = 0, received = 0
+    if CALL_GATHER <= f[F_OP] <= CALL_ALLTOALLV:
+        for i in range(size):
+            g = <long long*>(base + i * FP_BYTES)
+            sent += g[F_SEND]
+            received += g[F_RECV]
+        if sent != received:
+            return (f"counts that do not add up: the processes send {sent} elements in "
+                    f"all and receive {received}")
+    return None
+
+
+cdef object check_collective(Comm comm, _Watch w, int op, int form, str backend,
+                             object a, object b, object c, object d, object e, object f_,
+                             object g):
+    """Checked mode: parse the call, agree with the other processes on its
+    fingerprint, and raise on every process if they differ or one refused its
+    arguments. The parsed message."""
+    comm.prologue(None)                 # a null communicator: the same on every process
+    m = None
+    err = None
+    try:
+        m = comm.parse_run(op, VALIDATE, None, a, b, c, d, e, f_, g, MPI_INFO_NULL, NULL)
+    except _builtins.Exception as exc:  # (Python's: KeyboardInterrupt and the like propagate)
+        err = exc
+    cdef int size = comm.nprocs(), rank = comm.myrank()
+    cdef bytearray mine = bytearray(FP_BYTES)
+    cdef bytearray everyone = bytearray(FP_BYTES * size)
+    cdef char *mbuf = mine
+    cdef long long *f = <long long*>mbuf
+    fill_fingerprint(f, comm, op, form, backend, w.seq, m, a, b, c, d)
+    if err is not None:
+        text = f"{type(err).__name__}: {err}".encode("utf-8", "replace")[:FP_TEXT - 1]
+        mine[FP_INTS * 8:FP_INTS * 8 + len(text)] = text
+        f[F_ERROR] = len(text)
+    exchange(comm, w, mine, everyone, size, fingerprint_text(f))
+    cdef char *base = everyone
+    cdef long long *fp
+    cdef int i
+    lines = []
+    refused = []
+    for i in range(size):
+        fp = <long long*>(base + i * FP_BYTES)
+        if fp[F_MAGIC] != FP_MAGIC:
+            lines.append("(not a fingerprint: a call outside mcr on the private communicator)")
+            continue
+        lines.append(fingerprint_text(fp))
+        if fp[F_ERROR]:
+            start = i * FP_BYTES + FP_INTS * 8
+            refused.append((i, bytes(everyone[start:start + fp[F_ERROR]]).decode("utf-8",
+                                                                                  "replace")))
+    label = comm_label(w, comm.ob_mpi)
+    if refused:
+        if err is not None:
+            raise err
+        who = "; ".join(f"rank {i}: {text}" for i, text in refused)
+        raise _errors.MismatchError(f"{fingerprint_text(f)} on {label}: the arguments of "
+                            f"{'rank' if len(refused) == 1 else 'ranks'} "
+                            f"{ranks_text([i for i, _ in refused])} were refused, so no "
+                            f"process communicated ({who})", lines)
+    why = mismatch(everyone, size)
+    if why is not None:
+        message = f"collective mismatch on {label} ({why}): {grouped(lines)}"
+        flight_dump("mismatch", message)
+        raise _errors.MismatchError(message, lines)
+    return m
+
+
+cdef int exchange(Comm comm, _Watch w, bytearray mine, bytearray everyone, int size,
+                  str what) except -1:
+    """Allgather the fingerprints on the private communicator (made at the
+    first one); with a timeout, polled, raising TimeoutError at it."""
+    cdef MPI_Request req = MPI_REQUEST_NULL
+    cdef char *sbuf = mine
+    cdef char *rbuf = everyone
+    cdef int ierr
+    if w.priv == MPI_COMM_NULL:
+        if w.timeout > 0:
+            CHKERR(MPI_Comm_idup(comm.ob_mpi, &w.priv, &req))
+            poll_request(&req, w, comm, f"{what}: making the checked communicator's "
+                                        "private copy (MPI_Comm_idup)")
+        else:
+            with nogil:
+                ierr = MPI_Comm_dup(comm.ob_mpi, &w.priv)
+            CHKERR(ierr)
+    if w.timeout > 0:
+        CHKERR(MPI_Iallgather(sbuf, FP_BYTES, MPI_BYTE, rbuf, FP_BYTES, MPI_BYTE, w.priv,
+                              &req))
+        poll_request(&req, w, comm, f"{what}: the other processes did not reach it "
+                                    "(checked mode's fingerprint exchange)")
+    else:
+        with nogil:
+            ierr = MPI_Allgather(sbuf, FP_BYTES, MPI_BYTE, rbuf, FP_BYTES, MPI_BYTE, w.priv)
+        CHKERR(ierr)
+    return 0
+
+
+cdef int poll_request(MPI_Request *req, _Watch w, Comm comm, str what) except -1:
+    cdef int flag = 0, spins = 0
+    cdef long long deadline = now_ns() + <long long>(w.timeout * 1e9)
+    while True:
+        CHKERR(MPI_Test(req, &flag, MPI_STATUS_IGNORE))
+        if flag:
+            return 0
+        if now_ns() > deadline:
+            raise_timeout(w.timeout, f"waiting for {what} on {comm_label(w, comm.ob_mpi)}")
+        idle(spins)
+        spins += 1
+
+
+# -- Records of calls ----------------------------------------------------------------
+
+cdef enum:
+    PEND_PENDING, PEND_DONE, PEND_FAILED
+
+cdef tuple PEND_STATES = ("pending", "done", "failed")
+cdef dict pending_recs = {}        # id -> _Pend: this process's pending calls
+cdef object recent_recs = None     # the latest records (the recorder's ring)
+cdef dict recorded_watches = {}    # label -> _Watch of the communicators recorded
+cdef object dump_reason = None     # the first error dumped: (reason, message)
+
+
+@cython.final
+cdef class _Pend:
+    """One call, as the timeouts and the flight recorder see it."""
+    cdef readonly str comm          # the communicator's label
+    cdef readonly object seq        # collectives: the sequence number; else None
+    cdef readonly int op, form
+    cdef readonly str backend
+    cdef readonly str desc
+    cdef readonly int peer, root, tag
+    cdef readonly long long nbytes
+    cdef readonly long long t0, t1
+    cdef readonly int state
+
+    cdef dict as_dict(self, long long now):
+        return {"comm": self.comm, "seq": self.seq, "op": CALL_NAMES[self.op],
+                "form": FORM_NAMES[self.form], "backend": self.backend, "desc": self.desc,
+                "peer": self.peer, "root": self.root, "tag": self.tag,
+                "bytes": self.nbytes, "state": PEND_STATES[self.state],
+                "age": round((now - self.t0) / 1e9, 6),
+                "duration": round((self.t1 - self.t0) / 1e9, 6)
+                if self.state == PEND_DONE else None}
+
+    cdef str line(self, long long now):
+        """"Allreduce float32[4] SUM #17 on world [mpi, blocking], 16 bytes, for 5.0 s"."""
+        seq = f" #{self.seq}" if self.seq is not None else ""
+        return (f"{self.desc}{seq} on {self.comm} [{self.backend}, {FORM_NAMES[self.form]}]"
+                f", {self.nbytes} bytes, for {(now - self.t0) / 1e9:.1f} s")
+
+
+cdef _Pend new_pend(Comm comm, _Watch w, int op, int form, str backend, long long seq,
+                    object m, object a, object b, object c, object d):
+    """The record of a call posted now (parsed as `m`)."""
+    global recent_recs
+    cdef long long f[FP_INTS]
+    fill_fingerprint(f, comm, op, form, backend, seq, m, a, b, c, d)
+    cdef _Pend p = _Pend.__new__(_Pend)
+    p.comm = comm_label(w, comm.ob_mpi)
+    p.seq = seq if op >= CALL_BARRIER else None
+    p.op, p.form, p.backend = op, form, backend
+    p.peer = p.root = p.tag = -1
+    if op <= CALL_SENDRECV_REPLACE:
+        p.peer, p.tag = int_or(b, -1), int_or(c, -1)
+        where = "from" if op == CALL_RECV else "to"
+        p.desc = f"{CALL_NAMES[op]} {TYPE_NAMES[f[F_DTYPE]] if f[F_DTYPE] >= 0 else ''}" \
+                 f"[{f[F_COUNT]}] {where} {p.peer} tag {p.tag}"
+    else:
+        p.root = <int>f[F_ROOT]
+        p.desc = fingerprint_text(f, False, False)
+    p.nbytes = f[F_EXTENT] * max(f[F_COUNT], f[F_SEND], f[F_RECV], 0)
+    p.t0 = now_ns()
+    p.state = PEND_PENDING
+    pending_recs[id(p)] = p
+    if recorder_on:
+        if recent_recs is None:
+            recent_recs = _deque(maxlen=max(FLIGHT_KEEP, 1))
+            _atexit.register(_flight_exit)
+        recent_recs.append(p)
+        recorded_watches[p.comm] = w
+    return p
+
+
+cdef int pend_end(_Pend p, int state) except -1:
+    if p.state == PEND_PENDING:
+        p.state = state
+        p.t1 = now_ns()
+        pending_recs.pop(id(p), None)
+    return 0
+
+
+cdef int pend_restart(_Pend p) except -1:
+    """A persistent request started again: its record is pending anew."""
+    p.state = PEND_PENDING
+    p.t0 = now_ns()
+    pending_recs[id(p)] = p
+    if recent_recs is not None:
+        recent_recs.append(p)
+    return 0
+
+
+cdef list pending_dicts():
+    cdef long long now = now_ns()
+    return [(<_Pend>p).as_dict(now)
+            for p in sorted(pending_recs.values(), key=lambda p: (<_Pend>p).t0)]
+
+
+cdef int raise_timeout(double timeout, str what) except -1:
+    cdef long long now = now_ns()
+    recs = sorted(pending_recs.values(), key=lambda p: (<_Pend>p).t0)
+    cdef int rank = 0
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank)
+    listing = "".join(f"\n  {(<_Pend>p).line(now)}" for p in recs) or " none recorded"
+    message = (f"rank {rank}: no completion after {timeout:g} s (the communicator's "
+               f"timeout) {what}. Pending calls of this process, oldest first:{listing}")
+    flight_dump("timeout", message)
+    raise _errors.TimeoutError(message, pending_dicts())
+
+
+# -- Timed waits ------------------------------------------------------------------
+
+cdef str request_what(Request req):
+    if req.pend is not None:
+        p = <_Pend>req.pend
+        seq = f" #{p.seq}" if p.seq is not None else ""
+        return f"waiting for {p.desc}{seq} on {p.comm} [{p.backend}]"
+    return "waiting for a request"
+
+
+cdef object timed_wait(Request req, object status):
+    """Request.Wait with a timeout: poll until the request completes."""
+    cdef long long deadline = now_ns() + <long long>(req.timeout * 1e9)
+    cdef int spins = 0
+    try:
+        while not req.Test(status):
+            if now_ns() > deadline:
+                raise_timeout(req.timeout, request_what(req))
+            idle(spins)
+            spins += 1
+    except _errors.TimeoutError:
+        raise
+    except BaseException:
+        if req.pend is not None:            # the backend reported an error
+            pend_end(<_Pend>req.pend, PEND_FAILED)
+        raise
+    return True
+
+
+cdef double requests_timeout(object requests) except -1:
+    """The shortest timeout of `requests` (0: none has one)."""
+    cdef double t = 0
+    for r in requests:
+        if isinstance(r, Request) and (<Request>r).timeout > 0:
+            if t == 0 or (<Request>r).timeout < t:
+                t = (<Request>r).timeout
+    return t
+
+
+cdef object timed_multi(object requests, double timeout, object test):
+    """Waitall, Waitany, Waitsome with a timeout: `test()` until it reports."""
+    requests = list(requests)
+    cdef long long deadline = now_ns() + <long long>(timeout * 1e9)
+    cdef int spins = 0
+    while True:
+        done, result = test()
+        if done:
+            return result
+        if now_ns() > deadline:
+            waiting = [request_what(<Request>r) for r in requests
+                       if isinstance(r, Request) and r]
+            raise_timeout(timeout, "; ".join(waiting) or "waiting for requests")
+        idle(spins)
+        spins += 1
+
+
+# -- The flight recorder -------------------------------------------------------------
+
+cdef int flight_dump(str reason, str message) except -1:
+    """Write this process's records to $MCR_FLIGHT_RECORDER/mcr-flight-<rank>.json
+    (the first error's reason and message are kept in later dumps)."""
+    global dump_reason
+    if not recorder_on:
+        return 0
+    if dump_reason is None and reason != "exit":
+        dump_reason = (reason, message)
+    reason, message = dump_reason if dump_reason is not None else (reason, message)
+    cdef int rank = 0, size = 1, initialized = 0
+    MPI_Initialized(&initialized)
+    if initialized:
+        MPI_Comm_rank(MPI_COMM_WORLD, &rank)
+        MPI_Comm_size(MPI_COMM_WORLD, &size)
+    cdef long long now = now_ns()
+    recs = {id(p): p for p in (recent_recs or ())}
+    recs.update(pending_recs)
+    ordered = sorted(recs.values(), key=lambda p: (<_Pend>p).t0)
+    comms = {}
+    for label, w in recorded_watches.items():
+        seqs = [(<_Pend>p).seq for p in ordered
+                if (<_Pend>p).comm == label and (<_Pend>p).seq is not None]
+        comms[label] = {"members": (<_Watch>w).members, "next_seq": (<_Watch>w).seq + 1,
+                        "first_seq": min(seqs) if seqs else (<_Watch>w).seq + 1}
+    record = {"version": 1, "rank": rank, "size": size, "host": _socket.gethostname(),
+              "pid": _os.getpid(), "time": _time.time(), "reason": reason,
+              "message": message, "comms": comms,
+              "calls": [(<_Pend>p).as_dict(now) for p in ordered]}
+    try:
+        _os.makedirs(FLIGHT_DIR, exist_ok=True)
+        path = _os.path.join(FLIGHT_DIR, f"mcr-flight-{rank}.json")
+        with open(path + ".tmp", "w") as out:
+            _json.dump(record, out, indent=1)
+        _os.replace(path + ".tmp", path)
+    except OSError as exc:
+        import warnings
+        warnings.warn(f"MCR_FLIGHT_RECORDER: cannot write {FLIGHT_DIR!r}: {exc}")
+    return 0
+
+
+def _flight_exit():
+    flight_dump("exit", "")
+
+
+def _flight_dump(reason="request", message=""):
+    """Write the flight recorder's file now (with $MCR_FLIGHT_RECORDER set)."""
+    flight_dump(reason, message)
+
+
+update_ext_on()     # the recorder, when $MCR_FLIGHT_RECORDER is set
