@@ -1,0 +1,367 @@
+"""Hangs turned into errors: checked mode (MismatchError) and timeouts
+(TimeoutError), on MPI and Gloo, at 1-4 ranks.
+
+Each case plants one kind of mistake on a duplicate of COMM_WORLD: the last
+rank calls another collective, root, count, element type, reduction op or
+backend, skips a collective, or passes arguments only the root can refuse. In
+checked mode every rank must raise before any communicates, and the
+communicator must still work; with a timeout every rank must raise
+TimeoutError within it, naming its pending calls, and the calls left pending
+must still complete once the mistake is undone. At one rank there is nothing to
+disagree with: the same calls must simply work. Expected values are computed
+with torch on the whole data.
+"""
+
+import time
+
+import torch
+
+import mcr
+from mpiharness import case, mpi_cases
+
+BACKENDS = ("mpi", "gloo")
+TIMEOUT = 2.0
+SLACK = 20.0        # a loaded 2-core machine: the error must come well before the
+                    # harness's own timeout, not at TIMEOUT to the millisecond
+
+
+def raises(exc_type, fn, *args, **kwargs):
+    """The `exc_type` exception that fn(*args, **kwargs) raises."""
+    try:
+        fn(*args, **kwargs)
+    except exc_type as exc:
+        return exc
+    raise AssertionError(f"{exc_type.__name__} not raised by {fn}")
+
+
+def checked(comm):
+    c = comm.Dup()
+    c.checked = True
+    return c
+
+
+def data(rank, n=4, dtype=torch.float32):
+    return torch.arange(n, dtype=dtype) + 10 * rank
+
+
+def expect_mismatch(c, call, deviant, *words):
+    """Run call(rank) on every rank: with more than one rank, every rank raises
+    MismatchError whose message holds `words`; at one rank it works. Then the
+    communicator still works."""
+    size, rank = c.size, c.rank
+    if size == 1:
+        call(rank)
+    else:
+        exc = raises(mcr.MismatchError, call, rank)
+        for word in words:
+            assert word in str(exc), (word, str(exc))
+        assert len(exc.calls) == size, exc.calls
+        assert str(deviant) in exc.calls[size - 1] or deviant in str(exc), exc.calls
+    y = torch.zeros(4)
+    c.Allreduce(data(rank), y)
+    assert torch.equal(y, sum(data(r) for r in range(size)))
+
+
+# -- Checked mode: calls that agree ------------------------------------------------
+
+@case
+def checked_calls_that_agree_run_as_usual(comm):
+    size, rank = comm.size, comm.rank
+    for backend in BACKENDS:
+        c = checked(comm)
+        assert c.checked and c.Dup().checked and c.Split(0, rank).checked
+        total = sum(data(r) for r in range(size))
+        y = torch.zeros(4)
+        c.Allreduce(data(rank), y, backend=backend)
+        assert torch.equal(y, total)
+        b = data(0) if rank == 0 else torch.zeros(4)
+        c.Bcast(b, root=0, backend=backend)
+        assert torch.equal(b, data(0))
+        # vector collectives whose counts differ by rank, legitimately
+        counts = [r + 1 for r in range(size)]
+        mine = torch.full((rank + 1,), float(rank))
+        out = torch.zeros(sum(counts)) if rank == 0 else None
+        c.Gatherv(mine, [out, counts] if rank == 0 else None, root=0, backend=backend)
+        if rank == 0:
+            assert torch.equal(out, torch.cat([torch.full((r + 1,), float(r))
+                                               for r in range(size)]))
+        every = torch.zeros(sum(counts))
+        c.Allgatherv(mine, [every, counts], backend=backend)
+        assert torch.equal(every, torch.cat([torch.full((r + 1,), float(r))
+                                             for r in range(size)]))
+        send = torch.arange(size, dtype=torch.float32) + 100 * rank
+        recv = torch.zeros(size)
+        c.Alltoallv([send, [1] * size], [recv, [1] * size], backend=backend)
+        assert torch.equal(recv, torch.tensor([100.0 * r + rank for r in range(size)]))
+        req = c.Iallreduce(data(rank), y, mcr.MAX, backend=backend)
+        req.Wait()
+        assert torch.equal(y, data(size - 1))
+        c.Barrier(backend=backend)
+        c.Free()
+
+
+# -- Checked mode: each kind of mismatch -------------------------------------------
+
+@case
+def checked_different_operation(comm):
+    size = comm.size
+    for backend in BACKENDS:
+        c = checked(comm)
+
+        def call(rank):
+            x = data(rank)
+            if rank == size - 1 and size > 1:
+                c.Bcast(x, root=0, backend=backend)
+            else:
+                c.Allreduce(mcr.IN_PLACE, x, backend=backend)
+
+        expect_mismatch(c, call, "Bcast", "different operations", "Allreduce float32[4] SUM",
+                        "Bcast float32[4] root=0")
+        c.Free()
+
+
+@case
+def checked_different_root(comm):
+    size = comm.size
+    for backend in BACKENDS:
+        c = checked(comm)
+
+        def call(rank):
+            root = 1 if rank == size - 1 and size > 1 else 0
+            c.Bcast(data(0) if rank == root else torch.zeros(4), root=root, backend=backend)
+
+        expect_mismatch(c, call, "root=1", "different roots", "root=0", "root=1")
+        c.Free()
+
+
+@case
+def checked_different_count(comm):
+    size = comm.size
+    for backend in BACKENDS:
+        c = checked(comm)
+
+        def call(rank):
+            n = 5 if rank == size - 1 and size > 1 else 4
+            c.Allreduce(mcr.IN_PLACE, data(rank, n), backend=backend)
+
+        expect_mismatch(c, call, "float32[5]", "different counts", "float32[4]", "float32[5]")
+        c.Free()
+
+
+@case
+def checked_different_dtype(comm):
+    size = comm.size
+    for backend in BACKENDS:
+        c = checked(comm)
+
+        def call(rank):
+            dtype = torch.float64 if rank == size - 1 and size > 1 else torch.float32
+            c.Allreduce(mcr.IN_PLACE, data(rank, dtype=dtype), backend=backend)
+
+        expect_mismatch(c, call, "float64[4]", "different element types", "float32[4]")
+        c.Free()
+
+
+@case
+def checked_different_reduction_op(comm):
+    size = comm.size
+    for backend in BACKENDS:
+        c = checked(comm)
+
+        def call(rank):
+            op = mcr.MAX if rank == size - 1 and size > 1 else mcr.SUM
+            c.Allreduce(mcr.IN_PLACE, data(rank), op, backend=backend)
+
+        expect_mismatch(c, call, "MAX", "different reduction ops", "SUM", "MAX")
+        c.Free()
+
+
+@case
+def checked_different_backend(comm):
+    size = comm.size
+    c = checked(comm)
+
+    def call(rank):
+        backend = "gloo" if rank == size - 1 and size > 1 else "mpi"
+        c.Allreduce(mcr.IN_PLACE, data(rank), backend=backend)
+
+    expect_mismatch(c, call, "on gloo", "different backends")
+    c.Free()
+
+
+@case
+def checked_rank_skips_a_collective(comm):
+    size = comm.size
+    for backend in BACKENDS:
+        c = checked(comm)
+
+        def call(rank):
+            if not (rank == size - 1 and size > 1):
+                c.Allreduce(mcr.IN_PLACE, data(rank), backend=backend)
+            c.Barrier(backend=backend)
+
+        expect_mismatch(c, call, "Barrier", "Allreduce float32[4] SUM", "Barrier", "#1")
+        # every rank raised at its first call: the calls are in step again
+        c.Free()
+
+
+@case
+def checked_nonblocking_mismatch(comm):
+    size = comm.size
+    for backend in BACKENDS:
+        c = checked(comm)
+
+        def call(rank):
+            n = 3 if rank == size - 1 and size > 1 else 4
+            c.Iallgather(data(rank, n), torch.zeros(n * size), backend=backend).Wait()
+
+        expect_mismatch(c, call, "float32[3]", "different counts", "Allgather")
+        c.Free()
+
+
+@case
+def checked_root_only_refusal_raises_everywhere(comm):
+    size, rank = comm.size, comm.rank
+    for backend in BACKENDS:
+        c = checked(comm)
+        # the root's receive buffer is too small: only the root can tell
+        recv = torch.zeros(size - 1 if size > 1 else 0) if rank == 0 else None
+        if rank == 0:
+            exc = raises(ValueError, c.Gather, data(rank, 1), recv, root=0, backend=backend)
+            assert "recvbuf" in str(exc)
+        else:
+            exc = raises(mcr.MismatchError, c.Gather, data(rank, 1), recv, root=0,
+                         backend=backend)
+            assert "the arguments of rank 0 were refused" in str(exc), str(exc)
+            assert "recvbuf" in str(exc)
+        out = torch.zeros(size) if rank == 0 else None
+        c.Gather(data(rank, 1), out, root=0, backend=backend)
+        if rank == 0:
+            assert torch.equal(out, torch.tensor([10.0 * r for r in range(size)]))
+        c.Free()
+
+
+@case
+def checked_vector_counts_that_do_not_add_up(comm):
+    size, rank = comm.size, comm.rank
+    for backend in BACKENDS:
+        c = checked(comm)
+
+        def call(rank):
+            # the root expects 2 from each rank; the last rank sends 3
+            n = 3 if rank == size - 1 and size > 1 else 2
+            recv = [torch.zeros(2 * size), [2] * size] if rank == 0 else None
+            c.Gatherv(data(rank, n), recv, root=0, backend=backend)
+
+        expect_mismatch(c, call, "send 3", "do not add up",
+                        f"send {2 * size + 1} elements in all and receive {2 * size}")
+        c.Free()
+
+
+# -- Timeouts -----------------------------------------------------------------------
+
+def timed(comm):
+    c = comm.Dup()
+    c.timeout = TIMEOUT
+    return c
+
+
+def expect_timeout(call, *words):
+    t0 = time.monotonic()
+    exc = raises(mcr.TimeoutError, call)
+    took = time.monotonic() - t0
+    assert TIMEOUT * 0.9 <= took < TIMEOUT + SLACK, took
+    for word in words:
+        assert word in str(exc), (word, str(exc))
+    return exc
+
+
+@case
+def timeout_names_the_pending_calls(comm):
+    size, rank = comm.size, comm.rank
+    last = size - 1
+    for backend in BACKENDS:
+        c = timed(comm)
+        assert c.timeout == TIMEOUT and c.Dup().timeout == TIMEOUT
+        if size == 1:
+            # a receive nobody sends: the wait times out, the request stays usable
+            req = c.Irecv(y := torch.zeros(4), source=0, tag=9, backend="mpi")
+            exc = expect_timeout(req.Wait, "Recv float32[4] from 0 tag 9")
+            assert [p["op"] for p in exc.pending] == ["Recv"]
+            c.Send(data(0), dest=0, tag=9)
+            req.Wait()
+            assert torch.equal(y, data(0))
+            c.Free()
+            break
+        x = data(rank)
+        if rank != last:
+            # the last rank skipped this Allreduce: it waits for rank 0's message
+            exc = expect_timeout(lambda: c.Allreduce(mcr.IN_PLACE, x, backend=backend),
+                                 "Allreduce float32[4] SUM #1", f"[{backend}, blocking]")
+            assert exc.pending[-1]["op"] == "Allreduce" and exc.pending[-1]["seq"] == 1
+        else:
+            y = torch.zeros(4)
+            exc = expect_timeout(lambda: c.Recv(y, source=0, tag=9, backend=backend),
+                                 "Recv float32[4] from 0 tag 9")
+            assert exc.pending[-1]["peer"] == 0 and exc.pending[-1]["tag"] == 9
+        assert isinstance(exc.request, mcr.Request)
+        # undo the mistake: the pending calls complete
+        if rank == last:
+            c.Allreduce(mcr.IN_PLACE, x, backend=backend)
+            exc.request.Wait()
+            assert torch.equal(y, data(0))
+        else:
+            exc.request.Wait()
+            if rank == 0:
+                c.Send(data(0), dest=last, tag=9, backend=backend)
+        assert torch.equal(x, sum(data(r) for r in range(size)))
+        c.Free()
+
+
+@case
+def timeout_in_waitall_and_waitany(comm):
+    size, rank = comm.size, comm.rank
+    c = timed(comm)
+    peer = (rank + 1) % size
+    y = torch.zeros(4)
+    req = c.Irecv(y, source=(rank - 1) % size, tag=3)
+    exc = expect_timeout(lambda: mcr.Request.Waitall([req]), "Recv float32[4]")
+    assert exc.request is None and exc.pending[0]["tag"] == 3
+    expect_timeout(lambda: mcr.Request.Waitany([req]), "Recv float32[4]")
+    c.Barrier()                    # no message is sent before every rank timed out
+    c.Send(data(rank), dest=peer, tag=3)
+    mcr.Request.Waitall([req])
+    assert torch.equal(y, data((rank - 1) % size))
+    c.Free()
+
+
+@case
+def checked_and_timed_fingerprint_exchange_times_out(comm):
+    size, rank = comm.size, comm.rank
+    if size == 1:
+        return
+    c = comm.Dup()
+    c.checked = True
+    c.timeout = TIMEOUT
+    c.Barrier()                    # (the private communicator now exists)
+    if rank != size - 1:
+        expect_timeout(lambda: c.Allreduce(mcr.IN_PLACE, data(rank)),
+                       "checked mode's fingerprint exchange", "Allreduce float32[4] SUM #2")
+    # the last rank skipped it: its own next call would have been matched with
+    # it (and raised MismatchError); the exchange left pending makes the
+    # communicator unusable, so this one is not freed
+
+
+@case
+def bad_timeout_values_are_refused(comm):
+    c = comm.Dup()
+    raises(ValueError, setattr, c, "timeout", -1)
+    raises(TypeError, setattr, c, "timeout", "soon")
+    c.timeout = 0
+    assert c.timeout is None
+    c.timeout = None
+    assert c.timeout is None and not c.checked
+    c.Free()
+
+
+test_mpi = mpi_cases(__name__)
