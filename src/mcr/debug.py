@@ -462,7 +462,7 @@ class Report:
     messages: dict[int, str]
     hosts: dict[int, str]
     comms: list[CommReport]
-    pending: dict[int, list[Call]] = field(default_factory=dict)
+    pending: dict[int, list[Call]]
 
     @property
     def ok(self) -> bool:
@@ -477,7 +477,10 @@ class Report:
         return 0 if self.ok else 1
 
     def to_json(self) -> dict[str, Any]:
-        """The report as JSON-ready data (what ``--json`` prints)."""
+        """The report as JSON-ready data (what ``--json`` prints): the fields,
+        nested dataclasses as objects, and ``status``; ``json.dumps`` writes the
+        rank keys of ``reasons``, ``messages``, ``hosts`` and ``pending`` as
+        strings."""
         return {"status": self.status, **dataclasses.asdict(self)}
 
     def text(self, all_pending: bool = False) -> str:
@@ -690,7 +693,8 @@ def _rank_item(at: RankAt, seq: int) -> _Item:
                    f"[{c.backend}, {c.form}], {c.state}")
         return _Item(at.rank, f"no call #{seq} ({why})")
     texts = {"dropped": f"call #{seq} completed, no longer in its file",
-             "no comm": "has no such communicator in its file", "no file": "no file"}
+             "no comm": "its file has no communicator of this label and these members",
+             "no file": "no file"}
     return _Item(at.rank, texts[at.kind])
 
 
