@@ -19,11 +19,9 @@ or, from Python, ``mcr.debug.merge(paths)``, which returns a :class:`Report`
 initializes no MPI and loads neither mcr's core nor torch: it runs anywhere the
 files are.
 
-What it finds
--------------
-For each communicator (a label with its member ranks) it walks the collective
-numbers upward, from the oldest one still in the file of every member rank
-that has a file, and names
+**What it finds.** For each communicator (a label with its member ranks: two
+groups made by one split may share a label) it walks the collective numbers
+upward, from the oldest call any member's file holds, and names
 
 - the first call on which the ranks **diverge**: a rank made another call
   (another description, backend or root), or a rank made no call with that
@@ -33,14 +31,15 @@ that has a file, and names
   with an error), when it comes before the divergence: a collective that
   never finished.
 
+A call that one file still holds and another no longer does was compared on
+the ranks that have it; the one that dropped it completed it (the recorder
+keeps every pending call), so a pending call kept from long ago is found too.
 Calls recorded without a number are point-to-point; the oldest one still
 pending on each rank is listed (``--all`` lists every pending call of every
 rank, collectives included).
 
-The report
-----------
-Plain text; ranks whose lines are the same are written once (``ranks 1-3:``,
-their times as a range), so a 64-rank report stays short::
+**The report** is plain text; ranks whose lines are the same are written once
+(``ranks 1-3:``, their times as a range), so a 64-rank report stays short::
 
     mcr.debug: 2 files, ranks 0-1 of 2 (reasons: rank 0 timeout, rank 1 exit)
       rank 0 timeout: Allreduce on world did not complete in 30 s
@@ -51,19 +50,13 @@ their times as a range), so a 64-rank report stays short::
     pending point-to-point:
       rank 0: Irecv from 1 tag 5, 16 bytes, pending for 40.0 s
 
-Exit status
------------
-0
-    every communicator's calls agree on every rank, every call completed and
-    every rank of the job has a file;
-1
-    a divergence, a call that did not complete, or a missing rank file was
-    found (the report says which);
-2
-    the files could not be used: unreadable, not JSON, another format
-    version, a field missing or of the wrong type, files of jobs of different
-    sizes, two files for one rank. The message names the file and what is
-    wrong; nothing is analysed.
+**Exit status**: 0 when every communicator's calls agree on every rank, every
+call completed and every rank of the job has a file; 1 when a divergence, a
+call that did not complete or a missing rank file was found (the report says
+which); 2 when the files cannot be used (unreadable, not JSON, another format
+version, a field missing or of the wrong type, files of jobs of different
+sizes, two files for one rank): the message, on stderr, names the file and
+what is wrong, and nothing is analysed.
 """
 
 from __future__ import annotations
