@@ -220,6 +220,31 @@ def checked_nonblocking_mismatch(comm):
 
 
 @case
+def checked_blocking_against_nonblocking(comm):
+    size = comm.size
+    c = checked(comm)
+
+    def call(rank):
+        if rank == size - 1 and size > 1:
+            c.Iallreduce(mcr.IN_PLACE, data(rank)).Wait()
+        else:
+            c.Allreduce(mcr.IN_PLACE, data(rank))
+
+    expect_mismatch(c, call, "Iallreduce", "forms", "Allreduce float32[4] SUM #1",
+                    "Iallreduce float32[4] SUM #1")
+    # a timeout set on one rank only makes its blocking calls non-blocking ones
+    c.timeout = TIMEOUT if c.rank == 0 else None
+    x = data(c.rank)
+    if size > 1:
+        exc = raises(mcr.MismatchError, c.Allreduce, mcr.IN_PLACE, x)
+        assert "forms" in str(exc) and "rank 0: Iallreduce" in str(exc), str(exc)
+    c.timeout = None
+    c.Allreduce(mcr.IN_PLACE, x)
+    assert torch.equal(x, sum(data(r) for r in range(size)))
+    c.Free()
+
+
+@case
 def checked_root_only_refusal_raises_everywhere(comm):
     size, rank = comm.size, comm.rank
     for backend in BACKENDS:

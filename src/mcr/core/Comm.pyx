@@ -822,15 +822,17 @@ cdef class Comm(_MPI.Intracomm):
         if op >= CALL_BARRIER:
             w.seq += 1
             seq = w.seq
+        cdef bint timed = w.timeout > 0 and form == BLOCKING and (
+            op != CALL_SENDRECV and op != CALL_SENDRECV_REPLACE or HAVE_ISENDRECV
+            or sub is not None)
         if op >= CALL_BARRIER and w.checked:
-            m = check_collective(self, w, op, form, name, a, b, c, d, e, f, g)
+            # (the form it runs in: MPI matches blocking collectives only with blocking ones)
+            m = check_collective(self, w, op, NONBLOCKING if timed else form, name,
+                                 a, b, c, d, e, f, g)
         elif w.timeout > 0 or recorder_on:
             m = self.parse_run(op, VALIDATE, None, a, b, c, d, e, f, g, MPI_INFO_NULL, NULL)
         if w.timeout > 0 or recorder_on:
             p = new_pend(self, w, op, form, name, seq, m, a, b, c, d)
-        cdef bint timed = w.timeout > 0 and form == BLOCKING and (
-            op != CALL_SENDRECV and op != CALL_SENDRECV_REPLACE or HAVE_ISENDRECV
-            or sub is not None)
         try:
             if timed:
                 status = d if op == CALL_RECV else g if op == CALL_SENDRECV else \

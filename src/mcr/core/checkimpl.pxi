@@ -41,7 +41,8 @@ cdef enum:                         # the fields of a fingerprint
 
 # compared across processes: a difference is a mismatch (F_DTYPE, F_COUNT and
 # F_HASH only once the operations agree)
-cdef tuple MATCHED = (F_SEQ, F_OP, F_BACKEND, F_ROOT, F_ROP, F_DTYPE, F_COUNT, F_HASH)
+cdef tuple MATCHED = (F_SEQ, F_OP, F_FORM, F_BACKEND, F_ROOT, F_ROP, F_DTYPE, F_COUNT,
+                      F_HASH)
 
 cdef dict BACKEND_OF_CRC = {}      # crc32 of a backend name -> the name
 
@@ -303,12 +304,14 @@ cdef str rop_name(long long k):
     return {NOPS: "MAXLOC", NOPS + 1: "MINLOC"}.get(k, "user op")
 
 
-cdef str fingerprint_text(long long *f, bint with_seq=True, bint with_backend=True):
-    """"Allreduce float32[4] SUM #17": a fingerprint as people read it."""
+cdef str fingerprint_text(long long *f, bint with_seq=True, bint with_backend=True,
+                          bint with_form=False):
+    """"Allreduce float32[4] SUM #17": a fingerprint as people read it
+    (`with_form`: named by its method, "Iallreduce", "Allreduce_init")."""
     cdef int op = <int>f[F_OP]
     if not 0 <= op < CALL_COUNT:
         return "(not an mcr call)"
-    parts = [CALL_NAMES[op]]
+    parts = [method_name(op, <int>f[F_FORM]) if with_form else CALL_NAMES[op]]
     dtype = TYPE_NAMES[f[F_DTYPE]] if 0 <= f[F_DTYPE] < len(TYPE_NAMES) else \
         "derived" if f[F_DTYPE] == -2 else ""
     if op == CALL_BARRIER:
@@ -356,6 +359,8 @@ cdef object mismatch(bytearray everyone, int size):
                 continue
             if g[k] != f[k]:
                 return {F_SEQ: "their calls are out of step", F_OP: "different operations",
+                        F_FORM: "blocking and non-blocking or persistent forms, which MPI "
+                                "does not match",
                         F_BACKEND: "different backends", F_ROOT: "different roots",
                         F_ROP: "different reduction ops", F_DTYPE: "different element types",
                         F_COUNT: "different counts",
@@ -399,6 +404,9 @@ cdef object check_collective(Comm comm, _Watch w, int op, int form, str backend,
     cdef char *base = everyone
     cdef long long *fp
     cdef int i
+    cdef bint forms = False            # the forms differ: name the calls by method
+    for i in range(size):
+        forms = forms or (<long long*>(base + i * FP_BYTES))[F_FORM] != f[F_FORM]
     lines = []
     refused = []
     for i in range(size):
@@ -406,7 +414,7 @@ cdef object check_collective(Comm comm, _Watch w, int op, int form, str backend,
         if fp[F_MAGIC] != FP_MAGIC:
             lines.append("(not a fingerprint: a call outside mcr on the private communicator)")
             continue
-        lines.append(fingerprint_text(fp))
+        lines.append(fingerprint_text(fp, True, True, forms))
         if fp[F_ERROR]:
             start = i * FP_BYTES + FP_INTS * 8
             refused.append((i, bytes(everyone[start:start + fp[F_ERROR]]).decode("utf-8",
@@ -431,29 +439,20 @@ cdef object check_collective(Comm comm, _Watch w, int op, int form, str backend,
 cdef int exchange(Comm comm, _Watch w, bytearray mine, bytearray everyone, int size,
                   str what) except -1:
     """Allgather the fingerprints on the private communicator (made at the
-    first one); with a timeout, polled, raising TimeoutError at it."""
+    first one), polled: TimeoutError at the communicator's timeout, if any.
+    Always the non-blocking forms (MPI_Comm_idup, MPI_Iallgather): MPI does
+    not match them with blocking ones, and a process with a timeout must
+    meet those without."""
     cdef MPI_Request req = MPI_REQUEST_NULL
     cdef char *sbuf = mine
     cdef char *rbuf = everyone
-    cdef int ierr
     if w.priv == MPI_COMM_NULL:
-        if w.timeout > 0:
-            CHKERR(MPI_Comm_idup(comm.ob_mpi, &w.priv, &req))
-            poll_request(&req, w, comm, f"{what}: making the checked communicator's "
-                                        "private copy (MPI_Comm_idup)")
-        else:
-            with nogil:
-                ierr = MPI_Comm_dup(comm.ob_mpi, &w.priv)
-            CHKERR(ierr)
-    if w.timeout > 0:
-        CHKERR(MPI_Iallgather(sbuf, FP_BYTES, MPI_BYTE, rbuf, FP_BYTES, MPI_BYTE, w.priv,
-                              &req))
-        poll_request(&req, w, comm, f"{what}: the other processes did not reach it "
-                                    "(checked mode's fingerprint exchange)")
-    else:
-        with nogil:
-            ierr = MPI_Allgather(sbuf, FP_BYTES, MPI_BYTE, rbuf, FP_BYTES, MPI_BYTE, w.priv)
-        CHKERR(ierr)
+        CHKERR(MPI_Comm_idup(comm.ob_mpi, &w.priv, &req))
+        poll_request(&req, w, comm, f"{what}: making the checked communicator's "
+                                    "private copy (MPI_Comm_idup)")
+    CHKERR(MPI_Iallgather(sbuf, FP_BYTES, MPI_BYTE, rbuf, FP_BYTES, MPI_BYTE, w.priv, &req))
+    poll_request(&req, w, comm, f"{what}: the other processes did not reach it "
+                                "(checked mode's fingerprint exchange)")
     return 0
 
 
@@ -464,7 +463,7 @@ cdef int poll_request(MPI_Request *req, _Watch w, Comm comm, str what) except -1
         CHKERR(MPI_Test(req, &flag, MPI_STATUS_IGNORE))
         if flag:
             return 0
-        if now_ns() > deadline:
+        if w.timeout > 0 and now_ns() > deadline:
             raise_timeout(w.timeout, f"waiting for {what} on {comm_label(w, comm.ob_mpi)}")
         idle(spins)
         spins += 1
