@@ -1,0 +1,201 @@
+"""Hangs turned into errors, seen from outside the job: the environment
+switches (MCR_CHECK, MCR_TIMEOUT), the flight recorder read by
+``python -m mcr.debug``, a rank that dies, and Ctrl-C on mpiexec.
+
+Each test runs a small program under mpiexec (mcr.launch) with a timeout of
+its own, and checks what the job printed, how it ended and how long it took.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import mcr
+from mcr import launch
+from mpiharness import mpi_env
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+JOB_TIMEOUT = 120
+
+
+def _env(**extra):
+    """The job's environment: mpiharness's, with the mcr this test imported
+    (the source tree or the installed package) first on the path."""
+    env = mpi_env()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(mcr.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    for key in ("MCR_CHECK", "MCR_TIMEOUT", "MCR_FLIGHT_RECORDER"):
+        env.pop(key, None)
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def _run(tmp_path, nprocs, code, **env):
+    script = tmp_path / "job.py"
+    script.write_text(code)
+    t0 = time.monotonic()
+    result = launch.run(nprocs, [sys.executable, str(script)], timeout=JOB_TIMEOUT,
+                        env=_env(**env), stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT, text=True)
+    return result.returncode, result.stdout, time.monotonic() - t0
+
+
+SKIP = """
+import sys, torch, mcr
+comm = mcr.COMM_WORLD
+x = torch.ones(4)
+comm.Allreduce(mcr.IN_PLACE, x)                     # 1, on every rank
+try:
+    if comm.rank == 0:
+        comm.Allreduce(mcr.IN_PLACE, x)             # 2: the other ranks skip it
+        for r in range(1, comm.size):
+            comm.Send(x, dest=r, tag=7)
+    else:
+        comm.Recv(x, source=0, tag=7)
+except mcr.TimeoutError as exc:
+    print(f"rank {comm.rank}: TimeoutError: {exc}", flush=True)
+    sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_timeout_from_the_environment_and_the_merged_report(tmp_path, nprocs):
+    flight = tmp_path / "flight"
+    code, out, took = _run(tmp_path, nprocs, SKIP, MCR_TIMEOUT=3,
+                           MCR_FLIGHT_RECORDER=flight)
+    assert code not in (None, 0), out
+    for rank in range(nprocs):
+        assert f"rank {rank}: TimeoutError: rank {rank}: no completion after 3 s" in out, out
+    assert "waiting for Allreduce float32[4] SUM #2 on world [mpi]" in out
+    assert "waiting for Recv float32[4] from 0 tag 7 on world [mpi]" in out
+    files = sorted(os.listdir(flight))
+    assert files == [f"mcr-flight-{r}.json" for r in range(nprocs)], files
+    record = json.loads((flight / "mcr-flight-0.json").read_text())
+    assert record["reason"] == "timeout" and record["comms"]["world"]["next_seq"] == 3
+    pending = [c for c in record["calls"] if c["state"] == "pending"]
+    assert [(c["op"], c["seq"]) for c in pending] == [("Allreduce", 2)], pending
+    report = subprocess.run([sys.executable, "-m", "mcr.debug", str(flight)],
+                            capture_output=True, text=True, timeout=60, env=_env())
+    assert report.returncode == 1, report.stderr
+    text = " ".join(report.stdout.split())      # (the report aligns its columns)
+    assert "communicator world" in text and "ranks diverge at call #2" in text, text
+    assert "rank 0: Allreduce float32[4] SUM" in text, text
+    others = "rank 1" if nprocs == 2 else f"ranks 1-{nprocs - 1}"
+    assert f"{others}: no call #2" in text, text
+    assert "Recv from 0 tag 7" in text
+
+
+MISMATCH = """
+import torch, mcr
+comm = mcr.COMM_WORLD
+assert comm.checked and comm.Dup().checked
+try:
+    if comm.rank == comm.size - 1:
+        comm.Bcast(torch.ones(4), root=0)
+    else:
+        comm.Allreduce(mcr.IN_PLACE, torch.ones(4))
+except mcr.MismatchError as exc:
+    print(f"rank {comm.rank}: MismatchError: {exc}", flush=True)
+comm.Barrier()                         # still usable: every rank raised together
+print(f"rank {comm.rank}: after", flush=True)
+"""
+
+
+def test_checked_mode_from_the_environment(tmp_path):
+    flight = tmp_path / "flight"
+    code, out, _ = _run(tmp_path, 3, MISMATCH, MCR_CHECK=1, MCR_FLIGHT_RECORDER=flight)
+    assert code == 0, out
+    line = ("collective mismatch on world (different operations): ranks 0-1: Allreduce "
+            "float32[4] SUM #1; rank 2: Bcast float32[4] root=0 #1")
+    for rank in range(3):
+        assert f"rank {rank}: MismatchError: {line}" in out, out
+        assert f"rank {rank}: after" in out
+    record = json.loads((flight / "mcr-flight-2.json").read_text())
+    assert record["reason"] == "mismatch" and line in record["message"]
+
+
+def test_bad_environment_values_are_refused(tmp_path):
+    code, out, _ = _run(tmp_path, 1, "import mcr\nmcr.COMM_WORLD\n", MCR_TIMEOUT="soon")
+    assert code != 0 and "MCR_TIMEOUT: expected a number of seconds > 0, got 'soon'" in out
+    code, out, _ = _run(tmp_path, 1, "import mcr\nmcr.COMM_WORLD\n", MCR_CHECK="maybe")
+    assert code != 0 and "MCR_CHECK: expected 1 (on) or 0 (off), got 'maybe'" in out
+
+
+DIE = """
+import os, signal, sys, time, torch, mcr
+comm = mcr.COMM_WORLD
+where = sys.argv[1]
+backend = "mpi" if where == "mpi" else "gloo"
+if where != "bootstrap":
+    comm.Allreduce(mcr.IN_PLACE, torch.ones(4), backend=backend)
+print(f"rank {comm.rank}: ready", flush=True)
+if comm.rank == 1:
+    time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGKILL)
+for _ in range(3):
+    comm.Allreduce(mcr.IN_PLACE, torch.ones(4), backend=backend)
+"""
+
+
+@pytest.mark.parametrize("where", ["mpi", "gloo", "bootstrap"])
+def test_a_dead_rank_ends_the_job_and_is_named(tmp_path, where):
+    script = tmp_path / "die.py"
+    script.write_text(DIE)
+    t0 = time.monotonic()
+    result = launch.run(3, [sys.executable, str(script), where], timeout=JOB_TIMEOUT,
+                        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                        text=True)
+    took = time.monotonic() - t0
+    assert result.returncode not in (None, 0), result.stdout
+    assert took < 30 + 15, took          # 30 s, plus the job's start on a loaded machine
+    out = " ".join(result.stdout.split()).lower()
+    # Open MPI: "process rank 1 with PID ... exited on signal 9 (Killed)";
+    # MPICH: "RANK 1 PID ... KILLED BY SIGNAL: 9"
+    assert "rank 1" in out and ("signal 9" in out or "signal: 9" in out), out
+
+
+HANG = """
+import torch, mcr
+comm = mcr.COMM_WORLD
+print(f"rank {comm.rank}: waiting", flush=True)
+comm.Recv(torch.zeros(4), source=(comm.rank + 1) % comm.size, tag=1)   # never sent
+"""
+
+
+def test_ctrl_c_on_mpiexec_ends_every_rank(tmp_path):
+    script = tmp_path / "hang.py"
+    script.write_text(HANG)
+    with launch.start(2, [sys.executable, str(script)], env=_env(), stdout=subprocess.PIPE,
+                      stderr=subprocess.STDOUT, text=True) as job:
+        seen = []
+        deadline = time.monotonic() + JOB_TIMEOUT
+        while len(seen) < 2 and time.monotonic() < deadline:
+            line = job.process.stdout.readline()
+            if not line:
+                break
+            if "waiting" in line:
+                seen.append(line)
+        assert len(seen) == 2, seen
+        time.sleep(1)
+        t0 = time.monotonic()
+        job.process.send_signal(signal.SIGINT)       # what Ctrl-C sends mpiexec
+        try:
+            job.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail("mpiexec still runs 30 s after SIGINT")
+        assert time.monotonic() - t0 < 30
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    leftovers = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if str(script).encode() in f.read():
+                    leftovers.append(pid)
+        except OSError:
+            pass
+    assert not leftovers, f"ranks still running after Ctrl-C: {leftovers}"
