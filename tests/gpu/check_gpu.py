@@ -98,6 +98,8 @@ def phases(device, ndev):
         Phase("workloads", 2 if device == "cpu" or ndev >= 2 else 1, 150,
               f"the MoE, DLRM and DDP transformer steps on mcr groups and on torch's "
               f"own {other}, losses compared"),
+        Phase("check", 2 if device == "cpu" or ndev >= 2 else 1, 60,
+              f"checked mode and timeouts on {other} and MPI with {device} tensors"),
         Phase("torch", 2 if device == "cpu" or ndev >= 2 else 1, 120,
               f"DDP and torch.distributed calls on the 'mcr' backend ({other} and MPI) "
               f"against torch's own {other}"),
@@ -1486,6 +1488,70 @@ def phase_ext(rep, env):
     comm.Free()
 
 
+def phase_check(rep, env):
+    """Issue 14 on the device: a planted count mismatch raises MismatchError on
+    every rank in checked mode; a receive nobody sends raises TimeoutError at
+    the timeout and completes once sent; on the other backend and on MPI."""
+    MPI, mcr, device, other = env["MPI"], env["mcr"], env["device"], env["other"]
+    world = MPI.COMM_WORLD
+    tm = Ctx(MPI, world, None, device)
+    kind = "cuda" if tm.cuda else "cpu"
+
+    def mismatch(backend):
+        def case():
+            comm = world.Dup()
+            comm.checked = True
+            n = 5 if tm.rank == tm.size - 1 and tm.size > 1 else 4
+            x = tm.dev(torch.ones(n))
+            try:
+                comm.Allreduce(MPI.IN_PLACE, x, backend=backend)
+            except mcr.MismatchError as exc:
+                if tm.size == 1 or "different counts" not in str(exc):
+                    raise CheckFailed(f"unexpected: {exc}")
+                message = str(exc)
+            else:
+                if tm.size > 1:
+                    raise CheckFailed("no MismatchError")
+                message = "one process: nothing to mismatch"
+            y = tm.dev(torch.ones(4))
+            comm.Allreduce(MPI.IN_PLACE, y, backend=backend)
+            tm.expect(y, torch.full((4,), float(tm.size)), f"Allreduce on {backend} after")
+            comm.Free()
+            return message
+        return case
+
+    def timeout(backend):
+        def case():
+            comm = world.Dup()
+            comm.timeout = 2.0
+            peer = (tm.rank + 1) % tm.size
+            y = tm.fresh(4, torch.float32)
+            req = comm.Irecv(y, source=(tm.rank - 1) % tm.size, tag=5, backend=backend)
+            t0 = time.monotonic()
+            try:
+                req.Wait()
+            except mcr.TimeoutError as exc:
+                took = time.monotonic() - t0
+                if not 1.8 <= took < 30 or "Recv" not in str(exc):
+                    raise CheckFailed(f"after {took:.1f} s: {exc}")
+            else:
+                raise CheckFailed("no TimeoutError")
+            comm.Barrier()
+            comm.Send(tm.dev(torch.full((4,), float(tm.rank))), dest=peer, tag=5,
+                      backend=backend)
+            req.Wait()
+            tm.expect(y, torch.full((4,), float((tm.rank - 1) % tm.size)),
+                      f"Recv on {backend} after the timeout")
+            comm.Free()
+            return f"TimeoutError after {took:.1f} s, then received"
+        return case
+
+    rep.group(f"checked mode on {kind} tensors",
+              [(b, mismatch(b)) for b in ("mpi", other)])
+    rep.group(f"timeouts on {kind} tensors", [(b, timeout(b)) for b in ("mpi", other)
+                                              if b != "nccl" or tm.size > 1])
+
+
 def phase_torch(rep, env):
     """Issue 13 on the device: the 'mcr' torch.distributed backend. DDP trains
     the same model on mcr groups running the other backend and MPI, and on
@@ -1589,7 +1655,7 @@ def phase_workloads(rep, env):
     torch.distributed.destroy_process_group()   # torch's Gloo threads may abort at exit
 
 
-PHASES = {"workloads": phase_workloads, "torch": phase_torch, "mpi": phase_mpi, "mpi-aware0": phase_mpi, "nccl1": phase_nccl1,
+PHASES = {"check": phase_check, "workloads": phase_workloads, "torch": phase_torch, "mpi": phase_mpi, "mpi-aware0": phase_mpi, "nccl1": phase_nccl1,
           "mixed2": phase_mixed2, "nccl2": phase_nccl2, "tune": phase_tune, "ext": phase_ext}
 
 
