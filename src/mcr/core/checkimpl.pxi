@@ -645,9 +645,10 @@ cdef int flight_dump(str reason, str message) except -1:
     if dump_reason is None and reason != "exit":
         dump_reason = (reason, message)
     reason, message = dump_reason if dump_reason is not None else (reason, message)
-    cdef int rank = 0, size = 1, initialized = 0
+    cdef int rank = 0, size = 1, initialized = 0, finalized = 0
     MPI_Initialized(&initialized)
-    if initialized:
+    MPI_Finalized(&finalized)
+    if initialized and not finalized:
         MPI_Comm_rank(MPI_COMM_WORLD, &rank)
         MPI_Comm_size(MPI_COMM_WORLD, &size)
     cdef long long now = now_ns()
@@ -686,3 +687,12 @@ def _flight_dump(reason="request", message=""):
 
 
 update_ext_on()     # the recorder, when $MCR_FLIGHT_RECORDER is set
+
+
+def _set_flight_recorder(path):
+    """Turn the flight recorder on (records written under `path`) or off
+    (None): what $MCR_FLIGHT_RECORDER does at start-up (mcr.bench.check)."""
+    global FLIGHT_DIR, recorder_on
+    FLIGHT_DIR = None if path is None else _os.fspath(path)
+    recorder_on = FLIGHT_DIR is not None
+    update_ext_on()
