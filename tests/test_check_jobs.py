@@ -199,3 +199,20 @@ def test_ctrl_c_on_mpiexec_ends_every_rank(tmp_path):
         except OSError:
             pass
     assert not leftovers, f"ranks still running after Ctrl-C: {leftovers}"
+
+
+def test_cost_benchmark_runs_and_checks_its_results():
+    """python -m mcr.bench.check: one line per operation, backend and size,
+    every variant timed (its results are checked inside)."""
+    env = _env()
+    env.pop("PYTHONUNBUFFERED", None)
+    result = subprocess.run([sys.executable, "-m", "mcr.bench.check", "-n", "2", "--rounds",
+                             "1", "--time", "0.01", "--sizes", "4", "--backends", "mpi"],
+                            capture_output=True, text=True, timeout=JOB_TIMEOUT, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = [line for line in result.stdout.splitlines() if " B  plain" in line]
+    assert [line.split()[:2] for line in lines] == [["Allreduce", "mpi"],
+                                                   ["Alltoallv", "mpi"]], result.stdout
+    for line in lines:
+        for variant in ("checked", "timeout", "recorder", "checked+timeout"):
+            assert f" {variant} " in line, line
