@@ -7,6 +7,15 @@ line per finished case, so a case that hangs shows up as the one that never
 finished, and the job is killed at the timeout instead of hanging the suite.
 Each (case, world size) is reported as its own pytest test. Jobs are started
 by :mod:`mcr.launch`, which this process imports without initializing MPI.
+
+World sizes: the cases run at 1, 2, 3 and 4 ranks (:data:`SIZES`), or at the
+sizes a module names. ``MCR_TEST_SIZES`` (sizes separated by commas, e.g.
+``2`` or ``1,2``) restricts them: the default cases run at the sizes it lists,
+a module naming its own sizes at those of them it lists (when it lists none
+of them, the module's tests are reported as skipped, with the reason). Tests
+that parametrize ``nprocs`` themselves use :func:`world_sizes` for the same.
+Tests that start one tool at one fixed size (``run_script(2, ...)``) are not
+affected.
 """
 
 import json
@@ -21,7 +30,26 @@ import pytest
 from mcr import launch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SIZES = (1, 2, 3, 4)
+DEFAULT_SIZES = (1, 2, 3, 4)
+
+
+def _sizes_from_env():
+    """The world sizes of ``$MCR_TEST_SIZES`` (a tuple), or None when it is unset."""
+    text = os.environ.get("MCR_TEST_SIZES", "").strip()
+    if not text:
+        return None
+    try:
+        sizes = tuple(int(word) for word in text.split(","))
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"MCR_TEST_SIZES: expected world sizes >= 1 separated by commas "
+                         f"(e.g. '2' or '1,2'), got {text!r}")
+    return tuple(dict.fromkeys(sizes))
+
+
+CHOSEN_SIZES = _sizes_from_env()     # None: no restriction
+SIZES = DEFAULT_SIZES if CHOSEN_SIZES is None else CHOSEN_SIZES
 DEFAULT_TIMEOUT = float(os.environ.get("MCR_TEST_TIMEOUT", "180"))
 
 
@@ -98,13 +126,30 @@ def _run_once(path, nprocs, timeout):
     return code, out, per_case
 
 
-def mpi_cases(module_name, sizes=SIZES, timeout=DEFAULT_TIMEOUT):
-    """A pytest test running each registered case of `module_name` at each size."""
+def world_sizes(sizes=None):
+    """The pytest parameters of a test's ``nprocs``: `sizes` (default
+    :data:`SIZES`) restricted to ``$MCR_TEST_SIZES``; when that leaves none,
+    every size of `sizes`, each skipped with the reason."""
+    if sizes is None:
+        return list(SIZES)
+    if CHOSEN_SIZES is None:
+        return list(sizes)
+    kept = [n for n in sizes if n in CHOSEN_SIZES]
+    if kept:
+        return kept
+    reason = (f"MCR_TEST_SIZES={os.environ['MCR_TEST_SIZES']} leaves none of this test's "
+              f"world sizes {tuple(sizes)}")
+    return [pytest.param(n, marks=pytest.mark.skip(reason=reason)) for n in sizes]
+
+
+def mpi_cases(module_name, sizes=None, timeout=DEFAULT_TIMEOUT):
+    """A pytest test running each registered case of `module_name` at each
+    size of `sizes` (default :data:`SIZES`; see :func:`world_sizes`)."""
     module = sys.modules[module_name]
     names = list(module.__dict__.get("_mpi_cases", {}))
     path = os.path.abspath(module.__file__)
 
-    @pytest.mark.parametrize("nprocs", sizes)
+    @pytest.mark.parametrize("nprocs", world_sizes(sizes))
     @pytest.mark.parametrize("name", names)
     def test_mpi(name, nprocs):
         code, out, per_case = run_cases(path, nprocs, timeout)

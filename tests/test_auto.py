@@ -324,7 +324,7 @@ def unusable_table_on_one_rank_raises_everywhere(comm):
                 c.Free()
 
 
-test_mpi = mpi_cases(__name__, sizes=(1, 2, 3, 4), timeout=240)
+test_mpi = mpi_cases(__name__, timeout=240)
 
 
 # -- the table format (no MPI) ------------------------------------------------------------

@@ -32,7 +32,7 @@ import torch
 
 import mcr
 from mcr import MPI
-from mpiharness import case, mpi_cases, run_script
+from mpiharness import case, mpi_cases, run_script, world_sizes
 from util import Failures, assert_comm_works, assert_equal, raises, rank_data
 
 BACKENDS = ("mpi", "gloo")
@@ -820,7 +820,7 @@ print("delivered on rank", comm.rank, flush=True)
 """
 
 
-@pytest.mark.parametrize("nprocs", [2])
+@pytest.mark.parametrize("nprocs", world_sizes([2]))
 def test_freeing_a_communicator_after_freeing_a_gloo_receive(nprocs):
     code, out = run_script(nprocs, ["-c", FREED_RECEIVE], timeout=40)
     assert code is not None, f"Comm.Free hung (killed after 40 s):\n{out[-3000:]}"

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from mcr import launch
-from mpiharness import run_script
+from mpiharness import run_script, world_sizes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(ROOT, "demo", "demo.py")
@@ -39,7 +39,7 @@ def test_demo_starts_itself_on_4_processes():
     assert "FAILED" not in proc.stdout, proc.stdout
 
 
-@pytest.mark.parametrize("nprocs", [1, 3])
+@pytest.mark.parametrize("nprocs", world_sizes([1, 3]))
 def test_demo_under_mpiexec(nprocs):
     code, out = run_script(nprocs, [DEMO], timeout=200)
     assert code is not None, f"the demo did not finish in 200 s at {nprocs} processes:\n{out}"

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 import mcr
-from mpiharness import case, mpi_cases, run_script
+from mpiharness import case, mpi_cases, run_script, world_sizes
 from util import rank_data, raises
 
 BACKENDS = ("mpi", "gloo")
@@ -453,7 +453,7 @@ def test_torch_ranks_that_are_not_mpi_ranks_are_refused():
     assert "start the processes with mpiexec" in outs[1]
 
 
-@pytest.mark.parametrize("nprocs", [2])
+@pytest.mark.parametrize("nprocs", world_sizes([2]))
 def test_plain_gloo_init_under_mpiexec(nprocs, tmp_path):
     """import mcr also lets torch's own Gloo start under mpiexec with nothing set."""
     script = tmp_path / "gloo.py"

@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from mpiharness import run_script
+from mpiharness import run_script, world_sizes
 
 # after MPI.Init: the lazily made parts of mcr, each checked against numpy
 USE_MCR = """
@@ -97,7 +97,7 @@ PROGRAMS = {
 }
 
 
-@pytest.mark.parametrize("nprocs", [1, 2])
+@pytest.mark.parametrize("nprocs", world_sizes([1, 2]))
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
 def test_program_manages_mpi_init(tmp_path, name, nprocs):
     if name == "never_initialized" and nprocs > 1:

@@ -326,3 +326,39 @@ def test_harness_starts_a_job_again_when_mpiexec_fails_to_start(monkeypatch, tmp
     monkeypatch.setattr(mpiharness, "run_script", lambda n, a, t: (calls.append(a), (1, "boom"))[1])
     code, out, per_case = mpiharness.run_cases(str(tmp_path / "module_b.py"), 1, 10)
     assert len(calls) == 1 and (code, out, per_case) == (1, "boom", {})
+
+
+
+SIZES_PROBE = """\
+import sys
+sys.path.insert(0, {tests!r})
+import mpiharness
+def shown(params):
+    return [n if isinstance(n, int) else f"skip {{n.values[0]}}" for n in params]
+print(mpiharness.SIZES, shown(mpiharness.world_sizes([2])),
+      shown(mpiharness.world_sizes([1, 3])))
+"""
+
+
+@pytest.mark.parametrize("value, expected", [
+    (None, "(1, 2, 3, 4) [2] [1, 3]"),
+    ("2", "(2,) [2] ['skip 1', 'skip 3']"),
+    ("1, 3,3", "(1, 3) ['skip 2'] [1, 3]"),
+    ("8", "(8,) ['skip 2'] ['skip 1', 'skip 3']"),
+    ("two", "MCR_TEST_SIZES: expected world sizes >= 1 separated by commas"),
+    ("0,2", "MCR_TEST_SIZES: expected world sizes >= 1 separated by commas"),
+])
+def test_mcr_test_sizes_restricts_the_world_sizes(value, expected):
+    """$MCR_TEST_SIZES picks the default sizes and restricts a test's own;
+    when it leaves none of them, the test's sizes come back as skips."""
+    env = {k: v for k, v in os.environ.items() if k != "MCR_TEST_SIZES"}
+    if value is not None:
+        env["MCR_TEST_SIZES"] = value
+    code = SIZES_PROBE.format(tests=os.path.join(ROOT, "tests"))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=120)
+    if expected.startswith("MCR_TEST_SIZES"):
+        assert proc.returncode != 0 and expected in proc.stderr, proc.stderr
+    else:
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip() == expected

@@ -12,6 +12,7 @@ Alone: ``python -m pytest tests/test_mpi4py_conformance.py``, or
 import pytest
 
 from mpi4py_conformance import driver, sdist
+from mpiharness import world_sizes
 
 SIZES = (1, 2, 3)
 TIMEOUT = 1500  # seconds per size, reruns after crashes included
@@ -26,7 +27,7 @@ def mpi4py_tests():
 
 
 @pytest.mark.timeout(TIMEOUT + 120)
-@pytest.mark.parametrize("nprocs", SIZES)
+@pytest.mark.parametrize("nprocs", world_sizes(SIZES))
 def test_mpi4py_suite_through_mcr(mpi4py_tests, nprocs):
     report = driver.run(nprocs, mpi4py_tests, timeout=TIMEOUT)
     print(report.text())
