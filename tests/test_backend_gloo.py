@@ -24,17 +24,21 @@ same calls in the same order; a case fails at its end with all of them.
 
 import contextlib
 import functools
+import socket
+import subprocess
+import sys
 import threading
 import time
 
 import numpy as np
+import pytest
 import torch
 
 import mcr
 import mcr.backends.gloo
 from ccoref import LAYOUTS, layout, place
-from mcr import MPI
-from mpiharness import case, mpi_cases
+from mcr import MPI, launch
+from mpiharness import case, mpi_cases, mpi_env
 
 GLOO = "gloo"
 BACKENDS = ("mpi", GLOO)
@@ -1336,3 +1340,51 @@ def bad_first_call_on_a_new_communicator_raises_alone(comm):
 
 
 test_mpi = mpi_cases(__name__)
+
+
+# -- the store across nodes: MCR_STORE_HOST ------------------------------------------------
+
+STORE_AT_ADDRESS = """
+import torch
+import mcr
+from mcr.backends.store import rendezvous
+comm = mcr.COMM_WORLD
+store = rendezvous(comm)
+store.set(f"rank{comm.rank}", str(comm.rank))
+assert [store.get(f"rank{r}").decode() for r in range(comm.size)] == ["0", "1"]
+print(f"rank {comm.rank} store at {store.host}:{store.port}")
+x = torch.full((3,), float(comm.rank + 1))
+comm.Allreduce(mcr.IN_PLACE, x, backend="gloo")
+print(f"rank {comm.rank} gloo sum {x.tolist()}")
+comm.Barrier()
+"""
+
+
+def non_loopback_address():
+    """An IPv4 address of this machine other than 127.x, or None."""
+    try:
+        names = socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)
+        found = [info[4][0] for info in names]
+    except OSError:
+        found = []
+    try:
+        found += subprocess.run(["hostname", "-I"], capture_output=True, text=True,
+                                timeout=10).stdout.split()
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return next((a for a in found if "." in a and not a.startswith("127.")), None)
+
+
+def test_store_at_mcr_store_host():
+    """With MCR_STORE_HOST set to a non-loopback address (as across nodes), the
+    ranks meet at that address and Gloo runs over it."""
+    address = non_loopback_address()
+    if address is None:
+        pytest.skip("this machine has no IPv4 address but loopback")
+    env = dict(mpi_env(), MCR_STORE_HOST=address, MCR_BACKEND_TIMEOUT="60")
+    result = launch.run(2, [sys.executable, "-c", STORE_AT_ADDRESS], timeout=120, env=env,
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert result.returncode == 0, result.stdout
+    for rank in (0, 1):
+        assert f"rank {rank} store at {address}:" in result.stdout, result.stdout
+        assert f"rank {rank} gloo sum [3.0, 3.0, 3.0]" in result.stdout, result.stdout
