@@ -816,7 +816,7 @@ dup.Irecv(freed, left, 5, backend="gloo").Free()
 dup.Send(torch.full((2,), float(comm.rank)), right, 5, backend="gloo")
 dup.Free()
 assert freed.tolist() == [float(left)] * 2, freed
-print("delivered on rank", comm.rank, flush=True)
+print(f"delivered on rank {comm.rank}", flush=True)   # one write: MPICH's mpiexec mixes unbuffered ranks' output
 """
 
 

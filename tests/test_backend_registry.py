@@ -231,7 +231,7 @@ ROUTED_BY_ENV = """
     else:
         raise AssertionError("the default backend was not gloo")
     comm.Allreduce(x, y, op=MPI.SUM, backend="mpi")        # explicit beats the default
-    print("routed", comm.rank)
+    print(f"routed {comm.rank}")     # one write: MPICH's mpiexec mixes unbuffered ranks' output
 """
 
 

@@ -378,7 +378,7 @@ assert all(t == traces[0] for t in traces), traces
 for k, y in enumerate(ys):
     assert torch.equal(y, torch.full((256,), float(sum(r + k for r in range(comm.size)))))
 f.close()
-print("groups", len(traces[0]))
+print(f"groups {len(traces[0])}")    # one write: MPICH's mpiexec mixes unbuffered ranks' output
 """
 
 
