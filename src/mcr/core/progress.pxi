@@ -3,7 +3,7 @@
 # wait(), plus the steps to run once they are complete (unpack a composed
 # collective, copy a staged buffer back). Gloo and NCCL progress on their own
 # threads and streams; MPI progresses only inside MPI calls, so every loop that
-# waits here drives MPI (an Iprobe on a private communicator) between polls.
+# waits here drives MPI (an Iprobe, which receives nothing) between polls.
 # That is what keeps a program that waits on Gloo while its peers wait on MPI
 # (or the other way round) from deadlocking.
 
@@ -27,31 +27,32 @@ cdef object backends_module():
     return _backends
 
 
-cdef MPI_Comm progress_comm = MPI_COMM_NULL
+cdef bint progress_ready = False
 cdef list detached = []        # works of freed requests, kept until they complete
 
 
 cdef int init_progress() except -1:
-    """Make the private communicator, at the first wait that drives MPI (not
-    at import: MPI may not be initialized yet). Returns 0 when MPI is not
-    active (not yet initialized, or finalized): there is nothing to drive."""
-    global progress_comm
+    """Whether MPI is active (initialized and not finalized): there is
+    something to drive. Asked until it is, at the first waits (not at import:
+    MPI may not be initialized yet)."""
+    global progress_ready
     cdef int initialized = 0, finalized = 1
     MPI_Initialized(&initialized)
     MPI_Finalized(&finalized)
-    if not initialized or finalized:
-        return 0
-    CHKERR(MPI_Comm_dup(MPI_COMM_SELF, &progress_comm))
-    return 1
+    progress_ready = initialized and not finalized
+    return progress_ready
 
 
 cdef int mpi_progress() except -1:
     """Let MPI advance its outstanding operations (non-blocking collectives
-    progress only inside MPI calls)."""
+    progress only inside MPI calls). An MPI_Iprobe on COMM_WORLD: it receives
+    nothing, and every MPI library tried drives all its communicators from
+    it; MPICH does not from one on a duplicate of COMM_SELF, which it serves
+    without its progress engine."""
     cdef int flag = 0
-    if progress_comm == MPI_COMM_NULL and not init_progress():
+    if not progress_ready and not init_progress():
         return 0
-    CHKERR(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, progress_comm, &flag,
+    CHKERR(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_WORLD, &flag,
                       MPI_STATUS_IGNORE))
     return 0
 
