@@ -29,7 +29,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -406,3 +406,20 @@ def run_module(nprocs: int, argv: Sequence[str], *, timeout: float, name: str) -
         print(f"{name}: stopped after {timeout:g} s (--timeout)", file=sys.stderr)
         return 1
     return result.returncode
+
+
+def main_in_job(module: str, nprocs: int, argv: Sequence[str] | None, *, timeout: float,
+                work: Callable[[], int | None], in_job: bool = False) -> int:
+    """The ``main()`` of a tool that runs itself on several ranks.
+
+    Inside an MPI job (:func:`launched`, or `in_job`) it calls ``work()``, on
+    every rank, and returns its exit status (None: 0). Started as a plain
+    program, it runs ``python -m module --worker argv...`` on `nprocs` ranks
+    (:func:`run_module`; `argv` defaults to ``sys.argv[1:]``) and returns the
+    job's exit status.
+    """
+    if in_job or launched():
+        status = work()
+        return 0 if status is None else int(status)
+    args = list(sys.argv[1:] if argv is None else argv)
+    return run_module(nprocs, [module, "--worker", *args], timeout=timeout, name=module)

@@ -17,6 +17,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from mcr import launch
+
 __all__ = ["main"]
 
 OPS = ("Allreduce", "Allgather", "Alltoall")
@@ -63,6 +65,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--iters", type=int, default=0,
                         help="calls per round (default: fewer for larger sizes)")
     parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:
         args.sizes = _sizes(args.sizes)
@@ -159,13 +162,10 @@ def _worker(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark; started outside mpiexec, it starts ``mpiexec`` itself."""
     args = parse_args(argv)
-    from mcr import launch
-    if launch.launched():
-        return _worker(args)
-    argv = list(sys.argv[1:] if argv is None else argv)
-    return launch.run_module(args.n, ["mcr.bench.compression", *argv], timeout=args.timeout,
-                             name="mcr.bench.compression")
+    return launch.main_in_job("mcr.bench.compression", args.n, argv, timeout=args.timeout,
+                              work=lambda: _worker(args), in_job=args.worker)
 
 
 if __name__ == "__main__":

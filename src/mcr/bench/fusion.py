@@ -139,12 +139,8 @@ def _worker(args: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; started outside mpiexec, it starts ``mpiexec`` itself."""
     args = parse_args(argv)
-    if args.worker or launch.launched():
-        _worker(args)
-        return 0
-    argv = list(sys.argv[1:] if argv is None else argv)
-    return launch.run_module(args.nprocs, ["mcr.bench.fusion", "--worker", *argv],
-                             timeout=args.timeout, name="mcr.bench.fusion")
+    return launch.main_in_job("mcr.bench.fusion", args.nprocs, argv, timeout=args.timeout,
+                              work=lambda: _worker(args), in_job=args.worker)
 
 
 if __name__ == "__main__":

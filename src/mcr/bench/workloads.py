@@ -61,6 +61,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="then log --steps steps per mcr variant: time per operation")
     parser.add_argument("--json", metavar="PATH", help="write every figure and loss here")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds for the job")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     from mcr.workloads.common import VARIANTS
     args.workloads = [w for w in args.workloads.split(",") if w]
@@ -283,11 +284,8 @@ def _worker(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; started outside mpiexec, it starts ``mpiexec`` itself."""
     args = parse_args(argv)
-    if launch.launched():
-        return _worker(args)
-    argv = list(sys.argv[1:] if argv is None else argv)
-    return launch.run_module(args.nprocs, ["mcr.bench.workloads", *argv],
-                             timeout=args.timeout, name="mcr.bench.workloads")
+    return launch.main_in_job("mcr.bench.workloads", args.nprocs, argv, timeout=args.timeout,
+                              work=lambda: _worker(args), in_job=args.worker)
 
 
 if __name__ == "__main__":
