@@ -406,10 +406,85 @@ cdef int copy_status(object status, object source) except -1:
     return 0
 
 
+cdef int testall_broken = -1      # MPICH's MPI_Testall on persistent collectives (below)
+
+
+cdef bint persistent_collectives(list requests) except -1:
+    """Whether `requests` holds a persistent collective request, on an MPI
+    library whose MPI_Testall and MPI_Waitall report MPI_ERR_IN_STATUS for them
+    with every status MPI_SUCCESS (MPICH 5.0.2; mpi4py alone shows it)."""
+    global testall_broken
+    cdef char version[8192]
+    cdef int n = 0
+    if testall_broken < 0:
+        MPI_Get_library_version(version, &n)
+        testall_broken = b"MPICH" in version[:n]
+    if not testall_broken:
+        return False
+    for r in requests:
+        if is_persistent_collective(r):
+            return True
+    return False
+
+
+cdef inline bint is_persistent_collective(object r) noexcept:
+    return isinstance(r, Prequest) and (<Prequest>r).logop > CALL_BARRIER
+
+
+cdef int each_all(_Handles h, bint wait, int *flag) except? -1:
+    """MPI_Waitall or MPI_Testall around MPICH's error: the persistent
+    collectives are tested with MPI_Request_get_status (which completes
+    nothing), the other requests with one MPI_Testall, so that a test still
+    completes all or nothing; then each is completed with MPI_Wait. An error
+    is reported as MPI_ERR_IN_STATUS, as MPI_Waitall does."""
+    cdef int i, k, m = 0, done = 0, ierr = MPI_SUCCESS
+    cdef list rest = [i for i in range(h.n) if not is_persistent_collective(h.requests[i])]
+    cdef MPI_Request *handles
+    cdef MPI_Status *statuses
+    flag[0] = 1
+    if not wait:
+        for i in range(h.n):
+            if is_persistent_collective(h.requests[i]):
+                CHKERR(MPI_Request_get_status(h.handles[i], &done, MPI_STATUS_IGNORE))
+                if not done:
+                    flag[0] = 0
+                    return MPI_SUCCESS
+        m = len(rest)
+        handles = <MPI_Request*>PyMem_Malloc((m + 1) * sizeof(MPI_Request))
+        statuses = <MPI_Status*>PyMem_Malloc((m + 1) * sizeof(MPI_Status))
+        if handles == NULL or statuses == NULL:
+            PyMem_Free(handles)
+            PyMem_Free(statuses)
+            raise MemoryError()
+        for k in range(m):
+            handles[k] = h.handles[<int>rest[k]]
+        ierr = MPI_Testall(m, handles, flag, statuses)
+        for k in range(m):
+            h.handles[<int>rest[k]] = handles[k]
+            h.statuses[<int>rest[k]] = statuses[k]
+        PyMem_Free(handles)
+        PyMem_Free(statuses)
+        if ierr != MPI_SUCCESS or not flag[0]:
+            return ierr
+    for i in range(h.n):
+        if not wait and not is_persistent_collective(h.requests[i]):
+            continue                    # completed by the MPI_Testall above
+        with nogil:
+            ierr = MPI_Wait(&h.handles[i], &h.statuses[i])
+        if ierr != MPI_SUCCESS:
+            for k in range(h.n):
+                h.statuses[k].MPI_ERROR = MPI_SUCCESS if k < i else ierr if k == i \
+                    else MPI_ERR_PENDING
+            return MPI_ERR_IN_STATUS
+    return MPI_SUCCESS
+
+
 cdef object complete_all(object requests, object statuses, bint wait):
     cdef _Handles h = _Handles(requests)
     cdef int flag = 1, ierr
-    if wait:
+    if persistent_collectives(h.requests):
+        ierr = each_all(h, wait, &flag)
+    elif wait:
         with nogil:
             ierr = MPI_Waitall(h.n, h.handles, h.statuses)
     else:
