@@ -482,7 +482,7 @@ cdef int each_all(_Handles h, bint wait, int *flag) except? -1:
 cdef object complete_all(object requests, object statuses, bint wait):
     cdef _Handles h = _Handles(requests)
     cdef int flag = 1, ierr
-    if persistent_collectives(h.requests):
+    if testall_broken and persistent_collectives(h.requests):    # (-1: not asked yet)
         ierr = each_all(h, wait, &flag)
     elif wait:
         with nogil:
