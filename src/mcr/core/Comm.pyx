@@ -50,13 +50,6 @@ cdef inline int as_source(object value, int size) except? -1:
     return as_rank(value, size, b"source", True)
 
 
-cdef int check_isendrecv(int mode, const char *name) except -1:
-    if mode != VALIDATE and not HAVE_ISENDRECV:
-        raise NotImplementedError(f"{name.decode()}: the MPI library lacks it (MPI-4); "
-                                  f"use Isend and Irecv")
-    return 0
-
-
 cdef int check_backend(object backend) except -1:
     if backend == "mpi" or backend == "auto":
         return 0
@@ -307,14 +300,17 @@ cdef class Comm(_MPI.Intracomm):
         m.rown = parse_simple(recvbuf, &m.r, True, rarg)
         if not replace:
             check_disjoint(&m.s, &m.r)
-        if mode == NONBLOCKING:
-            check_isendrecv(mode, b"Isendrecv_replace" if replace else b"Isendrecv")
         cdef MPI_Status *sp = status_ptr(status)
         cdef MPI_Status own
         if sp == MPI_STATUS_IGNORE:
             sp = &own                 # it explains a truncation
         if needs_staging(m):
             stage(m, mode, 1, 1)
+        if mode == NONBLOCKING and compose_isendrecv():
+            m.parts = isendrecv_parts(m, idest, isendtag, isource, irecvtag, self.ob_mpi,
+                                      replace)
+            finish_call(m, mode)
+            return m
         cdef int ierr
         with nogil:
             if replace:
@@ -506,10 +502,9 @@ cdef class Comm(_MPI.Intracomm):
         ``Request`` (MPI-4). Arguments as ``Sendrecv``, less `status`: the
         request's ``Wait(status)`` gives the receive's.
 
-        Raises
-        ------
-        NotImplementedError
-            If the MPI library lacks ``MPI_Isendrecv`` (before MPI-4).
+        Where the MPI library lacks ``MPI_Isendrecv`` (before MPI-4), or is
+        MPICH, whose ``MPI_Isendrecv`` leaves the status unset, mcr posts an
+        ``Irecv`` and an ``Isend`` under one request instead.
         """
         return self.call(CALL_SENDRECV, NONBLOCKING, backend, None, sendbuf, dest, sendtag,
                          recvbuf, source, recvtag)
@@ -519,10 +514,8 @@ cdef class Comm(_MPI.Intracomm):
         """Start sending `buf` and receiving into it; return a ``Request``
         (MPI-4). Arguments as ``Sendrecv_replace``, less `status`.
 
-        Raises
-        ------
-        NotImplementedError
-            If the MPI library lacks ``MPI_Isendrecv_replace`` (before MPI-4).
+        Composed as ``Isendrecv`` is where MPI's lacks or leaves the status
+        unset; the message sent is then a packed copy of `buf`.
         """
         return self.call(CALL_SENDRECV_REPLACE, NONBLOCKING, backend, None, buf, dest,
                          sendtag, source, recvtag)
@@ -822,9 +815,7 @@ cdef class Comm(_MPI.Intracomm):
         if op >= CALL_BARRIER:
             w.seq += 1
             seq = w.seq
-        cdef bint timed = w.timeout > 0 and form == BLOCKING and (
-            op != CALL_SENDRECV and op != CALL_SENDRECV_REPLACE or HAVE_ISENDRECV
-            or sub is not None)
+        cdef bint timed = w.timeout > 0 and form == BLOCKING
         if op >= CALL_BARRIER and w.checked:
             # (the form it runs in: MPI matches blocking collectives only with blocking ones)
             m = check_collective(self, w, op, NONBLOCKING if timed else form, name,
@@ -965,6 +956,8 @@ cdef class Comm(_MPI.Intracomm):
             req.ob_buf = m
             if CALL_RECV <= op <= CALL_SENDRECV_REPLACE:
                 req.rtype = (<_Msg>m).r.dtype
+                if (<_Msg>m).parts is not None:
+                    req.ext, (<_Msg>m).parts = (<_Msg>m).parts, None
             return req
         if op == CALL_SENDRECV or op == CALL_SENDRECV_REPLACE:
             raise ValueError("Sendrecv has no persistent form")

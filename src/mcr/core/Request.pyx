@@ -414,11 +414,8 @@ cdef bint persistent_collectives(list requests) except -1:
     library whose MPI_Testall and MPI_Waitall report MPI_ERR_IN_STATUS for them
     with every status MPI_SUCCESS (MPICH 5.0.2; mpi4py alone shows it)."""
     global testall_broken
-    cdef char version[8192]
-    cdef int n = 0
     if testall_broken < 0:
-        MPI_Get_library_version(version, &n)
-        testall_broken = b"MPICH" in version[:n]
+        testall_broken = library_is_mpich()
     if not testall_broken:
         return False
     for r in requests:

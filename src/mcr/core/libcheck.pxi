@@ -27,6 +27,21 @@ def build_info():
     }
 
 
+cdef int mpich = -1      # whether libmpi is MPICH (or made from it); -1: not asked yet
+
+
+cdef bint library_is_mpich() except -1:
+    """Whether the MPI library says it is MPICH, some of whose bugs mcr works
+    around (asked once; MPI need not be initialized)."""
+    global mpich
+    cdef char version[8192]
+    cdef int n = 0
+    if mpich < 0:
+        MPI_Get_library_version(version, &n)
+        mpich = b"MPICH" in version[:n]
+    return mpich
+
+
 cdef int check_same_libmpi() except -1:
     module_path = _mpi4py.__file__.encode()
     if mcr_same_libmpi(module_path):

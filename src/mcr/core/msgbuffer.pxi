@@ -548,6 +548,7 @@ cdef class _Msg:
     cdef int rroom[2 * SMALL_BLOCKS]
     cdef object staged       # device buffers staged through host memory (staging.pxi)
     cdef bint live           # staged and started: the result is still to copy back
+    cdef object parts        # a composed Isendrecv's _Work, for its Request (isendrecv.pxi)
 
     def side(self, int which):
         """Side 0 (send) or 1 (receive) for the Python backends: (kind, address,
