@@ -965,6 +965,8 @@ cdef class Comm(_MPI.Intracomm):
         preq.comm = self
         # persistent point-to-point is MPI-1; persistent collectives may be emulated
         mode = PERSISTENT if op <= CALL_RECV else preq.form()
+        if op == CALL_RECV and b == MPI_PROC_NULL and library_is_mpich():
+            mode = VALIDATE       # MPICH's status of one says ANY_SOURCE: an Irecv at each start
         if op == CALL_ALLTOALLW and mode == PERSISTENT and self.prologue(backend) == 0 \
                 and self.nprocs() == 1:
             mode = VALIDATE       # one process: the block moves at each start (call_alltoallw)
