@@ -5,6 +5,7 @@ import torch
 
 import mcr
 from mcr import MPI
+from mpi4py import MPI as _mpi4py
 from mpiharness import case, mpi_cases
 from util import assert_comm_works, assert_equal, raises, rank_data
 
@@ -79,6 +80,40 @@ def waitsome_and_testsome_report_indices_and_statuses(comm):
     assert mcr.Request.Waitsome(reqs) is None            # none active
     assert mcr.Request.Testsome(reqs) is None
     mcr.Request.Waitall(sends)
+
+
+@case
+def send_statuses_are_mpi4pys(comm):
+    """Among completed requests, a send's status is what mpi4py gives there,
+    for every set method, whatever the MPI library writes (MPICH writes
+    nothing, and mpi4py starts from the empty status)."""
+    right, left = ring(comm)
+
+    def complete(cls, method, reqs):
+        """{index: (source, tag, bytes)} of the completed `reqs`."""
+        out = {}
+        while len(out) < len(reqs):
+            sts = [_mpi4py.Status() for _ in reqs]
+            if method in ("Waitall", "Testall"):
+                if getattr(cls, method)(reqs, sts) is not False:
+                    out = dict(enumerate(sts))
+            else:
+                done = getattr(cls, method)(reqs, sts) or []
+                out.update((i, sts[k]) for k, i in enumerate(done))
+        return {i: (st.source, st.tag, st.Get_count(MPI.BYTE)) for i, st in out.items()}
+
+    for method in ("Waitall", "Testall", "Waitsome", "Testsome"):
+        for _ in range(3):                 # (the statuses' memory is reused)
+            buf = np.zeros(3, np.float32)
+            theirs = complete(_mpi4py.Request, method, [
+                _mpi4py.Comm.Irecv(comm, buf, left, 7),
+                _mpi4py.Comm.Isend(comm, np.full(3, comm.rank, np.float32), right, 7)])
+            ours = complete(mcr.Request, method, [
+                comm.Irecv(torch.zeros(3), left, 7),
+                comm.Isend(rank_data(comm.rank, 3), right, 7)])
+            assert theirs[0] == (left, 7, 12) == ours[0], (method, theirs, ours)
+            assert ours[1] == theirs[1], (method, "send", ours[1], "mpi4py", theirs[1])
+    assert_comm_works(comm)
 
 
 @case

@@ -17,7 +17,7 @@ from cpython.long cimport PyLong_AsVoidPtr, PyLong_AsSsize_t
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from cpython.ref cimport PyObject
 from libc.limits cimport INT_MAX
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memset
 
 from mpi4py import MPI as _mpi4py
 

@@ -298,6 +298,24 @@ cdef tuple tested_some(object cls, object requests, object statuses):
     return done is None or len(done) > 0, done
 
 
+cdef MPI_Status empty_status      # what a status holds where MPI writes none
+cdef bint empty_ready = False
+
+
+cdef int init_empty_status() except -1:
+    """The empty status (source ANY_SOURCE, tag ANY_TAG, no element), as
+    mpi4py gives for a request whose status MPI leaves alone: MPICH writes
+    none for a send completed among others."""
+    global empty_ready
+    memset(&empty_status, 0, sizeof(MPI_Status))
+    empty_status.MPI_SOURCE = MPI_ANY_SOURCE
+    empty_status.MPI_TAG = MPI_ANY_TAG
+    empty_status.MPI_ERROR = MPI_SUCCESS
+    CHKERR(MPI_Status_set_elements(&empty_status, MPI_BYTE, 0))
+    empty_ready = True
+    return 0
+
+
 cdef class _Handles:
     """The MPI_Request handles of a list of requests, with room for statuses
     and indices; `put_back` returns the handles and releases what completed."""
@@ -320,8 +338,11 @@ cdef class _Handles:
         self.indices = <int*>PyMem_Malloc(room * sizeof(int))
         if self.handles == NULL or self.statuses == NULL or self.indices == NULL:
             raise MemoryError
+        if not empty_ready:
+            init_empty_status()
         for i in range(self.n):
             self.handles[i] = (<_MPI.Request>self.requests[i]).ob_mpi
+            self.statuses[i] = empty_status
 
     def __dealloc__(self):
         PyMem_Free(self.handles)
@@ -455,6 +476,7 @@ cdef int each_all(_Handles h, bint wait, int *flag) except? -1:
             raise MemoryError()
         for k in range(m):
             handles[k] = h.handles[<int>rest[k]]
+            statuses[k] = h.statuses[<int>rest[k]]
         ierr = MPI_Testall(m, handles, flag, statuses)
         for k in range(m):
             h.handles[<int>rest[k]] = handles[k]
