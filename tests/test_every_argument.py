@@ -97,6 +97,7 @@ OBJECTS = [
     _Const("bytearray", lambda: bytearray(8 * N)),
     _Const("int-negative", lambda: -1),
     _Const("int-large-negative", lambda: -12345),
+    _Const("PROC_NULL", lambda: _mpi4py.PROC_NULL),     # -2 on Open MPI, -1 on MPICH
     _Const("int-out-of-range", lambda: 5),
     _Const("int-2**31", lambda: 2 ** 31),
     _Const("int-huge", lambda: 10 ** 30),
@@ -146,6 +147,15 @@ def lenient_tag(value):
 
 
 TAG_PARAMS = ("tag", "sendtag", "recvtag")
+
+
+def is_proc_null(value):
+    """Whether a rank argument `value` reads as MPI.PROC_NULL, as C ints are read
+    from Python: on MPICH, PROC_NULL is -1, so -1 and IN_PLACE (address -1) are it."""
+    try:
+        return int(value) == _mpi4py.PROC_NULL
+    except Exception:
+        return False
 
 
 def known(method, param, obj, backend):
@@ -534,6 +544,10 @@ class P2P:
         tag = lenient_tag(obj) if param in TAG_PARAMS else None
         tag = TAG if tag is None else tag
         self.tag = tag
+        # a dest or source that is PROC_NULL: nothing is sent, or received
+        self.null = param in ("dest", "source") and is_proc_null(obj)
+        self.receiving = base == "Send" or (          # the partner is a receive
+            self.null and param == "source" and base in ("Sendrecv", "Sendrecv_replace"))
         if base == "Send":
             self.args = {"buf": data(0), "dest": 0, "tag": TAG}
         elif base == "Recv":
@@ -558,6 +572,14 @@ class P2P:
                                            backend=self.backend)
         elif self.base in ("Recv", "Probe", "Iprobe"):
             self.partner = self.comm.Isend(self.sent, 0, self.tag, backend=self.backend)
+        elif self.null and self.param == "dest":
+            # Sendrecv(_replace) to PROC_NULL: the message it receives comes from here
+            self.partner = self.comm.Isend(self.sent, 0, self.tag, backend=self.backend)
+        elif self.null:
+            # Sendrecv(_replace) from PROC_NULL: its message to itself is received
+            # here (a send to oneself that nothing receives may block: MPICH's does)
+            self.pbuf = torch.zeros(N, dtype=torch.float64)
+            self.partner = self.comm.Irecv(self.pbuf, 0, mcr.ANY_TAG, backend=self.backend)
 
     def after(self, args, raised, result):
         """Check a call that returned, then leave nothing pending."""
@@ -569,6 +591,8 @@ class P2P:
 
     def check(self, args, result):
         b, st = self.base, args.get("status")
+        if self.null:
+            return self.check_null(args, result)
         if b == "Send":
             want = message(args["buf"])
             if want is None:
@@ -581,7 +605,7 @@ class P2P:
                               f"{args['tag']!r}")
         elif b in ("Recv", "Sendrecv"):
             key = "buf" if b == "Recv" else "recvbuf"
-            got = raw(args[key])
+            got = message(args[key])        # None: an empty buffer, as in mpi4py
             if got is None:
                 raise Outcome(f"accepted {key} {type(args[key]).__name__}")
             if b == "Sendrecv":
@@ -610,13 +634,39 @@ class P2P:
         elif b == "Iprobe" and result:
             self.check_status(st)
 
+    def check_null(self, args, result):
+        """A call with PROC_NULL for `dest` (nothing sent: the receive posted for
+        it is satisfied at cleanup) or `source` (nothing received)."""
+        b = self.base
+        if self.param == "dest":
+            if b in ("Sendrecv", "Sendrecv_replace"):
+                key = "recvbuf" if b == "Sendrecv" else "buf"
+                got, want = raw(args[key]), self.sent.numpy().tobytes()
+                if got is None or got[:len(want)] != want:
+                    raise Outcome(f"{key} holds {got!r}, expected {want!r}")
+            return
+        if b in ("Probe", "Iprobe"):
+            if result is not True:
+                raise Outcome(f"{b} from PROC_NULL returned {result!r}")
+        elif b != "Send":
+            key = "recvbuf" if b == "Sendrecv" else "buf"
+            got = raw(args[key])
+            want = (torch.zeros(N, dtype=torch.float64) if b != "Sendrecv_replace"
+                    else data(0)).numpy().tobytes()
+            if got != want:
+                raise Outcome(f"{key} changed by a receive from PROC_NULL: {got!r}")
+        st = args.get("status")
+        if isinstance(st, _mpi4py.Status) and st.source != _mpi4py.PROC_NULL:
+            raise Outcome(f"status: source {st.source} after a receive from PROC_NULL")
+
     def check_status(self, st):
         if isinstance(st, _mpi4py.Status) and (st.source != 0 or st.tag != self.tag):
             raise Outcome(f"status: source {st.source} tag {st.tag}, expected 0 and {self.tag}")
 
     def cleanup(self):
-        if self.partner is not None and self.base == "Send":
-            # the send was refused: satisfy the receive posted for it
+        if self.partner is not None and self.receiving and not self.partner.Test():
+            # nothing came (the call was refused, or sent to PROC_NULL): satisfy
+            # the receive posted for it
             self.comm.Send(torch.zeros(N, dtype=torch.float64), 0, TAG, backend=self.backend)
         drain(self.comm, self.backend)
         if self.partner is not None:
@@ -718,7 +768,10 @@ def comm_trial(fz, world_comm, self_comm, method, param, obj, backend):
             # backend=None is the communicator's default, MPI: the partner goes there
             partner = "mpi" if param == "backend" and value is None else backend
             t = P2P(comm, base, partner, param, value)
-            args = dict(t.args)
+            # the recipe is the blocking form's: Irecv, Recv_init and Isendrecv
+            # take no status
+            names = {p for p, _ in parameters(mcr.Comm, method)[0]}
+            args = {k: v for k, v in t.args.items() if k in names}
             if param != "backend":
                 args[param] = value
             t.before(args)
@@ -756,9 +809,17 @@ def comm_methods():
     return out
 
 
+# MPICH's collectives may hang where the message of one rank does not match its
+# peers' (an erroneous MPI program: Open MPI raises MPI_ERR_TRUNCATE on every
+# rank, MPICH on some): there the trials on several ranks run in checked mode,
+# whose MismatchError every rank raises before any communicates.
+MPICH = "MPICH" in _mpi4py.Get_library_version()
+
+
 def fuzz_comm(world, family):
     fz = Fuzzer(world)
     wc = world.Dup()
+    wc.checked = MPICH
     sc = mcr.COMM_SELF.Dup()
     try:
         for name, params in comm_methods().items():
