@@ -37,7 +37,7 @@ statuses: list[mcr.Status] = []
 mcr.Request.Waitall(reqs, statuses)
 n: int = statuses[0].Get_count()
 assert n == 4 and statuses[0].Get_source() == rank and statuses[0].tag == 7
-comm.Sendrecv(np.ones(2), rank, 3, buf[:2], rank, 3, status=status)
+comm.Sendrecv(np.ones(2, dtype=np.float32), rank, 3, buf[:2], rank, 3, status=status)
 assert status.Get_count(MPI.FLOAT) == 2 and status.Get_count("d") == 1
 index: int = MPI.Request.Waitany([comm.Ibarrier()])
 done: list[int] | None = mcr.Request.Waitsome([comm.Ibcast(grad, root=0)])
