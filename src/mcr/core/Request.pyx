@@ -308,10 +308,7 @@ cdef int init_empty_status() except -1:
     none for a send completed among others."""
     global empty_ready
     memset(&empty_status, 0, sizeof(MPI_Status))
-    empty_status.MPI_SOURCE = MPI_ANY_SOURCE
-    empty_status.MPI_TAG = MPI_ANY_TAG
-    empty_status.MPI_ERROR = MPI_SUCCESS
-    CHKERR(MPI_Status_set_elements(&empty_status, MPI_BYTE, 0))
+    set_status(&empty_status, MPI_ANY_SOURCE, MPI_ANY_TAG, 0)
     empty_ready = True
     return 0
 

@@ -82,6 +82,17 @@ cdef Py_ssize_t status_room(object statuses, Py_ssize_t count) except -1:
     return min(len(statuses), count)
 
 
+cdef int set_status(MPI_Status *st, int source, int tag, Py_ssize_t nbytes) except -1:
+    """Fill `st` as MPI would for a message of `nbytes` bytes (the empty
+    status: ANY_SOURCE, ANY_TAG, 0; a receive from PROC_NULL: PROC_NULL,
+    ANY_TAG, 0)."""
+    st.MPI_SOURCE = source
+    st.MPI_TAG = tag
+    st.MPI_ERROR = MPI_SUCCESS
+    CHKERR(MPI_Status_set_elements(st, MPI_BYTE, <int>nbytes))
+    return 0
+
+
 cdef int raise_recv_error(int ierr, MPI_Status *sp, side *r, str arg) except -1:
     """Raise the MPI error `ierr` of a receive into `r` (NULL: unknown) whose
     status is `sp`, with the context of a truncation (note_truncation)."""

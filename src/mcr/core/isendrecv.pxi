@@ -76,10 +76,7 @@ cdef _Work isendrecv_parts(_Msg m, int dest, int sendtag, int source, int recvta
         p = packed
         CHKERR(MPI_Pack(m.r.addr, m.r.count, m.r.dtype, p, size, &position, comm))
     if source == MPI_PROC_NULL:          # (MPICH's status of one is wrong too)
-        r.st.MPI_SOURCE = MPI_PROC_NULL
-        r.st.MPI_TAG = MPI_ANY_TAG
-        r.st.MPI_ERROR = MPI_SUCCESS
-        CHKERR(MPI_Status_set_elements(&r.st, MPI_BYTE, 0))
+        set_status(&r.st, MPI_PROC_NULL, MPI_ANY_TAG, 0)
     else:
         with nogil:
             ierr = MPI_Irecv(m.r.addr, m.r.count, m.r.dtype, source, recvtag, comm, &r.req)

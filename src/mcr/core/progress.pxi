@@ -146,17 +146,11 @@ cdef class _Work:
                             f"{type(status).__name__}")
         cdef _MPI.Status st = <_MPI.Status>status
         if self.status is None:     # not a receive: the empty status
-            st.ob_mpi.MPI_SOURCE = MPI_ANY_SOURCE
-            st.ob_mpi.MPI_TAG = MPI_ANY_TAG
-            st.ob_mpi.MPI_ERROR = MPI_SUCCESS
-            CHKERR(MPI_Status_set_elements(&st.ob_mpi, MPI_BYTE, 0))
+            set_status(&st.ob_mpi, MPI_ANY_SOURCE, MPI_ANY_TAG, 0)
             status_type(status, MPI_DATATYPE_NULL)
             return 0
         source, tag, nbytes, rtype = self.status
-        st.ob_mpi.MPI_SOURCE = source
-        st.ob_mpi.MPI_TAG = tag
-        st.ob_mpi.MPI_ERROR = MPI_SUCCESS
-        CHKERR(MPI_Status_set_elements(&st.ob_mpi, MPI_BYTE, nbytes))
+        set_status(&st.ob_mpi, source, tag, nbytes)
         status_type(status, <MPI_Datatype><Py_ssize_t>rtype if rtype else MPI_DATATYPE_NULL)
         return 0
 
