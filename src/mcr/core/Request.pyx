@@ -424,17 +424,11 @@ cdef int copy_status(object status, object source) except -1:
     return 0
 
 
-cdef int testall_broken = -1      # MPICH's MPI_Testall on persistent collectives (below)
-
-
 cdef bint persistent_collectives(list requests) except -1:
     """Whether `requests` holds a persistent collective request, on an MPI
     library whose MPI_Testall and MPI_Waitall report MPI_ERR_IN_STATUS for them
     with every status MPI_SUCCESS (MPICH 5.0.2; mpi4py alone shows it)."""
-    global testall_broken
-    if testall_broken < 0:
-        testall_broken = library_is_mpich()
-    if not testall_broken:
+    if not library_is_mpich():
         return False
     for r in requests:
         if is_persistent_collective(r):
@@ -498,7 +492,7 @@ cdef int each_all(_Handles h, bint wait, int *flag) except? -1:
 cdef object complete_all(object requests, object statuses, bint wait):
     cdef _Handles h = _Handles(requests)
     cdef int flag = 1, ierr
-    if testall_broken and persistent_collectives(h.requests):    # (-1: not asked yet)
+    if mpich and persistent_collectives(h.requests):    # (mpich -1: not asked yet)
         ierr = each_all(h, wait, &flag)
     elif wait:
         with nogil:
