@@ -7,7 +7,7 @@ the environment variable ``MCR_LOG`` or from code::
     MCR_LOG=summary:ranks ...                             # every rank's table
     MCR_LOG=summary:stragglers ...                        # + min/max over ranks
     MCR_LOG=json:calls.jsonl ...                          # one record per call
-    MCR_LOG=trace:trace.json ...                          # Perfetto / chrome://tracing
+    MCR_LOG=trace:trace.json ...                          # Perfetto, Chrome DevTools
     MCR_LOG=summary,trace:trace.json ...                  # several, comma-separated
 
     import mcr.log

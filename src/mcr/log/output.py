@@ -1,6 +1,7 @@
 """What the logger writes: records as dicts, a JSON log (one record per line)
-and a trace in Chrome's trace-event format (opens in ui.perfetto.dev and
-chrome://tracing), one track per rank and backend."""
+and a trace in Chrome's trace-event format (for ui.perfetto.dev, Chrome
+DevTools' Performance panel and other trace viewers), one track per rank
+and backend."""
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
