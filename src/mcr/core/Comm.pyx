@@ -1579,146 +1579,79 @@ cdef class Comm(_MPI.Intracomm):
         return self.call(CALL_RSEND, PERSISTENT, backend, None, buf, dest, tag)
 
     def Barrier_init(self, info=None, *, backend=None):
-        """Create a persistent Barrier; return an inactive ``Prequest``.
-
-        Arguments as ``Barrier``, plus `info` (an ``MPI.Info`` or None); each
-        ``Start`` runs the operation on what the buffers hold then.
-        """
+        """Persistent ``Barrier``; arguments as ``Barrier``, plus `info`."""
         return self.call(CALL_BARRIER, PERSISTENT, backend, info)
 
     def Bcast_init(self, buf, root=0, info=None, *, backend=None, compress=None):
-        """Create a persistent Bcast; return an inactive ``Prequest``.
-
-        Arguments as ``Bcast``, plus `info` (an ``MPI.Info`` or None); each
-        ``Start`` runs the operation on what the buffers hold then.
-        """
+        """Persistent ``Bcast``; arguments as ``Bcast``, plus `info`."""
         return call_c(self, CALL_BCAST, PERSISTENT, backend, info, compress, buf, root, None)
 
     def Gather_init(self, sendbuf, recvbuf, root=0, info=None, *, backend=None):
-        """Create a persistent Gather; return an inactive ``Prequest``.
-
-        Arguments as ``Gather``, plus `info` (an ``MPI.Info`` or None); each
-        ``Start`` runs the operation on what the buffers hold then.
-        """
+        """Persistent ``Gather``; arguments as ``Gather``, plus `info`."""
         return self.call(CALL_GATHER, PERSISTENT, backend, info, sendbuf, recvbuf, root)
 
     def Gatherv_init(self, sendbuf, recvbuf, root=0, info=None, *, backend=None):
-        """Create a persistent Gatherv; return an inactive ``Prequest``.
-
-        Arguments as ``Gatherv``, plus `info` (an ``MPI.Info`` or None); each
-        ``Start`` runs the operation on what the buffers hold then.
-        """
+        """Persistent ``Gatherv``; arguments as ``Gatherv``, plus `info`."""
         return self.call(CALL_GATHERV, PERSISTENT, backend, info, sendbuf, recvbuf, root)
 
     def Scatter_init(self, sendbuf, recvbuf, root=0, info=None, *, backend=None):
-        """Create a persistent Scatter; return an inactive ``Prequest``.
-
-        Arguments as ``Scatter``, plus `info` (an ``MPI.Info`` or None); each
-        ``Start`` runs the operation on what the buffers hold then.
-        """
+        """Persistent ``Scatter``; arguments as ``Scatter``, plus `info`."""
         return self.call(CALL_SCATTER, PERSISTENT, backend, info, sendbuf, recvbuf, root)
 
     def Scatterv_init(self, sendbuf, recvbuf, root=0, info=None, *, backend=None):
-        """Create a persistent Scatterv; return an inactive ``Prequest``.
-
-        Arguments as ``Scatterv``, plus `info` (an ``MPI.Info`` or None); each
-        ``Start`` runs the operation on what the buffers hold then.
-        """
+        """Persistent ``Scatterv``; arguments as ``Scatterv``, plus `info`."""
         return self.call(CALL_SCATTERV, PERSISTENT, backend, info, sendbuf, recvbuf, root)
 
     def Allgather_init(self, sendbuf, recvbuf, info=None, *, backend=None, compress=None):
-        """Create a persistent Allgather; return an inactive ``Prequest``.
-
-        Arguments as ``Allgather``, plus `info` (an ``MPI.Info`` or None); each
-        ``Start`` runs the operation on what the buffers hold then.
-        """
+        """Persistent ``Allgather``; arguments as ``Allgather``, plus `info`."""
         return call_c(self, CALL_ALLGATHER, PERSISTENT, backend, info, compress, sendbuf, recvbuf,
                       None)
 
     def Allgatherv_init(self, sendbuf, recvbuf, info=None, *, backend=None, compress=None):
-        """Create a persistent Allgatherv; return an inactive ``Prequest``.
-
-        Arguments as ``Allgatherv``, plus `info` (an ``MPI.Info`` or None); each
-        ``Start`` runs the operation on what the buffers hold then.
-        """
+        """Persistent ``Allgatherv``; arguments as ``Allgatherv``, plus `info`."""
         return call_c(self, CALL_ALLGATHERV, PERSISTENT, backend, info, compress, sendbuf, recvbuf,
                       None)
 
     def Alltoall_init(self, sendbuf, recvbuf, info=None, *, backend=None, compress=None):
-        """Create a persistent Alltoall; return an inactive ``Prequest``.
-
-        Arguments as ``Alltoall``, plus `info` (an ``MPI.Info`` or None); each
-        ``Start`` runs the operation on what the buffers hold then.
-        """
+        """Persistent ``Alltoall``; arguments as ``Alltoall``, plus `info`."""
         return call_c(self, CALL_ALLTOALL, PERSISTENT, backend, info, compress, sendbuf, recvbuf,
                       None)
 
     def Alltoallv_init(self, sendbuf, recvbuf, info=None, *, backend=None, compress=None):
-        """Create a persistent Alltoallv; return an inactive ``Prequest``.
-
-        Arguments as ``Alltoallv``, plus `info` (an ``MPI.Info`` or None); each
-        ``Start`` runs the operation on what the buffers hold then.
-        """
+        """Persistent ``Alltoallv``; arguments as ``Alltoallv``, plus `info`."""
         return call_c(self, CALL_ALLTOALLV, PERSISTENT, backend, info, compress, sendbuf, recvbuf,
                       None)
 
     def Alltoallw_init(self, sendbuf, recvbuf, info=None, *, backend=None):
-        """Create a persistent Alltoallw; return an inactive ``Prequest``.
-
-        Arguments as ``Alltoallw``, plus `info` (an ``MPI.Info`` or None); each
-        ``Start`` runs the operation on what the buffers hold then.
-        """
+        """Persistent ``Alltoallw``; arguments as ``Alltoallw``, plus `info`."""
         return self.call(CALL_ALLTOALLW, PERSISTENT, backend, info, sendbuf, recvbuf)
 
     def Reduce_init(self, sendbuf, recvbuf, op=SUM, root=0, info=None, *, backend=None):
-        """Create a persistent Reduce; return an inactive ``Prequest``.
-
-        Arguments as ``Reduce``, plus `info` (an ``MPI.Info`` or None); each
-        ``Start`` runs the operation on what the buffers hold then.
-        """
+        """Persistent ``Reduce``; arguments as ``Reduce``, plus `info`."""
         return self.call(CALL_REDUCE, PERSISTENT, backend, info, sendbuf, recvbuf, op, root)
 
     def Allreduce_init(self, sendbuf, recvbuf, op=SUM, info=None, *, backend=None, compress=None):
-        """Create a persistent Allreduce; return an inactive ``Prequest``.
-
-        Arguments as ``Allreduce``, plus `info` (an ``MPI.Info`` or None); each
-        ``Start`` runs the operation on what the buffers hold then.
-        """
+        """Persistent ``Allreduce``; arguments as ``Allreduce``, plus `info`."""
         return call_c(self, CALL_ALLREDUCE, PERSISTENT, backend, info, compress, sendbuf,
                       recvbuf, op)
 
     def Reduce_scatter_block_init(self, sendbuf, recvbuf, op=SUM, info=None, *, backend=None):
-        """Create a persistent Reduce_scatter_block; return an inactive ``Prequest``.
-
-        Arguments as ``Reduce_scatter_block``, plus `info` (an ``MPI.Info`` or None); each
-        ``Start`` runs the operation on what the buffers hold then.
-        """
+        """Persistent ``Reduce_scatter_block``; arguments as ``Reduce_scatter_block``,
+        plus `info`."""
         return self.call(CALL_REDUCE_SCATTER_BLOCK, PERSISTENT, backend, info,
                          sendbuf, recvbuf, op)
 
     def Reduce_scatter_init(self, sendbuf, recvbuf, recvcounts=None, op=SUM, info=None, *, backend=None):
-        """Create a persistent Reduce_scatter; return an inactive ``Prequest``.
-
-        Arguments as ``Reduce_scatter``, plus `info` (an ``MPI.Info`` or None); each
-        ``Start`` runs the operation on what the buffers hold then.
-        """
+        """Persistent ``Reduce_scatter``; arguments as ``Reduce_scatter``, plus `info`."""
         return self.call(CALL_REDUCE_SCATTER, PERSISTENT, backend, info,
                          sendbuf, recvbuf, recvcounts, op)
 
     def Scan_init(self, sendbuf, recvbuf, op=SUM, info=None, *, backend=None):
-        """Create a persistent Scan; return an inactive ``Prequest``.
-
-        Arguments as ``Scan``, plus `info` (an ``MPI.Info`` or None); each
-        ``Start`` runs the operation on what the buffers hold then.
-        """
+        """Persistent ``Scan``; arguments as ``Scan``, plus `info`."""
         return self.call(CALL_SCAN, PERSISTENT, backend, info, sendbuf, recvbuf, op)
 
     def Exscan_init(self, sendbuf, recvbuf, op=SUM, info=None, *, backend=None):
-        """Create a persistent Exscan; return an inactive ``Prequest``.
-
-        Arguments as ``Exscan``, plus `info` (an ``MPI.Info`` or None); each
-        ``Start`` runs the operation on what the buffers hold then.
-        """
+        """Persistent ``Exscan``; arguments as ``Exscan``, plus `info`."""
         return self.call(CALL_EXSCAN, PERSISTENT, backend, info, sendbuf, recvbuf, op)
 
     # -- Communicator management -------------------------------------------------
