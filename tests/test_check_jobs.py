@@ -77,6 +77,10 @@ def test_timeout_from_the_environment_and_the_merged_report(tmp_path, nprocs):
     assert files == [f"mcr-flight-{r}.json" for r in range(nprocs)], files
     record = json.loads((flight / "mcr-flight-0.json").read_text())
     assert record["reason"] == "timeout" and record["comms"]["world"]["next_seq"] == 3
+    # one job: every rank wrote the name its launcher gave it (Open MPI's is
+    # PMIx's namespace; MPICH's mpiexec gives none)
+    jobs = {json.loads((flight / name).read_text())["job"] for name in files}
+    assert len(jobs) == 1 and (MPICH or None not in jobs), jobs
     pending = [c for c in record["calls"] if c["state"] == "pending"]
     assert [(c["op"], c["seq"]) for c in pending] == [("Allreduce", 2)], pending
     report = subprocess.run([sys.executable, "-m", "mcr.debug", str(flight)],

@@ -460,6 +460,7 @@ def test_bad_file(tmp_path, text, fragment):
                                                         "include the file's rank 0"),
     (lambda r: r["comms"]["world"].update(members=[0, 5]), "comms['world']: 'members' must be "
                                                            "world ranks 0-1, got [0, 5]"),
+    (lambda r: r.update(job=5), "'job' must be a string or null, got int 5"),
 ])
 def test_bad_field(tmp_path, change, fragment):
     path = valid(tmp_path)
@@ -506,3 +507,23 @@ def test_no_arguments_is_a_usage_error():
     status, out, err = run_cli()
     assert (status, out) == (2, "")
     assert "usage: python -m mcr.debug" in err and "Traceback" not in err
+
+
+def test_files_of_two_named_jobs(tmp_path):
+    # a rank of the second run died without writing: its file is the first run's
+    a = plant(tmp_path, 0, 2, done(1, 2), job="prterun-node0-4242@1")
+    b = plant(tmp_path, 1, 2, done(1, 1), job="prterun-node0-977@1")
+    status, out, err = run_cli(tmp_path)
+    assert (status, out) == (2, "")
+    assert err == ("mcr.debug: files from different jobs (prterun-node0-4242@1, "
+                   f"prterun-node0-977@1): {a}: job prterun-node0-4242@1; "
+                   f"{b}: job prterun-node0-977@1\n")
+
+
+@pytest.mark.parametrize("other", [None, "absent"])
+def test_files_of_one_named_job_or_of_no_known_job(tmp_path, other):
+    # a file without a name (an unnamed job, or an older recorder's) is not refused
+    plant(tmp_path, 0, 2, done(1, 2), job="slurm 77.0")
+    plant(tmp_path, 1, 2, done(1, 2), **({} if other == "absent" else {"job": other}))
+    report = debug.merge([tmp_path])
+    assert report.ranks == [0, 1] and all(c.ok for c in report.comms)

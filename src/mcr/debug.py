@@ -55,7 +55,7 @@ call completed and every rank of the job has a file; 1 when a divergence, a
 call that did not complete or a missing rank file was found (the report says
 which); 2 when the files cannot be used (unreadable, not JSON, another format
 version, a field missing or of the wrong type, files of jobs of different
-sizes, two files for one rank): the message, on stderr, names the file and
+sizes or of two jobs the launcher named, two files for one rank): the message, on stderr, names the file and
 what is wrong, and nothing is analysed.
 """
 
@@ -129,6 +129,7 @@ class FlightFile:
     path: str
     rank: int
     size: int
+    job: str | None     # the launcher's name of the job, where it gives one
     host: str
     pid: int
     time: float
@@ -261,7 +262,10 @@ def read(path: str | os.PathLike[str]) -> FlightFile:
                 raise FlightFileError(f"{where}: calls[{i}]: a second call #{call.seq} on "
                                       f"communicator {call.comm!r}")
             seen.add((call.comm, call.seq))
-    return FlightFile(path=where, rank=rank, size=size, host=_get(obj, "host", str, where),
+    # "job" came after version 1's first files: a file without it is of no known job
+    job = _get(obj, "job", str, where, nullable=True) if "job" in obj else None
+    return FlightFile(path=where, rank=rank, size=size, job=job,
+                      host=_get(obj, "host", str, where),
                       pid=_get(obj, "pid", int, where),
                       time=float(_get(obj, "time", (int, float), where)),
                       reason=_get(obj, "reason", str, where),
@@ -548,7 +552,9 @@ def merge(paths: Iterable[str | os.PathLike[str]]) -> Report:
     ------
     FlightFileError
         No file given, a file cannot be used (see :func:`read`), the files
-        come from jobs of different sizes, or two files are of the same rank.
+        come from jobs of different sizes or from jobs of different names (the
+        launcher's, where it gives one: ``PMIX_NAMESPACE``, Slurm's job and
+        step), or two files are of the same rank.
     """
     files = sorted((read(p) for p in flight_paths(paths)), key=lambda f: f.rank)
     if not files:
@@ -557,6 +563,11 @@ def merge(paths: Iterable[str | os.PathLike[str]]) -> Report:
     if len(sizes) > 1:
         named = "; ".join(f"{f.path}: size {f.size}" for f in files)
         raise FlightFileError(f"files from different jobs (sizes {sorted(sizes)}): {named}")
+    jobs = {f.job for f in files if f.job is not None}
+    if len(jobs) > 1:
+        named = "; ".join(f"{f.path}: job {f.job}" for f in files if f.job is not None)
+        raise FlightFileError(f"files from different jobs ({', '.join(sorted(jobs))}): "
+                              f"{named}")
     by_rank: dict[int, FlightFile] = {}
     for f in files:
         if f.rank in by_rank:
