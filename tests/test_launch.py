@@ -147,6 +147,16 @@ def test_command_refuses_a_bad_nprocs(clean, nprocs):
         launch.command(nprocs, fake(clean / "bin"))
 
 
+@pytest.mark.parametrize("environ, name", [
+    ({"PMIX_NAMESPACE": "prterun-node0-4242@1", "SLURM_JOB_ID": "77"}, "prterun-node0-4242@1"),
+    ({"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0"}, "slurm 77.0"),
+    ({"SLURM_JOB_ID": "77"}, "slurm 77"),
+    ({"PMI_RANK": "0", "PMI_SIZE": "2", "PMIX_NAMESPACE": ""}, None),     # MPICH's Hydra
+])
+def test_job_name(environ, name):
+    assert launch.job_name(environ) == name
+
+
 def test_job_env(clean):
     ompi = fake(clean / "ompi")
     mpich = fake(clean / "mpich", version=MPICH_VERSION)

@@ -55,8 +55,9 @@ call completed and every rank of the job has a file; 1 when a divergence, a
 call that did not complete or a missing rank file was found (the report says
 which); 2 when the files cannot be used (unreadable, not JSON, another format
 version, a field missing or of the wrong type, files of jobs of different
-sizes or of two jobs the launcher named, two files for one rank): the message, on stderr, names the file and
-what is wrong, and nothing is analysed.
+sizes or of two jobs their launchers named, two files for one rank): the
+message, on stderr, names the file and what is wrong, and nothing is
+analysed.
 """
 
 from __future__ import annotations
@@ -552,9 +553,9 @@ def merge(paths: Iterable[str | os.PathLike[str]]) -> Report:
     ------
     FlightFileError
         No file given, a file cannot be used (see :func:`read`), the files
-        come from jobs of different sizes or from jobs of different names (the
-        launcher's, where it gives one: ``PMIX_NAMESPACE``, Slurm's job and
-        step), or two files are of the same rank.
+        come from jobs of different sizes or from jobs of different names
+        (:func:`mcr.launch.job_name`, where the launcher gives one), or two
+        files are of the same rank.
     """
     files = sorted((read(p) for p in flight_paths(paths)), key=lambda f: f.rank)
     if not files:

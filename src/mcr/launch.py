@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["find_mpiexec", "MpiexecNotFoundError", "is_open_mpi", "version", "launched",
-           "job_env", "command", "start", "run", "run_module", "Job", "JobResult", "LAUNCHER_VARS",
+           "job_name", "job_env", "command", "start", "run", "run_module", "Job", "JobResult", "LAUNCHER_VARS",
            "JOB_MARKER", "OPEN_MPI_ENV"]
 
 # Variables that MPI launchers (Open MPI, MPICH, Intel MPI) set in the processes
@@ -175,6 +175,20 @@ def launched(environ: Mapping[str, str] | None = None) -> bool:
     """Whether this process (or ``environ``) was started by an MPI launcher as a rank."""
     environ = os.environ if environ is None else environ
     return any(var in environ for var in LAUNCHER_VARS)
+
+
+def job_name(environ: Mapping[str, str] | None = None) -> str | None:
+    """The name every rank of this process's job (or ``environ``'s) is given
+    by its launcher: PMIx's namespace (Open MPI's ``mpiexec``, other PMIx
+    launchers) or Slurm's job and step; None where there is none (MPICH's
+    ``mpiexec`` names no job). The flight recorder writes it in its files."""
+    environ = os.environ if environ is None else environ
+    if environ.get("PMIX_NAMESPACE"):
+        return environ["PMIX_NAMESPACE"]
+    if environ.get("SLURM_JOB_ID"):
+        step = environ.get("SLURM_STEP_ID")
+        return f"slurm {environ['SLURM_JOB_ID']}" + (f".{step}" if step else "")
+    return None
 
 
 def job_env(mpiexec: str, base: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -636,20 +636,6 @@ cdef object timed_multi(object requests, double timeout, object test):
 
 # -- The flight recorder -------------------------------------------------------------
 
-cdef object job_id():
-    """The job's name as its launcher gives it to every rank (PMIx, used by
-    Open MPI's mpiexec and by Slurm with PMIx; Slurm's job and step), so that
-    ``mcr.debug`` refuses files of two jobs; None where there is none (MPICH's
-    Hydra passes no name)."""
-    env = _os.environ
-    if env.get("PMIX_NAMESPACE"):
-        return env["PMIX_NAMESPACE"]
-    if env.get("SLURM_JOB_ID"):
-        step = env.get("SLURM_STEP_ID")
-        return f"slurm {env['SLURM_JOB_ID']}" + (f".{step}" if step else "")
-    return None
-
-
 cdef int flight_dump(str reason, str message) except -1:
     """Write this process's records to $MCR_FLIGHT_RECORDER/mcr-flight-<rank>.json
     (the first error's reason and message are kept in later dumps)."""
@@ -675,7 +661,8 @@ cdef int flight_dump(str reason, str message) except -1:
                 if (<_Pend>p).comm == label and (<_Pend>p).seq is not None]
         comms[label] = {"members": (<_Watch>w).members, "next_seq": (<_Watch>w).seq + 1,
                         "first_seq": min(seqs) if seqs else (<_Watch>w).seq + 1}
-    record = {"version": 1, "rank": rank, "size": size, "job": job_id(),
+    from mcr import launch       # its job_name(): which names the launchers give
+    record = {"version": 1, "rank": rank, "size": size, "job": launch.job_name(),
               "host": _socket.gethostname(),
               "pid": _os.getpid(), "time": _time.time(), "reason": reason,
               "message": message, "comms": comms,
