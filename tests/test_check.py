@@ -361,6 +361,38 @@ def timeout_in_waitall_and_waitany(comm):
 
 
 @case
+def timeout_in_a_backends_set_up(comm):
+    # the first call on Gloo sets it up over the whole communicator: a
+    # point-to-point exchange between ranks 0 and 1 that the others never
+    # join on Gloo waits there, and the timeout turns that into an error
+    size, rank = comm.size, comm.rank
+    if size == 1:
+        return
+    c = timed(comm)
+    if rank == 0:
+        exc = expect_timeout(lambda: c.Send(data(0), dest=1, tag=4, backend="gloo"),
+                             "every process of", "first call on backend 'gloo'",
+                             "collectively over the communicator",
+                             "Send float32[4] to 1 tag 4 on")
+        assert exc.pending[-1]["backend"] == "gloo" and exc.pending[-1]["peer"] == 1
+        # a second try waits for the same set-up, and times out again
+        expect_timeout(lambda: c.Send(data(0), dest=1, tag=4, backend="gloo"),
+                       "first call on backend 'gloo'")
+    comm.Barrier()              # (the parent) now every rank makes a first call on Gloo
+    if rank == 0:
+        c.Send(data(0), dest=1, tag=4, backend="gloo")
+    elif rank == 1:
+        c.Recv(y := torch.zeros(4), source=0, tag=4, backend="gloo")
+        assert torch.equal(y, data(0))
+    else:
+        assert c.Iprobe(source=0, tag=4, backend="gloo") is False
+    x = data(rank)
+    c.Allreduce(mcr.IN_PLACE, x, backend="gloo")
+    assert torch.equal(x, sum(data(r) for r in range(size)))
+    c.Free()
+
+
+@case
 def checked_and_timed_fingerprint_exchange_times_out(comm):
     size, rank = comm.size, comm.rank
     if size == 1:

@@ -67,6 +67,7 @@ class Subcomm:
         self.rank: int = comm.Get_rank()
         self.size: int = comm.Get_size()
         self._hcomm: Any = None
+        self._meeting: Any = None       # the set-up's barrier, while it waits
         # point-to-point matching (compose.py): per-destination sequence
         # numbers, probed headers, sends in flight, payloads to this rank,
         # receives posted and not yet complete, payload buffers to reuse
@@ -89,11 +90,22 @@ class Subcomm:
 
     def start(self) -> None:
         """Connect, once: the backend's communicator and the MPI duplicate that
-        carries point-to-point headers."""
+        carries point-to-point headers.
+
+        Collective: the processes first meet in a barrier, which the
+        communicator's timeout bounds (a process that never makes a call on
+        this backend, as with a point-to-point exchange between two of four
+        processes, is a TimeoutError here, not a hang in the set-up)."""
         if self._hcomm is None:
             reason = self.backend.unavailable()
             if reason is not None:
                 raise RuntimeError(f"backend {self.name!r}: {reason}")
+            if self._meeting is None:
+                self._meeting = self.comm.to_mpi4py().Ibarrier()
+            _core._meet(self.comm, self._meeting,
+                        f"to make its first call on backend {self.name!r} (that call "
+                        "sets the backend up, collectively over the communicator)")
+            self._meeting = None
             self.connect()
             self._hcomm = self.comm.to_mpi4py().Dup()
 

@@ -469,6 +469,26 @@ cdef int poll_request(MPI_Request *req, _Watch w, Comm comm, str what) except -1
         spins += 1
 
 
+
+def _meet(Comm comm, _MPI.Request meeting, str what):
+    """Wait for `meeting` (an Ibarrier on `comm`): every process of `comm` has
+    come to a collective step outside the call path (a backend's set-up).
+    Polled, so that Ctrl-C ends it, and TimeoutError at `comm`'s timeout, if
+    any; the barrier stays pending then, and a second call waits for it again."""
+    cdef int flag = 0, spins = 0
+    cdef _Watch w = comm.watch
+    cdef double timeout = w.timeout if w is not None else 0
+    cdef long long deadline = now_ns() + <long long>(timeout * 1e9)
+    while True:
+        CHKERR(MPI_Test(&meeting.ob_mpi, &flag, MPI_STATUS_IGNORE))
+        if flag:
+            return
+        if timeout > 0 and now_ns() > deadline:
+            raise_timeout(timeout, f"waiting for every process of "
+                                   f"{comm_label(w, comm.ob_mpi)} {what}")
+        idle(spins)
+        spins += 1
+
 # -- Records of calls ----------------------------------------------------------------
 
 cdef enum:
