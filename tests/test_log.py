@@ -270,13 +270,18 @@ def test_mcr_log_env_writes_table_json_and_trace(tmp_path):
     trace = json.loads(tpath.read_text())
     events = trace["traceEvents"]
     names = {(e["pid"], e["args"]["name"]) for e in events if e["name"] == "thread_name"}
-    assert names == {(0, "gloo"), (0, "mpi"), (1, "gloo"), (1, "mpi")}
+    # the two Iallgathers overlap (both are posted, then waited for together)
+    assert names == {(rank, name) for rank in (0, 1)
+                     for name in ("gloo", "mpi", "mpi requests", "mpi requests 2")}, names
     complete = [e for e in events if e["ph"] == "X"]
-    begins = [e for e in events if e["ph"] == "b"]
-    ends = [e for e in events if e["ph"] == "e"]
-    assert len(complete) == 12 and len(begins) == len(ends) == 4
+    assert len(complete) == 16 and {e["ph"] for e in events} == {"M", "X"}
     assert all(e["ts"] >= 0 and e["dur"] >= 0 for e in complete)
-    assert len({json.dumps(e["id2"]) + str(e["pid"]) for e in begins}) == 4
+    thread = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+              if e["name"] == "thread_name"}
+    for e in complete:
+        form = e["args"]["record"]["form"]
+        expect = "mpi requests" if form == "nonblocking" else e["cat"]
+        assert thread[e["pid"], e["tid"]].startswith(expect), (e, thread)
     from_trace = output.read_json(str(tpath))
     key = lambda r: (r["rank"], r["start"])                          # noqa: E731
     assert sorted(from_trace, key=key) == sorted(records, key=key)
@@ -362,3 +367,46 @@ def test_read_json_names_the_bad_line(tmp_path):
     path.write_text('[1, 2]\n')
     with raises(ValueError, f"{path}:1", "not an mcr log record"):
         output.read_json(str(path))
+
+
+def test_trace_puts_overlapping_requests_on_separate_threads(tmp_path):
+    def rec(rank, backend, form, start_us, dur_us, op="Allreduce"):
+        return dict(rank=rank, backend=backend, form=form, op=op, start=100 + start_us / 1e6,
+                    duration_us=float(dur_us))
+
+    records = [rec(0, "mpi", "blocking", 0, 50),
+               rec(0, "mpi", "nonblocking", 10, 100, "Alltoall"),    # overlaps the next two
+               rec(0, "mpi", "nonblocking", 20, 30),
+               rec(0, "mpi", "nonblocking", 60, 10),                # after the one above ends
+               rec(0, "mpi", "persistent", 200, 5, "Bcast"),        # after every other
+               rec(0, "gloo", "nonblocking", 15, 100),
+               rec(1, "gloo", "blocking", 0, 10)]
+    events = output.trace_events(records)
+    assert {e["ph"] for e in events} == {"M", "X"}
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+             if e["name"] == "thread_name"}
+    assert sorted(names.values()) == sorted(
+        ["gloo", "gloo requests", "mpi", "mpi requests", "mpi requests 2",
+         "gloo", "mpi"]), names
+    calls = [e for e in events if e["ph"] == "X"]
+    assert [e["name"] for e in calls] == ["Allreduce", "Ialltoall", "Iallreduce",
+                                          "Iallreduce", "Bcast_init", "Iallreduce",
+                                          "Allreduce"]
+    placed = [names[e["pid"], e["tid"]] for e in calls]
+    assert placed == ["mpi", "mpi requests", "mpi requests 2", "mpi requests 2",
+                      "mpi requests", "gloo requests", "gloo"]
+    # no two calls of one thread overlap (checked pairwise, from the records)
+    by_thread: dict = {}
+    for e, r in zip(calls, records):
+        by_thread.setdefault((e["pid"], e["tid"]), []).append(r)
+    for rs in by_thread.values():
+        for a in rs:
+            for b in rs:
+                if a is not b:
+                    assert a["start"] + a["duration_us"] / 1e6 <= b["start"] or \
+                        b["start"] + b["duration_us"] / 1e6 <= a["start"], (a, b)
+    assert calls[1]["ts"] == pytest.approx(10) and calls[1]["dur"] == 100
+    # the file round-trips to the records
+    path = tmp_path / "t.json"
+    output.write_trace(str(path), records)
+    assert output.read_json(str(path)) == records

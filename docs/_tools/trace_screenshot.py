@@ -8,10 +8,11 @@ Playwright drives the browser::
 
     pip install playwright
     python docs/_tools/trace_screenshot.py trace.json out.png \\
-        --chromium /usr/bin/chromium --expand 4 --click 1099,201
+        --chromium /usr/bin/chromium --expand 4 --click 440,197
 
 ``--expand N`` opens the tracks of the first N processes (ranks) and of
-their threads (backends), so that calls show their names; ``--click X,Y``
+their threads (each backend's blocking calls and request lanes, counted
+from the trace), so that calls show their names; ``--click X,Y``
 then selects the call there, whose record the Summary pane shows. The
 positions are the page's pixels (1600 x 900 by default) and depend on the
 trace: take a screenshot without ``--click`` first. The page's layout is
@@ -20,6 +21,8 @@ positions (the constants below).
 """
 
 import argparse
+import collections
+import json
 import pathlib
 import socket
 
@@ -48,14 +51,18 @@ def main() -> None:
                         help="the browser executable (default: Playwright's own)")
     parser.add_argument("--expand", type=int, default=0,
                         help="open the tracks of the first N ranks and their backends")
-    parser.add_argument("--threads", type=int, default=2,
-                        help="backends (threads) per rank in the trace (default 2)")
     parser.add_argument("--click", default=None, help="X,Y: select the call there")
     parser.add_argument("--size", default="1600x900", help="WIDTHxHEIGHT of the page")
     args = parser.parse_args()
     if not args.trace.is_file():
         parser.error(f"trace: no file {args.trace}")
     width, height = (int(v) for v in args.size.split("x"))
+    # the threads (a backend's blocking calls, its request lanes) of each rank
+    events = json.loads(args.trace.read_text())["traceEvents"]
+    per_rank = collections.Counter(e["pid"] for e in events if e.get("name") == "thread_name")
+    threads = [per_rank[pid] for pid in sorted(per_rank)]
+    if args.expand > len(threads):
+        parser.error(f"--expand: the trace has {len(threads)} ranks, not {args.expand}")
     port = free_port()
 
     with sync_playwright() as p:
@@ -77,10 +84,12 @@ def main() -> None:
         for i in reversed(range(args.expand)):
             page.mouse.click(9, FIRST_ROW + i * ROW)
             page.wait_for_timeout(300)
-        rank_rows = RANK_OPEN + args.threads * ROW
+        tops = [FIRST_ROW]          # each open rank's header: below the ranks above it
+        for n in threads[:args.expand]:
+            tops.append(tops[-1] + RANK_OPEN + n * ROW)
         for i in reversed(range(args.expand)):
-            for t in reversed(range(args.threads)):
-                page.mouse.click(20, FIRST_ROW + i * rank_rows + THREAD_ROW + t * ROW)
+            for t in reversed(range(threads[i])):
+                page.mouse.click(20, tops[i] + THREAD_ROW + t * ROW)
                 page.wait_for_timeout(300)
         if args.click:
             x, y = (int(v) for v in args.click.split(","))

@@ -1,7 +1,7 @@
 """What the logger writes: records as dicts, a JSON log (one record per line)
 and a trace in Chrome's trace-event format (for ui.perfetto.dev, Chrome
-DevTools' Performance panel and other trace viewers), one track per rank
-and backend."""
+DevTools' Performance panel and other trace viewers), a process per rank
+with threads per backend."""
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
@@ -79,39 +79,65 @@ def read_json(path: str) -> list[dict[str, Any]]:
     return out
 
 
+def _lanes(records: Sequence[Mapping[str, Any]]) -> list[int]:
+    """For each record, its lane among the requests (non-blocking and
+    persistent calls) of its rank and backend: the first lane free at its
+    start, so that the calls of one lane do not overlap (0 for a blocking call)."""
+    ends: dict[tuple[int, str], list[float]] = {}    # (rank, backend) -> each lane's end
+    lane = [0] * len(records)
+    for i in sorted(range(len(records)), key=lambda i: records[i]["start"]):
+        r = records[i]
+        if r["form"] == "blocking":
+            continue
+        free = ends.setdefault((r["rank"], r["backend"]), [])
+        end = r["start"] + r["duration_us"] / 1e6
+        k = next((k for k, e in enumerate(free) if e <= r["start"]), len(free))
+        if k == len(free):
+            free.append(end)
+        else:
+            free[k] = end
+        lane[i] = k + 1
+    return lane
+
+
 def trace_events(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Trace events: a process per rank, a thread per backend. A blocking
-    call is a complete event on its backend's thread; a non-blocking or
-    persistent one (which may overlap others) an async slice in the
-    backend's category, from post to the completion the program saw."""
+    """Trace events: a process per rank, and threads per backend. Every call
+    is a complete event (``"X"``): a blocking one on its backend's thread, a
+    non-blocking or persistent one (which may overlap others) on one of the
+    backend's request threads ("gloo requests", "gloo requests 2", ...),
+    from post to the completion the program saw. (Complete events, not async
+    slices: Chrome DevTools draws only those.)"""
     if not records:
         return []
     origin = min(r["start"] for r in records)
-    backends = sorted({r["backend"] for r in records})
+    lane = _lanes(records)
+    ranks = sorted({r["rank"] for r in records})
+    # every rank has a thread for each backend of the trace, then its lanes
+    keys = {(r["rank"], r["backend"], k) for r, k in zip(records, lane)}
+    keys |= {(rank, backend, 0) for rank in ranks for backend in {r["backend"] for r in records}}
+    tids: dict[tuple[int, str, int], int] = {}      # (rank, backend, lane) -> thread
     events: list[dict[str, Any]] = []
-    for rank in sorted({r["rank"] for r in records}):
+    for rank in ranks:
         events.append({"ph": "M", "name": "process_name", "pid": rank,
                        "args": {"name": f"rank {rank}"}})
         events.append({"ph": "M", "name": "process_sort_index", "pid": rank,
                        "args": {"sort_index": rank}})
-        for tid, backend in enumerate(backends):
+        threads = sorted((b, k) for rk, b, k in keys if rk == rank)
+        for tid, (backend, k) in enumerate(threads):
+            tids[(rank, backend, k)] = tid
+            name = backend if k == 0 else f"{backend} requests" + (f" {k}" if k > 1 else "")
             events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid,
-                           "args": {"name": backend}})
+                           "args": {"name": name}})
+            events.append({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": tid,
+                           "args": {"sort_index": tid}})
     for i, r in enumerate(records):
-        ts = (r["start"] - origin) * 1e6
         name = r["op"] if r["form"] == "blocking" else \
             ("I" + r["op"][0].lower() + r["op"][1:] if r["form"] == "nonblocking"
              else r["op"] + "_init")
-        args = {"record": dict(r)}
-        tid = backends.index(r["backend"])
-        if r["form"] == "blocking":
-            events.append({"ph": "X", "name": name, "cat": r["backend"], "pid": r["rank"],
-                           "tid": tid, "ts": ts, "dur": r["duration_us"], "args": args})
-        else:
-            common = {"name": name, "cat": r["backend"], "pid": r["rank"], "tid": tid,
-                      "id2": {"local": f"0x{i:x}"}}
-            events.append(dict(common, ph="b", ts=ts, args=args))
-            events.append(dict(common, ph="e", ts=ts + r["duration_us"]))
+        events.append({"ph": "X", "name": name, "cat": r["backend"], "pid": r["rank"],
+                       "tid": tids[(r["rank"], r["backend"], lane[i])],
+                       "ts": (r["start"] - origin) * 1e6, "dur": r["duration_us"],
+                       "args": {"record": dict(r)}})
     return events
 
 
