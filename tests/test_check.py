@@ -393,6 +393,25 @@ def timeout_in_a_backends_set_up(comm):
 
 
 @case
+def timeout_in_free_with_a_backend(comm):
+    # Free is collective: with a Gloo sub-communicator it waits for every
+    # process (MPI_Comm_free alone returns at once), so the timeout bounds it
+    size, rank = comm.size, comm.rank
+    if size == 1:
+        return
+    c = timed(comm)
+    c.Barrier(backend="gloo")
+    last = size - 1
+    if rank != last:
+        expect_timeout(c.Free, "every process of", "to free the communicator",
+                       "'gloo' sub-communicator")
+    comm.Barrier()              # (the parent) now the last rank frees it too
+    c.Free()                    # the others: waits for the same barrier again
+    raises(ValueError, c.Barrier)
+    c.Free()                    # freed: nothing to do
+
+
+@case
 def checked_and_timed_fingerprint_exchange_times_out(comm):
     size, rank = comm.size, comm.rank
     if size == 1:

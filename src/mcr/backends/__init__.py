@@ -146,6 +146,6 @@ def release(comm: Any) -> None:
     subs = comm.Get_attr(_KEYVAL)
     if not subs:
         return
-    comm.Delete_attr(_KEYVAL)
     for sub in subs.values():
-        sub.free()
+        sub.free()              # a TimeoutError keeps the rest for the next Free
+    comm.Delete_attr(_KEYVAL)

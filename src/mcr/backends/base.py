@@ -68,6 +68,7 @@ class Subcomm:
         self.size: int = comm.Get_size()
         self._hcomm: Any = None
         self._meeting: Any = None       # the set-up's barrier, while it waits
+        self.leaving: Any = None        # Free's barrier (compose.drain), while it waits
         # point-to-point matching (compose.py): per-destination sequence
         # numbers, probed headers, sends in flight, payloads to this rank,
         # receives posted and not yet complete, payload buffers to reuse

@@ -525,8 +525,16 @@ def drain(sub: "Subcomm") -> None:
 
     Once every rank's sends are delivered (a barrier after its own), the
     payloads of all receives here that have matched a message have arrived:
-    those receives (freed ones too) are finished."""
-    everyone = sub.hcomm.Ibarrier()
+    those receives (freed ones too) are finished.
+
+    The communicator's timeout bounds the wait (a process that never frees
+    the communicator): TimeoutError, and the barrier stays pending, so that
+    freeing again waits for the same one."""
+    if sub.leaving is None:
+        sub.leaving = sub.hcomm.Ibarrier()
+    everyone = sub.leaving
+    timeout = sub.comm.timeout
+    deadline = None if timeout is None else time.monotonic() + timeout
     sent = False
     spins = 0
     while True:
@@ -536,9 +544,14 @@ def drain(sub: "Subcomm") -> None:
             sent = True
         if sent and everyone.Test():
             break
+        if deadline is not None and time.monotonic() > deadline:
+            _core._raise_timeout(sub.comm, f"to free the communicator (Free is collective; "
+                                 f"its {sub.name!r} sub-communicator first delivers this "
+                                 "process's sends)")
         spins += 1
         if spins > 64:
             time.sleep(1e-4)
+    sub.leaving = None
     while any(r.payload_pending() for r in sub.receives):
         _core._poll()
         time.sleep(1e-5)

@@ -1670,6 +1670,10 @@ cdef class Comm(_MPI.Intracomm):
         mcr.Exception
             For ``COMM_WORLD`` and ``COMM_SELF``, which MPI does not free
             (error class ``MPI.ERR_COMM``, as mpi4py raises).
+        mcr.TimeoutError
+            At the communicator's timeout, when it has a Gloo or NCCL
+            sub-communicator and another process has not called ``Free``
+            (it is not freed then; calling ``Free`` again waits again).
         """
         if self.ob_mpi == MPI_COMM_NULL:
             return None

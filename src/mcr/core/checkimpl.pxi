@@ -484,10 +484,20 @@ def _meet(Comm comm, _MPI.Request meeting, str what):
         if flag:
             return
         if timeout > 0 and now_ns() > deadline:
-            raise_timeout(timeout, f"waiting for every process of "
-                                   f"{comm_label(w, comm.ob_mpi)} {what}")
+            _raise_timeout(comm, what)
         idle(spins)
         spins += 1
+
+
+def _raise_timeout(Comm comm, str what):
+    """Raise the TimeoutError of `comm`'s timeout for a wait outside the call
+    path: "waiting for every process of <comm> <what>", with this process's
+    pending calls."""
+    cdef _Watch w = comm.watch
+    if w is None or w.timeout <= 0:
+        raise ValueError(f"{comm!r} has no timeout")
+    raise_timeout(w.timeout, f"waiting for every process of {comm_label(w, comm.ob_mpi)} {what}")
+
 
 # -- Records of calls ----------------------------------------------------------------
 
