@@ -412,6 +412,32 @@ def timeout_in_free_with_a_backend(comm):
 
 
 @case
+def timeout_in_making_a_communicator(comm):
+    # the last rank skips a Split, then a Dup: MPI's constructors block
+    # uninterruptibly, so with a timeout the others meet in a polled barrier
+    # first, and raise there
+    size, rank = comm.size, comm.rank
+    if size == 1:
+        return
+    c = timed(comm)
+    last = size - 1
+    if rank != last:
+        expect_timeout(lambda: c.Split(0, -rank), "every process of",
+                       "to call Split (making a communicator is collective)")
+        expect_timeout(c.Dup, "to call Dup")   # waits for the same barrier again
+    comm.Barrier()              # (the parent) now the last rank calls Split too
+    s = c.Split(0, -rank)       # the others: the barrier left pending, then MPI's Split
+    assert s.size == size and s.rank == last - rank and s.timeout == TIMEOUT
+    x = data(rank)
+    s.Allreduce(mcr.IN_PLACE, x)
+    assert torch.equal(x, sum(data(r) for r in range(size)))
+    d = c.Dup()
+    assert d.size == size and d.timeout == TIMEOUT
+    for each in (d, s, c):
+        each.Free()
+
+
+@case
 def checked_and_timed_fingerprint_exchange_times_out(comm):
     size, rank = comm.size, comm.rank
     if size == 1:

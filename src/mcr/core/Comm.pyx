@@ -90,6 +90,7 @@ cdef class Comm(_MPI.Intracomm):
     cdef object compress_dflt      # the compression default (a spec), or None
     cdef bint unlogged             # mcr's private communicator: the logger skips it
     cdef _Watch watch              # checked mode, timeout, records (checkimpl.pxi), or None
+    cdef object meeting            # a constructor's barrier that timed out (meet), or None
 
     def __cinit__(self, *args, **kwargs):
         self.dflt = ENV_BACKEND
@@ -1694,13 +1695,27 @@ cdef class Comm(_MPI.Intracomm):
         """Duplicate the communicator: same processes, new context; the copy
         has the same class and default ``backend``, and its own backend
         sub-communicators (made at its first call on each backend)."""
+        self.meet("Dup")
         if info is None:
             return self.inherit(_MPI.Intracomm.Dup(self))
         return self.inherit(_MPI.Intracomm.Dup(self, info))
 
     def Clone(self):
         """Duplicate the communicator, as ``Dup`` without hints."""
+        self.meet("Clone")
         return self.inherit(_MPI.Intracomm.Clone(self))
+
+    cdef int meet(self, str call) except -1:
+        """With a timeout, first wait for every process to come to `call` in
+        a polled barrier: MPI's constructors block and cannot be interrupted.
+        A TimeoutError leaves the barrier pending, for the next try."""
+        if self.watch is None or self.watch.timeout <= 0:
+            return 0
+        if self.meeting is None:
+            self.meeting = _MPI.Intracomm.Ibarrier(self)
+        _meet(self, self.meeting, f"to call {call} (making a communicator is collective)")
+        self.meeting = None
+        return 0
 
     cdef object inherit(self, object comm):
         # mpi4py's Dup and Clone make an object of type(self): a user's
@@ -1727,17 +1742,20 @@ cdef class Comm(_MPI.Intracomm):
         Returns an ``mcr.Comm``; with ``color=UNDEFINED`` a null one (as
         mpi4py's ``COMM_NULL``), on which every operation raises ``ValueError``.
         """
+        self.meet("Split")
         return self.derived(_MPI.Intracomm.Split(self, color, key))
 
     def Split_type(self, int split_type, int key=0, info=None):
         """Split by a type such as ``COMM_TYPE_SHARED`` (processes sharing memory),
         ordered by `key`; returns an ``mcr.Comm`` (null for ``UNDEFINED``)."""
+        self.meet("Split_type")
         if info is None:
             return self.derived(_MPI.Intracomm.Split_type(self, split_type, key))
         return self.derived(_MPI.Intracomm.Split_type(self, split_type, key, info))
 
     def Create(self, group):
         """Create a communicator from a group (collective); see mpi4py."""
+        self.meet("Create")
         return self.derived(_MPI.Intracomm.Create(self, group))
 
     def Create_group(self, group, int tag=0):
