@@ -172,6 +172,18 @@ def test_job_env(clean):
     assert env == {"OMP_NUM_THREADS": "1"}
 
 
+def test_add_job_options():
+    import argparse
+    parser = argparse.ArgumentParser()
+    launch.add_job_options(parser, timeout=90)
+    args = parser.parse_args([])
+    assert (args.nprocs, args.timeout, args.worker) == (2, 90.0, False)
+    args = parser.parse_args(["-n", "3", "--timeout", "5", "--worker"])
+    assert (args.nprocs, args.timeout, args.worker) == (3, 5.0, True)
+    assert parser.parse_args(["--nprocs", "4"]).nprocs == 4
+    assert "--worker" not in parser.format_help() and "default 90" in parser.format_help()
+
+
 def test_start_refuses_an_empty_program(clean):
     with pytest.raises(ValueError, match="argv: expected a non-empty sequence"):
         launch.start(1, [], mpiexec=fake(clean / "bin"))
@@ -290,6 +302,9 @@ TOOLS = {
     "check_gpu": [os.path.join(ROOT, "tests", "gpu", "check_gpu.py"), "--device", "cpu",
                   "--phases", "mpi", "--budget", "60"],
     "compare": ["-m", "mcr.bench", "compare", "--peers", "mcr-mpi", "-m", "8", "-i", "1"],
+    # the tools whose job options are launch.add_job_options'
+    **{tool: ["-m", f"mcr.bench.{tool}", "--nprocs", "2", "--timeout", "60"]
+       for tool in ("check", "compression", "fusion", "torchdist", "workloads")},
 }
 
 

@@ -21,6 +21,7 @@ and waits for it.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import itertools
 import os
@@ -420,6 +421,18 @@ def run_module(nprocs: int, argv: Sequence[str], *, timeout: float, name: str) -
         print(f"{name}: stopped after {timeout:g} s (--timeout)", file=sys.stderr)
         return 1
     return result.returncode
+
+
+def add_job_options(parser: argparse.ArgumentParser, *, timeout: float) -> None:
+    """The options of a tool that runs itself on several ranks
+    (:func:`main_in_job`): ``-n``/``--nprocs`` (ranks, default 2),
+    ``--timeout`` (seconds for the job, default `timeout`) and the hidden
+    ``--worker`` (set in the ranks it starts)."""
+    parser.add_argument("-n", "--nprocs", type=int, default=2,
+                        help="ranks to start when run outside mpiexec (default 2)")
+    parser.add_argument("--timeout", type=float, default=timeout,
+                        help=f"seconds before the job is stopped (default {timeout:g})")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
 
 
 def main_in_job(module: str, nprocs: int, argv: Sequence[str] | None, *, timeout: float,

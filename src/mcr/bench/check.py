@@ -33,7 +33,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """Parse the command line (default ``sys.argv[1:]``)."""
     parser = argparse.ArgumentParser(prog="python -m mcr.bench.check",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("-n", "--nprocs", type=int, default=2, help="ranks (default 2)")
     parser.add_argument("--backends", default="mpi,gloo",
                         help="comma-separated backends (default mpi,gloo)")
     parser.add_argument("--sizes", default="4,65536",
@@ -41,8 +40,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=5, help="rounds per variant (5)")
     parser.add_argument("--time", type=float, default=0.05,
                         help="seconds of calls per variant and round (0.05)")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds for the job")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    launch.add_job_options(parser, timeout=600)
     args = parser.parse_args(argv)
     args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     try:

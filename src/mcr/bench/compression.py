@@ -53,7 +53,6 @@ def _label(n: int) -> str:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m mcr.bench.compression",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("-n", type=int, default=2, help="ranks (default 2)")
     parser.add_argument("--sizes", default="64K..64M",
                         help="bytes per rank: MIN..MAX (powers of 4) or a list (64K..64M)")
     parser.add_argument("--codecs", default="fp16,bf16,zfp:rate=8",
@@ -64,8 +63,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--iters", type=int, default=0,
                         help="calls per round (default: fewer for larger sizes)")
-    parser.add_argument("--timeout", type=float, default=1800)
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    launch.add_job_options(parser, timeout=1800)
     args = parser.parse_args(argv)
     try:
         args.sizes = _sizes(args.sizes)
@@ -76,7 +74,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     bad = [o for o in args.ops if o not in OPS]
     if bad:
         parser.error(f"--ops: unknown {', '.join(bad)}; choose from {', '.join(OPS)}")
-    if args.n < 1 or args.rounds < 1:
+    if args.nprocs < 1 or args.rounds < 1:
         parser.error("-n and --rounds must be at least 1")
     return args
 
@@ -164,7 +162,7 @@ def _worker(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; started outside mpiexec, it starts ``mpiexec`` itself."""
     args = parse_args(argv)
-    return launch.main_in_job("mcr.bench.compression", args.n, argv, timeout=args.timeout,
+    return launch.main_in_job("mcr.bench.compression", args.nprocs, argv, timeout=args.timeout,
                               work=lambda: _worker(args), in_job=args.worker)
 
 

@@ -29,7 +29,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """Parse the command line (default ``sys.argv[1:]``)."""
     parser = argparse.ArgumentParser(prog="python -m mcr.bench.fusion",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("-n", "--nprocs", type=int, default=2, help="ranks (default 2)")
     parser.add_argument("--count", type=int, default=1000, help="calls per round (1000)")
     parser.add_argument("--bytes", type=int, default=4096, help="bytes per call (4096)")
     parser.add_argument("--bucket", type=int, default=None,
@@ -40,8 +39,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=15, help="rounds per variant (15)")
     parser.add_argument("--backend", default="mpi", help="backend (mpi, gloo, nccl, auto)")
     parser.add_argument("--dtype", default="float32", help="torch dtype name (float32)")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds for the job")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    launch.add_job_options(parser, timeout=600)
     args = parser.parse_args(argv)
     try:
         sweep = [int(x) for x in args.sweep.split(",") if x.strip()]

@@ -47,7 +47,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """Parse the command line (default ``sys.argv[1:]``)."""
     parser = argparse.ArgumentParser(prog="python -m mcr.bench.workloads",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("-n", "--nprocs", type=int, default=2, help="ranks (default 2)")
     parser.add_argument("--workloads", default="moe,dlrm,transformer",
                         help="comma-separated, of moe, dlrm, transformer (all)")
     parser.add_argument("--variants", default="mcr,mcr-mpi,gloo",
@@ -60,8 +59,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--log", action="store_true",
                         help="then log --steps steps per mcr variant: time per operation")
     parser.add_argument("--json", metavar="PATH", help="write every figure and loss here")
-    parser.add_argument("--timeout", type=float, default=900.0, help="seconds for the job")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    launch.add_job_options(parser, timeout=900)
     args = parser.parse_args(argv)
     from mcr.workloads.common import VARIANTS
     args.workloads = [w for w in args.workloads.split(",") if w]
