@@ -504,3 +504,34 @@ def test_bench_torchdist_rejects_bad_options():
         parse_args(["--ops", "all_reduce,nope"])
     with pytest.raises(SystemExit):
         parse_args(["--sizes", "2"])
+
+
+@pytest.mark.parametrize("nprocs", world_sizes([2]))
+def test_init_times_out_when_a_rank_never_calls_it(nprocs, tmp_path):
+    """Without MASTER_ADDR the rendezvous runs over MPI; init_process_group's
+    timeout bounds it there as it bounds torch's own store rendezvous."""
+    script = tmp_path / "late.py"
+    script.write_text(
+        "import datetime, time, mcr, torch.distributed as dist\n"
+        "from mpi4py import MPI\n"
+        "world = MPI.COMM_WORLD\n"
+        "if world.rank == 0:\n"
+        "    t0 = time.monotonic()\n"
+        "    try:\n"
+        "        dist.init_process_group('mcr', timeout=datetime.timedelta(seconds=3))\n"
+        "    except dist.DistStoreError as exc:\n"
+        "        took = time.monotonic() - t0\n"
+        "        assert 3 <= took < 60, took\n"
+        "        print('timed out:', exc, flush=True)\n"
+        "    world.send('go', dest=1)\n"
+        "    world.recv(source=1)\n"
+        "else:\n"
+        "    world.recv(source=0)\n"
+        "    world.Ibarrier().Wait()      # the barrier rank 0 left pending\n"
+        "    world.send('done', dest=0)\n"
+        "print('exit', world.rank, flush=True)\n")
+    code, out = run_script(nprocs, [str(script)], timeout=120)
+    assert code == 0, out
+    assert "timed out: init_process_group: timed out after 3 s (its timeout) waiting for " \
+        "every rank of the MPI job (2) to call it; rank 0 has" in out, out
+    assert out.count("exit") == 2, out

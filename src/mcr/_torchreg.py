@@ -19,6 +19,7 @@ stays as light as it is for programs that never use torch):
 
 from __future__ import annotations
 
+import datetime
 import importlib
 import importlib.abc
 import os
@@ -99,7 +100,7 @@ class _EnvOverMPI:
     def __call__(self, url: str, **kwargs: Any) -> Iterator[tuple[Any, int, int]]:
         if os.environ.get("MASTER_ADDR") or not _in_mpi_job():
             return self.torch_handler(url, **kwargs)   # type: ignore[no-any-return]
-        return _over_mpi(url)
+        return _over_mpi(url, kwargs.get("timeout"))
 
 
 def _in_mpi_job() -> bool:
@@ -110,7 +111,28 @@ def _in_mpi_job() -> bool:
     return mpi is not None and bool(mpi.Is_initialized()) and not mpi.Is_finalized()
 
 
-def _over_mpi(url: str) -> Iterator[tuple[Any, int, int]]:
+def _every_rank_arrives(world: Any, timeout: datetime.timedelta | None) -> None:
+    """Wait until every rank of ``world`` has called ``init_process_group``: a
+    polled barrier, bounded by its ``timeout`` as torch's own store rendezvous
+    is (a rank that never calls it is an error there, not a hang in MPI)."""
+    import time
+    arrived = world.Ibarrier()
+    seconds = None if timeout is None else timeout.total_seconds()
+    deadline = None if seconds is None else time.monotonic() + seconds
+    pause = 1e-5
+    while not arrived.Test():
+        if deadline is not None and time.monotonic() > deadline:
+            import torch.distributed as dist
+            raise dist.DistStoreError(
+                f"init_process_group: timed out after {seconds:g} s (its "
+                f"timeout) waiting for every rank of the MPI job ({world.Get_size()}) to "
+                f"call it; rank {world.Get_rank()} has")
+        time.sleep(pause)
+        pause = min(2 * pause, 1e-3)
+
+
+def _over_mpi(url: str, timeout: datetime.timedelta | None = None
+              ) -> Iterator[tuple[Any, int, int]]:
     from urllib.parse import parse_qs, urlparse
 
     from mpi4py import MPI
@@ -126,5 +148,6 @@ def _over_mpi(url: str) -> Iterator[tuple[Any, int, int]]:
             raise ValueError(f"init_process_group: {key}={value} was given, but MPI says "
                              f"rank {rank} of {size} (inside an MPI job without "
                              f"MASTER_ADDR, torch's ranks are MPI's)")
+    _every_rank_arrives(world, timeout)
     yield rendezvous(world), rank, size
     raise RuntimeError("env:// over MPI: cannot rendezvous a second time")
