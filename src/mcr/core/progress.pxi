@@ -171,15 +171,6 @@ cdef int detach(_Work w) except -1:
     return 0
 
 
-def _drain_detached():
-    """Wait for the works of freed requests (at exit, and before a backend
-    communicator is destroyed)."""
-    cdef int spins = 0
-    while detached:
-        idle(spins)
-        spins += 1
-
-
 def _work_request(str backend, list works, list steps=None, object keep=None,
                   object status=None):
     """A Request completed by `works` (objects with is_completed() and wait()),
