@@ -44,6 +44,13 @@ def data(rank, n=4, dtype=torch.float32):
     return torch.arange(n, dtype=dtype) + 10 * rank
 
 
+def assert_allreduce_works(c, backend="mpi"):
+    """An Allreduce on `c` sums every rank's data: the communicator works."""
+    x = data(c.rank)
+    c.Allreduce(mcr.IN_PLACE, x, backend=backend)
+    assert torch.equal(x, sum(data(r) for r in range(c.size)))
+
+
 def expect_mismatch(c, call, deviant, *words):
     """Run call(rank) on every rank: with more than one rank, every rank raises
     MismatchError whose message holds `words`; at one rank it works. Then the
@@ -386,9 +393,7 @@ def timeout_in_a_backends_set_up(comm):
         assert torch.equal(y, data(0))
     else:
         assert c.Iprobe(source=0, tag=4, backend="gloo") is False
-    x = data(rank)
-    c.Allreduce(mcr.IN_PLACE, x, backend="gloo")
-    assert torch.equal(x, sum(data(r) for r in range(size)))
+    assert_allreduce_works(c, "gloo")
     c.Free()
 
 
@@ -428,11 +433,10 @@ def timeout_in_making_a_communicator(comm):
     comm.Barrier()              # (the parent) now the last rank calls Split too
     s = c.Split(0, -rank)       # the others: the barrier left pending, then MPI's Split
     assert s.size == size and s.rank == last - rank and s.timeout == TIMEOUT
-    x = data(rank)
-    s.Allreduce(mcr.IN_PLACE, x)
-    assert torch.equal(x, sum(data(r) for r in range(size)))
+    assert_allreduce_works(s)
     d = c.Dup()
     assert d.size == size and d.timeout == TIMEOUT
+    assert_allreduce_works(d)
     for each in (d, s, c):
         each.Free()
 

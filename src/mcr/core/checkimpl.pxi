@@ -469,10 +469,10 @@ cdef int poll_request(MPI_Request *req, _Watch w, Comm comm, str what) except -1
         spins += 1
 
 
-
 def _meet(Comm comm, _MPI.Request meeting, str what):
     """Wait for `meeting` (an Ibarrier on `comm`): every process of `comm` has
-    come to a collective step outside the call path (a backend's set-up).
+    come to a collective step outside the call path (a backend's set-up, a
+    communicator's constructor).
     Polled, so that Ctrl-C ends it, and TimeoutError at `comm`'s timeout, if
     any; the barrier stays pending then, and a second call waits for it again."""
     cdef int flag = 0, spins = 0
