@@ -368,8 +368,13 @@ class _RecvWork:
             target = torch.empty(h.nbytes, dtype=_BYTE, device=self.r.torch_device())
         else:
             target = self.r.bytes()[:h.nbytes]
-        if h.nbytes and h.source == self.sub.rank:
-            copy(target, self.sub.loopback.pop(h.seq))    # a message to itself
+        if h.nbytes and h.source == self.sub.rank:        # a message to itself
+            payload = self.sub.loopback.pop(h.seq, None)
+            # (none: it came inside a header too long for the receive's
+            # buffer, which Open MPI truncates silently between a process and
+            # itself; the receive fails, as it should)
+            if payload is not None:
+                copy(target, payload)
         elif h.nbytes:
             self.work = pollable(self.sub, self.sub.tensor_recv(target, h.source, h.seq))
             self.target = target
