@@ -328,6 +328,92 @@ def isend_keeps_dropped_tensor_alive(comm):
     assert_equal(out, torch.arange(n, dtype=torch.float32) - left(comm))
 
 
+def poll_until(comm, done, what, rounds=2000):
+    """Make calls (each gives the operations of dropped requests a turn) until
+    `done()` holds on every rank."""
+    flag = torch.zeros(1, dtype=torch.int32)
+    for _ in range(rounds):
+        flag[0] = int(bool(done()))
+        comm.Allreduce(MPI.IN_PLACE, flag, op=MPI.MIN)
+        if flag[0]:
+            return
+    raise AssertionError(f"{what}: not after {rounds} calls")
+
+
+@case
+def isend_dropped_before_completion(comm):
+    """``comm.Isend(temporary, ...)`` as a statement: request and tensor both
+    dropped at once. A large (rendezvous) message, received only after the
+    sender's memory is reused, must still arrive intact (MPI would read the
+    freed tensor otherwise); so too from a persistent request dropped while
+    active, and from requests freed (``Free``) while active."""
+    n = 1 << 18
+    comm.Isend(torch.arange(n, dtype=torch.float32) - comm.rank, right(comm), 9)
+    preq = comm.Send_init(torch.arange(n, dtype=torch.float32) * 2 + comm.rank, right(comm), 10)
+    preq.Start()
+    del preq
+    comm.Isend(torch.arange(n, dtype=torch.float32) * 3 + comm.rank, right(comm), 11).Free()
+    preq = comm.Send_init(torch.arange(n, dtype=torch.float32) * 4 + comm.rank, right(comm), 12)
+    preq.Start()
+    preq.Free()
+    assert not preq
+    del preq
+    gc.collect()
+    junk = scribble(n, torch.float32)
+    comm.Barrier()
+    out = torch.zeros(n)
+    for tag, times in ((9, -1), (10, 2), (11, 3), (12, 4)):
+        comm.Recv(out, left(comm), tag)
+        if times < 0:
+            assert_equal(out, torch.arange(n, dtype=torch.float32) - left(comm))
+        else:
+            assert_equal(out, torch.arange(n, dtype=torch.float32) * times + left(comm))
+    del junk
+
+
+@case
+def irecv_dropped_before_completion(comm):
+    """A dropped Irecv keeps its buffer until the message is in, then lets it
+    go (nothing leaks); a dropped one that fails (truncated) is a
+    RuntimeWarning, not an error raised by some later, unrelated call."""
+    import warnings
+    n = 1 << 16
+    for backend in ("mpi", "gloo"):
+        buf = torch.zeros(n)
+        ref = weakref.ref(buf)
+        comm.Irecv(buf, left(comm), 11, backend=backend)
+        del buf
+        gc.collect()
+        assert ref() is not None, (backend, "the dropped Irecv let its buffer die")
+        comm.Send(torch.ones(n), right(comm), 11, backend=backend)
+        poll_until(comm, lambda: ref() is None,
+                   f"{backend}: the buffer of a completed, dropped Irecv released")
+        if comm.size == 1 and backend == "mpi":
+            continue        # Open MPI truncates a message to itself silently
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            comm.Irecv(torch.zeros(2), left(comm), 12, backend=backend)
+            comm.Send(torch.ones(10), right(comm), 12, backend=backend)
+            poll_until(comm, lambda: seen, f"{backend}: the truncation's warning")
+            got = torch.zeros(3)
+            req = comm.Irecv(got, left(comm), 13, backend=backend)   # unaffected
+            comm.Send(torch.full((3,), 5.0), right(comm), 13, backend=backend)
+            req.Wait()
+            assert_equal(got, torch.full((3,), 5.0))
+        (w,) = seen
+        assert w.category is RuntimeWarning, (backend, w)
+        text = str(w.message)
+        assert f"on backend {backend!r}" in text and "freed or dropped" in text, text
+        assert "truncat" in text.lower(), text
+        with warnings.catch_warnings(record=True) as seen:    # a failed Recv raises, once
+            warnings.simplefilter("always")
+            comm.Send(torch.ones(10), right(comm), 14, backend=backend)
+            with raises(mcr.Exception):
+                comm.Recv(torch.zeros(2), left(comm), 14, backend=backend)
+            poll_until(comm, lambda: True, "", rounds=5)
+        assert not seen, [str(w.message) for w in seen]
+
+
 @case
 def numpy_and_dlpack_buffers_kept_alive(comm):
     n = 1 << 12

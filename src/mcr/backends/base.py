@@ -7,6 +7,7 @@ operation: ``Subcomm``'s default bodies compose them (``compose``). It
 overrides the operations it runs itself, which are its ``native`` ones.
 """
 
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -71,12 +72,13 @@ class Subcomm:
         self.leaving: Any = None        # Free's barrier (compose.drain), while it waits
         # point-to-point matching (compose.py): per-destination sequence
         # numbers, probed headers, sends in flight, payloads to this rank,
-        # receives posted and not yet complete, payload buffers to reuse
+        # receives posted (weakly: a freed or dropped one is kept by the
+        # core until complete), payload buffers to reuse
         self.seq = [0] * self.size
         self.stash: list[Any] = []
         self.inflight: list[Any] = []
         self.loopback: dict[int, torch.Tensor] = {}
-        self.receives: list[Any] = []
+        self.receives: weakref.WeakSet[Any] = weakref.WeakSet()
         self.spare: list[torch.Tensor] = []
 
     # -- set-up ------------------------------------------------------------------------

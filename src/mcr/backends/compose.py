@@ -482,8 +482,7 @@ def recv(sub: "Subcomm", msg: Any, source: int, tag: int, arg: str = "buf") -> A
     if source == MPI.PROC_NULL:
         return sub.request([], status=lambda: _NO_MESSAGE)
     work = _RecvWork(sub, r, source, tag)
-    sub.receives = [w for w in sub.receives if w.payload_pending() or w.got is None]
-    sub.receives.append(work)
+    sub.receives.add(work)
     return sub.request([work], status=work.status, keep=msg)
 
 
@@ -557,7 +556,7 @@ def drain(sub: "Subcomm") -> None:
         if spins > 64:
             time.sleep(1e-4)
     sub.leaving = None
-    while any(r.payload_pending() for r in sub.receives):
+    while any(r.payload_pending() for r in list(sub.receives)):
         _core._poll()
         time.sleep(1e-5)
 

@@ -15,9 +15,18 @@ cdef class Request(_MPI.Request):
     cdef object rec              # the logger's record (commlog.pxi), or None
     cdef double timeout          # seconds a wait may last (checkimpl.pxi); 0: no limit
     cdef object pend             # the call's record for timeouts and the recorder, or None
+    cdef bint shared             # another object holds the same handle: a copy, Request(other)
 
     def __cinit__(self, *args, **kwargs):
         self.rtype = MPI_DATATYPE_NULL
+        if args or kwargs:
+            copied(self, args[0] if args else kwargs.get("request"))
+
+    def __dealloc__(self):
+        # collected with its operation maybe still in flight: MPI would go
+        # on reading or writing buffers that are let go here (see dropped)
+        if self.ob_mpi != MPI_REQUEST_NULL or self.ext is not None:
+            dropped(self)
 
     cdef int failed(self, int ierr, MPI_Status *sp) except -1:
         """Raise MPI's error `ierr` from completing this request (status `sp`)."""
@@ -152,9 +161,8 @@ cdef class Request(_MPI.Request):
             self.ext = None
             self.ob_buf = None
             return None
-        if (type(self.ob_buf) is _Msg and (<_Msg>self.ob_buf).live
-                and self.ob_mpi != MPI_REQUEST_NULL):
-            detach_staged(self)      # its staged result must still be copied back
+        if self.ob_mpi != MPI_REQUEST_NULL and type(self.ob_buf) is _Msg and not self.shared:
+            detach_mpi(self)         # MPI goes on with the buffers: keep them till then
             return None
         _MPI.Request.Free(self)
 
@@ -573,10 +581,12 @@ cdef int completed(Request req) except -1:
     return 0
 
 
-cdef int detach_staged(Request req) except -1:
-    """Free a request whose staged result is still to be copied back: a
-    stand-in request keeps the handle and the message, and is completed (and
-    copies back) in the background, like the works of freed requests."""
+cdef int detach_mpi(Request req) except -1:
+    """Free a request whose operation may go on (freed or dropped before it
+    completes): a stand-in request keeps the handle and the message (the
+    buffers, a staged result to copy back), and is completed in the
+    background, like the works of freed requests (an inactive persistent
+    request is then freed, when the stand-in goes: see dropped)."""
     cdef Request keeper = Request.__new__(Request)
     keeper.ob_mpi, req.ob_mpi = req.ob_mpi, MPI_REQUEST_NULL
     keeper.ob_buf, req.ob_buf = req.ob_buf, None
@@ -586,6 +596,55 @@ cdef int detach_staged(Request req) except -1:
     w.steps = []
     detach(w)
     return 0
+
+
+cdef int copied(Request req, object other) except -1:
+    """`req` was made from `other` (mpi4py's ``Request(other)``): both hold
+    one handle, so neither may complete it on its own when collected."""
+    if req.ob_mpi != MPI_REQUEST_NULL:
+        req.shared = True
+        if isinstance(other, Request):
+            (<Request>other).shared = True
+    return 0
+
+
+cdef void dropped(Request req) noexcept:
+    """`req` is collected before its operation was seen to complete (the
+    request dropped, an error between posting and waiting). MPI frees nothing
+    by itself and mpi4py leaks the handle, but lets the buffers go while MPI
+    still sends from them or receives into them. Here, the operation is kept
+    with the works of freed requests (message and all) until it completes; an
+    inactive persistent request is freed. Nothing is done for a copy
+    (``Request(other)``: the other object completes it) or once MPI is
+    finalized."""
+    cdef int finalized = 1, flag = 0, ierr
+    cdef MPI_Status st
+    if req.pend is not None:
+        pend_end(<_Pend>req.pend, PEND_DONE)     # no longer waited for, as after Free
+    MPI_Finalized(&finalized)
+    if finalized:
+        return
+    cdef _Work w = req.ext
+    if w is not None:
+        if w.works:                     # (none left: complete, or its wait raised)
+            detach(w)
+        return
+    if req.shared or req.ob_mpi == MPI_REQUEST_NULL:
+        return
+    ierr = MPI_Test(&req.ob_mpi, &flag, &st)
+    if ierr != MPI_SUCCESS:             # it failed (and MPI freed it)
+        try:
+            req.failed(ierr, &st)
+        except _builtins.Exception as exc:
+            lost_error("mpi", exc)
+        return
+    if not flag:
+        detach_mpi(req)
+        return
+    if type(req.ob_buf) is _Msg and (<_Msg>req.ob_buf).staged is not None:
+        unstage(<_Msg>req.ob_buf)
+    if req.ob_mpi != MPI_REQUEST_NULL:  # an inactive persistent request
+        MPI_Request_free(&req.ob_mpi)
 
 
 cdef class _Tested:
@@ -891,7 +950,9 @@ cdef class Prequest(Request):
                                           self.ext is not None):
             raise ValueError("request: still active; complete it (Wait/Test) before "
                              "freeing it")
-        if self.ob_mpi != MPI_REQUEST_NULL:
+        if self.ob_mpi != MPI_REQUEST_NULL and type(self.ob_buf) is _Msg and not self.shared:
+            detach_mpi(self)         # (freed at once if inactive; else once complete)
+        elif self.ob_mpi != MPI_REQUEST_NULL:
             CHKERR(MPI_Request_free(&self.ob_mpi))
         self.start_fn = None
         self.ext = None

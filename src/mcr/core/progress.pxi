@@ -58,7 +58,30 @@ cdef int mpi_progress() except -1:
 
 
 cdef int poll_detached() except -1:
-    detached[:] = [w for w in detached if not (<_Work>w).test()]
+    """Test the works of freed and dropped requests; keep those still going."""
+    pending = detached[:]
+    del detached[:]          # (a test may append: a request dropped meanwhile)
+    for w in pending:
+        if not settled(<_Work>w):
+            detached.append(w)
+    return 0
+
+
+cdef bint settled(_Work w) except -1:
+    """Whether the work of a freed or dropped request is over: complete, or
+    failed. Its error has no caller left to raise in (an unrelated later call
+    would get it): it is a RuntimeWarning instead."""
+    try:
+        return w.test()
+    except _builtins.Exception as exc:
+        lost_error(w.backend, exc)
+        return True
+
+
+cdef int lost_error(str backend, object exc) except -1:
+    import warnings
+    warnings.warn(f"an operation on backend {backend!r} whose request was freed or "
+                  f"dropped before completing failed: {exc}", RuntimeWarning)
     return 0
 
 
@@ -118,8 +141,12 @@ cdef class _Work:
             if not w.is_completed():
                 return False
         works, self.works = self.works, []
-        for w in works:
-            w.wait()            # raises the backend's error; stream-orders CUDA results
+        try:
+            for w in works:
+                w.wait()        # raises the backend's error; stream-orders CUDA results
+        except BaseException:
+            self.steps = []     # failed: nothing left to run (see dropped)
+            raise
         steps, self.steps = self.steps, []
         for step in steps:
             step()
@@ -135,7 +162,11 @@ cdef class _Work:
         for w in self.works:
             ready = getattr(w, "wait_ready", None)
             if ready is not None and ready():
-                w.wait()
+                try:
+                    w.wait()
+                except BaseException:
+                    self.works, self.steps = [], []     # failed, as in test()
+                    raise
         return 0
 
     cdef int fill(self, object status) except -1:
@@ -166,7 +197,7 @@ cdef int wait_work(_Work w) except -1:
 
 
 cdef int detach(_Work w) except -1:
-    if not w.test():
+    if not settled(w):
         detached.append(w)
     return 0
 
