@@ -687,6 +687,36 @@ def messages_to_self(comm):
 
 
 @case
+def free_with_operations_pending(comm):
+    """MPI lets a communicator be freed with operations pending, which then
+    complete: Irecv and Isend around a ring (above and below the eager limit,
+    and to self), Free, then Waitall. One rank frees late. On Gloo, each rank's
+    Free waits for its sends, whose payloads wait for the receiver to match
+    their headers: Free matches them (it hung before, every rank waiting for
+    its own sends)."""
+    right, left = ring(comm)
+    for backend in BACKENDS:
+        sub = comm.Dup()
+        sub.timeout = 60.0                  # a hang fails this case
+        sub.Barrier(backend=backend)        # the backend is set up
+        reqs, expected = [], []
+        for k, n in enumerate((EAGER // 4 * 8, 5)):     # 8x the limit, then eager
+            for peer_in, peer_out in ((left, right), (comm.rank, comm.rank)):
+                tag = 10 * k + (peer_in == comm.rank)
+                out = torch.zeros(n)
+                reqs.append(sub.Irecv(out, peer_in, tag, backend=backend))
+                expected.append((out, operand(peer_in, n, torch.float32, None, tag)))
+                reqs.append(sub.Isend(operand(comm.rank, n, torch.float32, None, tag),
+                                      peer_out, tag, backend=backend))
+        if comm.rank == 0:
+            time.sleep(0.2)
+        sub.Free()
+        mcr.Request.Waitall(reqs)
+        for out, exp in expected:
+            expect(out, exp, backend)
+
+
+@case
 def tags_matched_out_of_order(comm):
     """Each rank sends tags 1 then 2 to its right (rank 0 to rank 1); the
     receiver takes tag 2 first."""

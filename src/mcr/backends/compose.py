@@ -527,26 +527,28 @@ def drain(sub: "Subcomm") -> None:
     """Deliver ``sub``'s outstanding sends and finish its matched receives
     (collective, before the backend goes away).
 
-    Once every rank's sends are delivered (a barrier after its own), the
-    payloads of all receives here that have matched a message have arrived:
-    those receives (freed ones too) are finished.
+    A backend payload is sent once its receiver has matched the header and
+    posted the payload's receive, so while this waits for its own sends, it
+    also matches the headers that reach its posted receives (those of
+    requests not waited for yet: MPI lets a communicator be freed with
+    operations pending, to complete later). Then a barrier: once every rank's
+    sends are delivered, the payloads of all receives here that have matched
+    a message have arrived, and those receives (freed ones too) are finished.
 
     The communicator's timeout bounds the wait (a process that never frees
     the communicator): TimeoutError, and the barrier stays pending, so that
     freeing again waits for the same one."""
-    if sub.leaving is None:
-        sub.leaving = sub.hcomm.Ibarrier()
-    everyone = sub.leaving
     timeout = sub.comm.timeout
     deadline = None if timeout is None else time.monotonic() + timeout
-    sent = False
     spins = 0
     while True:
         settle(sub)
+        for r in list(sub.receives):
+            r.matched()     # a header in: its payload's receive is posted
         _core._poll()       # MPI, and freed receives that the peers' sends wait for
-        if not sub.inflight and not sent:
-            sent = True
-        if sent and everyone.Test():
+        if sub.leaving is None and not sub.inflight:
+            sub.leaving = sub.hcomm.Ibarrier()
+        if sub.leaving is not None and sub.leaving.Test():
             break
         if deadline is not None and time.monotonic() > deadline:
             _core._raise_timeout(sub.comm, f"to free the communicator (Free is collective; "
