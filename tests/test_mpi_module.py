@@ -123,6 +123,20 @@ def test_requests_convert_as_mpi4pys():
     preq.Free()
 
 
+def test_request_constructors_refuse_bad_arguments_as_mpi4pys():
+    """TypeError, as mpi4py's; mpi4py's __cinit__ refusing them leaves mcr's
+    fields unset, which its __dealloc__ must not read (a segfault once)."""
+    for args in ((1, 2), ("x",), (M4.COMM_WORLD,)):
+        for cls in (MPI.Request, MPI.Prequest, mcr.Request, mcr.Prequest, M4.Request):
+            try:
+                cls(*args)
+            except TypeError:
+                pass
+            else:
+                raise AssertionError(f"{cls.__name__}{args!r} did not raise")
+    assert not mcr.Request(request=None) and not MPI.Prequest(request=None)
+
+
 def test_communicators_from_handles_take_the_handles_class():
     """As mpi4py's Comm.fromhandle: a plain intracommunicator handle gives the
     class called on; a topology handle gives mpi4py's Cartcomm; null gives null."""

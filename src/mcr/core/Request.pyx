@@ -16,16 +16,20 @@ cdef class Request(_MPI.Request):
     cdef double timeout          # seconds a wait may last (checkimpl.pxi); 0: no limit
     cdef object pend             # the call's record for timeouts and the recorder, or None
     cdef bint shared             # another object holds the same handle: a copy, Request(other)
+    cdef bint made               # __cinit__ ran (not when mpi4py's refused the arguments)
 
-    def __cinit__(self, *args, **kwargs):
+    def __cinit__(self, request=None):
+        # (mpi4py's signature; no **kwargs: a dict per request costs 20 ns)
         self.rtype = MPI_DATATYPE_NULL
-        if args or kwargs:
-            copied(self, args[0] if args else kwargs.get("request"))
+        self.made = True
+        if self.ob_mpi != MPI_REQUEST_NULL:     # mpi4py's __cinit__ copied `request`
+            copied(self, request)
 
     def __dealloc__(self):
         # collected with its operation maybe still in flight: MPI would go
-        # on reading or writing buffers that are let go here (see dropped)
-        if self.ob_mpi != MPI_REQUEST_NULL or self.ext is not None:
+        # on reading or writing buffers that are let go here (see dropped).
+        # Not made: mpi4py's __cinit__ raised, and this one's fields are NULL
+        if self.made and (self.ob_mpi != MPI_REQUEST_NULL or self.ext is not None):
             dropped(self)
 
     cdef int failed(self, int ierr, MPI_Status *sp) except -1:
@@ -601,10 +605,9 @@ cdef int detach_mpi(Request req) except -1:
 cdef int copied(Request req, object other) except -1:
     """`req` was made from `other` (mpi4py's ``Request(other)``): both hold
     one handle, so neither may complete it on its own when collected."""
-    if req.ob_mpi != MPI_REQUEST_NULL:
-        req.shared = True
-        if isinstance(other, Request):
-            (<Request>other).shared = True
+    req.shared = True
+    if isinstance(other, Request):
+        (<Request>other).shared = True
     return 0
 
 
