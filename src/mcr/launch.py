@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["find_mpiexec", "MpiexecNotFoundError", "is_open_mpi", "version", "launched",
-           "job_name", "job_env", "command", "start", "run", "run_module", "Job", "JobResult", "LAUNCHER_VARS",
-           "JOB_MARKER", "OPEN_MPI_ENV"]
+           "job_name", "job_env", "command", "start", "run", "run_module", "add_job_options",
+           "main_in_job", "Job", "JobResult", "LAUNCHER_VARS", "JOB_MARKER", "OPEN_MPI_ENV"]
 
 # Variables that MPI launchers (Open MPI, MPICH, Intel MPI) set in the processes
 # they start: a process that has one runs as a rank.
