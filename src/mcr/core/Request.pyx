@@ -594,6 +594,7 @@ cdef int detach_mpi(Request req) except -1:
     cdef Request keeper = Request.__new__(Request)
     keeper.ob_mpi, req.ob_mpi = req.ob_mpi, MPI_REQUEST_NULL
     keeper.ob_buf, req.ob_buf = req.ob_buf, None
+    keeper.pend, req.pend = req.pend, None   # (Free ended it: no longer waited for)
     cdef _Work w = _Work.__new__(_Work)
     w.backend = "mpi"
     w.works = [_Tested(keeper)]
@@ -616,14 +617,14 @@ cdef void dropped(Request req) noexcept:
     request dropped, an error between posting and waiting). MPI frees nothing
     by itself and mpi4py leaks the handle, but lets the buffers go while MPI
     still sends from them or receives into them. Here, the operation is kept
-    with the works of freed requests (message and all) until it completes; an
-    inactive persistent request is freed. Nothing is done for a copy
+    with the works of freed requests (message and all) until it completes,
+    and its call's record (timeouts, flight recorder) stays pending till
+    then (a wait that timed out drops its request so); an inactive persistent
+    request is freed. Nothing is done for a copy
     (``Request(other)``: the other object completes it) or once MPI is
     finalized."""
     cdef int finalized = 1, flag = 0, ierr
     cdef MPI_Status st
-    if req.pend is not None:
-        pend_end(<_Pend>req.pend, PEND_DONE)     # no longer waited for, as after Free
     MPI_Finalized(&finalized)
     if finalized:
         return
@@ -636,14 +637,18 @@ cdef void dropped(Request req) noexcept:
         return
     ierr = MPI_Test(&req.ob_mpi, &flag, &st)
     if ierr != MPI_SUCCESS:             # it failed (and MPI freed it)
+        if req.pend is not None:
+            pend_end(<_Pend>req.pend, PEND_FAILED)
         try:
             req.failed(ierr, &st)
         except _builtins.Exception as exc:
             lost_error("mpi", exc)
         return
     if not flag:
-        detach_mpi(req)
+        detach_mpi(req)                 # (its record, pending, goes with it)
         return
+    if req.pend is not None:
+        pend_end(<_Pend>req.pend, PEND_DONE)
     if type(req.ob_buf) is _Msg and (<_Msg>req.ob_buf).staged is not None:
         unstage(<_Msg>req.ob_buf)
     if req.ob_mpi != MPI_REQUEST_NULL:  # an inactive persistent request
