@@ -29,6 +29,7 @@ cdef object backends_module():
 
 cdef bint progress_ready = False
 cdef list detached = []        # works of freed requests, kept until they complete
+cdef bint settle_at_exit = False   # whether _settle_detached is registered with atexit
 
 
 cdef int init_progress() except -1:
@@ -197,9 +198,26 @@ cdef int wait_work(_Work w) except -1:
 
 
 cdef int detach(_Work w) except -1:
+    global settle_at_exit
     if not settled(w):
         detached.append(w)
+        if not settle_at_exit:
+            settle_at_exit = True
+            import atexit
+            atexit.register(_settle_detached)
     return 0
+
+
+def _settle_detached():
+    """At exit, before mpi4py finalizes MPI: complete what has finished among
+    the works of freed and dropped requests, so that their MPI requests are
+    freed (MPICH's MPI_Finalize reports those left as references held on
+    the communicator)."""
+    cdef int finalized = 1
+    MPI_Finalized(&finalized)
+    if detached and not finalized:
+        mpi_progress()
+        poll_detached()
 
 
 def _work_request(str backend, list works, list steps=None, object keep=None,
