@@ -165,7 +165,7 @@ cdef class Request(_MPI.Request):
             self.ext = None
             self.ob_buf = None
             return None
-        if self.ob_mpi != MPI_REQUEST_NULL and type(self.ob_buf) is _Msg and not self.shared:
+        if holds_message(self):
             detach_mpi(self)         # MPI goes on with the buffers: keep them till then
             return None
         _MPI.Request.Free(self)
@@ -603,6 +603,12 @@ cdef int detach_mpi(Request req) except -1:
     return 0
 
 
+cdef inline bint holds_message(Request req):
+    """Whether `req` alone holds an MPI handle with mcr's message (buffers)
+    to keep until the operation completes (Free hands both to detach_mpi)."""
+    return req.ob_mpi != MPI_REQUEST_NULL and type(req.ob_buf) is _Msg and not req.shared
+
+
 cdef int copied(Request req, object other) except -1:
     """`req` was made from `other` (mpi4py's ``Request(other)``): both hold
     one handle, so neither may complete it on its own when collected."""
@@ -958,7 +964,7 @@ cdef class Prequest(Request):
                                           self.ext is not None):
             raise ValueError("request: still active; complete it (Wait/Test) before "
                              "freeing it")
-        if self.ob_mpi != MPI_REQUEST_NULL and type(self.ob_buf) is _Msg and not self.shared:
+        if holds_message(self):
             detach_mpi(self)         # (freed at once if inactive; else once complete)
         elif self.ob_mpi != MPI_REQUEST_NULL:
             CHKERR(MPI_Request_free(&self.ob_mpi))
