@@ -167,6 +167,40 @@ def write_conformance_exclusions():
 write_conformance_exclusions()
 
 
+def write_demo_tables():
+    """docs/_generated/mpi4py_demos.rst and mpi4py_demos_left_out.rst: the demos
+    of mpi4py that the demo test runs ported, and those it leaves out
+    (tests/mpi4py_conformance/demos.py is the one source of truth)."""
+    import importlib.util
+
+    path = os.path.join(HERE, os.pardir, "tests", "mpi4py_conformance", "demos.py")
+    spec = importlib.util.spec_from_file_location("mcr_conformance_demos", path)
+    table = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = table          # dataclasses look their module up
+    spec.loader.exec_module(table)
+    checks = {"same": "the same output", "timings": "the same lines, numbers aside",
+              "exit": "exit status 0"}
+    rows = [(f"``{demo.name}``", ", ".join(map(str, demo.sizes)), checks[demo.output])
+            for demo in table.DEMOS]
+    widths = [max(len(row[i]) for row in rows + [("demo", "processes", "checked")])
+              for i in range(3)]
+    rule = "  ".join("=" * w for w in widths)
+    header = "  ".join(h.ljust(w) for h, w in zip(("demo", "processes", "checked"), widths))
+    lines = [rule, header.rstrip(), rule]
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
+              for row in rows]
+    lines.append(rule)
+    os.makedirs(os.path.join(HERE, "_generated"), exist_ok=True)
+    with open(os.path.join(HERE, "_generated", "mpi4py_demos.rst"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    left_out = [f"* ``{where}``: {reason}." for where, reason in table.LEFT_OUT]
+    with open(os.path.join(HERE, "_generated", "mpi4py_demos_left_out.rst"), "w") as f:
+        f.write("\n".join(left_out) + "\n")
+
+
+write_demo_tables()
+
+
 # -- the tuning page: mcr.tune's usage, and this machine's tables ------------
 
 def write_tuning_pages():

@@ -1,6 +1,7 @@
-"""Find mpi4py's own test suite for the installed mpi4py version.
+"""Find mpi4py's own test suite (and its demo programs) for the installed mpi4py version.
 
-mpi4py's wheels do not ship its tests; its source distribution does (``test/``).
+mpi4py's wheels do not ship its tests; its source distribution does (``test/``,
+and ``demo/`` beside it).
 The suite is taken from the sdist of exactly the installed version, fetched
 once from the package index with pip and kept unpacked in
 ``$XDG_CACHE_HOME/mcr/mpi4py-<version>/`` (``~/.cache/mcr/...`` by default).
@@ -129,4 +130,22 @@ def test_dir():
     if found is None:
         raise SuiteUnavailable(f"the sdist of mpi4py {version} unpacked in {cached} has no "
                                f"test/main.py. {how_to_provide(version)}")
+    return found
+
+
+def demo_dir():
+    """The folder of mpi4py's demo programs (``demo/``), beside the test suite
+    in the same sdist.
+
+    Raises
+    ------
+    SuiteUnavailable
+        As ``test_dir``, or when the tree it found has no ``demo/`` beside
+        ``test/``.
+    """
+    tests = test_dir()
+    found = os.path.join(os.path.dirname(tests), "demo")
+    if not os.path.isdir(found):
+        raise SuiteUnavailable(f"no demo/ folder beside mpi4py's test suite in {tests}: give "
+                               f"{ENV_VAR} the whole sdist. {how_to_provide(installed_version())}")
     return found

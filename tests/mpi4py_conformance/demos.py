@@ -1,0 +1,102 @@
+"""The one table of mpi4py's demo programs that the demo test runs ported to
+mcr, and of the demos it leaves out, each with its reason.
+
+mpi4py's source distribution ships demo programs (``demo/``) beside its test
+suite. tests/test_mpi4py_demos.py runs each demo below twice under mpiexec:
+as shipped, on mpi4py, and ported, with the one change a port makes (every
+``from mpi4py import MPI`` becomes ``from mcr import MPI``). Both must exit
+with 0, and the ported demo's output must be the shipped one's (``output``).
+docs/conf.py renders both tables into docs/porting.rst.
+"""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Demo:
+    """A demo, and how its ported run is checked.
+
+    ``output``: ``"same"``, the ported demo prints the lines mpi4py's run
+    prints (in any order: ranks print concurrently); ``"timings"``, the same
+    once every number is masked (the lines of a benchmark: which sizes it
+    ran, not how fast); ``"exit"``, only the exit status (a demo that prints
+    nothing on stdout, and checks its results with asserts).
+    """
+
+    path: str                           # below demo/
+    args: tuple[str, ...] = ()
+    sizes: tuple[int, ...] = (2, 3)
+    output: str = "exit"
+    stdin: str = ""
+    build: tuple[str, ...] = ()         # a command run first in the demo's folder
+    # ("mpicc" is the mpicc beside the mpiexec the test uses)
+
+    @property
+    def name(self) -> str:
+        return " ".join((self.path, *self.args))
+
+
+_PI_INPUT = "100\n1000\n10000\n0\n"     # interval counts; 0 ends the demo
+_RC_OPTIONS = ("threads=true", "threads=false", "thread_level=single", "thread_level=funneled",
+               "thread_level=serialized", "thread_level=multiple", "fast_reduce=true",
+               "fast_reduce=false", "recv_mprobe=true", "recv_mprobe=false", "errors=default",
+               "errors=exception", "errors=abort", "errors=fatal")
+
+DEMOS = [
+    Demo("helloworld.py", sizes=(1, 2, 3), output="same"),
+    Demo("sequential/test_seq.py", output="same"),
+    Demo("compute-pi/cpi-cco.py", output="same", stdin=_PI_INPUT),
+    Demo("compute-pi/cpi-rma.py", output="same", stdin=_PI_INPUT),
+    Demo("mandelbrot/mandelbrot.py", output="timings"),
+    Demo("reductions/test_reductions.py", args=("-q",)),
+    Demo("threads/sendrecv.py"),
+    Demo("wrap-ctypes/test.py", output="same",
+         build=("mpicc", "-shared", "-fPIC", "-o", "libhelloworld.so", "helloworld.c")),
+    *(Demo(f"osu_{name}.py", output="timings")
+      for name in ("allgather", "alltoall", "alltoallv", "barrier", "bcast", "gather",
+                   "scatter")),
+    *(Demo(f"osu_{name}.py", sizes=(2,), output="timings")       # "exactly two processes"
+      for name in ("bw", "bibw", "latency")),
+    Demo("osu_multi_lat.py", sizes=(2, 4), output="timings"),    # pairs: an even size
+    *(Demo(f"mpi-ref-v1/ex-{number}.py")
+      for number in ("2.01", "2.08", "2.16", "2.29", "2.32", "2.34", "2.35", "3.01", "3.02",
+                     "3.03", "3.04", "3.05", "3.06", "3.07", "3.08", "3.09", "3.11", "3.12",
+                     "3.13")),
+    Demo("nxtval/nxtval-threads.py", sizes=(2, 4)),
+    Demo("nxtval/nxtval-onesided.py", sizes=(2, 4)),
+    Demo("nxtval/nxtval-scalable.py", sizes=(2, 4)),
+    Demo("nxtval/nxtval-mpi3.py", sizes=(2, 4)),  # at 3 it fails its assert on mpi4py too
+    *(Demo("init-fini/test_0.py", args=(option,), sizes=(2,)) for option in _RC_OPTIONS),
+    *(Demo(f"init-fini/test_{n}.py", sizes=(2,)) for n in (1, 2, 3, 4, 5)),
+    Demo("init-fini/test_mpi40.py", sizes=(2,)),
+]
+
+_SPAWN = ("dynamic processes (``Spawn``): mpi4py's own methods, which mcr does not claim "
+          "(left out of the conformance run too)")
+_COMPILED = ("compiled against mpi4py's C API or headers (C, C++, Fortran, Cython, "
+             "binding generators); ``wrap-ctypes`` runs, and shows a ported communicator's "
+             "handle reaching C")
+
+LEFT_OUT = [
+    ("futures/", "``mpi4py.futures`` runs on mpi4py's own ``MPI`` module inside the "
+     "package; a port does not change it"),
+    ("profiling/", "``mpi4py.profile`` loads MPE or VampirTrace, which the wheels here do "
+     "not ship"),
+    ("test-run/", "tests ``python -m mpi4py``, mpi4py's command line, not the ``MPI`` module"),
+    ("check-mpiexec/", "shell scripts about the mpiexec environment"),
+    ("init-fini/test_6.py", "checks the warnings of ``import mpi4py.MPI`` itself; nothing "
+     "in it is ported"),
+    ("mandelbrot/mandelbrot-seq.py", "sequential: no MPI"),
+    ("compute-pi/cpi-dpm.py", _SPAWN),
+    ("nxtval/nxtval-dynproc.py", _SPAWN),
+    ("spawning/", _SPAWN + "; its workers are compiled programs"),
+    ("mandelbrot/mandelbrot-master.py", _SPAWN + "; its worker is a Fortran program"),
+    *((folder, _COMPILED) for folder in (
+        "cython/", "embedding/", "libmpi-cffi/", "wrap-boost/", "wrap-c/", "wrap-cffi/",
+        "wrap-ctypes-f08/", "wrap-ctypes-f90/", "wrap-cython/", "wrap-f2py/", "wrap-nanobind/",
+        "wrap-pybind11/", "wrap-swig/", "helloworld.c", "helloworld.cxx", "helloworld.f08",
+        "helloworld.f90")),
+    ("python-config", "prints the build flags of Python; no MPI"),
+    ("cuda-aware-mpi/", "CuPy and Numba arrays on a GPU (``__cuda_array_interface__``); "
+     "tests/gpu/check_gpu.py covers mcr on CUDA tensors"),
+]

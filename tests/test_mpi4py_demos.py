@@ -1,0 +1,138 @@
+"""mpi4py's own demo programs, ported to mcr by their import line, run as on mpi4py.
+
+The demos of the installed mpi4py version (``demo/`` in its sdist, fetched
+with its test suite: tests/mpi4py_conformance/sdist.py) are what an mpi4py
+user's programs look like: benchmarks, the examples of the MPI-1 standard,
+pi and Mandelbrot, one-sided counters, threads, ``mpi4py.rc`` options, a C
+library called through ctypes. Each demo in tests/mpi4py_conformance/demos.py
+runs under mpiexec as shipped, on mpi4py, then ported: a copy in which every
+``from mpi4py import MPI`` is ``from mcr import MPI``, the one change the
+README promises. Both runs must exit with 0; the ported run must print what
+mpi4py's run printed (as the demo's ``output`` says) and no error or warning
+that mpi4py's run did not print. Alone: ``python -m pytest
+tests/test_mpi4py_demos.py``.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import mcr
+from mcr import launch
+from mpi4py_conformance import sdist
+from mpi4py_conformance.demos import DEMOS
+from mpiharness import mpi_env, world_sizes
+
+TIMEOUT = 120               # seconds per run of a demo
+_IMPORT = re.compile(r"^(\s*)from mpi4py import MPI\b", re.MULTILINE)
+_NUMBER = re.compile(r"\d+(\.\d*)?([eE][-+]?\d+)?")
+_TROUBLE = re.compile(r"Traceback|Error|Warning|error|warning")
+_EXEC = re.compile(r"open\(\"([^\"]+\.py)\"\)")   # a demo that runs another file's source
+
+
+def _params():
+    for demo in DEMOS:
+        for size in world_sizes(demo.sizes):
+            if isinstance(size, int):
+                yield pytest.param(demo, size, id=f"{demo.name}-{size}")
+            else:   # skipped by MCR_TEST_SIZES
+                yield pytest.param(demo, *size.values, marks=size.marks,
+                                   id=f"{demo.name}-{size.values[0]}")
+
+
+def port(tree):
+    """Rewrite the import line of every Python file below ``tree``; the
+    files that had one."""
+    ported = set()
+    for folder, _, files in os.walk(tree):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                with open(path, encoding="utf-8") as f:
+                    text = f.read()
+                new, count = _IMPORT.subn(r"\1from mcr import MPI", text)
+                if count:
+                    with open(path, "w", encoding="utf-8") as f:
+                        f.write(new)
+                    ported.add(os.path.relpath(path, tree))
+    return ported
+
+
+@pytest.fixture(scope="module")
+def demo_trees(tmp_path_factory):
+    """Two copies of mpi4py's demo folder: as shipped, and ported."""
+    try:
+        shipped = sdist.demo_dir()
+    except sdist.SuiteUnavailable as exc:
+        pytest.fail(f"mpi4py's demos are not available: {exc}", pytrace=False)
+    base = tmp_path_factory.mktemp("mpi4py-demos")
+    trees = {"mpi4py": str(base / "mpi4py"), "mcr": str(base / "mcr")}
+    for tree in trees.values():
+        shutil.copytree(shipped, tree)
+    ported = port(trees["mcr"])
+    return trees, ported
+
+
+def mpicc():
+    """The MPI compiler wrapper of the MPI that the jobs run on."""
+    beside = os.path.join(os.path.dirname(launch.find_mpiexec()), "mpicc")
+    for candidate in (beside, mcr.build_info().get("mpicc"), shutil.which("mpicc")):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    pytest.fail(f"no mpicc beside {beside} or on PATH: the ctypes demo compiles a C library")
+
+
+def run(demo, nprocs, tree, tmp_path, label):
+    """Build (if asked) and run ``demo`` in ``tree``; its stdout and stderr."""
+    folder = os.path.join(tree, os.path.dirname(demo.path))
+    if demo.build:
+        command = [mpicc() if word == "mpicc" else word for word in demo.build]
+        built = subprocess.run(command, cwd=folder, capture_output=True, text=True,
+                               timeout=TIMEOUT)
+        assert built.returncode == 0, f"{' '.join(command)} failed:\n{built.stderr}"
+    stdin = tmp_path / f"stdin-{label}"
+    stdin.write_text(demo.stdin)
+    with open(stdin) as f:
+        result = launch.run(nprocs, [sys.executable, os.path.basename(demo.path), *demo.args],
+                            timeout=TIMEOUT, env=mpi_env(), cwd=folder, stdin=f,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    where = f"{demo.name} on {nprocs} processes under {label}"
+    assert result.returncode is not None, \
+        f"{where} did not finish in {TIMEOUT} s:\n{result.stdout}\n{result.stderr}"
+    assert result.returncode == 0, \
+        f"{where} exited with {result.returncode}:\n{result.stdout}\n{result.stderr}"
+    return result.stdout, result.stderr
+
+
+def masked(text):
+    """The lines of ``text``, sorted, with every number as ``#`` and every run
+    of blanks as one (numbers of other widths are padded otherwise)."""
+    return sorted(" ".join(_NUMBER.sub("#", line).split()) for line in text.splitlines())
+
+
+@pytest.mark.timeout(3 * TIMEOUT + 60)
+@pytest.mark.parametrize("demo, nprocs", list(_params()))
+def test_demo_ported_to_mcr(demo_trees, demo, nprocs, tmp_path):
+    trees, ported = demo_trees
+    with open(os.path.join(trees["mcr"], demo.path), encoding="utf-8") as f:
+        folder = os.path.dirname(demo.path)
+        sources = [demo.path, *(os.path.join(folder, name) for name in _EXEC.findall(f.read()))]
+    assert ported.intersection(sources), \
+        f"{demo.path} has no 'from mpi4py import MPI' to port: it would run on mpi4py"
+    out, err = run(demo, nprocs, trees["mcr"], tmp_path, "mcr")
+    if demo.output != "exit" or _TROUBLE.search(err):
+        expected_out, expected_err = run(demo, nprocs, trees["mpi4py"], tmp_path, "mpi4py")
+        if demo.output == "same":
+            assert sorted(out.splitlines()) == sorted(expected_out.splitlines())
+        elif demo.output == "timings":
+            assert masked(out) == masked(expected_out)
+        # errors and warnings: only those that mpi4py's run printed too (such as
+        # Open MPI's notes on its one-sided components), numbers (process ids) aside
+        known = set(masked(expected_err))
+        new = [line for line in err.splitlines()
+               if _TROUBLE.search(line) and masked(line)[0] not in known]
+        assert not new, f"the ported {demo.name} printed what mpi4py's run did not:\n{err}"
