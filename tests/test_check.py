@@ -213,6 +213,44 @@ def checked_rank_skips_a_collective(comm):
 
 
 @case
+def checked_constructors_are_matched_too(comm):
+    # MPI's constructors block and cannot be interrupted: checked, a rank that
+    # calls another constructor, or a collective, makes every rank raise first
+    size, rank = comm.size, comm.rank
+    last = size - 1
+    c = checked(comm)
+    made = []
+
+    def split_or_dup(r):
+        made.append(c.Dup() if r == last and size > 1 else c.Split(0, -r))
+
+    expect_mismatch(c, split_or_dup, "Dup #1", "different operations", "Split #1")
+
+    def clone_or_barrier(r):
+        if r == last and size > 1:
+            c.Barrier()
+        else:
+            made.append(c.Clone())
+
+    expect_mismatch(c, clone_or_barrier, "Barrier #3", "different operations", "Clone #3")
+    # constructors that agree work, and count in the sequence like collectives
+    s = c.Split(0, -rank)
+    assert s.size == size and s.rank == last - rank and s.checked
+    d = c.Dup()
+    assert d.size == size and d.checked
+    assert_allreduce_works(s)
+    assert_allreduce_works(d)
+    if size > 1:
+        exc = raises(mcr.MismatchError, lambda: c.Barrier() if rank == last else c.Clone())
+        assert "Clone #7" in str(exc) and "Barrier #7" in str(exc), str(exc)
+    else:
+        made.append(c.Clone())
+    assert_allreduce_works(c)
+    for each in (*made, d, s, c):
+        each.Free()
+
+
+@case
 def checked_nonblocking_mismatch(comm):
     size = comm.size
     for backend in BACKENDS:
@@ -456,6 +494,24 @@ def checked_and_timed_fingerprint_exchange_times_out(comm):
     # the last rank skipped it: its own next call would have been matched with
     # it (and raised MismatchError); the exchange left pending makes the
     # communicator unusable, so this one is not freed
+
+
+@case
+def checked_and_timed_constructor_times_out(comm):
+    # the last rank skips a Split: checked, the others wait in the fingerprint
+    # exchange (polled), not in MPI's constructor, and raise at the timeout
+    size, rank = comm.size, comm.rank
+    if size == 1:
+        return
+    c = comm.Dup()
+    c.checked = True
+    c.timeout = TIMEOUT
+    c.Barrier()                    # (the private communicator now exists)
+    if rank != size - 1:
+        expect_timeout(lambda: c.Split(0, rank), "checked mode's fingerprint exchange",
+                       "Split #2")
+    # as in the case above, the exchange left pending makes the communicator
+    # unusable, so this one is not freed
 
 
 @case

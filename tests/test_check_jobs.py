@@ -114,8 +114,9 @@ def test_checked_mode_from_the_environment(tmp_path):
     flight = tmp_path / "flight"
     code, out, _ = _run(tmp_path, 3, MISMATCH, MCR_CHECK=1, MCR_FLIGHT_RECORDER=flight)
     assert code == 0, out
+    # (#2: the Dup before it is #1)
     line = ("collective mismatch on world (different operations): ranks 0-1: Allreduce "
-            "float32[4] SUM #1; rank 2: Bcast float32[4] root=0 #1")
+            "float32[4] SUM #2; rank 2: Bcast float32[4] root=0 #2")
     for rank in range(3):
         assert f"rank {rank}: MismatchError: {line}" in out, out
         assert f"rank {rank}: after" in out

@@ -17,7 +17,8 @@ class MismatchError(RuntimeError):
     Raised in checked mode (``MCR_CHECK=1`` or ``comm.checked = True``) on
     every process of the communicator, before any of them communicates, when
     they disagree on the operation, backend, root, element type, counts,
-    reduction op or sequence number of a collective, or when the arguments of
+    reduction op or sequence number of a collective (a communicator's
+    constructor, ``Dup``, ``Split``, ..., counts as one), or when the arguments of
     one of them were refused (a check that only the root can make, for
     instance): that process raises its own error, the others this one.
 

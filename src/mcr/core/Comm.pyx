@@ -151,7 +151,8 @@ cdef class Comm(_MPI.Intracomm):
 
     @property
     def checked(self):
-        """Checked mode: before each collective the processes agree on what
+        """Checked mode: before each collective (and each constructor,
+        ``Dup``, ``Split``, ...) the processes agree on what
         they call (operation, backend, root, element type, counts, reduction
         op, sequence number), and all raise ``mcr.MismatchError`` when they
         differ, or when one of them refused its arguments, before any of them
@@ -1706,10 +1707,16 @@ cdef class Comm(_MPI.Intracomm):
         return self.inherit(_MPI.Intracomm.Clone(self))
 
     cdef int meet(self, str call) except -1:
-        """With a timeout, first wait for every process to come to `call` in
-        a polled barrier: MPI's constructors block and cannot be interrupted.
-        A TimeoutError leaves the barrier pending, for the next try."""
-        if self.watch is None or self.watch.timeout <= 0:
+        """Before a constructor (`call`), as MPI's block and cannot be
+        interrupted: checked, agree on it as on a collective (check_maker,
+        polled: a TimeoutError at the timeout); else, with a timeout, wait
+        for every process to come to it in a polled barrier. A TimeoutError
+        leaves the barrier pending, for the next try."""
+        if self.watch is None:
+            return 0
+        if self.watch.checked:
+            return check_maker(self, self.watch, call)
+        if self.watch.timeout <= 0:
             return 0
         if self.meeting is None:
             self.meeting = _MPI.Intracomm.Ibarrier(self)

@@ -44,6 +44,9 @@ cdef enum:                         # the fields of a fingerprint
 cdef tuple MATCHED = (F_SEQ, F_OP, F_FORM, F_BACKEND, F_ROOT, F_ROP, F_DTYPE, F_COUNT,
                       F_HASH)
 
+# communicator constructors, fingerprinted as op CALL_COUNT + their index
+cdef tuple MAKER_NAMES = ("Dup", "Clone", "Split", "Split_type", "Create")
+
 cdef dict BACKEND_OF_CRC = {}      # crc32 of a backend name -> the name
 
 
@@ -309,6 +312,9 @@ cdef str fingerprint_text(long long *f, bint with_seq=True, bint with_backend=Tr
     """"Allreduce float32[4] SUM #17": a fingerprint as people read it
     (`with_form`: named by its method, "Iallreduce", "Allreduce_init")."""
     cdef int op = <int>f[F_OP]
+    if CALL_COUNT <= op < CALL_COUNT + len(MAKER_NAMES):
+        name = MAKER_NAMES[op - CALL_COUNT]
+        return f"{name} #{f[F_SEQ]}" if with_seq else name
     if not 0 <= op < CALL_COUNT:
         return "(not an mcr call)"
     parts = [method_name(op, <int>f[F_FORM]) if with_form else CALL_NAMES[op]]
@@ -390,9 +396,7 @@ cdef object check_collective(Comm comm, _Watch w, int op, int form, str backend,
         m = comm.parse_run(op, VALIDATE, None, a, b, c, d, e, f_, g, MPI_INFO_NULL, NULL)
     except _builtins.Exception as exc:  # (Python's: KeyboardInterrupt and the like propagate)
         err = exc
-    cdef int size = comm.nprocs(), rank = comm.myrank()
     cdef bytearray mine = bytearray(FP_BYTES)
-    cdef bytearray everyone = bytearray(FP_BYTES * size)
     cdef char *mbuf = mine
     cdef long long *f = <long long*>mbuf
     fill_fingerprint(f, comm, op, form, backend, w.seq, m, a, b, c, d)
@@ -400,6 +404,36 @@ cdef object check_collective(Comm comm, _Watch w, int op, int form, str backend,
         text = f"{type(err).__name__}: {err}".encode("utf-8", "replace")[:FP_TEXT - 1]
         mine[FP_INTS * 8:FP_INTS * 8 + len(text)] = text
         f[F_ERROR] = len(text)
+    agree_fingerprints(comm, w, mine, err)
+    return m
+
+
+cdef int check_maker(Comm comm, _Watch w, str call) except -1:
+    """Checked mode: agree with the other processes on a communicator
+    constructor (`call`, one of MAKER_NAMES) as on a collective, before any
+    enters MPI's constructor, which blocks uninterruptibly: when one calls
+    another constructor or a collective instead, every process raises
+    MismatchError. The constructor counts in the sequence of collectives."""
+    w.seq += 1
+    cdef bytearray mine = bytearray(FP_BYTES)
+    cdef char *mbuf = mine
+    cdef long long *f = <long long*>mbuf
+    f[F_MAGIC], f[F_SEQ], f[F_OP], f[F_FORM] = (FP_MAGIC, w.seq,
+                                                CALL_COUNT + MAKER_NAMES.index(call), BLOCKING)
+    f[F_BACKEND], f[F_SIZE] = backend_id("mpi"), comm.nprocs()
+    f[F_ROOT] = f[F_DTYPE] = f[F_ROP] = f[F_COUNT] = f[F_HASH] = -1
+    agree_fingerprints(comm, w, mine, None)
+    return 0
+
+
+cdef int agree_fingerprints(Comm comm, _Watch w, bytearray mine, object err) except -1:
+    """Exchange this process's fingerprint `mine` with the others', and raise
+    on every process when they differ or when one refused its arguments
+    (`err`: this process's refusal, raised as itself)."""
+    cdef int size = comm.nprocs()
+    cdef bytearray everyone = bytearray(FP_BYTES * size)
+    cdef char *mbuf = mine
+    cdef long long *f = <long long*>mbuf
     exchange(comm, w, mine, everyone, size, fingerprint_text(f))
     cdef char *base = everyone
     cdef long long *fp
@@ -433,7 +467,7 @@ cdef object check_collective(Comm comm, _Watch w, int op, int form, str backend,
         message = f"collective mismatch on {label} ({why}): {grouped(lines)}"
         flight_dump("mismatch", message)
         raise _errors.MismatchError(message, lines)
-    return m
+    return 0
 
 
 cdef int exchange(Comm comm, _Watch w, bytearray mine, bytearray everyone, int size,
