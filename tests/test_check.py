@@ -488,12 +488,20 @@ def checked_and_timed_fingerprint_exchange_times_out(comm):
     c.checked = True
     c.timeout = TIMEOUT
     c.Barrier()                    # (the private communicator now exists)
-    if rank != size - 1:
+    last = size - 1
+    if rank != last:
         expect_timeout(lambda: c.Allreduce(mcr.IN_PLACE, data(rank)),
                        "checked mode's fingerprint exchange", "Allreduce float32[4] SUM #2")
-    # the last rank skipped it: its own next call would have been matched with
-    # it (and raised MismatchError); the exchange left pending makes the
-    # communicator unusable, so this one is not freed
+        # memory that the exchange's buffers would be reused for, were they freed
+        canaries = [bytearray(b"\xab" * (512 * size + n)) for n in range(-8, 8) for _ in range(8)]
+    comm.Barrier()              # (the parent) now the last rank comes, late: its
+    if rank == last:            # exchange completes the others', then its Allreduce waits
+        expect_timeout(lambda: c.Allreduce(mcr.IN_PLACE, data(rank)), "Allreduce")
+    comm.Barrier()              # (driving MPI: the others' exchange receives its fingerprint)
+    if rank != last:
+        assert all(b == b"\xab" * len(b) for b in canaries), "freed memory was written"
+    # the exchange left pending makes the communicator unusable, so this one is
+    # not freed
 
 
 @case

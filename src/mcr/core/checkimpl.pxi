@@ -485,9 +485,18 @@ cdef int exchange(Comm comm, _Watch w, bytearray mine, bytearray everyone, int s
         poll_request(&req, w, comm, f"{what}: making the checked communicator's "
                                     "private copy (MPI_Comm_idup)")
     CHKERR(MPI_Iallgather(sbuf, FP_BYTES, MPI_BYTE, rbuf, FP_BYTES, MPI_BYTE, w.priv, &req))
-    poll_request(&req, w, comm, f"{what}: the other processes did not reach it "
-                                "(checked mode's fingerprint exchange)")
+    try:
+        poll_request(&req, w, comm, f"{what}: the other processes did not reach it "
+                                    "(checked mode's fingerprint exchange)")
+    except BaseException:
+        # (a TimeoutError, Ctrl-C) the exchange stays posted, and MPI writes
+        # the late processes' fingerprints into these buffers when they come
+        stuck_exchanges.append((mine, everyone))
+        raise
     return 0
+
+
+cdef list stuck_exchanges = []    # buffers of exchanges left posted: MPI may still write them
 
 
 cdef int poll_request(MPI_Request *req, _Watch w, Comm comm, str what) except -1:
