@@ -347,6 +347,33 @@ def expect_timeout(call, *words):
 
 
 @case
+def dropped_request_is_pending_until_it_completes(comm):
+    # a request dropped before it completes (comm.Isend(...) as a statement)
+    # stays among the pending calls a TimeoutError lists until its operation
+    # completes, then goes: a small message (inside the header on Gloo) and a
+    # large one
+    size, rank = comm.size, comm.rank
+    if size == 1:
+        return
+    peer, source = (rank + 1) % size, (rank - 1) % size
+    for backend in BACKENDS:
+        c = timed(comm)
+        for n in (4, 1 << 15):
+            c.Isend(data(rank, n), dest=peer, tag=3, backend=backend)
+            y = torch.zeros(n)
+            c.Recv(y, source=source, tag=3, backend=backend)
+            assert torch.equal(y, data(source, n))
+            c.Barrier()                 # every send has been received
+            req = c.Irecv(torch.zeros(1), source=source, tag=99)
+            exc = expect_timeout(req.Wait, "Recv float32[1]")
+            assert [p["op"] for p in exc.pending] == ["Recv"], (backend, n, exc.pending)
+            c.Barrier()                 # every rank has timed out
+            c.Send(torch.zeros(1), dest=peer, tag=99)
+            req.Wait()
+        c.Free()
+
+
+@case
 def timeout_names_the_pending_calls(comm):
     size, rank = comm.size, comm.rank
     last = size - 1

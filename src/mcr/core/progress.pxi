@@ -71,12 +71,18 @@ cdef int poll_detached() except -1:
 cdef bint settled(_Work w) except -1:
     """Whether the work of a freed or dropped request is over: complete, or
     failed. Its error has no caller left to raise in (an unrelated later call
-    would get it): it is a RuntimeWarning instead."""
+    would get it): it is a RuntimeWarning instead. A dropped request's record
+    ends with it."""
+    cdef bint over
     try:
-        return w.test()
+        over = w.test()
     except _builtins.Exception as exc:
         lost_error(w.backend, exc)
-        return True
+        over = True
+    if over and w.pend is not None:
+        pend_end(<_Pend>w.pend, PEND_DONE if w.done else PEND_FAILED)
+        w.pend = None
+    return over
 
 
 cdef int lost_error(str backend, object exc) except -1:
@@ -131,8 +137,10 @@ cdef class _Work:
     cdef list works
     cdef list steps
     cdef readonly bint done
+    cdef bint failed           # a wait raised: nothing is left to run
     cdef tuple status          # (source, tag, bytes, element MPI datatype) of a receive
     cdef object keep           # buffers, until completion
+    cdef object pend           # a dropped request's call record, ended with the work
 
     cdef bint test(self) except -1:
         """Whether everything is complete; runs the steps the first time it is."""
@@ -146,7 +154,8 @@ cdef class _Work:
             for w in works:
                 w.wait()        # raises the backend's error; stream-orders CUDA results
         except BaseException:
-            self.steps = []     # failed: nothing left to run (see dropped)
+            self.steps = []     # nothing left to run (see dropped)
+            self.failed = True
             raise
         steps, self.steps = self.steps, []
         for step in steps:
