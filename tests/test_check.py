@@ -215,7 +215,8 @@ def checked_rank_skips_a_collective(comm):
 @case
 def checked_constructors_are_matched_too(comm):
     # MPI's constructors block and cannot be interrupted: checked, a rank that
-    # calls another constructor, or a collective, makes every rank raise first
+    # calls another constructor (or Free), or a collective, makes every rank
+    # raise first
     size, rank = comm.size, comm.rank
     last = size - 1
     c = checked(comm)
@@ -246,6 +247,11 @@ def checked_constructors_are_matched_too(comm):
     else:
         made.append(c.Clone())
     assert_allreduce_works(c)
+    # Free is collective too: the others would wait for the one that freed
+    if size > 1:
+        exc = raises(mcr.MismatchError, lambda: c.Barrier() if rank == last else c.Free())
+        assert "Free #9" in str(exc) and "Barrier #9" in str(exc), str(exc)
+        assert_allreduce_works(c)   # not freed
     for each in (*made, d, s, c):
         each.Free()
 

@@ -1676,6 +1676,9 @@ cdef class Comm(_MPI.Intracomm):
             At the communicator's timeout, when it has a Gloo or NCCL
             sub-communicator and another process has not called ``Free``
             (it is not freed then; calling ``Free`` again waits again).
+        mcr.MismatchError
+            In checked mode, when another process makes another call of the
+            communicator instead (it is not freed then).
         """
         if self.ob_mpi == MPI_COMM_NULL:
             return None
@@ -1683,6 +1686,8 @@ cdef class Comm(_MPI.Intracomm):
             # MPI_Comm_free would report it through the communicator's error
             # handler, which may be ERRORS_ARE_FATAL: raise MPI's error here
             raise Exception(MPI_ERR_COMM)
+        if self.watch is not None and self.watch.checked:
+            check_comm_call(self, self.watch, "Free")
         if _backends is not None:
             _backends.release(self)       # the Gloo/NCCL sub-communicators first
         if self.watch is not None:
@@ -1708,14 +1713,14 @@ cdef class Comm(_MPI.Intracomm):
 
     cdef int meet(self, str call) except -1:
         """Before a constructor (`call`), as MPI's block and cannot be
-        interrupted: checked, agree on it as on a collective (check_maker,
+        interrupted: checked, agree on it as on a collective (check_comm_call,
         polled: a TimeoutError at the timeout); else, with a timeout, wait
         for every process to come to it in a polled barrier. A TimeoutError
         leaves the barrier pending, for the next try."""
         if self.watch is None:
             return 0
         if self.watch.checked:
-            return check_maker(self, self.watch, call)
+            return check_comm_call(self, self.watch, call)
         if self.watch.timeout <= 0:
             return 0
         if self.meeting is None:

@@ -44,8 +44,8 @@ cdef enum:                         # the fields of a fingerprint
 cdef tuple MATCHED = (F_SEQ, F_OP, F_FORM, F_BACKEND, F_ROOT, F_ROP, F_DTYPE, F_COUNT,
                       F_HASH)
 
-# communicator constructors, fingerprinted as op CALL_COUNT + their index
-cdef tuple MAKER_NAMES = ("Dup", "Clone", "Split", "Split_type", "Create")
+# the calls that make or free a communicator, fingerprinted as op CALL_COUNT + their index
+cdef tuple COMM_CALL_NAMES = ("Dup", "Clone", "Split", "Split_type", "Create", "Free")
 
 cdef dict BACKEND_OF_CRC = {}      # crc32 of a backend name -> the name
 
@@ -312,8 +312,8 @@ cdef str fingerprint_text(long long *f, bint with_seq=True, bint with_backend=Tr
     """"Allreduce float32[4] SUM #17": a fingerprint as people read it
     (`with_form`: named by its method, "Iallreduce", "Allreduce_init")."""
     cdef int op = <int>f[F_OP]
-    if CALL_COUNT <= op < CALL_COUNT + len(MAKER_NAMES):
-        name = MAKER_NAMES[op - CALL_COUNT]
+    if CALL_COUNT <= op < CALL_COUNT + len(COMM_CALL_NAMES):
+        name = COMM_CALL_NAMES[op - CALL_COUNT]
         return f"{name} #{f[F_SEQ]}" if with_seq else name
     if not 0 <= op < CALL_COUNT:
         return "(not an mcr call)"
@@ -408,18 +408,19 @@ cdef object check_collective(Comm comm, _Watch w, int op, int form, str backend,
     return m
 
 
-cdef int check_maker(Comm comm, _Watch w, str call) except -1:
-    """Checked mode: agree with the other processes on a communicator
-    constructor (`call`, one of MAKER_NAMES) as on a collective, before any
-    enters MPI's constructor, which blocks uninterruptibly: when one calls
-    another constructor or a collective instead, every process raises
-    MismatchError. The constructor counts in the sequence of collectives."""
+cdef int check_comm_call(Comm comm, _Watch w, str call) except -1:
+    """Checked mode: agree with the other processes on a call that makes or
+    frees a communicator (`call`, one of COMM_CALL_NAMES) as on a collective,
+    before any enters MPI's call, which blocks uninterruptibly (or, for Free,
+    leaves the others waiting): when one calls another of these or a
+    collective instead, every process raises MismatchError. The call counts
+    in the sequence of collectives."""
     w.seq += 1
     cdef bytearray mine = bytearray(FP_BYTES)
     cdef char *mbuf = mine
     cdef long long *f = <long long*>mbuf
     f[F_MAGIC], f[F_SEQ], f[F_OP], f[F_FORM] = (FP_MAGIC, w.seq,
-                                                CALL_COUNT + MAKER_NAMES.index(call), BLOCKING)
+                                                CALL_COUNT + COMM_CALL_NAMES.index(call), BLOCKING)
     f[F_BACKEND], f[F_SIZE] = backend_id("mpi"), comm.nprocs()
     f[F_ROOT] = f[F_DTYPE] = f[F_ROP] = f[F_COUNT] = f[F_HASH] = -1
     agree_fingerprints(comm, w, mine, None)
