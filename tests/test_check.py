@@ -342,6 +342,15 @@ def timed(comm):
     return c
 
 
+def checked_and_timed(comm):
+    """A duplicate in checked mode with a timeout, whose private communicator
+    (for the fingerprints) exists already."""
+    c = timed(comm)
+    c.checked = True
+    c.Barrier()
+    return c
+
+
 def expect_timeout(call, *words):
     t0 = time.monotonic()
     exc = raises(mcr.TimeoutError, call)
@@ -517,10 +526,7 @@ def checked_and_timed_fingerprint_exchange_times_out(comm):
     size, rank = comm.size, comm.rank
     if size == 1:
         return
-    c = comm.Dup()
-    c.checked = True
-    c.timeout = TIMEOUT
-    c.Barrier()                    # (the private communicator now exists)
+    c = checked_and_timed(comm)
     last = size - 1
     if rank != last:
         expect_timeout(lambda: c.Allreduce(mcr.IN_PLACE, data(rank)),
@@ -544,10 +550,7 @@ def checked_and_timed_constructor_times_out(comm):
     size, rank = comm.size, comm.rank
     if size == 1:
         return
-    c = comm.Dup()
-    c.checked = True
-    c.timeout = TIMEOUT
-    c.Barrier()                    # (the private communicator now exists)
+    c = checked_and_timed(comm)
     if rank != size - 1:
         expect_timeout(lambda: c.Split(0, rank), "checked mode's fingerprint exchange",
                        "Split #2")
