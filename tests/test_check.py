@@ -544,6 +544,26 @@ def checked_and_timed_fingerprint_exchange_times_out(comm):
 
 
 @case
+def checked_and_timed_first_exchange_times_out_then_works(comm):
+    # the first checked call makes the private communicator (MPI_Comm_idup,
+    # collective): the last rank comes late, the others time out there, and
+    # once it has come the same call works on every rank
+    size, rank = comm.size, comm.rank
+    if size == 1:
+        return
+    c = timed(comm)
+    c.checked = True
+    last = size - 1
+    if rank != last:
+        expect_timeout(lambda: c.Allreduce(mcr.IN_PLACE, data(rank)),
+                       "making the checked communicator's private copy")
+    comm.Barrier()              # (the parent) now the last rank comes too
+    assert_allreduce_works(c)
+    assert_allreduce_works(c)
+    c.Free()
+
+
+@case
 def checked_and_timed_constructor_times_out(comm):
     # the last rank skips a Split: checked, the others wait in the fingerprint
     # exchange (polled), not in MPI's constructor, and raise at the timeout

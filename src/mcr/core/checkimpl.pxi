@@ -109,14 +109,18 @@ cdef class _Watch:
     cdef double timeout
     cdef long long seq             # collectives called while watched
     cdef MPI_Comm priv
+    cdef MPI_Request priv_req      # the MPI_Comm_idup making priv, while pending
     cdef str label                 # its name in records (the same on every member)
     cdef list members              # its processes, as ranks of COMM_WORLD
 
     def __cinit__(self):
         self.priv = MPI_COMM_NULL
+        self.priv_req = MPI_REQUEST_NULL
 
     cdef int free_priv(self) except -1:
         cdef int finalized = 1
+        if self.priv_req != MPI_REQUEST_NULL:   # its MPI_Comm_idup timed out, still pending
+            return 0
         MPI_Finalized(&finalized)
         if self.priv != MPI_COMM_NULL and not finalized:
             CHKERR(MPI_Comm_free(&self.priv))
@@ -481,10 +485,16 @@ cdef int exchange(Comm comm, _Watch w, bytearray mine, bytearray everyone, int s
     cdef MPI_Request req = MPI_REQUEST_NULL
     cdef char *sbuf = mine
     cdef char *rbuf = everyone
-    if w.priv == MPI_COMM_NULL:
-        CHKERR(MPI_Comm_idup(comm.ob_mpi, &w.priv, &req))
-        poll_request(&req, w, comm, f"{what}: making the checked communicator's "
-                                    "private copy (MPI_Comm_idup)")
+    if w.priv_req != MPI_REQUEST_NULL or w.priv == MPI_COMM_NULL:
+        # (one still pending timed out before: wait for it, not for a second one)
+        if w.priv_req == MPI_REQUEST_NULL:
+            CHKERR(MPI_Comm_idup(comm.ob_mpi, &w.priv, &w.priv_req))
+        try:
+            poll_request(&w.priv_req, w, comm, f"{what}: making the checked "
+                                               "communicator's private copy (MPI_Comm_idup)")
+        except BaseException:
+            w.seq -= 1          # nothing was exchanged: the call made again takes this number
+            raise
     CHKERR(MPI_Iallgather(sbuf, FP_BYTES, MPI_BYTE, rbuf, FP_BYTES, MPI_BYTE, w.priv, &req))
     try:
         poll_request(&req, w, comm, f"{what}: the other processes did not reach it "
