@@ -636,11 +636,11 @@ cdef void dropped(Request req) noexcept:
         return
     cdef _Work w = req.ext
     if w is not None:
-        w.pend, req.pend = req.pend, None   # (pending till the work is over)
         if w.failed:                        # its wait raised: nothing left to do
-            if w.pend is not None:
-                pend_end(<_Pend>w.pend, PEND_FAILED)
+            if req.pend is not None:
+                pend_end(<_Pend>req.pend, PEND_FAILED)
         else:
+            w.pend, req.pend = req.pend, None   # (pending till the work is over)
             detach(w)                       # (settled at once if nothing is left to wait for)
         return
     if req.shared or req.ob_mpi == MPI_REQUEST_NULL:
