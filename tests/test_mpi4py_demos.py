@@ -108,10 +108,15 @@ def run(demo, nprocs, tree, tmp_path, label):
     return result.stdout, result.stderr
 
 
+def mask(line):
+    """``line`` with every number as ``#`` and every run of blanks as one
+    (numbers of other widths are padded otherwise)."""
+    return " ".join(_NUMBER.sub("#", line).split())
+
+
 def masked(text):
-    """The lines of ``text``, sorted, with every number as ``#`` and every run
-    of blanks as one (numbers of other widths are padded otherwise)."""
-    return sorted(" ".join(_NUMBER.sub("#", line).split()) for line in text.splitlines())
+    """The lines of ``text``, masked, sorted."""
+    return sorted(mask(line) for line in text.splitlines())
 
 
 @pytest.mark.timeout(3 * TIMEOUT + 60)
@@ -134,5 +139,5 @@ def test_demo_ported_to_mcr(demo_trees, demo, nprocs, tmp_path):
         # Open MPI's notes on its one-sided components), numbers (process ids) aside
         known = set(masked(expected_err))
         new = [line for line in err.splitlines()
-               if _TROUBLE.search(line) and masked(line)[0] not in known]
+               if _TROUBLE.search(line) and mask(line) not in known]
         assert not new, f"the ported {demo.name} printed what mpi4py's run did not:\n{err}"
