@@ -19,7 +19,10 @@ class Demo:
     ``output``: ``"same"``, the ported demo prints the lines mpi4py's run
     prints (in any order: ranks print concurrently); ``"timings"``, the same
     once every number is masked (the lines of a benchmark: which sizes it
-    ran, not how fast); ``"exit"``, only the exit status (a demo that prints
+    ran, not how fast); ``"close"``, the same lines once numbers are
+    compared to 1e-12 (a demo whose sums arrive in any order, such as
+    one-sided ``Accumulate``: its last digits vary from run to run on mpi4py
+    too); ``"exit"``, only the exit status (a demo that prints
     nothing on stdout, and checks its results with asserts).
     """
 
@@ -46,7 +49,7 @@ DEMOS = [
     Demo("helloworld.py", sizes=(1, 2, 3), output="same"),
     Demo("sequential/test_seq.py", output="same"),
     Demo("compute-pi/cpi-cco.py", output="same", stdin=_PI_INPUT),
-    Demo("compute-pi/cpi-rma.py", output="same", stdin=_PI_INPUT),
+    Demo("compute-pi/cpi-rma.py", output="close", stdin=_PI_INPUT),
     Demo("mandelbrot/mandelbrot.py", output="timings"),
     Demo("reductions/test_reductions.py", args=("-q",)),
     Demo("threads/sendrecv.py"),
