@@ -25,12 +25,13 @@ SRC = os.path.dirname(os.path.dirname(os.path.abspath(debug.__file__)))
 
 
 def call(seq, desc=SUM4, state="done", age=1.0, *, op=None, comm="world", form="blocking",
-         backend="mpi", root=-1, peer=-1, tag=-1, nbytes=16):
+         backend="mpi", root=-1, peer=-1, tag=-1, nbytes=16, duration=None):
     """One call record as the recorder writes it (op: desc's first word)."""
+    if duration is None and state == "done":
+        duration = 0.001
     return {"comm": comm, "seq": seq, "op": op or desc.split()[0], "form": form,
             "backend": backend, "desc": desc, "peer": peer, "root": root, "tag": tag,
-            "bytes": nbytes, "state": state, "age": age,
-            "duration": 0.001 if state == "done" else None}
+            "bytes": nbytes, "state": state, "age": age, "duration": duration}
 
 
 def done(first, last, desc=SUM4, **kw):
@@ -228,6 +229,22 @@ def test_incomplete_before_a_divergence(tmp_path):
         "communicator world (ranks 0-1): ranks diverge at call #3",
         "  rank 0: Allreduce float32[4] SUM  [mpi, blocking] pending for 4.0 s",
         "  rank 1: Barrier                   [mpi, blocking] failed after 5.0 s",
+        "  (call #1 agrees)"]
+
+
+def test_constructor_against_a_collective(tmp_path):
+    # the recorder numbers Dup, Split, ... and Free among the collectives: the
+    # last rank called an Allreduce where the others made a communicator; a
+    # failed call shows how long it ran until it failed (its duration), not its
+    # age at the dump
+    for rank in (0, 1):
+        plant(tmp_path, rank, 3, [call(1, "Dup", nbytes=0),
+                                  call(2, "Split", "failed", 40.0, nbytes=0, duration=5.0)])
+    plant(tmp_path, 2, 3, [call(1, "Dup", nbytes=0), call(2, state="pending", age=39.5)])
+    assert lines(debug.merge([tmp_path]).text())[1:] == [
+        "communicator world (ranks 0-2): ranks diverge at call #2",
+        "  ranks 0-1: Split                     [mpi, blocking] failed after 5.0 s",
+        "  rank 2:    Allreduce float32[4] SUM  [mpi, blocking] pending for 39.5 s",
         "  (call #1 agrees)"]
 
 

@@ -94,7 +94,8 @@ class Call:
     ``seq`` is the communicator's collective number, None for point-to-point;
     ``peer``, ``root`` and ``tag`` are -1 where they do not apply; ``age`` is
     the seconds since the call was posted, at the dump; ``duration`` the
-    seconds a completed call took.
+    seconds a completed call took, or a failed call until it failed (None
+    while pending).
     """
 
     comm: str
@@ -686,7 +687,9 @@ def _lines(groups: list[_Group], indent: str) -> list[str]:
 def _rank_item(at: RankAt, seq: int) -> _Item:
     if at.kind == "call" and at.call is not None:
         c = at.call
-        return _Item(at.rank, _coll_text(c), c.state, c.age, column=f"[{c.backend}, {c.form}]")
+        # (a failed call: how long it ran until it failed, where the file says)
+        took = c.duration if c.state == "failed" and c.duration is not None else c.age
+        return _Item(at.rank, _coll_text(c), c.state, took, column=f"[{c.backend}, {c.form}]")
     if at.kind == "none":
         if at.last_seq == 0:
             why = "no collective on this communicator"

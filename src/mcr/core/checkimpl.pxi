@@ -585,7 +585,7 @@ cdef class _Pend:
                 "bytes": self.nbytes, "state": PEND_STATES[self.state],
                 "age": round((now - self.t0) / 1e9, 6),
                 "duration": round((self.t1 - self.t0) / 1e9, 6)
-                if self.state == PEND_DONE else None}
+                if self.state != PEND_PENDING else None}
 
     cdef str line(self, long long now):
         """"Allreduce float32[4] SUM #17 on world [mpi, blocking], 16 bytes, for 5.0 s"."""
