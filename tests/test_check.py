@@ -394,7 +394,7 @@ def timeout_names_the_pending_calls(comm):
     last = size - 1
     for backend in BACKENDS:
         c = timed(comm)
-        assert c.timeout == TIMEOUT and c.Dup().timeout == TIMEOUT
+        assert c.timeout == TIMEOUT and c.Dup().timeout == TIMEOUT    # (Dup: c's #1)
         if size == 1:
             # a receive nobody sends: the wait times out, the request stays usable
             req = c.Irecv(y := torch.zeros(4), source=0, tag=9, backend="mpi")
@@ -409,8 +409,8 @@ def timeout_names_the_pending_calls(comm):
         if rank != last:
             # the last rank skipped this Allreduce: it waits for rank 0's message
             exc = expect_timeout(lambda: c.Allreduce(mcr.IN_PLACE, x, backend=backend),
-                                 "Allreduce float32[4] SUM #1", f"[{backend}, blocking]")
-            assert exc.pending[-1]["op"] == "Allreduce" and exc.pending[-1]["seq"] == 1
+                                 "Allreduce float32[4] SUM #2", f"[{backend}, blocking]")
+            assert exc.pending[-1]["op"] == "Allreduce" and exc.pending[-1]["seq"] == 2
         else:
             y = torch.zeros(4)
             exc = expect_timeout(lambda: c.Recv(y, source=0, tag=9, backend=backend),

@@ -122,6 +122,125 @@ def test_checked_mode_from_the_environment(tmp_path):
         assert f"rank {rank}: after" in out
     record = json.loads((flight / "mcr-flight-2.json").read_text())
     assert record["reason"] == "mismatch" and line in record["message"]
+    # the recorder has the Dup as #1 and the mismatched calls as #2, failed
+    assert [(c["op"], c["seq"], c["state"]) for c in record["calls"]
+            if c["comm"] == "world"] == [("Dup", 1, "done"), ("Bcast", 2, "failed"),
+                                         ("Barrier", 3, "done")], record["calls"]
+    text = _debug(flight, status=1)
+    assert "communicator world (ranks 0-2): ranks diverge at call #2" in text, text
+    assert "ranks 0-1: Allreduce float32[4] SUM [mpi, blocking] failed after" in text, text
+    assert "rank 2: Bcast float32[4] root=0 [mpi, blocking] failed after" in text, text
+    assert "(call #1 agrees)" in text, text
+
+
+def _debug(flight, status):
+    """``python -m mcr.debug flight``'s report, blanks squeezed (it aligns columns)."""
+    report = subprocess.run([sys.executable, "-m", "mcr.debug", str(flight)],
+                            capture_output=True, text=True, timeout=60, env=_env())
+    assert report.returncode == status, report.stdout + report.stderr
+    return " ".join(report.stdout.split())
+
+
+SPLIT_SKIP = """
+import sys, torch, mcr
+comm = mcr.COMM_WORLD
+comm.Dup().Free()                                   # 1 and (on the copy) its 1
+try:
+    if comm.rank != comm.size - 1:
+        comm.Split(0, comm.rank)                    # 2: the last rank goes another way
+        comm.Send(torch.ones(4), dest=comm.size - 1, tag=7)
+    elif comm.checked:
+        comm.Allreduce(mcr.IN_PLACE, torch.ones(4))
+    else:       # (an Allreduce against an Ibarrier: undefined in MPI, Open MPI may fail)
+        comm.Recv(torch.ones(4), source=0, tag=7)
+except (mcr.TimeoutError, mcr.MismatchError) as exc:
+    print(f"rank {comm.rank}: {type(exc).__name__}: {exc}", flush=True)
+    sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("mode", ["checked", "timed"])
+def test_a_constructor_against_another_call_is_recorded(tmp_path, mode):
+    # making and freeing communicators have their numbers among the
+    # collectives, in checked mode and with a timeout alike, and the recorder
+    # keeps them: mcr.debug names the call where the last rank went another way
+    flight = tmp_path / "flight"
+    env = {"MCR_CHECK": 1} if mode == "checked" else {"MCR_TIMEOUT": 3}
+    code, out, _ = _run(tmp_path, 3, SPLIT_SKIP, MCR_FLIGHT_RECORDER=flight, **env)
+    assert code not in (None, 0), out
+    error = "MismatchError" if mode == "checked" else "TimeoutError"
+    for rank in range(3):
+        assert f"rank {rank}: {error}" in out, out
+    if mode == "checked":
+        assert "ranks 0-1: Split #2; rank 2: Allreduce float32[4] SUM #2" in out, out
+    else:
+        assert "to call Split (making a communicator is collective)" in out, out
+        assert "Split #2 on world [mpi, blocking], 0 bytes, for 3" in out, out
+    text = _debug(flight, status=1)
+    assert "communicator world (ranks 0-2): ranks diverge at call #2" in text, text
+    assert "ranks 0-1: Split [mpi, blocking] failed after" in text, text
+    if mode == "checked":
+        assert "rank 2: Allreduce float32[4] SUM [mpi, blocking] failed after" in text, text
+    else:
+        assert ("rank 2: no call #2 (its last on this communicator: #1 Dup [mpi, "
+                "blocking], done)") in text, text
+        assert "rank 2: Recv from 0 tag 7, 16 bytes, pending for" in text, text
+    assert "(call #1 agrees)" in text, text
+    assert "communicator 0-2#1 (ranks 0-2): call #1 agrees, all completed" in text, text
+
+
+REFUSED = """
+import sys, time, torch, mcr
+comm = mcr.COMM_WORLD
+x = torch.ones(3)
+if comm.rank == 0:
+    try:
+        comm.Send("x", dest=1, tag=5)               # refused: no number, no record
+    except TypeError:
+        pass
+try:
+    try:
+        comm.Bcast("x" if comm.rank == 0 else x, root=0)    # 1: the root's is no buffer
+    except (TypeError, mcr.MismatchError) as exc:
+        print(f"rank {comm.rank}: {type(exc).__name__}: {exc}", flush=True)
+    if comm.rank == 0 and not comm.checked:
+        comm.Recv(x, source=1, tag=7)               # the root goes on: nobody sends it
+except mcr.TimeoutError as exc:
+    print(f"rank {comm.rank}: TimeoutError", flush=True)
+    time.sleep(1)                                   # the others write their files
+    sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("mode", ["checked", "timed"])
+def test_a_refused_call_is_recorded(tmp_path, mode):
+    # the root refuses its Bcast's arguments. Unchecked, it goes on while the
+    # others wait for it in the Bcast; checked, every rank raises. Either way
+    # the recorder has the root's refused call, with its number, and mcr.debug
+    # shows it against the others'
+    flight = tmp_path / "flight"
+    env = {"MCR_CHECK": 1} if mode == "checked" else {"MCR_TIMEOUT": 3}
+    code, out, _ = _run(tmp_path, 3, REFUSED, MCR_FLIGHT_RECORDER=flight, **env)
+    assert "rank 0: TypeError: buf: expected a torch.Tensor" in out, out
+    if mode == "checked":
+        assert code == 0, out
+        for rank in (1, 2):
+            assert f"rank {rank}: MismatchError: Bcast float32[3] root=0 #1 on world: " \
+                   "the arguments of rank 0 were refused" in out, out
+    else:
+        assert code not in (None, 0), out
+        for rank in range(3):
+            assert f"rank {rank}: TimeoutError" in out, out
+    text = _debug(flight, status=1)
+    assert "communicator world (ranks 0-2): ranks diverge at call #1" in text, text
+    assert ("rank 0: Bcast root=0 refused (TypeError) [mpi, blocking] failed after "
+            "0.0 s") in text, text
+    others = "failed after" if mode == "checked" else "pending for"
+    assert f"ranks 1-2: Bcast float32[3] root=0 [mpi, blocking] {others}" in text, text
+    if mode == "timed":
+        assert "rank 0: Recv from 1 tag 7, 12 bytes, pending for" in text, text
+    calls = json.loads((flight / "mcr-flight-0.json").read_text())["calls"]
+    assert [c["op"] for c in calls] == ["Bcast"] + ["Recv"] * (mode == "timed"), calls
 
 
 def test_bad_environment_values_are_refused(tmp_path):

@@ -818,13 +818,21 @@ cdef class Comm(_MPI.Intracomm):
             w.seq += 1
             seq = w.seq
         cdef bint timed = w.timeout > 0 and form == BLOCKING
+        cdef bint record = w.timeout > 0 or recorder_on
         if op >= CALL_BARRIER and w.checked:
             # (the form it runs in: MPI matches blocking collectives only with blocking ones)
-            m = check_collective(self, w, op, NONBLOCKING if timed else form, name,
-                                 a, b, c, d, e, f, g)
-        elif w.timeout > 0 or recorder_on:
-            m = self.parse_run(op, VALIDATE, None, a, b, c, d, e, f, g, MPI_INFO_NULL, NULL)
-        if w.timeout > 0 or recorder_on:
+            m, p = check_collective(self, w, op, NONBLOCKING if timed else form, name, record,
+                                    form, a, b, c, d, e, f, g)
+        elif record:
+            try:
+                m = self.parse_run(op, VALIDATE, None, a, b, c, d, e, f, g, MPI_INFO_NULL,
+                                   NULL)
+            except _builtins.Exception as exc:
+                # a refused collective is recorded: it has taken its number
+                if op >= CALL_BARRIER and self.ob_mpi != MPI_COMM_NULL:
+                    pend_refused(new_pend(self, w, op, form, name, seq, None, a, b, c, d),
+                                 exc)
+                raise
             p = new_pend(self, w, op, form, name, seq, m, a, b, c, d)
         try:
             if timed:
@@ -1686,48 +1694,86 @@ cdef class Comm(_MPI.Intracomm):
             # MPI_Comm_free would report it through the communicator's error
             # handler, which may be ERRORS_ARE_FATAL: raise MPI's error here
             raise Exception(MPI_ERR_COMM)
-        if self.watch is not None and self.watch.checked:
-            check_comm_call(self, self.watch, "Free")
+        p = self.meet("Free")
         if _backends is not None:
-            _backends.release(self)       # the Gloo/NCCL sub-communicators first
+            try:
+                _backends.release(self)   # the Gloo/NCCL sub-communicators first
+            except BaseException:
+                if p is not None:
+                    pend_end(<_Pend>p, PEND_FAILED)
+                if self.watch is not None:
+                    # its barrier stays posted: Free made again waits for it, as this number
+                    self.watch.seq -= 1
+                raise
         if self.watch is not None:
             self.watch.free_priv()
         cdef int ierr
         with nogil:
             ierr = MPI_Comm_free(&self.ob_mpi)
+        if p is not None:
+            pend_end(<_Pend>p, PEND_DONE if ierr == MPI_SUCCESS else PEND_FAILED)
         CHKERR(ierr)
 
     def Dup(self, info=None):
         """Duplicate the communicator: same processes, new context; the copy
         has the same class and default ``backend``, and its own backend
         sub-communicators (made at its first call on each backend)."""
-        self.meet("Dup")
-        if info is None:
-            return self.inherit(_MPI.Intracomm.Dup(self))
-        return self.inherit(_MPI.Intracomm.Dup(self, info))
+        return self.inherit(self.made("Dup", _MPI.Intracomm.Dup,
+                                      () if info is None else (info,)))
 
     def Clone(self):
         """Duplicate the communicator, as ``Dup`` without hints."""
-        self.meet("Clone")
-        return self.inherit(_MPI.Intracomm.Clone(self))
+        return self.inherit(self.made("Clone", _MPI.Intracomm.Clone, ()))
 
-    cdef int meet(self, str call) except -1:
-        """Before a constructor (`call`), as MPI's block and cannot be
-        interrupted: checked, agree on it as on a collective (check_comm_call,
-        polled: a TimeoutError at the timeout); else, with a timeout, wait
-        for every process to come to it in a polled barrier. A TimeoutError
-        leaves the barrier pending, for the next try."""
-        if self.watch is None:
-            return 0
-        if self.watch.checked:
-            return check_comm_call(self, self.watch, call)
-        if self.watch.timeout <= 0:
-            return 0
-        if self.meeting is None:
-            self.meeting = _MPI.Intracomm.Ibarrier(self)
-        _meet(self, self.meeting, f"to call {call} (making a communicator is collective)")
-        self.meeting = None
-        return 0
+    cdef object made(self, str call, object make, tuple args):
+        """mpi4py's constructor `make(self, *args)` (`call`, such as "Dup"),
+        after `meet`, its record ended as it returns or raises."""
+        p = self.meet(call)
+        try:
+            comm = make(self, *args)
+        except BaseException:
+            if p is not None:
+                pend_end(<_Pend>p, PEND_FAILED)
+            raise
+        if p is not None:
+            pend_end(<_Pend>p, PEND_DONE)
+        return comm
+
+    cdef object meet(self, str call):
+        """Before a call that makes or frees a communicator (`call`, one of
+        COMM_CALL_NAMES), as MPI's block and cannot be interrupted. Watched,
+        it takes the next number in the sequence of collectives, and a record
+        with a timeout or the recorder (returned, pending; else None).
+        Checked, the processes agree on it as on a collective
+        (check_comm_call, polled: a TimeoutError at the timeout); else, with a
+        timeout, they meet in a polled barrier (except for Free, which does
+        not block). A TimeoutError leaves the exchange or barrier pending, for
+        the next try, which takes the same number."""
+        cdef _Watch w = self.watch
+        if w is None and recorder_on and not self.unlogged:
+            w = self.recorded_watch()
+        if w is None or self.unlogged:
+            return None
+        w.seq += 1
+        p = comm_call_pend(self, w, call, w.seq) if w.timeout > 0 or recorder_on else None
+        try:
+            if w.checked:
+                check_comm_call(self, w, call)
+            elif w.timeout > 0 and call != "Free":
+                if self.meeting is None:
+                    self.meeting = _MPI.Intracomm.Ibarrier(self)
+                try:
+                    _meet(self, self.meeting,
+                          f"to call {call} (making a communicator is collective)")
+                except BaseException:
+                    w.seq -= 1      # the barrier stays posted: the next try takes this number
+                    raise
+                self.meeting = None
+        except BaseException:
+            if p is not None:
+                pend_end(<_Pend>p, PEND_FAILED)
+            raise
+        return p
 
     cdef object inherit(self, object comm):
         # mpi4py's Dup and Clone make an object of type(self): a user's
@@ -1754,21 +1800,18 @@ cdef class Comm(_MPI.Intracomm):
         Returns an ``mcr.Comm``; with ``color=UNDEFINED`` a null one (as
         mpi4py's ``COMM_NULL``), on which every operation raises ``ValueError``.
         """
-        self.meet("Split")
-        return self.derived(_MPI.Intracomm.Split(self, color, key))
+        return self.derived(self.made("Split", _MPI.Intracomm.Split, (color, key)))
 
     def Split_type(self, int split_type, int key=0, info=None):
         """Split by a type such as ``COMM_TYPE_SHARED`` (processes sharing memory),
         ordered by `key`; returns an ``mcr.Comm`` (null for ``UNDEFINED``)."""
-        self.meet("Split_type")
-        if info is None:
-            return self.derived(_MPI.Intracomm.Split_type(self, split_type, key))
-        return self.derived(_MPI.Intracomm.Split_type(self, split_type, key, info))
+        return self.derived(self.made("Split_type", _MPI.Intracomm.Split_type,
+                                      (split_type, key) if info is None else
+                                      (split_type, key, info)))
 
     def Create(self, group):
         """Create a communicator from a group (collective); see mpi4py."""
-        self.meet("Create")
-        return self.derived(_MPI.Intracomm.Create(self, group))
+        return self.derived(self.made("Create", _MPI.Intracomm.Create, (group,)))
 
     def Create_group(self, group, int tag=0):
         """Create a communicator from a group (collective over the group); see mpi4py."""

@@ -330,7 +330,9 @@ cdef str fingerprint_text(long long *f, bint with_seq=True, bint with_backend=Tr
         parts.append(f"{dtype}[{f[F_COUNT]}]")
     else:
         moves = f"{dtype} send {f[F_SEND]}" if f[F_SEND] else dtype
-        parts.append(f"{moves} recv {f[F_RECV]}" if f[F_RECV] else moves)
+        moves = f"{moves} recv {f[F_RECV]}".strip() if f[F_RECV] else moves
+        if moves:                           # (nothing known of a refused call)
+            parts.append(moves)
     if f[F_ROP] >= 0:
         parts.append(rop_name(f[F_ROP]))
     if f[F_ROOT] >= 0 and op > CALL_SENDRECV_REPLACE:
@@ -387,12 +389,14 @@ cdef object mismatch(bytearray everyone, int size):
     return None
 
 
-cdef object check_collective(Comm comm, _Watch w, int op, int form, str backend,
-                             object a, object b, object c, object d, object e, object f_,
-                             object g):
+cdef tuple check_collective(Comm comm, _Watch w, int op, int form, str backend,
+                            bint record, int recorded_form, object a, object b, object c,
+                            object d, object e, object f_, object g):
     """Checked mode: parse the call, agree with the other processes on its
     fingerprint, and raise on every process if they differ or one refused its
-    arguments. The parsed message."""
+    arguments. The parsed message, and the call's record when `record`
+    (`recorded_form`: the form called): made before the agreement, so that a
+    call refused, mismatched or timed out there is recorded, as failed."""
     comm.prologue(None)                 # a null communicator: the same on every process
     m = None
     err = None
@@ -408,8 +412,17 @@ cdef object check_collective(Comm comm, _Watch w, int op, int form, str backend,
         text = f"{type(err).__name__}: {err}".encode("utf-8", "replace")[:FP_TEXT - 1]
         mine[FP_INTS * 8:FP_INTS * 8 + len(text)] = text
         f[F_ERROR] = len(text)
-    agree_fingerprints(comm, w, mine, err)
-    return m
+    cdef _Pend p = new_pend(comm, w, op, recorded_form, backend, w.seq, m, a, b, c, d) \
+        if record else None
+    try:
+        agree_fingerprints(comm, w, mine, err)
+    except BaseException:
+        if p is not None and err is not None:
+            pend_refused(p, err)
+        elif p is not None:
+            pend_end(p, PEND_FAILED)
+        raise
+    return m, p
 
 
 cdef int check_comm_call(Comm comm, _Watch w, str call) except -1:
@@ -417,9 +430,8 @@ cdef int check_comm_call(Comm comm, _Watch w, str call) except -1:
     frees a communicator (`call`, one of COMM_CALL_NAMES) as on a collective,
     before any enters MPI's call, which blocks uninterruptibly (or, for Free,
     leaves the others waiting): when one calls another of these or a
-    collective instead, every process raises MismatchError. The call counts
-    in the sequence of collectives."""
-    w.seq += 1
+    collective instead, every process raises MismatchError. The call has
+    its number in the sequence of collectives already (Comm.meet)."""
     cdef bytearray mine = bytearray(FP_BYTES)
     cdef char *mbuf = mine
     cdef long long *f = <long long*>mbuf
@@ -579,7 +591,7 @@ cdef class _Pend:
     cdef readonly int state
 
     cdef dict as_dict(self, long long now):
-        return {"comm": self.comm, "seq": self.seq, "op": CALL_NAMES[self.op],
+        return {"comm": self.comm, "seq": self.seq, "op": call_name(self.op),
                 "form": FORM_NAMES[self.form], "backend": self.backend, "desc": self.desc,
                 "peer": self.peer, "root": self.root, "tag": self.tag,
                 "bytes": self.nbytes, "state": PEND_STATES[self.state],
@@ -594,10 +606,14 @@ cdef class _Pend:
                 f", {self.nbytes} bytes, for {(now - self.t0) / 1e9:.1f} s")
 
 
+cdef str call_name(int op):
+    """The method of `op`: a buffer call, or one of COMM_CALL_NAMES."""
+    return CALL_NAMES[op] if op < CALL_COUNT else COMM_CALL_NAMES[op - CALL_COUNT]
+
+
 cdef _Pend new_pend(Comm comm, _Watch w, int op, int form, str backend, long long seq,
                     object m, object a, object b, object c, object d):
-    """The record of a call posted now (parsed as `m`)."""
-    global recent_recs
+    """The record of a call posted now (parsed as `m`; None: refused)."""
     cdef long long f[FP_INTS]
     fill_fingerprint(f, comm, op, form, backend, seq, m, a, b, c, d)
     cdef _Pend p = _Pend.__new__(_Pend)
@@ -614,6 +630,25 @@ cdef _Pend new_pend(Comm comm, _Watch w, int op, int form, str backend, long lon
         p.root = <int>f[F_ROOT]
         p.desc = fingerprint_text(f, False, False)
     p.nbytes = f[F_EXTENT] * max(f[F_COUNT], f[F_SEND], f[F_RECV], 0)
+    return kept_pend(p, w)
+
+
+cdef _Pend comm_call_pend(Comm comm, _Watch w, str call, long long seq):
+    """The record of a call that makes or frees a communicator (`call`, one
+    of COMM_CALL_NAMES), made now: numbered among the collectives."""
+    cdef _Pend p = _Pend.__new__(_Pend)
+    p.comm = comm_label(w, comm.ob_mpi)
+    p.seq = seq
+    p.op, p.form, p.backend = CALL_COUNT + COMM_CALL_NAMES.index(call), BLOCKING, "mpi"
+    p.peer = p.root = p.tag = -1
+    p.desc = call
+    p.nbytes = 0
+    return kept_pend(p, w)
+
+
+cdef _Pend kept_pend(_Pend p, _Watch w):
+    """`p`, started now: pending, and in the recorder's ring when it is on."""
+    global recent_recs
     p.t0 = now_ns()
     p.state = PEND_PENDING
     pending_recs[id(p)] = p
@@ -632,6 +667,13 @@ cdef int pend_end(_Pend p, int state) except -1:
         p.t1 = now_ns()
         pending_recs.pop(id(p), None)
     return 0
+
+
+cdef int pend_refused(_Pend p, object err) except -1:
+    """`p`, a call whose arguments this process refused (`err`): failed, and
+    its description says so (it has no element type or counts)."""
+    p.desc += f" refused ({type(err).__name__})"
+    return pend_end(p, PEND_FAILED)
 
 
 cdef int pend_restart(_Pend p) except -1:
