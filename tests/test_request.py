@@ -415,6 +415,36 @@ def irecv_dropped_before_completion(comm):
 
 
 @case
+def request_in_a_garbage_cycle_keeps_its_buffers(comm):
+    """A pending request collected with a garbage cycle (held by an object in
+    a reference cycle, or by an exception kept in a frame) keeps its buffers
+    until the message is in, as a dropped one does: the cycle collector must
+    not clear them first. Before, MPI wrote into the freed buffer (the
+    tensors allocated after it were overwritten) and Gloo crashed."""
+    n = 1 << 16
+    for backend, persistent in (("mpi", False), ("mpi", True), ("gloo", False)):
+        buf = torch.zeros(n)
+        ref = weakref.ref(buf)
+        if persistent:
+            req = comm.Recv_init(buf, left(comm), 21)
+            req.Start()
+        else:
+            req = comm.Irecv(buf, left(comm), 21, backend=backend)
+        cycle = [req]
+        cycle.append(cycle)
+        del buf, req, cycle
+        gc.collect()
+        assert ref() is not None, (backend, persistent, "the collector let the buffer go")
+        junk = scribble(n, torch.float32)
+        comm.Barrier()              # the message comes after every rank collected
+        comm.Send(torch.full((n,), 3.0), right(comm), 21, backend=backend)
+        poll_until(comm, lambda: ref() is None,
+                   f"{backend}: the buffer of a completed, collected Irecv released")
+        assert all(bool((j == -7).all()) for j in junk), (backend, persistent,
+                                                          "a freed buffer was written into")
+
+
+@case
 def numpy_and_dlpack_buffers_kept_alive(comm):
     n = 1 << 12
     arr_ref = weakref.ref(arr := np.zeros(n))

@@ -3,6 +3,12 @@
 
 from functools import partial
 
+# Never cleared by the cycle collector: a request collected with a garbage
+# cycle (held by an object in one, or by an exception kept in a frame) must
+# reach __dealloc__ with its message and work, to keep them until the
+# operation completes (see dropped); mpi4py's clear would drop the message
+# first, and MPI or the backend would write into freed memory.
+@cython.no_gc_clear
 cdef class Request(_MPI.Request):
     """Handle of a non-blocking operation.
 
@@ -838,6 +844,7 @@ cdef MPI_Info as_info(object info) except? NULL:
     return (<_MPI.Info>info).ob_mpi
 
 
+@cython.no_gc_clear               # (as Request)
 cdef class Prequest(Request):
     """Handle of a persistent operation.
 

@@ -94,9 +94,8 @@ cdef _Work isendrecv_parts(_Msg m, int dest, int sendtag, int source, int recvta
     cdef _Work w = _Work.__new__(_Work)
     w.backend = "mpi"
     w.works = [r, s]
-    w.steps = [lambda: set_work_status(w, r.received())]
-    if m.staged is not None:
-        w.steps.append(lambda: unstage(m))
+    w.status_of = r.received
+    w.steps = [lambda: unstage(m)] if m.staged is not None else []
     w.keep = (m, packed)
     return w
 

@@ -130,15 +130,24 @@ cdef int idle(int spins) except -1:
     return 0
 
 
+@cython.no_gc
 cdef class _Work:
     """The non-MPI part of a request: backend work handles, then steps to run
-    once they are all complete, and the status of a receive."""
+    once they are all complete, and the status of a receive.
+
+    Not tracked by the cycle collector (nothing it holds refers back to it:
+    the status comes from `status_of`, not from a step closing over the
+    work), so that what it holds counts as reachable while it lives: a
+    request collected with a garbage cycle keeps its operation's buffers (see
+    dropped), where the collector would otherwise clear them (a tensor's
+    storage freed while a backend still writes into it)."""
     cdef readonly str backend
     cdef list works
     cdef list steps
     cdef readonly bint done
     cdef bint failed           # a wait raised: nothing is left to run
     cdef tuple status          # (source, tag, bytes, element MPI datatype) of a receive
+    cdef object status_of      # a receive: returns its status once the works are complete
     cdef object keep           # buffers, until completion
     cdef object pend           # a dropped request's call record, ended with the work
 
@@ -155,11 +164,15 @@ cdef class _Work:
                 w.wait()        # raises the backend's error; stream-orders CUDA results
         except BaseException:
             self.steps = []     # nothing left to run (see dropped)
+            self.status_of = None
             self.failed = True
             raise
         steps, self.steps = self.steps, []
         for step in steps:
             step()
+        if self.status_of is not None:
+            status_of, self.status_of = self.status_of, None
+            self.status = status_of()
         self.done = True
         self.keep = None
         return True
@@ -176,6 +189,7 @@ cdef class _Work:
                     w.wait()
                 except BaseException:
                     self.works, self.steps = [], []     # failed, as in test()
+                    self.status_of = None
                     raise
         return 0
 
@@ -245,15 +259,9 @@ def _work_request(str backend, list works, list steps=None, object keep=None,
     w.works = works
     w.steps = list(steps) if steps else []
     w.keep = keep
-    if status is not None:
-        w.steps.append(lambda: set_work_status(w, status()))
+    w.status_of = status
     req.ext = w
     return req
-
-
-cdef int set_work_status(_Work w, tuple value) except -1:
-    w.status = value
-    return 0
 
 
 def _datatype_handle(str type_name):
