@@ -141,6 +141,16 @@ def _debug(flight, status):
     return " ".join(report.stdout.split())
 
 
+def _recorded(tmp_path, code, mode):
+    """Run `code` on 3 processes with the flight recorder, checked
+    (``mode="checked"``) or with a 3 s timeout: (exit status, output, the
+    recorder's directory)."""
+    flight = tmp_path / "flight"
+    env = {"MCR_CHECK": 1} if mode == "checked" else {"MCR_TIMEOUT": 3}
+    status, out, _ = _run(tmp_path, 3, code, MCR_FLIGHT_RECORDER=flight, **env)
+    return status, out, flight
+
+
 SPLIT_SKIP = """
 import sys, time, torch, mcr
 comm = mcr.COMM_WORLD
@@ -167,9 +177,7 @@ def test_a_constructor_against_another_call_is_recorded(tmp_path, mode):
     # making and freeing communicators have their numbers among the
     # collectives, in checked mode and with a timeout alike, and the recorder
     # keeps them: mcr.debug names the call where the last rank went another way
-    flight = tmp_path / "flight"
-    env = {"MCR_CHECK": 1} if mode == "checked" else {"MCR_TIMEOUT": 3}
-    code, out, _ = _run(tmp_path, 3, SPLIT_SKIP, MCR_FLIGHT_RECORDER=flight, **env)
+    code, out, flight = _recorded(tmp_path, SPLIT_SKIP, mode)
     error = "MismatchError" if mode == "checked" else "TimeoutError"
     for rank in range(3):
         assert f"rank {rank}: {error}" in out, out
@@ -226,9 +234,7 @@ def test_a_refused_call_is_recorded(tmp_path, mode):
     # others wait for it in the Bcast; checked, every rank raises. Either way
     # the recorder has the root's refused call, with its number, and mcr.debug
     # shows it against the others'
-    flight = tmp_path / "flight"
-    env = {"MCR_CHECK": 1} if mode == "checked" else {"MCR_TIMEOUT": 3}
-    code, out, _ = _run(tmp_path, 3, REFUSED, MCR_FLIGHT_RECORDER=flight, **env)
+    code, out, flight = _recorded(tmp_path, REFUSED, mode)
     assert "rank 0: TypeError: buf: expected a torch.Tensor" in out, out
     if mode == "checked":
         assert code == 0, out
