@@ -496,6 +496,61 @@ def timeout_in_free_with_a_backend(comm):
     c.Free()                    # freed: nothing to do
 
 
+def objects_results(c):
+    """Every collective of mpi4py's on pickled objects, on `c`, each result
+    checked against one computed here: they work as on mpi4py."""
+    size, rank = c.size, c.rank
+    c.barrier()
+    assert c.bcast({"from": rank}, root=size - 1) == {"from": size - 1}
+    gathered = c.gather(("r", rank), root=0)
+    assert gathered == ([("r", r) for r in range(size)] if rank == 0 else None), gathered
+    assert c.scatter([r * r for r in range(size)] if rank == 0 else None, root=0) == rank * rank
+    assert c.allgather(rank) == list(range(size))
+    assert c.alltoall([(rank, r) for r in range(size)]) == [(r, rank) for r in range(size)]
+    total = c.reduce(rank + 1, op=mcr.SUM, root=0)
+    assert total == (size * (size + 1) // 2 if rank == 0 else None), total
+    assert c.allreduce(rank, op=mcr.MAX) == size - 1
+    assert c.scan(rank + 1) == (rank + 1) * (rank + 2) // 2
+    prefix = c.exscan(rank + 1)
+    assert prefix == (None if rank == 0 else rank * (rank + 1) // 2), prefix
+
+
+@case
+def collectives_on_objects_are_watched_too(comm):
+    # mpi4py's methods on pickled objects (bcast, gather, ...) block inside
+    # MPI as well: on a watched communicator they are numbered among the
+    # collectives and meet first, so that a rank that skips one is a
+    # TimeoutError on the others (the same call made again waits for the same
+    # meeting), and checked, one that calls another, or with another root, is
+    # a MismatchError on every rank
+    size, rank = comm.size, comm.rank
+    last = size - 1
+    c = timed(comm)
+    objects_results(c)                          # #1-#10
+    if size > 1:
+        if rank != last:
+            exc = expect_timeout(lambda: c.bcast({"k": rank}, root=0), "every process of",
+                                 "to call bcast (a collective on pickled objects)")
+            assert (exc.pending[-1]["op"], exc.pending[-1]["seq"],
+                    exc.pending[-1]["desc"]) == ("bcast", 11, "bcast root=0"), exc.pending
+            expect_timeout(lambda: c.bcast({"k": rank}, root=0), "to call bcast")
+        comm.Barrier()                          # (the parent) now the last rank calls it too
+        assert c.bcast({"k": rank}, root=0) == {"k": 0}
+    objects_results(c)
+    assert_allreduce_works(c)
+    d = checked(comm)
+    objects_results(d)                          # #1-#10
+    expect_mismatch(d, lambda r: d.gather(r) if r == last and size > 1 else d.bcast(r),
+                    "gather root=0 #11", "different operations", "bcast root=0 #11")
+    expect_mismatch(d, lambda r: d.bcast(r, root=min(r, 1)), "bcast root=1 #13",
+                    "different roots", "bcast root=0 #13")
+    expect_mismatch(d, lambda r: d.allreduce(r) if r == last and size > 1 else d.Dup(),
+                    "allreduce #15", "different operations", "Dup #15")
+    objects_results(d)
+    for each in (c, d):
+        each.Free()
+
+
 @case
 def timeout_in_making_a_communicator(comm):
     # the last rank skips a Split, then a Dup: MPI's constructors block

@@ -5,6 +5,19 @@
 # methods are thin wrappers around it.
 
 cdef object SUM = _mpi4py.SUM
+
+# mpi4py's collectives on pickled objects, which mcr's pass on to (bound once:
+# a lookup per call costs as much as the rest of mcr's part)
+cdef object _obj_barrier = _MPI.Intracomm.barrier
+cdef object _obj_bcast = _MPI.Intracomm.bcast
+cdef object _obj_gather = _MPI.Intracomm.gather
+cdef object _obj_scatter = _MPI.Intracomm.scatter
+cdef object _obj_allgather = _MPI.Intracomm.allgather
+cdef object _obj_alltoall = _MPI.Intracomm.alltoall
+cdef object _obj_reduce = _MPI.Intracomm.reduce
+cdef object _obj_allreduce = _MPI.Intracomm.allreduce
+cdef object _obj_scan = _MPI.Intracomm.scan
+cdef object _obj_exscan = _MPI.Intracomm.exscan
 cdef object ANY_SOURCE = _mpi4py.ANY_SOURCE
 cdef object ANY_TAG = _mpi4py.ANY_TAG
 cdef int TAG_UB = 32767          # MPI guarantees >= 32767; MPI's value is read lazily
@@ -1664,6 +1677,77 @@ cdef class Comm(_MPI.Intracomm):
         """Persistent ``Exscan``; arguments as ``Exscan``, plus `info`."""
         return self.call(CALL_EXSCAN, PERSISTENT, backend, info, sendbuf, recvbuf, op)
 
+    # -- mpi4py's collectives on pickled objects ------------------------------------
+    #
+    # mpi4py's own methods (pickle, then MPI's blocking calls). On a watched
+    # communicator (checked, a timeout, the flight recorder) each takes its
+    # number among the collectives and a record, and meets the other processes
+    # first (`made`): a process that skips one is then a TimeoutError or a
+    # MismatchError, not a hang inside MPI.
+
+    def barrier(self):
+        """Barrier synchronization, as ``Barrier`` (mpi4py's method)."""
+        if self.watch is None and not recorder_on:
+            return _obj_barrier(self)
+        return self.made("barrier", _obj_barrier, ())
+
+    def bcast(self, obj, int root=0):
+        """Broadcast a Python object from `root` (mpi4py's method, pickled)."""
+        if self.watch is None and not recorder_on:
+            return _obj_bcast(self, obj, root)
+        return self.made("bcast", _obj_bcast, (obj, root), root)
+
+    def gather(self, sendobj, int root=0):
+        """Gather Python objects at `root` (mpi4py's method, pickled)."""
+        if self.watch is None and not recorder_on:
+            return _obj_gather(self, sendobj, root)
+        return self.made("gather", _obj_gather, (sendobj, root), root)
+
+    def scatter(self, sendobj, int root=0):
+        """Scatter Python objects from `root` (mpi4py's method, pickled)."""
+        if self.watch is None and not recorder_on:
+            return _obj_scatter(self, sendobj, root)
+        return self.made("scatter", _obj_scatter, (sendobj, root), root)
+
+    def allgather(self, sendobj):
+        """Gather Python objects on every process (mpi4py's method, pickled)."""
+        if self.watch is None and not recorder_on:
+            return _obj_allgather(self, sendobj)
+        return self.made("allgather", _obj_allgather, (sendobj,))
+
+    def alltoall(self, sendobj):
+        """Exchange Python objects, one to each process (mpi4py's method,
+        pickled)."""
+        if self.watch is None and not recorder_on:
+            return _obj_alltoall(self, sendobj)
+        return self.made("alltoall", _obj_alltoall, (sendobj,))
+
+    def reduce(self, sendobj, op=SUM, int root=0):
+        """Reduce Python objects to `root` (mpi4py's method, pickled)."""
+        if self.watch is None and not recorder_on:
+            return _obj_reduce(self, sendobj, op, root)
+        return self.made("reduce", _obj_reduce, (sendobj, op, root), root)
+
+    def allreduce(self, sendobj, op=SUM):
+        """Reduce Python objects on every process (mpi4py's method, pickled)."""
+        if self.watch is None and not recorder_on:
+            return _obj_allreduce(self, sendobj, op)
+        return self.made("allreduce", _obj_allreduce, (sendobj, op))
+
+    def scan(self, sendobj, op=SUM):
+        """Inclusive prefix reduction of Python objects (mpi4py's method,
+        pickled)."""
+        if self.watch is None and not recorder_on:
+            return _obj_scan(self, sendobj, op)
+        return self.made("scan", _obj_scan, (sendobj, op))
+
+    def exscan(self, sendobj, op=SUM):
+        """Exclusive prefix reduction of Python objects (mpi4py's method,
+        pickled)."""
+        if self.watch is None and not recorder_on:
+            return _obj_exscan(self, sendobj, op)
+        return self.made("exscan", _obj_exscan, (sendobj, op))
+
     # -- Communicator management -------------------------------------------------
 
     def Free(self):
@@ -1725,46 +1809,50 @@ cdef class Comm(_MPI.Intracomm):
         """Duplicate the communicator, as ``Dup`` without hints."""
         return self.inherit(self.made("Clone", _MPI.Intracomm.Clone, ()))
 
-    cdef object made(self, str call, object make, tuple args):
-        """mpi4py's constructor `make(self, *args)` (`call`, such as "Dup"),
+    cdef object made(self, str call, object make, tuple args, int root=-1):
+        """mpi4py's method `make(self, *args)` for a collective call outside
+        the buffer methods (`call`, such as "Dup" or "bcast"; `root`, or -1),
         after `meet`, its record ended as it returns or raises."""
-        p = self.meet(call)
+        p = self.meet(call, root)
         try:
-            comm = make(self, *args)
+            result = make(self, *args)
         except BaseException:
             if p is not None:
                 pend_end(<_Pend>p, PEND_FAILED)
             raise
         if p is not None:
             pend_end(<_Pend>p, PEND_DONE)
-        return comm
+        return result
 
-    cdef object meet(self, str call):
-        """Before a call that makes or frees a communicator (`call`, one of
-        COMM_CALL_NAMES), as MPI's block and cannot be interrupted. Watched,
-        it takes the next number in the sequence of collectives, and a record
-        with a timeout or the recorder (returned, pending; else None).
-        Checked, the processes agree on it as on a collective
-        (check_comm_call, polled: a TimeoutError at the timeout); else, with a
-        timeout, they meet in a polled barrier (except for Free, which does
-        not block). A TimeoutError leaves the exchange or barrier pending, for
-        the next try, which takes the same number."""
+    cdef object meet(self, str call, int root=-1):
+        """Before a collective call outside the buffer methods (`call`, one
+        of COMM_CALL_NAMES: one that makes or frees a communicator, or one of
+        mpi4py's methods on pickled objects; `root`, or -1), as MPI's block
+        and cannot be interrupted. Watched, it takes the next number in the
+        sequence of collectives, and a record with a timeout or the recorder
+        (returned, pending; else None). Checked, the processes agree on it as
+        on a collective (check_comm_call, polled: a TimeoutError at the
+        timeout); else, with a timeout, they meet in a polled barrier (except
+        for Free, which does not block). A TimeoutError leaves the exchange or
+        barrier pending, for the next try, which takes the same number."""
         cdef _Watch w = self.watch
         if w is None and recorder_on and not self.unlogged:
             w = self.recorded_watch()
         if w is None or self.unlogged:
             return None
         w.seq += 1
-        p = comm_call_pend(self, w, call, w.seq) if w.timeout > 0 or recorder_on else None
+        p = comm_call_pend(self, w, call, w.seq, root) if w.timeout > 0 or recorder_on \
+            else None
         try:
             if w.checked:
-                check_comm_call(self, w, call)
+                check_comm_call(self, w, call, root)
             elif w.timeout > 0 and call != "Free":
                 if self.meeting is None:
                     self.meeting = _MPI.Intracomm.Ibarrier(self)
+                why = "making a communicator is collective" if call[0].isupper() else \
+                    "a collective on pickled objects"
                 try:
-                    _meet(self, self.meeting,
-                          f"to call {call} (making a communicator is collective)")
+                    _meet(self, self.meeting, f"to call {call} ({why})")
                 except BaseException:
                     w.seq -= 1      # the barrier stays posted: the next try takes this number
                     raise

@@ -44,8 +44,11 @@ cdef enum:                         # the fields of a fingerprint
 cdef tuple MATCHED = (F_SEQ, F_OP, F_FORM, F_BACKEND, F_ROOT, F_ROP, F_DTYPE, F_COUNT,
                       F_HASH)
 
-# the calls that make or free a communicator, fingerprinted as op CALL_COUNT + their index
-cdef tuple COMM_CALL_NAMES = ("Dup", "Clone", "Split", "Split_type", "Create", "Free")
+# the collective calls outside the buffer methods, fingerprinted as op CALL_COUNT + their
+# index: those that make or free a communicator, and mpi4py's methods on pickled objects
+cdef tuple COMM_CALL_NAMES = ("Dup", "Clone", "Split", "Split_type", "Create", "Free",
+                              "barrier", "bcast", "gather", "scatter", "allgather",
+                              "alltoall", "reduce", "allreduce", "scan", "exscan")
 
 cdef dict BACKEND_OF_CRC = {}      # crc32 of a backend name -> the name
 
@@ -318,6 +321,8 @@ cdef str fingerprint_text(long long *f, bint with_seq=True, bint with_backend=Tr
     cdef int op = <int>f[F_OP]
     if CALL_COUNT <= op < CALL_COUNT + len(COMM_CALL_NAMES):
         name = COMM_CALL_NAMES[op - CALL_COUNT]
+        if f[F_ROOT] >= 0:
+            name = f"{name} root={f[F_ROOT]}"
         return f"{name} #{f[F_SEQ]}" if with_seq else name
     if not 0 <= op < CALL_COUNT:
         return "(not an mcr call)"
@@ -425,20 +430,22 @@ cdef tuple check_collective(Comm comm, _Watch w, int op, int form, str backend,
     return m, p
 
 
-cdef int check_comm_call(Comm comm, _Watch w, str call) except -1:
-    """Checked mode: agree with the other processes on a call that makes or
-    frees a communicator (`call`, one of COMM_CALL_NAMES) as on a collective,
-    before any enters MPI's call, which blocks uninterruptibly (or, for Free,
-    leaves the others waiting): when one calls another of these or a
-    collective instead, every process raises MismatchError. The call has
-    its number in the sequence of collectives already (Comm.meet)."""
+cdef int check_comm_call(Comm comm, _Watch w, str call, int root) except -1:
+    """Checked mode: agree with the other processes on a collective call
+    outside the buffer methods (`call`, one of COMM_CALL_NAMES; `root`, or
+    -1) as on a collective, before any enters MPI's call, which blocks
+    uninterruptibly (or, for Free, leaves the others waiting): when one calls
+    another of these or a collective instead, every process raises
+    MismatchError. The call has its number in the sequence of collectives
+    already (Comm.meet)."""
     cdef bytearray mine = bytearray(FP_BYTES)
     cdef char *mbuf = mine
     cdef long long *f = <long long*>mbuf
     f[F_MAGIC], f[F_SEQ], f[F_OP], f[F_FORM] = (FP_MAGIC, w.seq,
                                                 CALL_COUNT + COMM_CALL_NAMES.index(call), BLOCKING)
     f[F_BACKEND], f[F_SIZE] = backend_id("mpi"), comm.nprocs()
-    f[F_ROOT] = f[F_DTYPE] = f[F_ROP] = f[F_COUNT] = f[F_HASH] = -1
+    f[F_DTYPE] = f[F_ROP] = f[F_COUNT] = f[F_HASH] = -1
+    f[F_ROOT] = root
     agree_fingerprints(comm, w, mine, None)
     return 0
 
@@ -633,15 +640,17 @@ cdef _Pend new_pend(Comm comm, _Watch w, int op, int form, str backend, long lon
     return kept_pend(p, w)
 
 
-cdef _Pend comm_call_pend(Comm comm, _Watch w, str call, long long seq):
-    """The record of a call that makes or frees a communicator (`call`, one
-    of COMM_CALL_NAMES), made now: numbered among the collectives."""
+cdef _Pend comm_call_pend(Comm comm, _Watch w, str call, long long seq, int root):
+    """The record of a collective call outside the buffer methods (`call`,
+    one of COMM_CALL_NAMES; `root`, or -1), made now: numbered among the
+    collectives."""
     cdef _Pend p = _Pend.__new__(_Pend)
     p.comm = comm_label(w, comm.ob_mpi)
     p.seq = seq
     p.op, p.form, p.backend = CALL_COUNT + COMM_CALL_NAMES.index(call), BLOCKING, "mpi"
-    p.peer = p.root = p.tag = -1
-    p.desc = call
+    p.peer = p.tag = -1
+    p.root = root
+    p.desc = call if root < 0 else f"{call} root={root}"
     p.nbytes = 0
     return kept_pend(p, w)
 
