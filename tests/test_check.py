@@ -14,6 +14,7 @@ with torch on the whole data.
 
 import time
 
+import mpi4py.MPI
 import torch
 
 import mcr
@@ -549,6 +550,9 @@ def collectives_on_objects_are_watched_too(comm):
     objects_results(d)
     for each in (c, d):
         each.Free()
+        # on a freed communicator: mpi4py's error, as on mpi4py (no meeting, no number)
+        exc = raises(mpi4py.MPI.Exception, lambda: each.bcast(1))
+        assert "MPI_ERR_COMM" in str(exc), str(exc)
 
 
 @case

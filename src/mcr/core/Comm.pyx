@@ -1836,6 +1836,8 @@ cdef class Comm(_MPI.Intracomm):
         for Free, which does not block). A TimeoutError leaves the exchange or
         barrier pending, for the next try, which takes the same number."""
         cdef _Watch w = self.watch
+        if self.ob_mpi == MPI_COMM_NULL:
+            return None                 # (mpi4py's method raises MPI's error)
         if w is None and recorder_on and not self.unlogged:
             w = self.recorded_watch()
         if w is None or self.unlogged:
