@@ -5,6 +5,10 @@
 # methods are thin wrappers around it.
 
 cdef object SUM = _mpi4py.SUM
+cdef object ANY_SOURCE = _mpi4py.ANY_SOURCE
+cdef object ANY_TAG = _mpi4py.ANY_TAG
+cdef int TAG_UB = 32767          # MPI guarantees >= 32767; MPI's value is read lazily
+cdef bint tag_ub_read = False
 
 # mpi4py's collectives on pickled objects, which mcr's pass on to (bound once:
 # a lookup per call costs as much as the rest of mcr's part)
@@ -18,10 +22,6 @@ cdef object _obj_reduce = _MPI.Intracomm.reduce
 cdef object _obj_allreduce = _MPI.Intracomm.allreduce
 cdef object _obj_scan = _MPI.Intracomm.scan
 cdef object _obj_exscan = _MPI.Intracomm.exscan
-cdef object ANY_SOURCE = _mpi4py.ANY_SOURCE
-cdef object ANY_TAG = _mpi4py.ANY_TAG
-cdef int TAG_UB = 32767          # MPI guarantees >= 32767; MPI's value is read lazily
-cdef bint tag_ub_read = False
 
 
 cdef int read_tag_ub() except -1:
@@ -1785,7 +1785,7 @@ cdef class Comm(_MPI.Intracomm):
             except BaseException:
                 if p is not None:
                     pend_end(<_Pend>p, PEND_FAILED)
-                if self.watch is not None:
+                if self.watch is not None and not self.unlogged:   # (meet numbered it)
                     # its barrier stays posted: Free made again waits for it, as this number
                     self.watch.seq -= 1
                 raise
