@@ -274,6 +274,28 @@ def test_pending_point_to_point_only(tmp_path):
         "  rank 1: Irecv from any, 16 bytes, pending for 9.0 s (and 1 more)"]
 
 
+def test_point_to_point_on_objects(tmp_path):
+    # mpi4py's recv and probe on pickled objects: a receive that timed out
+    # failed (its size unknown: nothing came), shown with how long it waited
+    # until then, not with its age at the dump; a probe is "from" its source
+    plant(tmp_path, 0, 2, [call(None, "recv from 1 tag 2", "failed", 4.0, duration=3.0,
+                                peer=1, tag=2, nbytes=-1)])
+    plant(tmp_path, 1, 2, [call(None, "probe from 0 tag 2", "pending", 4.5, peer=0, tag=2,
+                                nbytes=-1)])
+    status, out, err = run_cli("--all", tmp_path)
+    assert (status, err) == (1, "")
+    assert lines(out)[1:] == [
+        "communicator world (ranks 0-1): no collective call recorded",
+        "pending point-to-point:",
+        "  rank 0: recv from 1 tag 2, failed after 3.0 s",
+        "  rank 1: probe from 0 tag 2, pending for 4.5 s",
+        "every call that did not complete, per rank:",
+        "  rank 0 (node0 pid 1000): 1 call",
+        "    recv from 1 tag 2, failed after 3.0 s",
+        "  rank 1 (node0 pid 1001): 1 call",
+        "    probe from 0 tag 2, pending for 4.5 s"]
+
+
 # ---------------------------------------------------------------------------
 # Rings that dropped their oldest calls
 

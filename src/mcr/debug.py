@@ -92,7 +92,8 @@ class Call:
     """One recorded call, as the file has it.
 
     ``seq`` is the communicator's collective number, None for point-to-point;
-    ``peer``, ``root`` and ``tag`` are -1 where they do not apply; ``age`` is
+    ``peer``, ``root`` and ``tag`` are -1 where they do not apply, ``bytes``
+    where it is not known (a pickled object not yet received); ``age`` is
     the seconds since the call was posted, at the dump; ``duration`` the
     seconds a completed call took, or a failed call until it failed (None
     while pending).
@@ -519,7 +520,7 @@ class Report:
             if p2p:
                 oldest = max(p2p, key=lambda c: c.age)
                 more = f" (and {len(p2p) - 1} more)" if len(p2p) > 1 else ""
-                items.append(_Item(rank, _p2p_text(oldest), oldest.state, oldest.age, more))
+                items.append(_Item(rank, _p2p_text(oldest), oldest.state, _took(oldest), more))
         if not items:
             return []
         return ["pending point-to-point:"] + _lines(_grouped(items), "  ")
@@ -533,7 +534,7 @@ class Report:
             for c in calls:
                 what = _p2p_text(c) if c.seq is None else (
                     f"{c.comm} #{c.seq}: {_coll_text(c)}  [{c.backend}, {c.form}]")
-                lines.append(f"    {what} {_state_text(c.state, [c.age])}")
+                lines.append(f"    {what} {_state_text(c.state, [_took(c)])}")
         return lines
 
 
@@ -623,11 +624,18 @@ def _coll_text(c: Call) -> str:
 
 def _p2p_text(c: Call) -> str:
     op = c.op.lower()
-    way = "from" if "recv" in op and "send" not in op else "to" if "send" in op else "peer"
+    way = "to" if "send" in op else "from" if "recv" in op or "probe" in op else "peer"
     peer = "any" if c.peer < 0 else str(c.peer)
     tag = f" tag {c.tag}" if c.tag >= 0 else ""
     where = "" if c.comm == "world" else f" on {c.comm}"
-    return f"{c.op} {way} {peer}{tag}{where}, {c.bytes} bytes,"
+    size = f" {c.bytes} bytes," if c.bytes >= 0 else ""     # (-1: not known)
+    return f"{c.op} {way} {peer}{tag}{where},{size}"
+
+
+def _took(c: Call) -> float:
+    """How long `c` has waited: a failed call until it failed, where the file
+    says; else its age at the dump."""
+    return c.duration if c.state == "failed" and c.duration is not None else c.age
 
 
 def _state_text(state: str, ages: Sequence[float]) -> str:
@@ -687,9 +695,8 @@ def _lines(groups: list[_Group], indent: str) -> list[str]:
 def _rank_item(at: RankAt, seq: int) -> _Item:
     if at.kind == "call" and at.call is not None:
         c = at.call
-        # (a failed call: how long it ran until it failed, where the file says)
-        took = c.duration if c.state == "failed" and c.duration is not None else c.age
-        return _Item(at.rank, _coll_text(c), c.state, took, column=f"[{c.backend}, {c.form}]")
+        return _Item(at.rank, _coll_text(c), c.state, _took(c),
+                     column=f"[{c.backend}, {c.form}]")
     if at.kind == "none":
         if at.last_seq == 0:
             why = "no collective on this communicator"
