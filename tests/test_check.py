@@ -555,6 +555,80 @@ def collectives_on_objects_are_watched_too(comm):
         assert "MPI_ERR_COMM" in str(exc), str(exc)
 
 
+def objects_p2p_results(c):
+    """mpi4py's point-to-point methods on pickled objects, around a ring on
+    `c`, each result checked against one computed here: they work as on
+    mpi4py."""
+    size, rank = c.size, c.rank
+    peer, source = (rank + 1) % size, (rank - 1) % size
+    st = mcr.Status()
+    c.send({"from": rank, "x": list(range(rank + 2))}, dest=peer, tag=5)
+    assert c.recv(source=source, tag=5, status=st) == {"from": source,
+                                                        "x": list(range(source + 2))}
+    assert (st.Get_source(), st.Get_tag()) == (source, 5)
+    big = torch.arange(1 << 17, dtype=torch.float64) * (rank + 1)  # 1 MiB: not eager
+    got = c.sendrecv(big, dest=peer, sendtag=6, source=source, recvtag=6, status=st)
+    assert torch.equal(got, torch.arange(1 << 17, dtype=torch.float64) * (source + 1))
+    assert (st.Get_source(), st.Get_tag()) == (source, 6) and st.Get_count() > 1 << 20
+    if size > 1:                        # (a synchronous send to oneself never completes)
+        if rank % 2 == 0:
+            c.ssend(rank * 10, dest=peer, tag=7)
+        assert c.recv(None, source, 7) == source * 10
+        if rank % 2 == 1:
+            c.ssend(rank * 10, dest=peer, tag=7)
+    c.send(("probed", rank), dest=peer, tag=8)
+    assert c.probe(source=source, tag=8, status=st) is True and st.Get_source() == source
+    assert c.mprobe(source, 8).recv() == ("probed", source)
+    # PROC_NULL: nothing sent, an empty receive
+    c.send(1, dest=mpi4py.MPI.PROC_NULL)
+    assert c.recv(source=mpi4py.MPI.PROC_NULL) is None
+
+
+@case
+def point_to_point_on_objects_is_timed_too(comm):
+    # mpi4py's send, recv, ... on pickled objects block inside MPI as well:
+    # with a timeout they are polled, so that a receive whose message never
+    # comes, or a synchronous send never received, is a TimeoutError naming
+    # it. A receive or probe that timed out leaves nothing posted (the next
+    # one gets the message); a send leaves its request, to wait for again
+    size, rank = comm.size, comm.rank
+    last = size - 1
+    objects_p2p_results(comm)
+    c = timed(comm)
+    objects_p2p_results(c)
+    if size > 1:
+        if rank != last:
+            exc = expect_timeout(lambda: c.recv(source=last, tag=9),
+                                 f"waiting for recv from {last} tag 9 on ", "[mpi]")
+            assert {k: exc.pending[-1][k] for k in ("op", "seq", "peer", "tag", "bytes")} \
+                == {"op": "recv", "seq": None, "peer": last, "tag": 9, "bytes": -1}, exc.pending
+            expect_timeout(lambda: c.probe(last, 9), f"probe from {last} tag 9")
+            expect_timeout(lambda: c.mprobe(tag=9), "mprobe from any tag 9")
+            if rank == 0:       # a send whose receive comes late, and a sendrecv
+                exc = expect_timeout(lambda: c.ssend(["late"], dest=last, tag=10),
+                                     f"waiting for ssend to {last} tag 10")
+                late = exc.request
+                assert exc.pending[-1]["op"] == "ssend" and exc.pending[-1]["bytes"] > 0
+                exc = expect_timeout(lambda: c.sendrecv("there", last, 11, None, last, 12),
+                                     f"sendrecv to {last} tag 11, from {last} tag 12")
+                assert isinstance(exc.request, mcr.Request)
+        comm.Barrier()          # (the parent) every rank has timed out: now the last
+        if rank == last:        # rank receives and sends what the others waited for
+            assert c.recv(source=0, tag=10) == ["late"]
+            assert c.recv(source=0, tag=11) == "there"
+            for r in range(last):
+                c.send(("nine", r), dest=r, tag=9)
+        else:
+            if rank == 0:
+                late.Wait()
+            assert c.recv(source=last, tag=9) == ("nine", rank)
+    objects_p2p_results(c)
+    # nothing left pending on this process: a timeout lists no call
+    exc = expect_timeout(lambda: c.recv(source=rank, tag=13), f"recv from {rank} tag 13")
+    assert len(exc.pending) == 1, exc.pending
+    c.Free()
+
+
 @case
 def timeout_in_making_a_communicator(comm):
     # the last rank skips a Split, then a Dup: MPI's constructors block

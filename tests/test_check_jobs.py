@@ -257,6 +257,50 @@ def test_a_refused_call_is_recorded(tmp_path, mode):
     assert [c["op"] for c in calls] == ["Bcast"] + ["Recv"] * (mode == "timed"), calls
 
 
+CROSSED = """
+import sys, time, mcr
+comm = mcr.COMM_WORLD
+peer = 1 - comm.rank
+comm.send({"hello": comm.rank}, dest=peer, tag=1)
+assert comm.recv(source=peer, tag=1) == {"hello": peer}
+try:
+    comm.recv(source=peer, tag=2)                   # both receive first: a deadlock
+    comm.send("reply", dest=peer, tag=2)
+except mcr.TimeoutError as exc:
+    print(f"rank {comm.rank}: TimeoutError: {exc}", flush=True)
+    time.sleep(1)                                   # the other writes its file
+    sys.exit(3)
+"""
+
+
+def test_point_to_point_on_objects_times_out_and_is_recorded(tmp_path):
+    # mpi4py's recv on pickled objects, from the environment's timeout: two
+    # ranks that both receive first raise, and the recorder shows each one's
+    # receive (failed: nothing stays posted) after the exchange that worked
+    flight = tmp_path / "flight"
+    code, out, _ = _run(tmp_path, 2, CROSSED, MCR_TIMEOUT=3, MCR_FLIGHT_RECORDER=flight)
+    assert code not in (None, 0), out
+    for rank in range(2):
+        assert (f"rank {rank}: TimeoutError: rank {rank}: no completion after 3 s (the "
+                f"communicator's timeout) waiting for recv from {1 - rank} tag 2 on world "
+                "[mpi]") in out, out
+        assert f"recv from {1 - rank} tag 2 on world [mpi, blocking], for 3" in out, out
+        calls = json.loads((flight / f"mcr-flight-{rank}.json").read_text())["calls"]
+        seen = [(c["op"], c["desc"], c["seq"], c["state"]) for c in calls]
+        assert seen[:2] == [("send", f"send to {1 - rank} tag 1", None, "done"),
+                            ("recv", f"recv from {1 - rank} tag 1", None, "done")], seen
+        # (failed once it raised; pending in the file written at the timeout, if
+        # the job ended that rank before it wrote the file again at exit)
+        assert seen[2:] in ([("recv", f"recv from {1 - rank} tag 2", None, state)]
+                            for state in ("failed", "pending")), seen
+        assert calls[0]["bytes"] == calls[1]["bytes"] > 0, calls   # the pickled object's
+        assert calls[2]["bytes"] == -1, calls                      # (none came)
+    text = _debug(flight, status=1)
+    assert "communicator world (ranks 0-1): no collective call recorded" in text, text
+    assert "rank 0: recv from 1 tag 2, failed after 3" in text or \
+        "rank 0: recv from 1 tag 2, pending for" in text, text
+
+
 def test_bad_environment_values_are_refused(tmp_path):
     code, out, _ = _run(tmp_path, 1, "import mcr\nmcr.COMM_WORLD\n", MCR_TIMEOUT="soon")
     assert code != 0 and "MCR_TIMEOUT: expected a number of seconds > 0, got 'soon'" in out

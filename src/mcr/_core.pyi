@@ -8,11 +8,12 @@
 from collections.abc import Callable, Sequence
 from typing import Any, Final, Literal, NoReturn, Self, TypeAlias, final
 
-from mpi4py.MPI import ANY_SOURCE, ANY_TAG, SUM, Datatype, Group, InPlaceType, Info, Op
+from mpi4py.MPI import ANY_SOURCE, ANY_TAG, SUM, Datatype, Group, InPlaceType, Info, Message, Op
 from mpi4py.MPI import Exception as _Exception
 from mpi4py.MPI import Intracomm as _Intracomm
 from mpi4py.MPI import Request as _Request
 from mpi4py.MPI import Status as _Status
+from mpi4py.typing import Buffer
 
 from mcr.tuning import Choice
 
@@ -374,6 +375,20 @@ class Comm(_Intracomm):
     def allreduce(self, sendobj: Any, op: Op | Callable[[Any, Any], Any] = SUM) -> Any: ...
     def scan(self, sendobj: Any, op: Op | Callable[[Any, Any], Any] = SUM) -> Any: ...
     def exscan(self, sendobj: Any, op: Op | Callable[[Any, Any], Any] = SUM) -> Any: ...
+
+    # -- mpi4py's point-to-point methods on pickled objects --
+    def send(self, obj: Any, dest: int, tag: int = 0) -> None: ...
+    def ssend(self, obj: Any, dest: int, tag: int = 0) -> None: ...
+    def recv(
+        self, buf: Buffer | None = None, source: int = ANY_SOURCE, tag: int = ANY_TAG,
+        status: _Status | None = None,
+    ) -> Any: ...
+    def sendrecv(
+        self, sendobj: Any, dest: int, sendtag: int = 0, recvbuf: Buffer | None = None,
+        source: int = ANY_SOURCE, recvtag: int = ANY_TAG, status: _Status | None = None,
+    ) -> Any: ...
+    def probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: _Status | None = None) -> Literal[True]: ...
+    def mprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: _Status | None = None) -> Message: ...
 
     # -- Communicator management --
     def Free(self) -> None: ...

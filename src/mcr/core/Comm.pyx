@@ -22,6 +22,13 @@ cdef object _obj_reduce = _MPI.Intracomm.reduce
 cdef object _obj_allreduce = _MPI.Intracomm.allreduce
 cdef object _obj_scan = _MPI.Intracomm.scan
 cdef object _obj_exscan = _MPI.Intracomm.exscan
+# and its point-to-point methods on pickled objects (checkimpl.pxi times them)
+cdef object _obj_send = _MPI.Comm.send
+cdef object _obj_ssend = _MPI.Comm.ssend
+cdef object _obj_recv = _MPI.Comm.recv
+cdef object _obj_sendrecv = _MPI.Comm.sendrecv
+cdef object _obj_probe = _MPI.Comm.probe
+cdef object _obj_mprobe = _MPI.Comm.mprobe
 
 
 cdef int read_tag_ub() except -1:
@@ -1747,6 +1754,55 @@ cdef class Comm(_MPI.Intracomm):
         if self.watch is None and not recorder_on:
             return _obj_exscan(self, sendobj, op)
         return self.made("exscan", _obj_exscan, (sendobj, op))
+
+    # -- mpi4py's point-to-point on pickled objects ---------------------------------
+    #
+    # mpi4py's own methods. With a timeout or the flight recorder each gets a
+    # record; with a timeout the blocking ones run polled (obj_p2p): a send as
+    # its non-blocking form and a timed wait, a receive or probe as a matched
+    # probe tested until a message comes, so that a process whose peer never
+    # sends or receives gets a TimeoutError, not a hang inside MPI.
+    # (isend, irecv, bsend, ... and their requests are mpi4py's, not watched.)
+
+    def send(self, obj, dest, tag=0):
+        """Send a Python object (mpi4py's method, pickled)."""
+        if self.watch is None and not recorder_on:
+            return _obj_send(self, obj, dest, tag)
+        return obj_p2p(self, P2P_SEND, obj, dest, tag, None, None, None, None)
+
+    def ssend(self, obj, dest, tag=0):
+        """Send a Python object in synchronous mode (mpi4py's method, pickled)."""
+        if self.watch is None and not recorder_on:
+            return _obj_ssend(self, obj, dest, tag)
+        return obj_p2p(self, P2P_SSEND, obj, dest, tag, None, None, None, None)
+
+    def recv(self, buf=None, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        """Receive a Python object (mpi4py's method, pickled)."""
+        if self.watch is None and not recorder_on:
+            return _obj_recv(self, buf, source, tag, status)
+        return obj_p2p(self, P2P_RECV, buf, source, tag, status, None, None, None)
+
+    def sendrecv(self, sendobj, dest, sendtag=0, recvbuf=None, source=ANY_SOURCE,
+                 recvtag=ANY_TAG, status=None):
+        """Send a Python object and receive one (mpi4py's method, pickled)."""
+        if self.watch is None and not recorder_on:
+            return _obj_sendrecv(self, sendobj, dest, sendtag, recvbuf, source, recvtag,
+                                 status)
+        return obj_p2p(self, P2P_SENDRECV, sendobj, dest, sendtag, recvbuf, source,
+                       recvtag, status)
+
+    def probe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        """Wait for a message, without receiving it (mpi4py's method)."""
+        if self.watch is None and not recorder_on:
+            return _obj_probe(self, source, tag, status)
+        return obj_p2p(self, P2P_PROBE, None, source, tag, status, None, None, None)
+
+    def mprobe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        """Wait for a message and match it, as an ``mpi4py.MPI.Message``
+        (mpi4py's method)."""
+        if self.watch is None and not recorder_on:
+            return _obj_mprobe(self, source, tag, status)
+        return obj_p2p(self, P2P_MPROBE, None, source, tag, status, None, None, None)
 
     # -- Communicator management -------------------------------------------------
 

@@ -50,6 +50,13 @@ cdef tuple COMM_CALL_NAMES = ("Dup", "Clone", "Split", "Split_type", "Create", "
                               "barrier", "bcast", "gather", "scatter", "allgather",
                               "alltoall", "reduce", "allreduce", "scan", "exscan")
 
+# mpi4py's point-to-point methods on pickled objects (obj_p2p), recorded as op
+# CALL_COUNT + len(COMM_CALL_NAMES) + their index
+cdef enum:
+    P2P_SEND, P2P_SSEND, P2P_RECV, P2P_SENDRECV, P2P_PROBE, P2P_MPROBE
+
+cdef tuple OBJ_P2P_NAMES = ("send", "ssend", "recv", "sendrecv", "probe", "mprobe")
+
 cdef dict BACKEND_OF_CRC = {}      # crc32 of a backend name -> the name
 
 
@@ -609,13 +616,28 @@ cdef class _Pend:
     cdef str line(self, long long now):
         """"Allreduce float32[4] SUM #17 on world [mpi, blocking], 16 bytes, for 5.0 s"."""
         seq = f" #{self.seq}" if self.seq is not None else ""
+        size = f", {self.nbytes} bytes" if self.nbytes >= 0 else ""
         return (f"{self.desc}{seq} on {self.comm} [{self.backend}, {FORM_NAMES[self.form]}]"
-                f", {self.nbytes} bytes, for {(now - self.t0) / 1e9:.1f} s")
+                f"{size}, for {(now - self.t0) / 1e9:.1f} s")
 
 
 cdef str call_name(int op):
-    """The method of `op`: a buffer call, or one of COMM_CALL_NAMES."""
-    return CALL_NAMES[op] if op < CALL_COUNT else COMM_CALL_NAMES[op - CALL_COUNT]
+    """The method of `op`: a buffer call, one of COMM_CALL_NAMES or of OBJ_P2P_NAMES."""
+    if op < CALL_COUNT:
+        return CALL_NAMES[op]
+    op -= CALL_COUNT
+    return COMM_CALL_NAMES[op] if op < len(COMM_CALL_NAMES) else \
+        OBJ_P2P_NAMES[op - len(COMM_CALL_NAMES)]
+
+
+cdef str rank_text(int rank):
+    """A source or destination in a record: a rank, "any" or "PROC_NULL"."""
+    return "any" if rank == MPI_ANY_SOURCE else "PROC_NULL" if rank == MPI_PROC_NULL \
+        else str(rank)
+
+
+cdef str tag_text(int tag):
+    return "any" if tag == MPI_ANY_TAG else str(tag)
 
 
 cdef _Pend new_pend(Comm comm, _Watch w, int op, int form, str backend, long long seq,
@@ -632,7 +654,7 @@ cdef _Pend new_pend(Comm comm, _Watch w, int op, int form, str backend, long lon
         p.peer, p.tag = int_or(b, -1), int_or(c, -1)
         where = "from" if op == CALL_RECV else "to"
         p.desc = f"{CALL_NAMES[op]} {TYPE_NAMES[f[F_DTYPE]] if f[F_DTYPE] >= 0 else ''}" \
-                 f"[{f[F_COUNT]}] {where} {p.peer} tag {p.tag}"
+                 f"[{f[F_COUNT]}] {where} {rank_text(p.peer)} tag {tag_text(p.tag)}"
     else:
         p.root = <int>f[F_ROOT]
         p.desc = fingerprint_text(f, False, False)
@@ -652,6 +674,28 @@ cdef _Pend comm_call_pend(Comm comm, _Watch w, str call, long long seq, int root
     p.root = root
     p.desc = call if root < 0 else f"{call} root={root}"
     p.nbytes = 0
+    return kept_pend(p, w)
+
+
+cdef _Pend obj_p2p_pend(Comm comm, _Watch w, int call, object peer, object tag,
+                        object source, object recvtag):
+    """The record of mpi4py's point-to-point method `call` (one of
+    OBJ_P2P_NAMES) made now: not numbered; its size unknown (-1) until the
+    object is pickled or the message matched."""
+    cdef _Pend p = _Pend.__new__(_Pend)
+    p.comm = comm_label(w, comm.ob_mpi)
+    p.seq = None
+    p.op, p.form, p.backend = CALL_COUNT + len(COMM_CALL_NAMES) + call, BLOCKING, "mpi"
+    p.peer, p.tag, p.root = int_or(peer, -1), int_or(tag, -1), -1
+    name = OBJ_P2P_NAMES[call]
+    if call == P2P_SEND or call == P2P_SSEND:
+        p.desc = f"{name} to {rank_text(p.peer)} tag {tag_text(p.tag)}"
+    elif call == P2P_SENDRECV:
+        p.desc = (f"{name} to {rank_text(p.peer)} tag {tag_text(p.tag)}, from "
+                  f"{rank_text(int_or(source, -1))} tag {tag_text(int_or(recvtag, -1))}")
+    else:
+        p.desc = f"{name} from {rank_text(p.peer)} tag {tag_text(p.tag)}"
+    p.nbytes = -1
     return kept_pend(p, w)
 
 
@@ -767,6 +811,115 @@ cdef object timed_multi(object requests, double timeout, object test):
             raise_timeout(timeout, "; ".join(waiting) or "waiting for requests")
         idle(spins)
         spins += 1
+
+
+# -- mpi4py's point-to-point methods on pickled objects ------------------------------
+
+cdef object _obj_isend = _MPI.Comm.isend
+cdef object _obj_issend = _MPI.Comm.issend
+cdef object _obj_iprobe = _MPI.Comm.iprobe
+cdef object _obj_improbe = _MPI.Comm.improbe
+cdef object _msg_recv = _MPI.Message.recv
+
+
+cdef object obj_p2p(Comm comm, int call, object a, object b, object c, object d,
+                    object e, object f, object g):
+    """mpi4py's point-to-point method `call` (one of OBJ_P2P_NAMES; its
+    arguments in order) on a watched communicator. With a timeout or the
+    recorder, the call gets a record. With a timeout, it is polled: a send is
+    posted non-blocking (isend, issend) and waited for as a Request (a
+    TimeoutError carries it as `request`, pending); a receive or probe tests
+    for a matching message (improbe, iprobe) until one comes (at the timeout,
+    nothing is left posted), then receives it (the message is matched: its
+    sender has sent it). A receive's `buf` is not used then (mpi4py unpickles
+    the object out of it: the result is the same)."""
+    cdef _Watch w = comm.watch
+    if w is None and recorder_on and not comm.unlogged and comm.ob_mpi != MPI_COMM_NULL:
+        w = comm.recorded_watch()
+    cdef double timeout = w.timeout if w is not None else 0
+    if w is None or comm.unlogged or comm.ob_mpi == MPI_COMM_NULL \
+            or (timeout == 0 and not recorder_on):
+        return obj_p2p_plain(comm, call, a, b, c, d, e, f, g)
+    cdef _Pend p = obj_p2p_pend(comm, w, call, b, c, e, f)
+    cdef Request sent = None
+    cdef long long deadline = now_ns() + <long long>(timeout * 1e9)
+    cdef int spins = 0, nbytes = -1
+    try:
+        if timeout == 0:
+            result = obj_p2p_plain(comm, call, a, b, c, d, e, f, g)
+        else:
+            if call == P2P_SEND or call == P2P_SSEND or call == P2P_SENDRECV:
+                sent = posted_send(_obj_issend if call == P2P_SSEND else _obj_isend, comm,
+                                   a, b, c, timeout, p)
+                if call != P2P_SENDRECV:
+                    timed_wait(sent, None)          # (it ends the record)
+                    return None
+                sent.pend = None                    # (the record ends with the receive)
+            source, tag, status = (e, f, g) if call == P2P_SENDRECV else (b, c, d)
+            st = status if status is not None or call == P2P_PROBE else _MPI.Status()
+            while True:
+                if call == P2P_PROBE:
+                    found = _obj_iprobe(comm, source, tag, st) or None
+                else:
+                    found = _obj_improbe(comm, source, tag, st)
+                if found is not None:
+                    break
+                if now_ns() > deadline:
+                    raise_timeout(timeout, f"waiting for {p.desc} on {p.comm} [mpi]")
+                idle(spins)
+                spins += 1
+            if call != P2P_PROBE:
+                MPI_Get_count(&(<_MPI.Status>st).ob_mpi, MPI_BYTE, &nbytes)
+                p.nbytes = nbytes
+            result = True if call == P2P_PROBE else found if call == P2P_MPROBE else \
+                _msg_recv(found, status)
+            if sent is not None:
+                timed_wait(sent, None)
+    except _errors.TimeoutError as exc:
+        if sent is not None:
+            exc.request = sent            # the send, pending: to wait for it again
+        if sent is None or sent.pend is None:
+            pend_end(p, PEND_FAILED)      # (a send's record stays pending with it)
+        raise
+    except BaseException:
+        pend_end(p, PEND_FAILED)
+        raise
+    pend_end(p, PEND_DONE)
+    return result
+
+
+cdef object obj_p2p_plain(Comm comm, int call, object a, object b, object c, object d,
+                          object e, object f, object g):
+    """mpi4py's method `call` itself."""
+    if call == P2P_SEND:
+        return _obj_send(comm, a, b, c)
+    if call == P2P_SSEND:
+        return _obj_ssend(comm, a, b, c)
+    if call == P2P_RECV:
+        return _obj_recv(comm, a, b, c, d)
+    if call == P2P_SENDRECV:
+        return _obj_sendrecv(comm, a, b, c, d, e, f, g)
+    if call == P2P_PROBE:
+        return _obj_probe(comm, b, c, d)
+    return _obj_mprobe(comm, b, c, d)
+
+
+cdef Request posted_send(object isend, Comm comm, object obj, object dest, object tag,
+                         double timeout, _Pend p):
+    """mpi4py's `isend` (or issend) of `obj`, as an mcr Request with `timeout`
+    and the record `p` (its size: the pickled object's), so that a dropped one
+    keeps the pickled object until MPI has sent it (see dropped)."""
+    cdef _MPI.Request q = <_MPI.Request?>isend(comm, obj, dest, tag)
+    cdef Request r = Request.__new__(Request)
+    r.ob_mpi, q.ob_mpi = q.ob_mpi, MPI_REQUEST_NULL
+    r.ob_buf, q.ob_buf = q.ob_buf, None
+    r.timeout = timeout
+    r.pend = p
+    try:
+        p.nbytes = len(r.ob_buf)
+    except TypeError:
+        pass
+    return r
 
 
 # -- The flight recorder -------------------------------------------------------------
