@@ -640,6 +640,15 @@ cdef void dropped(Request req) noexcept:
     MPI_Finalized(&finalized)
     if finalized:
         return
+    if exiting:
+        # Python is tearing its modules down (a request left pending in a
+        # module's globals at exit): nothing can be waited for or warned
+        # about any more, and MPI is finalized next. Its buffers are kept.
+        if req.ob_buf is not None:
+            Py_INCREF(req.ob_buf)
+        if req.ext is not None:
+            Py_INCREF(req.ext)
+        return
     cdef _Work w = req.ext
     if w is not None:
         if w.failed:                        # its wait raised: nothing left to do

@@ -30,6 +30,16 @@ cdef object backends_module():
 cdef bint progress_ready = False
 cdef list detached = []        # works of freed requests, kept until they complete
 cdef bint settle_at_exit = False   # whether _settle_detached is registered with atexit
+cdef bint exiting = False          # Python's atexit handlers have run: modules go next
+
+
+def _exiting():
+    global exiting
+    exiting = True
+
+
+import atexit as _progress_atexit
+_progress_atexit.register(_exiting)   # (first registered: runs after the others)
 
 
 cdef int init_progress() except -1:
