@@ -599,6 +599,74 @@ def statuses_tuples_and_short_lists_filled_as_mpi4py(comm):
 
 
 @case
+def lowercase_methods_complete_every_backend_as_mpi4py(comm):
+    """mpi4py's lowercase methods (wait, test, waitall, ..., get_status_*) on
+    mcr's requests wait for the operation on every backend (mpi4py's own
+    would return at once for Gloo's), return what mpi4py's return (None for
+    a buffer operation, the object for mpi4py's irecv, in a list mixed with
+    mcr's requests), and the get_status methods complete nothing."""
+    R = MPI.Request
+    for t, mix in enumerate(REQUEST_MIXES):
+        n, tag = len(mix), 100 + 20 * t
+
+        def expect(bufs, base, mix=mix):
+            for k in range(len(mix)):
+                assert_equal(bufs[k], rank_data(left(comm), k + 2, seed=base + k))
+
+        recvs, sends, bufs = post_ring(comm, mix, tag)
+        statuses = []
+        assert R.waitall(recvs, statuses) == [None] * n
+        expect(bufs, tag)
+        for k in range(n):
+            check_ring_status(comm, statuses[k], tag, k, (mix, "waitall"))
+        assert [s.wait() for s in sends] == [None] * n and not any(recvs + sends)
+        recvs, sends, bufs = post_ring(comm, mix, tag + 5)
+        assert [r.wait() for r in recvs] == [None] * n
+        expect(bufs, tag + 5)
+        while not R.testall(sends)[0]:
+            pass
+        recvs, sends, bufs = post_ring(comm, mix, tag + 10)
+        while not R.get_status_all(recvs):      # non-destructive: still active after
+            pass
+        assert all(recvs) and R.get_status_any(recvs)[1] is True
+        assert sorted(R.get_status_some(recvs)) == list(range(n)) and all(recvs)
+        assert recvs[0].get_status() is True and recvs[0]
+        seen = []
+        while len(seen) < n:
+            index, flag, obj = R.testany(recvs)
+            if flag:
+                assert obj is None and index not in seen
+                seen.append(index)
+        assert R.testany(recvs) == (MPI.UNDEFINED, True, None)   # none active
+        expect(bufs, tag + 10)
+        assert R.waitany(sends)[1] is None
+        indices, objects = R.waitsome(sends)
+        assert objects == [None] * len(indices)
+        for s in sends:
+            flag, obj = s.test()
+            while not flag:
+                flag, obj = s.test()
+            assert obj is None
+        assert R.waitsome(sends) == (None, None)
+        # mpi4py's irecv among mcr's requests: its object, at its place
+        recvs, sends, bufs = post_ring(comm, mix, tag + 15)
+        mine = comm.to_mpi4py()
+        objects = mine.irecv(source=left(comm), tag=tag + 19)
+        mine.isend({"from": comm.rank}, dest=right(comm), tag=tag + 19).wait()
+        got = R.waitall(recvs[:1] + [objects] + recvs[1:])
+        assert got == [None, {"from": left(comm)}] + [None] * (n - 1), got
+        expect(bufs, tag + 15)
+        objects = mine.irecv(source=left(comm), tag=tag + 18)
+        mine.isend(("any", comm.rank), dest=right(comm), tag=tag + 18).wait()
+        got = []
+        while len(got) < 2:
+            index, obj = R.waitany([objects, sends[0]])
+            got.append((index, obj))
+        assert sorted(got) == [(0, ("any", left(comm))), (1, None)], got
+        R.waitall(sends)
+
+
+@case
 def bad_status_arguments_refused_before_anything_completes(comm):
     """statuses/status that are not Status objects (or a list or tuple of
     them), and requests lists holding other objects: TypeError naming the

@@ -305,10 +305,343 @@ cdef class Request(_MPI.Request):
         return complete_some(requests, statuses, False) if not has_work(requests) else \
             mixed_some(requests, statuses, False)
 
+    @classmethod
+    def Get_status_all(cls, requests, statuses=None):
+        """Whether all requests have completed, without completing them
+        (`statuses` filled as in ``Waitall`` when they have)."""
+        requests = listed(requests)
+        if not needs_mcr(requests):
+            return _mpi4py_Get_status_all(requests, statuses)
+        requests = as_requests(requests)
+        check_statuses(statuses)
+        cdef Py_ssize_t room = status_room(statuses, len(requests))
+        done = all([status_of(req, None) for req in requests])
+        if done:
+            for i in range(room):
+                status_of(requests[i], statuses[i])
+        return done
+
+    @classmethod
+    def Get_status_any(cls, requests, status=None):
+        """Whether any one request has completed, without completing it:
+        ``(index, True)``, ``(UNDEFINED, True)`` if none is active, or
+        ``(UNDEFINED, False)``."""
+        requests = listed(requests)
+        if not needs_mcr(requests):
+            return _mpi4py_Get_status_any(requests, status)
+        requests = as_requests(requests)
+        check_status(status)
+        active = False
+        for i, req in enumerate(requests):
+            if req:
+                active = True
+                if status_of(req, status):
+                    return i, True
+        return MPI_UNDEFINED, not active
+
+    @classmethod
+    def Get_status_some(cls, requests, statuses=None):
+        """The indices of the requests that have completed, without
+        completing them (None if none is active)."""
+        requests = listed(requests)
+        if not needs_mcr(requests):
+            return _mpi4py_Get_status_some(requests, statuses)
+        requests = as_requests(requests)
+        check_statuses(statuses)
+        indices = [i for i, req in enumerate(requests) if req and status_of(req, None)]
+        if not indices and not any(requests):
+            return None
+        cdef Py_ssize_t room = status_room(statuses, len(indices))
+        for k in range(room):
+            status_of(requests[indices[k]], statuses[k])
+        return indices
+
+    # -- mpi4py's lowercase methods (see pickled) --
+
+    def wait(self, status=None):
+        """Wait for completion, as mpi4py's ``wait``: the object of a receive
+        on pickled objects (``comm.irecv``), else None."""
+        if pickled(self):
+            return polled([self], lambda: tested_one(self, status))
+        self.Wait(status)
+        return None
+
+    def test(self, status=None):
+        """Test for completion, as mpi4py's ``test``: ``(flag, object)``."""
+        if pickled(self):
+            return tested_one(self, status)
+        return self.Test(status), None
+
+    def get_status(self, status=None):
+        """Whether the operation has completed, without completing it."""
+        return self.Get_status(status)
+
+    def cancel(self):
+        """Ask for the operation to be cancelled, as ``Cancel``."""
+        self.Cancel()
+
+    def free(self):
+        """``Free`` if the request is not null."""
+        if self:
+            self.Free()
+
+    @classmethod
+    def waitall(cls, requests, statuses=None):
+        """Wait for all requests, as mpi4py's ``waitall``: a list of their
+        objects (received objects, else None)."""
+        requests = listed(requests)
+        if not needs_mcr(requests):
+            return _mpi4py_waitall(requests, statuses)
+        requests = as_requests(requests)
+        check_statuses(statuses)
+        if not any_pickled(requests):
+            cls.Waitall(requests, statuses)
+            return [None] * len(requests)
+        return polled(requests, lambda: pickled_all(requests, statuses))
+
+    @classmethod
+    def testall(cls, requests, statuses=None):
+        """As mpi4py's ``testall``: ``(flag, objects or None)``."""
+        requests = listed(requests)
+        if not needs_mcr(requests):
+            return _mpi4py_testall(requests, statuses)
+        requests = as_requests(requests)
+        check_statuses(statuses)
+        if not any_pickled(requests):
+            flag = cls.Testall(requests, statuses)
+            return flag, [None] * len(requests) if flag else None
+        return pickled_all(requests, statuses)
+
+    @classmethod
+    def waitany(cls, requests, status=None):
+        """As mpi4py's ``waitany``: ``(index, object)``."""
+        requests = listed(requests)
+        if not needs_mcr(requests):
+            return _mpi4py_waitany(requests, status)
+        requests = as_requests(requests)
+        check_status(status)
+        if not any_pickled(requests):
+            return cls.Waitany(requests, status), None
+        return polled(requests, lambda: any_done(pickled_any(requests, status)))
+
+    @classmethod
+    def testany(cls, requests, status=None):
+        """As mpi4py's ``testany``: ``(index, flag, object)``."""
+        requests = listed(requests)
+        if not needs_mcr(requests):
+            return _mpi4py_testany(requests, status)
+        requests = as_requests(requests)
+        check_status(status)
+        if not any_pickled(requests):
+            index, flag = cls.Testany(requests, status)
+            return index, flag, None
+        return pickled_any(requests, status)
+
+    @classmethod
+    def waitsome(cls, requests, statuses=None):
+        """As mpi4py's ``waitsome``: ``(indices, objects)``, ``(None, None)``
+        if none is active."""
+        requests = listed(requests)
+        if not needs_mcr(requests):
+            return _mpi4py_waitsome(requests, statuses)
+        requests = as_requests(requests)
+        check_statuses(statuses)
+        if not any_pickled(requests):
+            indices = cls.Waitsome(requests, statuses)
+            return indices, None if indices is None else [None] * len(indices)
+        return polled(requests, lambda: some_done(pickled_some(requests, statuses)))
+
+    @classmethod
+    def testsome(cls, requests, statuses=None):
+        """As mpi4py's ``testsome``: ``(indices, objects)``."""
+        requests = listed(requests)
+        if not needs_mcr(requests):
+            return _mpi4py_testsome(requests, statuses)
+        requests = as_requests(requests)
+        check_statuses(statuses)
+        if not any_pickled(requests):
+            indices = cls.Testsome(requests, statuses)
+            return indices, None if indices is None else [None] * len(indices)
+        return pickled_some(requests, statuses)
+
+    @classmethod
+    def get_status_all(cls, requests, statuses=None):
+        """As ``Get_status_all``."""
+        return cls.Get_status_all(requests, statuses)
+
+    @classmethod
+    def get_status_any(cls, requests, status=None):
+        """As ``Get_status_any``."""
+        return cls.Get_status_any(requests, status)
+
+    @classmethod
+    def get_status_some(cls, requests, statuses=None):
+        """As ``Get_status_some``."""
+        return cls.Get_status_some(requests, statuses)
+
+
+# -- mpi4py's lowercase completion methods ---------------------------------------------
+#
+# mpi4py's own (wait, waitall, ...) complete only the MPI handle: on an mcr
+# request they would return at once for a Gloo or NCCL operation, and skip
+# what completing one does here (a staged result copied back, the logger's
+# and the timeouts' records, the timeout itself). mcr's run its uppercase
+# methods and return what mpi4py's return: the object of a receive on pickled
+# objects (comm.irecv, from mpi4py or from a watched mcr.Comm), else None.
+# Requests that need none of this go to mpi4py's own, unchanged.
+
+cdef inline bint pickled(_MPI.Request req):
+    """Whether `req` is one of mpi4py's operations on pickled objects (isend,
+    irecv, ...), whose object mpi4py's lowercase methods unpickle."""
+    name = type(req.ob_buf).__name__
+    return name == "_p_req_buf" or name == "_p_req_obj"
+
+
+cdef object _mpi4py_waitall = _MPI.Request.waitall
+cdef object _mpi4py_testall = _MPI.Request.testall
+cdef object _mpi4py_waitany = _MPI.Request.waitany
+cdef object _mpi4py_testany = _MPI.Request.testany
+cdef object _mpi4py_waitsome = _MPI.Request.waitsome
+cdef object _mpi4py_testsome = _MPI.Request.testsome
+cdef object _mpi4py_Get_status_all = _MPI.Request.Get_status_all
+cdef object _mpi4py_Get_status_any = _MPI.Request.Get_status_any
+cdef object _mpi4py_Get_status_some = _MPI.Request.Get_status_some
+
+
+cdef inline object listed(object requests):
+    """`requests` as given if a list or tuple (mpi4py checks its items),
+    else as a checked list (an iterator is read once)."""
+    if type(requests) is list or type(requests) is tuple:
+        return requests
+    return as_requests(requests)
+
+
+cdef bint needs_mcr(object requests) except -1:
+    """Whether a request of `requests` needs mcr's completion: an mcr
+    operation (a backend's work, mcr's message) or a watched one."""
+    cdef Request r
+    for req in requests:
+        if isinstance(req, Request):
+            r = <Request>req
+            if r.ext is not None or r.pend is not None or r.rec is not None or \
+                    r.timeout > 0 or type(r.ob_buf) is _Msg:
+                return True
+    return False
+
+
+cdef bint any_pickled(list requests) except -1:
+    for req in requests:
+        if pickled(<_MPI.Request>req):
+            return True
+    return False
+
+
+cdef bint status_of(object req, object status) except -1:
+    """Non-destructive test of one request (Get_status)."""
+    if isinstance(req, Request):
+        return (<Request>req).Get_status(status)
+    return _MPI.Request.Get_status(req, status)
+
+
+cdef tuple tested_one(object req, object status):
+    """Complete one request if it has completed: (flag, its object or None)."""
+    cdef Request r
+    if not isinstance(req, Request):
+        return _MPI.Request.test(req, status)
+    r = <Request>req
+    if not pickled(r):
+        return r.Test(status), None
+    try:
+        flag, obj = _MPI.Request.test(r, status)      # (unpickles a received object)
+    except BaseException:
+        if r.pend is not None:
+            pend_end(<_Pend>r.pend, PEND_FAILED)
+        raise
+    if flag and r.pend is not None:
+        pend_end(<_Pend>r.pend, PEND_DONE)
+    return flag, obj
+
+
+cdef object polled(list requests, object test):
+    """Poll `test()` -> (done, result) until done, at the requests' shortest
+    timeout if any (TimeoutError naming them)."""
+    cdef double timeout = requests_timeout(requests) if watched_comms else 0
+    if timeout > 0:
+        return timed_multi(requests, timeout, test)
+    cdef int spins = 0
+    while True:
+        done, result = test()
+        if done:
+            return result
+        idle(spins)
+        spins += 1
+
+
+cdef tuple pickled_all(list requests, object statuses):
+    """testall over requests among which some are pickled: completes none
+    until all have completed (non-destructive tests first), as MPI_Testall."""
+    cdef Py_ssize_t n = len(requests)
+    cdef Py_ssize_t room = status_room(statuses, n)
+    for i in range(n):
+        if not status_of(requests[i], None):
+            mpi_progress()
+            return False, None
+    objects = [tested_one(requests[i], statuses[i] if i < room else None)[1]
+               for i in range(n)]
+    return True, objects
+
+
+cdef tuple pickled_any(list requests, object status):
+    """testany over requests among which some are pickled: (index, flag, object)."""
+    cdef bint active = False
+    for i, req in enumerate(requests):
+        if req:
+            active = True
+            if status_of(req, None):
+                flag, obj = tested_one(req, status)
+                return i, True, obj
+    if active:
+        mpi_progress()
+        return MPI_UNDEFINED, False, None
+    if status is not None:
+        (<_MPI.Status>status).ob_mpi = empty_status_value()
+    return MPI_UNDEFINED, True, None
+
+
+cdef tuple pickled_some(list requests, object statuses):
+    """testsome over requests among which some are pickled: (indices, objects),
+    (None, None) when none is active."""
+    indices = [i for i, req in enumerate(requests) if req and status_of(req, None)]
+    if not indices:
+        if not any(requests):
+            return None, None
+        mpi_progress()
+        return [], []
+    cdef Py_ssize_t room = status_room(statuses, len(indices))
+    objects = [tested_one(requests[i], statuses[k] if k < room else None)[1]
+               for k, i in enumerate(indices)]
+    return indices, objects
+
+
+cdef MPI_Status empty_status_value() noexcept:
+    if not empty_ready:
+        init_empty_status()
+    return empty_status
+
 
 cdef tuple tested_any(object cls, object requests, object status):
     index, flag = cls.Testany(requests, status)
     return flag, index
+
+
+cdef tuple any_done(tuple tested):
+    index, flag, obj = tested
+    return flag, (index, obj)
+
+
+cdef tuple some_done(tuple tested):
+    indices, objects = tested
+    return indices is None or len(indices) > 0, (indices, objects)
 
 
 cdef tuple tested_some(object cls, object requests, object statuses):
