@@ -582,6 +582,15 @@ def objects_p2p_results(c):
     # PROC_NULL: nothing sent, an empty receive
     c.send(1, dest=mpi4py.MPI.PROC_NULL)
     assert c.recv(source=mpi4py.MPI.PROC_NULL) is None
+    # the non-blocking ones, completed by mpi4py's lowercase methods
+    reqs = [c.irecv(source=source, tag=12), c.isend({"i": rank}, dest=peer, tag=12)]
+    assert mcr.Request.waitall(reqs) == [{"i": source}, None]
+    r = c.irecv(source=source, tag=13)
+    s = c.issend(rank, dest=peer, tag=13)
+    flag, got = r.test()
+    while not flag:
+        flag, got = r.test()
+    assert got == source and s.wait() is None
 
 
 @case
@@ -623,6 +632,22 @@ def point_to_point_on_objects_is_timed_too(comm):
                 late.Wait()
             assert c.recv(source=last, tag=9) == ("nine", rank)
     objects_p2p_results(c)
+    # the non-blocking ones are mcr Requests on it, whose lowercase waits time out
+    r = c.irecv(source=last, tag=14)
+    plain = comm.irecv(None, rank, 15)              # (unwatched: mpi4py's own request)
+    assert isinstance(r, mcr.Request) and not isinstance(plain, mcr.Request)
+    if rank != last:
+        exc = expect_timeout(r.wait, f"waiting for irecv from {last} tag 14 on ")
+        assert (exc.pending[-1]["op"], exc.pending[-1]["form"]) == ("irecv", "nonblocking")
+        expect_timeout(lambda: mcr.Request.waitall([r]), f"irecv from {last} tag 14")
+        expect_timeout(lambda: mcr.Request.waitany([r]), f"irecv from {last} tag 14")
+    comm.Barrier()              # (the parent) every rank has timed out: now they send
+    comm.send(rank, dest=rank, tag=15)
+    assert plain.wait() == rank
+    if rank == last:
+        for r2 in range(size):
+            c.isend(("fourteen", r2), dest=r2, tag=14).wait()
+    assert r.wait() == ("fourteen", rank)
     # nothing left pending on this process: a timeout lists no call
     exc = expect_timeout(lambda: c.recv(source=rank, tag=13), f"recv from {rank} tag 13")
     assert len(exc.pending) == 1, exc.pending

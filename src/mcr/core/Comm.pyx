@@ -1761,8 +1761,9 @@ cdef class Comm(_MPI.Intracomm):
     # record; with a timeout the blocking ones run polled (obj_p2p): a send as
     # its non-blocking form and a timed wait, a receive or probe as a matched
     # probe tested until a message comes, so that a process whose peer never
-    # sends or receives gets a TimeoutError, not a hang inside MPI.
-    # (isend, irecv, bsend, ... and their requests are mpi4py's, not watched.)
+    # sends or receives gets a TimeoutError, not a hang inside MPI. The
+    # non-blocking ones (isend, issend, irecv) return an mcr Request then,
+    # with the timeout and the record. (bsend, ibsend: buffered, not watched.)
 
     def send(self, obj, dest, tag=0):
         """Send a Python object (mpi4py's method, pickled)."""
@@ -1790,6 +1791,27 @@ cdef class Comm(_MPI.Intracomm):
                                  status)
         return obj_p2p(self, P2P_SENDRECV, sendobj, dest, sendtag, recvbuf, source,
                        recvtag, status)
+
+    def isend(self, obj, dest, tag=0):
+        """Start sending a Python object (mpi4py's method, pickled): a
+        request (an ``mcr.Request`` on a watched communicator)."""
+        if self.watch is None and not recorder_on:
+            return _obj_isend(self, obj, dest, tag)
+        return obj_posted(self, P2P_ISEND, obj, dest, tag)
+
+    def issend(self, obj, dest, tag=0):
+        """Start sending a Python object in synchronous mode (mpi4py's
+        method, pickled)."""
+        if self.watch is None and not recorder_on:
+            return _obj_issend(self, obj, dest, tag)
+        return obj_posted(self, P2P_ISSEND, obj, dest, tag)
+
+    def irecv(self, buf=None, source=ANY_SOURCE, tag=ANY_TAG):
+        """Start receiving a Python object (mpi4py's method, pickled):
+        ``wait()`` returns it."""
+        if self.watch is None and not recorder_on:
+            return _obj_irecv(self, buf, source, tag)
+        return obj_posted(self, P2P_IRECV, buf, source, tag)
 
     def probe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
         """Wait for a message, without receiving it (mpi4py's method)."""

@@ -53,9 +53,11 @@ cdef tuple COMM_CALL_NAMES = ("Dup", "Clone", "Split", "Split_type", "Create", "
 # mpi4py's point-to-point methods on pickled objects (obj_p2p), recorded as op
 # CALL_COUNT + len(COMM_CALL_NAMES) + their index
 cdef enum:
-    P2P_SEND, P2P_SSEND, P2P_RECV, P2P_SENDRECV, P2P_PROBE, P2P_MPROBE
+    P2P_SEND, P2P_SSEND, P2P_RECV, P2P_SENDRECV, P2P_PROBE, P2P_MPROBE, P2P_ISEND,
+    P2P_ISSEND, P2P_IRECV
 
-cdef tuple OBJ_P2P_NAMES = ("send", "ssend", "recv", "sendrecv", "probe", "mprobe")
+cdef tuple OBJ_P2P_NAMES = ("send", "ssend", "recv", "sendrecv", "probe", "mprobe", "isend",
+                            "issend", "irecv")
 
 cdef dict BACKEND_OF_CRC = {}      # crc32 of a backend name -> the name
 
@@ -685,10 +687,11 @@ cdef _Pend obj_p2p_pend(Comm comm, _Watch w, int call, object peer, object tag,
     cdef _Pend p = _Pend.__new__(_Pend)
     p.comm = comm_label(w, comm.ob_mpi)
     p.seq = None
-    p.op, p.form, p.backend = CALL_COUNT + len(COMM_CALL_NAMES) + call, BLOCKING, "mpi"
+    p.op, p.backend = CALL_COUNT + len(COMM_CALL_NAMES) + call, "mpi"
+    p.form = NONBLOCKING if call >= P2P_ISEND else BLOCKING
     p.peer, p.tag, p.root = int_or(peer, -1), int_or(tag, -1), -1
     name = OBJ_P2P_NAMES[call]
-    if call == P2P_SEND or call == P2P_SSEND:
+    if call == P2P_SEND or call == P2P_SSEND or call == P2P_ISEND or call == P2P_ISSEND:
         p.desc = f"{name} to {rank_text(p.peer)} tag {tag_text(p.tag)}"
     elif call == P2P_SENDRECV:
         p.desc = (f"{name} to {rank_text(p.peer)} tag {tag_text(p.tag)}, from "
@@ -819,6 +822,7 @@ cdef object _obj_isend = _MPI.Comm.isend
 cdef object _obj_issend = _MPI.Comm.issend
 cdef object _obj_iprobe = _MPI.Comm.iprobe
 cdef object _obj_improbe = _MPI.Comm.improbe
+cdef object _obj_irecv = _MPI.Comm.irecv
 cdef object _msg_recv = _MPI.Message.recv
 
 
@@ -849,8 +853,8 @@ cdef object obj_p2p(Comm comm, int call, object a, object b, object c, object d,
             result = obj_p2p_plain(comm, call, a, b, c, d, e, f, g)
         else:
             if call == P2P_SEND or call == P2P_SSEND or call == P2P_SENDRECV:
-                sent = posted_send(_obj_issend if call == P2P_SSEND else _obj_isend, comm,
-                                   a, b, c, timeout, p)
+                sent = as_mcr_request((_obj_issend if call == P2P_SSEND else _obj_isend)(
+                    comm, a, b, c), timeout, p)
                 if call != P2P_SENDRECV:
                     timed_wait(sent, None)          # (it ends the record)
                     return None
@@ -888,6 +892,28 @@ cdef object obj_p2p(Comm comm, int call, object a, object b, object c, object d,
     return result
 
 
+cdef object obj_posted(Comm comm, int call, object a, object b, object c):
+    """mpi4py's non-blocking method `call` (isend, issend, irecv; its
+    arguments in order) on a watched communicator: with a timeout or the
+    recorder, its request as an mcr Request with the timeout and a record
+    (pending until a wait or test completes it: Request.wait and the other
+    lowercase methods unpickle a received object as mpi4py's do)."""
+    cdef _Watch w = comm.watch
+    if w is None and recorder_on and not comm.unlogged and comm.ob_mpi != MPI_COMM_NULL:
+        w = comm.recorded_watch()
+    cdef double timeout = w.timeout if w is not None else 0
+    if w is None or comm.unlogged or comm.ob_mpi == MPI_COMM_NULL \
+            or (timeout == 0 and not recorder_on):
+        return obj_p2p_plain(comm, call, a, b, c, None, None, None, None)
+    cdef _Pend p = obj_p2p_pend(comm, w, call, b, c, None, None)
+    try:
+        q = obj_p2p_plain(comm, call, a, b, c, None, None, None, None)
+    except BaseException:
+        pend_end(p, PEND_FAILED)
+        raise
+    return as_mcr_request(q, timeout, p)
+
+
 cdef object obj_p2p_plain(Comm comm, int call, object a, object b, object c, object d,
                           object e, object f, object g):
     """mpi4py's method `call` itself."""
@@ -901,15 +927,21 @@ cdef object obj_p2p_plain(Comm comm, int call, object a, object b, object c, obj
         return _obj_sendrecv(comm, a, b, c, d, e, f, g)
     if call == P2P_PROBE:
         return _obj_probe(comm, b, c, d)
-    return _obj_mprobe(comm, b, c, d)
+    if call == P2P_MPROBE:
+        return _obj_mprobe(comm, b, c, d)
+    if call == P2P_ISEND:
+        return _obj_isend(comm, a, b, c)
+    if call == P2P_ISSEND:
+        return _obj_issend(comm, a, b, c)
+    return _obj_irecv(comm, a, b, c)
 
 
-cdef Request posted_send(object isend, Comm comm, object obj, object dest, object tag,
-                         double timeout, _Pend p):
-    """mpi4py's `isend` (or issend) of `obj`, as an mcr Request with `timeout`
-    and the record `p` (its size: the pickled object's), so that a dropped one
-    keeps the pickled object until MPI has sent it (see dropped)."""
-    cdef _MPI.Request q = <_MPI.Request?>isend(comm, obj, dest, tag)
+cdef Request as_mcr_request(object request, double timeout, _Pend p):
+    """mpi4py's `request` (on pickled objects) as an mcr Request with
+    `timeout` and the record `p` (its size: a pickled object's), its handle
+    and message moved over, so that a dropped one keeps them until MPI is
+    done with them (see dropped)."""
+    cdef _MPI.Request q = <_MPI.Request?>request
     cdef Request r = Request.__new__(Request)
     r.ob_mpi, q.ob_mpi = q.ob_mpi, MPI_REQUEST_NULL
     r.ob_buf, q.ob_buf = q.ob_buf, None
