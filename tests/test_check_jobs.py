@@ -301,6 +301,41 @@ def test_point_to_point_on_objects_times_out_and_is_recorded(tmp_path):
         "rank 0: recv from 1 tag 2, pending for" in text, text
 
 
+POSTED = """
+import mcr
+comm = mcr.COMM_WORLD
+peer = 1 - comm.rank
+reqs = [comm.irecv(source=peer, tag=1), comm.isend(("hi", comm.rank), dest=peer, tag=1)]
+assert mcr.Request.waitall(reqs) == [("hi", peer), None]
+r = comm.irecv(source=peer, tag=2)
+comm.issend(comm.rank, dest=peer, tag=2).wait()
+assert r.wait() == peer
+if comm.rank == 0:
+    lost = comm.irecv(source=1, tag=3)              # nobody sends it: pending at exit
+comm.barrier()
+"""
+
+
+def test_nonblocking_point_to_point_on_objects_is_recorded(tmp_path):
+    # with the recorder alone (no timeout), mpi4py's isend, issend and irecv
+    # are recorded, non-blocking, done once a lowercase wait completes them;
+    # a receive nobody matched is pending in the file written at exit
+    flight = tmp_path / "flight"
+    code, out, _ = _run(tmp_path, 2, POSTED, MCR_FLIGHT_RECORDER=flight)
+    assert code == 0, out
+    calls = json.loads((flight / "mcr-flight-0.json").read_text())["calls"]
+    seen = [(c["op"], c["desc"], c["form"], c["state"]) for c in calls]
+    assert seen == [("irecv", "irecv from 1 tag 1", "nonblocking", "done"),
+                    ("isend", "isend to 1 tag 1", "nonblocking", "done"),
+                    ("irecv", "irecv from 1 tag 2", "nonblocking", "done"),
+                    ("issend", "issend to 1 tag 2", "nonblocking", "done"),
+                    ("irecv", "irecv from 1 tag 3", "nonblocking", "pending"),
+                    ("barrier", "barrier", "blocking", "done")], seen
+    assert calls[1]["bytes"] > 0 and calls[0]["bytes"] == -1, calls
+    text = _debug(flight, status=1)
+    assert "pending point-to-point: rank 0: irecv from 1 tag 3, pending for" in text, text
+
+
 LEFT_AT_EXIT = """
 import torch, mcr
 comm = mcr.COMM_WORLD

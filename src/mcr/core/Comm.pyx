@@ -22,13 +22,20 @@ cdef object _obj_reduce = _MPI.Intracomm.reduce
 cdef object _obj_allreduce = _MPI.Intracomm.allreduce
 cdef object _obj_scan = _MPI.Intracomm.scan
 cdef object _obj_exscan = _MPI.Intracomm.exscan
-# and its point-to-point methods on pickled objects (checkimpl.pxi times them)
+# and its point-to-point methods on pickled objects (obj_p2p in checkimpl.pxi
+# times them)
 cdef object _obj_send = _MPI.Comm.send
 cdef object _obj_ssend = _MPI.Comm.ssend
 cdef object _obj_recv = _MPI.Comm.recv
 cdef object _obj_sendrecv = _MPI.Comm.sendrecv
 cdef object _obj_probe = _MPI.Comm.probe
 cdef object _obj_mprobe = _MPI.Comm.mprobe
+cdef object _obj_isend = _MPI.Comm.isend
+cdef object _obj_issend = _MPI.Comm.issend
+cdef object _obj_irecv = _MPI.Comm.irecv
+cdef object _obj_iprobe = _MPI.Comm.iprobe
+cdef object _obj_improbe = _MPI.Comm.improbe
+cdef object _msg_recv = _MPI.Message.recv
 
 
 cdef int read_tag_ub() except -1:

@@ -362,7 +362,7 @@ cdef class Request(_MPI.Request):
         """Wait for completion, as mpi4py's ``wait``: the object of a receive
         on pickled objects (``comm.irecv``), else None."""
         if pickled(self):
-            return polled([self], lambda: tested_one(self, status))
+            return pickled_wait(self, status)
         self.Wait(status)
         return None
 
@@ -560,6 +560,23 @@ cdef tuple tested_one(object req, object status):
     if flag and r.pend is not None:
         pend_end(<_Pend>r.pend, PEND_DONE)
     return flag, obj
+
+
+cdef object pickled_wait(Request req, object status):
+    """wait on one of mpi4py's operations on pickled objects made an mcr
+    Request (a watched comm.irecv, ...): polled with a timeout, else mpi4py's
+    wait; its record ends with it."""
+    if req.timeout > 0:
+        return polled([req], lambda: tested_one(req, status))
+    try:
+        obj = _MPI.Request.wait(req, status)
+    except BaseException:
+        if req.pend is not None:
+            pend_end(<_Pend>req.pend, PEND_FAILED)
+        raise
+    if req.pend is not None:
+        pend_end(<_Pend>req.pend, PEND_DONE)
+    return obj
 
 
 cdef object polled(list requests, object test):

@@ -818,14 +818,6 @@ cdef object timed_multi(object requests, double timeout, object test):
 
 # -- mpi4py's point-to-point methods on pickled objects ------------------------------
 
-cdef object _obj_isend = _MPI.Comm.isend
-cdef object _obj_issend = _MPI.Comm.issend
-cdef object _obj_iprobe = _MPI.Comm.iprobe
-cdef object _obj_improbe = _MPI.Comm.improbe
-cdef object _obj_irecv = _MPI.Comm.irecv
-cdef object _msg_recv = _MPI.Message.recv
-
-
 cdef object obj_p2p(Comm comm, int call, object a, object b, object c, object d,
                     object e, object f, object g):
     """mpi4py's point-to-point method `call` (one of OBJ_P2P_NAMES; its
@@ -837,13 +829,10 @@ cdef object obj_p2p(Comm comm, int call, object a, object b, object c, object d,
     nothing is left posted), then receives it (the message is matched: its
     sender has sent it). A receive's `buf` is not used then (mpi4py unpickles
     the object out of it: the result is the same)."""
-    cdef _Watch w = comm.watch
-    if w is None and recorder_on and not comm.unlogged and comm.ob_mpi != MPI_COMM_NULL:
-        w = comm.recorded_watch()
-    cdef double timeout = w.timeout if w is not None else 0
-    if w is None or comm.unlogged or comm.ob_mpi == MPI_COMM_NULL \
-            or (timeout == 0 and not recorder_on):
+    cdef _Watch w = p2p_watch(comm)
+    if w is None:
         return obj_p2p_plain(comm, call, a, b, c, d, e, f, g)
+    cdef double timeout = w.timeout
     cdef _Pend p = obj_p2p_pend(comm, w, call, b, c, e, f)
     cdef Request sent = None
     cdef long long deadline = now_ns() + <long long>(timeout * 1e9)
@@ -898,12 +887,8 @@ cdef object obj_posted(Comm comm, int call, object a, object b, object c):
     recorder, its request as an mcr Request with the timeout and a record
     (pending until a wait or test completes it: Request.wait and the other
     lowercase methods unpickle a received object as mpi4py's do)."""
-    cdef _Watch w = comm.watch
-    if w is None and recorder_on and not comm.unlogged and comm.ob_mpi != MPI_COMM_NULL:
-        w = comm.recorded_watch()
-    cdef double timeout = w.timeout if w is not None else 0
-    if w is None or comm.unlogged or comm.ob_mpi == MPI_COMM_NULL \
-            or (timeout == 0 and not recorder_on):
+    cdef _Watch w = p2p_watch(comm)
+    if w is None:
         return obj_p2p_plain(comm, call, a, b, c, None, None, None, None)
     cdef _Pend p = obj_p2p_pend(comm, w, call, b, c, None, None)
     try:
@@ -911,7 +896,18 @@ cdef object obj_posted(Comm comm, int call, object a, object b, object c):
     except BaseException:
         pend_end(p, PEND_FAILED)
         raise
-    return as_mcr_request(q, timeout, p)
+    return as_mcr_request(q, w.timeout, p)
+
+
+cdef _Watch p2p_watch(Comm comm):
+    """The watch under which mpi4py's point-to-point calls on `comm` get a
+    record (it has a timeout, or the recorder is on), or None: they run as
+    mpi4py's (checked mode alone compares collectives only)."""
+    if comm.unlogged or comm.ob_mpi == MPI_COMM_NULL:
+        return None
+    if comm.watch is not None and comm.watch.timeout > 0:
+        return comm.watch
+    return comm.recorded_watch() if recorder_on else None
 
 
 cdef object obj_p2p_plain(Comm comm, int call, object a, object b, object c, object d,
