@@ -309,52 +309,20 @@ cdef class Request(_MPI.Request):
     def Get_status_all(cls, requests, statuses=None):
         """Whether all requests have completed, without completing them
         (`statuses` filled as in ``Waitall`` when they have)."""
-        requests = listed(requests)
-        if not needs_mcr(requests):
-            return _mpi4py_Get_status_all(requests, statuses)
-        requests = as_requests(requests)
-        check_statuses(statuses)
-        cdef Py_ssize_t room = status_room(statuses, len(requests))
-        done = all([status_of(req, None) for req in requests])
-        if done:
-            for i in range(room):
-                status_of(requests[i], statuses[i])
-        return done
+        return on_list(cls, L_GET_STATUS_ALL, requests, statuses)
 
     @classmethod
     def Get_status_any(cls, requests, status=None):
         """Whether any one request has completed, without completing it:
         ``(index, True)``, ``(UNDEFINED, True)`` if none is active, or
         ``(UNDEFINED, False)``."""
-        requests = listed(requests)
-        if not needs_mcr(requests):
-            return _mpi4py_Get_status_any(requests, status)
-        requests = as_requests(requests)
-        check_status(status)
-        active = False
-        for i, req in enumerate(requests):
-            if req:
-                active = True
-                if status_of(req, status):
-                    return i, True
-        return MPI_UNDEFINED, not active
+        return on_list(cls, L_GET_STATUS_ANY, requests, status)
 
     @classmethod
     def Get_status_some(cls, requests, statuses=None):
         """The indices of the requests that have completed, without
         completing them (None if none is active)."""
-        requests = listed(requests)
-        if not needs_mcr(requests):
-            return _mpi4py_Get_status_some(requests, statuses)
-        requests = as_requests(requests)
-        check_statuses(statuses)
-        indices = [i for i, req in enumerate(requests) if req and status_of(req, None)]
-        if not indices and not any(requests):
-            return None
-        cdef Py_ssize_t room = status_room(statuses, len(indices))
-        for k in range(room):
-            status_of(requests[indices[k]], statuses[k])
-        return indices
+        return on_list(cls, L_GET_STATUS_SOME, requests, statuses)
 
     # -- mpi4py's lowercase methods (see pickled) --
 
@@ -389,80 +357,33 @@ cdef class Request(_MPI.Request):
     def waitall(cls, requests, statuses=None):
         """Wait for all requests, as mpi4py's ``waitall``: a list of their
         objects (received objects, else None)."""
-        requests = listed(requests)
-        if not needs_mcr(requests):
-            return _mpi4py_waitall(requests, statuses)
-        requests = as_requests(requests)
-        check_statuses(statuses)
-        if not any_pickled(requests):
-            cls.Waitall(requests, statuses)
-            return [None] * len(requests)
-        return polled(requests, lambda: pickled_all(requests, statuses))
+        return on_list(cls, L_WAITALL, requests, statuses)
 
     @classmethod
     def testall(cls, requests, statuses=None):
         """As mpi4py's ``testall``: ``(flag, objects or None)``."""
-        requests = listed(requests)
-        if not needs_mcr(requests):
-            return _mpi4py_testall(requests, statuses)
-        requests = as_requests(requests)
-        check_statuses(statuses)
-        if not any_pickled(requests):
-            flag = cls.Testall(requests, statuses)
-            return flag, [None] * len(requests) if flag else None
-        return pickled_all(requests, statuses)
+        return on_list(cls, L_TESTALL, requests, statuses)
 
     @classmethod
     def waitany(cls, requests, status=None):
         """As mpi4py's ``waitany``: ``(index, object)``."""
-        requests = listed(requests)
-        if not needs_mcr(requests):
-            return _mpi4py_waitany(requests, status)
-        requests = as_requests(requests)
-        check_status(status)
-        if not any_pickled(requests):
-            return cls.Waitany(requests, status), None
-        return polled(requests, lambda: any_done(pickled_any(requests, status)))
+        return on_list(cls, L_WAITANY, requests, status)
 
     @classmethod
     def testany(cls, requests, status=None):
         """As mpi4py's ``testany``: ``(index, flag, object)``."""
-        requests = listed(requests)
-        if not needs_mcr(requests):
-            return _mpi4py_testany(requests, status)
-        requests = as_requests(requests)
-        check_status(status)
-        if not any_pickled(requests):
-            index, flag = cls.Testany(requests, status)
-            return index, flag, None
-        return pickled_any(requests, status)
+        return on_list(cls, L_TESTANY, requests, status)
 
     @classmethod
     def waitsome(cls, requests, statuses=None):
         """As mpi4py's ``waitsome``: ``(indices, objects)``, ``(None, None)``
         if none is active."""
-        requests = listed(requests)
-        if not needs_mcr(requests):
-            return _mpi4py_waitsome(requests, statuses)
-        requests = as_requests(requests)
-        check_statuses(statuses)
-        if not any_pickled(requests):
-            indices = cls.Waitsome(requests, statuses)
-            return indices, None if indices is None else [None] * len(indices)
-        return polled(requests, lambda: some_done(pickled_some(requests, statuses)))
+        return on_list(cls, L_WAITSOME, requests, statuses)
 
     @classmethod
     def testsome(cls, requests, statuses=None):
         """As mpi4py's ``testsome``: ``(indices, objects)``."""
-        requests = listed(requests)
-        if not needs_mcr(requests):
-            return _mpi4py_testsome(requests, statuses)
-        requests = as_requests(requests)
-        check_statuses(statuses)
-        if not any_pickled(requests):
-            indices = cls.Testsome(requests, statuses)
-            return indices, None if indices is None else [None] * len(indices)
-        return pickled_some(requests, statuses)
+        return on_list(cls, L_TESTSOME, requests, statuses)
 
     @classmethod
     def get_status_all(cls, requests, statuses=None):
@@ -497,15 +418,86 @@ cdef inline bint pickled(_MPI.Request req):
     return name == "_p_req_buf" or name == "_p_req_obj"
 
 
-cdef object _mpi4py_waitall = _MPI.Request.waitall
-cdef object _mpi4py_testall = _MPI.Request.testall
-cdef object _mpi4py_waitany = _MPI.Request.waitany
-cdef object _mpi4py_testany = _MPI.Request.testany
-cdef object _mpi4py_waitsome = _MPI.Request.waitsome
-cdef object _mpi4py_testsome = _MPI.Request.testsome
-cdef object _mpi4py_Get_status_all = _MPI.Request.Get_status_all
-cdef object _mpi4py_Get_status_any = _MPI.Request.Get_status_any
-cdef object _mpi4py_Get_status_some = _MPI.Request.Get_status_some
+cdef enum:                     # the class methods on lists that on_list runs
+    L_WAITALL, L_TESTALL, L_WAITANY, L_TESTANY, L_WAITSOME, L_TESTSOME,
+    L_GET_STATUS_ALL, L_GET_STATUS_ANY, L_GET_STATUS_SOME
+
+# mpi4py's own, for lists with no mcr operation (bound once)
+cdef tuple MPI4PY_ON_LIST = (_MPI.Request.waitall, _MPI.Request.testall,
+                             _MPI.Request.waitany, _MPI.Request.testany,
+                             _MPI.Request.waitsome, _MPI.Request.testsome,
+                             _MPI.Request.Get_status_all, _MPI.Request.Get_status_any,
+                             _MPI.Request.Get_status_some)
+
+
+cdef object on_list(object cls, int kind, object requests, object st):
+    """The class method `kind` (mpi4py's lowercase ones, Get_status_*) on
+    `requests` with `st`, its status or statuses: mpi4py's own when no
+    request needs mcr's completion; else mcr's uppercase method, with
+    mpi4py's return values (objects None), or, when some of the requests are
+    on pickled objects, tests one request at a time."""
+    requests = listed(requests)
+    if not needs_mcr(requests):
+        return MPI4PY_ON_LIST[kind](requests, st)
+    requests = as_requests(requests)
+    if kind == L_WAITANY or kind == L_TESTANY or kind == L_GET_STATUS_ANY:
+        check_status(st)
+    else:
+        check_statuses(st)
+    if kind >= L_GET_STATUS_ALL:
+        return statuses_of(requests, kind, st)
+    if any_pickled(requests):
+        if kind == L_WAITALL:
+            return polled(requests, lambda: pickled_all(requests, st))
+        if kind == L_TESTALL:
+            return pickled_all(requests, st)
+        if kind == L_WAITANY:
+            return polled(requests, lambda: any_done(pickled_any(requests, st)))
+        if kind == L_TESTANY:
+            return pickled_any(requests, st)
+        if kind == L_WAITSOME:
+            return polled(requests, lambda: some_done(pickled_some(requests, st)))
+        return pickled_some(requests, st)
+    if kind == L_WAITALL:
+        cls.Waitall(requests, st)
+        return [None] * len(requests)
+    if kind == L_TESTALL:
+        flag = cls.Testall(requests, st)
+        return flag, [None] * len(requests) if flag else None
+    if kind == L_WAITANY:
+        return cls.Waitany(requests, st), None
+    if kind == L_TESTANY:
+        index, flag = cls.Testany(requests, st)
+        return index, flag, None
+    indices = cls.Waitsome(requests, st) if kind == L_WAITSOME else cls.Testsome(requests, st)
+    return indices, None if indices is None else [None] * len(indices)
+
+
+cdef object statuses_of(list requests, int kind, object st):
+    """Get_status_all, _any or _some on requests of which some need mcr's
+    completion: non-destructive tests, one request at a time."""
+    cdef Py_ssize_t room
+    if kind == L_GET_STATUS_ALL:
+        done = all([status_of(req, None) for req in requests])
+        if done:
+            for i in range(status_room(st, len(requests))):
+                status_of(requests[i], st[i])
+        return done
+    if kind == L_GET_STATUS_ANY:
+        active = False
+        for i, req in enumerate(requests):
+            if req:
+                active = True
+                if status_of(req, st):
+                    return i, True
+        return MPI_UNDEFINED, not active
+    indices = [i for i, req in enumerate(requests) if req and status_of(req, None)]
+    if not indices and not any(requests):
+        return None
+    room = status_room(st, len(indices))
+    for k in range(room):
+        status_of(requests[indices[k]], st[k])
+    return indices
 
 
 cdef inline object listed(object requests):
