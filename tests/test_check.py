@@ -680,6 +680,59 @@ def timeout_in_making_a_communicator(comm):
 
 
 @case
+def topologies_are_watched_as_constructors(comm):
+    # Create_cart, the graph constructors and Cartcomm.Sub block in MPI as Split
+    # does: a rank that skips one is a TimeoutError on the others, and the
+    # topology keeps the timeout; checked, another constructor is a mismatch
+    size, rank = comm.size, comm.rank
+    last = size - 1
+    c = timed(comm)
+    if rank != last:
+        expect_timeout(lambda: c.Create_cart([size]), "every process of",
+                       "to call Create_cart (making a communicator is collective)")
+    comm.Barrier()              # (the parent) now the last rank calls it too
+    ring = c.Create_cart([size], periods=[True])
+    assert isinstance(ring, mcr.Cartcomm) and ring.timeout == TIMEOUT
+    assert_allreduce_works(ring)
+    if rank != last:
+        expect_timeout(lambda: ring.Sub([True]), "to call Sub")
+    comm.Barrier()
+    sub = ring.Sub([True])
+    assert isinstance(sub, mcr.Cartcomm) and sub.timeout == TIMEOUT
+    assert_allreduce_works(sub)
+    left, right = (rank - 1) % size, (rank + 1) % size
+    if rank != last:
+        expect_timeout(lambda: c.Create_dist_graph_adjacent([left], [right]),
+                       "to call Create_dist_graph_adjacent")
+    comm.Barrier()
+    graph = c.Create_dist_graph_adjacent([left], [right])
+    assert isinstance(graph, mcr.Distgraphcomm) and graph.timeout == TIMEOUT
+    assert_allreduce_works(graph)
+    for each in (graph, sub, ring, c):
+        each.Free()
+    k = checked(comm)
+    made = []
+
+    def cart_or_dup(r):
+        made.append(k.Dup() if r == last and size > 1 else k.Create_cart([size]))
+
+    expect_mismatch(k, cart_or_dup, "Dup #1", "different operations", "Create_cart #1")
+    grid = k.Create_cart([size])
+    assert isinstance(grid, mcr.Cartcomm) and grid.checked
+    assert_allreduce_works(grid)
+
+    def sub_or_barrier(r):
+        if r == last and size > 1:
+            grid.Barrier()
+        else:
+            made.append(grid.Sub([True]))
+
+    expect_mismatch(grid, sub_or_barrier, "Barrier #2", "different operations", "Sub #2")
+    for each in made + [grid, k]:
+        each.Free()
+
+
+@case
 def checked_and_timed_fingerprint_exchange_times_out(comm):
     size, rank = comm.size, comm.rank
     if size == 1:

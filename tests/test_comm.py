@@ -1,5 +1,6 @@
-"""Communicators: Dup, Split, Create_group, Compare, Free, and operations on
-sub-communicators, at 1-4 ranks."""
+"""Communicators: Dup, Split, Create_group, Compare, Free, topologies
+(Create_cart, Create_graph, Create_dist_graph(_adjacent), Sub), and operations
+on sub-communicators, at 1-4 ranks."""
 
 import numpy as np
 import torch
@@ -171,6 +172,102 @@ def split_type_shared(comm):
     sub.Allreduce(torch.ones(1, dtype=torch.int64), out)
     assert out.item() == comm.size
     sub.Free()
+
+
+@case
+def cartesian_topology_is_an_mcr_comm(comm):
+    size, rank = comm.size, comm.rank
+    c = comm.Dup()
+    c.backend = "gloo"                  # settings pass to the topology
+    ring = c.Create_cart([size], periods=[True])
+    assert isinstance(ring, mcr.Cartcomm) and isinstance(ring, mcr.Comm)
+    assert isinstance(ring, M4.Cartcomm)
+    assert ring.backend == "gloo" and ring.Get_topo() == ([size], [1], [rank])
+    left, right = ring.Shift(0, 1)
+    assert (left, right) == ((rank - 1) % size, (rank + 1) % size)
+    # mcr's buffer methods, on each backend: a ring shift of each rank's data
+    for backend in ("mpi", "gloo"):
+        got = torch.zeros(5, dtype=torch.float64)
+        ring.Sendrecv(rank_data(rank, 5, torch.float64), right, recvbuf=got, source=left,
+                      backend=backend)
+        assert_equal(got, rank_data(left, 5, torch.float64))
+        total = torch.zeros(3, dtype=torch.int32)
+        ring.Allreduce(rank_data(rank, 3, torch.int32), total, backend=backend)
+        assert_equal(total, sum(rank_data(r, 3, torch.int32) for r in range(size)))
+    # mpi4py's neighbourhood collectives, on tensors: the left neighbour's
+    # block, then the right one's
+    mine = rank_data(rank, 4)
+    both = torch.zeros(8)
+    ring.Neighbor_allgather(mine, both)
+    assert_equal(both, torch.cat([rank_data(left, 4), rank_data(right, 4)]))
+    dup = ring.Dup()
+    assert type(dup) is mcr.Cartcomm and dup.Get_topo() == ring.Get_topo()
+    assert dup.backend == "gloo"
+    assert_comm_works(dup)
+    sub = ring.Sub([True])
+    assert type(sub) is mcr.Cartcomm and sub.size == size and sub.backend == "gloo"
+    assert_comm_works(sub)
+    for each in (sub, dup, ring):
+        each.Free()
+    if size == 4:
+        # a 2 x 2 grid: its rows, and the processes past a smaller grid
+        grid = c.Create_cart([2, 2], periods=[False, True])
+        row, col = grid.Get_coords(rank)
+        assert (row, col) == divmod(rank, 2)
+        rows = grid.Sub([False, True])
+        assert type(rows) is mcr.Cartcomm and rows.size == 2
+        x = torch.zeros(2)
+        rows.Allreduce(torch.full((2,), float(rank)), x)
+        assert_equal(x, torch.full((2,), float(2 * (2 * row) + 1)))
+        rows.Free()
+        grid.Free()
+    line = c.Create_cart([max(size - 1, 1)])
+    if rank < max(size - 1, 1):
+        assert type(line) is mcr.Cartcomm and line.size == max(size - 1, 1)
+        assert_comm_works(line)
+        line.Free()
+    else:
+        assert line == M4.COMM_NULL     # left out of the grid
+    c.Free()
+
+
+@case
+def graph_topologies_are_mcr_comms(comm):
+    size, rank = comm.size, comm.rank
+    left, right = (rank - 1) % size, (rank + 1) % size
+    # every process's edge to its right neighbour, as an adjacency list and as
+    # distributed graphs made both ways
+    graph = comm.Create_graph([i + 1 for i in range(size)], [(i + 1) % size for i in range(size)])
+    assert type(graph) is mcr.Graphcomm and isinstance(graph, M4.Graphcomm)
+    assert graph.Get_neighbors(rank) == [right]
+    adjacent = comm.Create_dist_graph_adjacent([left], [right])
+    made = comm.Create_dist_graph([rank], [1], [right])
+    for g in (adjacent, made):
+        assert type(g) is mcr.Distgraphcomm and isinstance(g, M4.Distgraphcomm)
+        sources, destinations, _ = g.Get_dist_neighbors()
+        assert sources == [left] and destinations == [right]
+        got = torch.zeros(3, dtype=torch.int64)
+        g.Neighbor_alltoall(rank_data(rank, 3, torch.int64), got)
+        assert_equal(got, rank_data(left, 3, torch.int64))
+    for g in (graph, adjacent, made):
+        assert_comm_works(g)
+        g.Free()
+
+
+@case
+def bad_grids_are_refused_before_communicating(comm):
+    size = comm.size
+    with raises(ValueError, "dims: a grid of", f"= {size + 1} processes", f"of {size}"):
+        comm.Create_cart([size + 1])
+    with raises(ValueError, "dims: dimension 1 is 0"):
+        comm.Create_cart([1, 0])
+    with raises(ValueError, "dims: dimension 0 is -2"):
+        comm.Create_cart([-2])
+    with raises(TypeError, "dims: expected a sequence of integers, got int"):
+        comm.Create_cart(size)
+    with raises(TypeError, "dims: expected a sequence of integers, got list"):
+        comm.Create_cart(["2"])
+    assert_comm_works(comm)
 
 
 test_mpi = mpi_cases(__name__)

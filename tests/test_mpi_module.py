@@ -139,7 +139,8 @@ def test_request_constructors_refuse_bad_arguments_as_mpi4pys():
 
 def test_communicators_from_handles_take_the_handles_class():
     """As mpi4py's Comm.fromhandle: a plain intracommunicator handle gives the
-    class called on; a topology handle gives mpi4py's Cartcomm; null gives null."""
+    class called on; a topology handle gives mcr's class of that topology (a
+    subclass of mpi4py's, as ``Create_cart`` makes); null gives null."""
     world = MPI.Comm.fromhandle(MPI.COMM_WORLD.handle)
     assert type(world) is MPI.Comm and world == MPI.COMM_WORLD
     assert type(MPI.Comm.fromint(MPI.COMM_SELF.toint())) is MPI.Comm
@@ -147,7 +148,8 @@ def test_communicators_from_handles_take_the_handles_class():
     try:
         for made in (MPI.Comm.fromhandle(cart.handle), MPI.Comm.fromint(cart.toint()),
                      MPI.Comm.f2py(cart.py2f())):
-            assert type(made) is M4.Cartcomm and made == cart
+            assert type(made) is mcr.Cartcomm and type(made) is type(cart) and made == cart
+            assert isinstance(made, MPI.Cartcomm) and made.Get_topo() == ([1], [0], [0])
     finally:
         cart.Free()
     null = MPI.Comm.fromhandle(M4.COMM_NULL.handle)

@@ -6,6 +6,9 @@ and ``Status`` are mcr's classes; every other name (``MPI.DOUBLE``,
 ``MPI.Wtime``, ``MPI.SUM``, ``MPI.Intracomm``, ``MPI.Exception``, ...) is
 mpi4py's own object. mcr raises ``mcr.Exception``, a subclass of
 ``MPI.Exception``, so one ``except MPI.Exception`` catches the errors of both.
+The topology communicators that mcr's communicators make (``Create_cart``,
+``Create_graph``, ...) are mcr's (``mcr.Cartcomm``, ...), subclasses of
+mpi4py's: ``isinstance(cart, MPI.Cartcomm)`` holds.
 
 The class relations are mpi4py's. mcr's classes are Cython classes that
 extend mpi4py's (``mcr.Comm`` an ``Intracomm``, ``mcr.Request`` a
@@ -29,7 +32,10 @@ globals().update({name: value for name, value in vars(_mpi4py).items()
                   if not name.startswith("__")})
 
 from mcr._core import COMM_SELF, COMM_WORLD  # noqa: E402,F401  (replace mpi4py's)
+from mcr._core import Cartcomm as _Cartcomm  # noqa: E402
 from mcr._core import Comm as _Comm  # noqa: E402
+from mcr._core import Distgraphcomm as _Distgraphcomm  # noqa: E402
+from mcr._core import Graphcomm as _Graphcomm  # noqa: E402
 from mcr._core import Prequest as _Prequest  # noqa: E402
 from mcr._core import Request as _Request  # noqa: E402
 from mcr._core import Status as _Status  # noqa: E402
@@ -38,6 +44,10 @@ from mcr.log import _from_env as _log_from_env  # noqa: E402
 _log_from_env()
 
 _MethodDescriptor = type(_Comm.__dict__["Free"])
+
+# mpi4py's class of a topology communicator -> mcr's
+_TOPOLOGIES = {_mpi4py.Cartcomm: _Cartcomm, _mpi4py.Graphcomm: _Graphcomm,
+               _mpi4py.Distgraphcomm: _Distgraphcomm}
 
 # the class of mcr.MPI -> the mpi4py class whose objects it also accepts
 _PEERS = {}
@@ -113,10 +123,10 @@ def _from(peer):
 
 def _comm_from():
     """The classmethods making communicators from handles: as mpi4py's
-    ``Comm.fromhandle``, an intercommunicator or a topology handle gives
-    mpi4py's object of its class (``Intercomm``, ``Cartcomm``, ...), which
-    mcr does not extend; a plain intracommunicator an object of the class
-    they are called on."""
+    ``Comm.fromhandle``, a topology handle gives mcr's class of its topology
+    (``mcr.Cartcomm``, ...), an intercommunicator handle mpi4py's
+    ``Intercomm``, which mcr does not extend, and a plain intracommunicator
+    an object of the class they are called on."""
     def convert(make):
         def method(cls, arg):
             comm = make(arg)
@@ -125,6 +135,9 @@ def _comm_from():
             if cls is not Comm:
                 raise TypeError(f"handle: {cls.__name__} is an intracommunicator, the "
                                 f"handle is a {type(comm).__name__}")
+            topology = _TOPOLOGIES.get(type(comm))
+            if topology is not None:
+                return topology(comm)
             return comm
         method.__name__ = make.__name__
         method.__doc__ = make.__doc__

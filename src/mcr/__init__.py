@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 __all__ = [
-    "COMM_WORLD", "COMM_SELF", "Comm", "Request", "Prequest", "Status", "Exception",
-    "SUM", "PROD", "MAX", "MIN", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR",
+    "COMM_WORLD", "COMM_SELF", "Comm", "Cartcomm", "Graphcomm", "Distgraphcomm",
+    "Request", "Prequest", "Status", "Exception", "SUM", "PROD", "MAX", "MIN", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR",
     "IN_PLACE", "ANY_SOURCE", "ANY_TAG", "PROC_NULL", "UNDEFINED", "build_info",
     "Fusion", "MismatchError", "TimeoutError",
 ]
@@ -41,8 +41,8 @@ if TYPE_CHECKING:
     from mpi4py.MPI import (ANY_SOURCE, ANY_TAG, BAND, BOR, BXOR, IN_PLACE, LAND, LOR,
                             LXOR, MAX, MIN, PROC_NULL, PROD, SUM, UNDEFINED)
 
-    from ._core import (COMM_SELF, COMM_WORLD, Comm, Exception, Prequest, Request, Status,
-                        build_info)
+    from ._core import (COMM_SELF, COMM_WORLD, Cartcomm, Comm, Distgraphcomm, Exception,
+                        Graphcomm, Prequest, Request, Status, build_info)
 
 from .errors import MismatchError, TimeoutError   # noqa: A004 (mcr.TimeoutError is one)
 from .fusion import Fusion   # imports neither torch nor mpi4py.MPI until used

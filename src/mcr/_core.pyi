@@ -10,6 +10,9 @@ from typing import Any, Final, Literal, NoReturn, Self, TypeAlias, final
 
 from mpi4py.MPI import ANY_SOURCE, ANY_TAG, SUM, Datatype, Group, InPlaceType, Info, Message, Op
 from mpi4py.MPI import Exception as _Exception
+from mpi4py.MPI import Cartcomm as _Cartcomm
+from mpi4py.MPI import Distgraphcomm as _Distgraphcomm
+from mpi4py.MPI import Graphcomm as _Graphcomm
 from mpi4py.MPI import Intracomm as _Intracomm
 from mpi4py.MPI import Request as _Request
 from mpi4py.MPI import Status as _Status
@@ -450,9 +453,34 @@ class Comm(_Intracomm):
     def Split_type(self, split_type: int, key: int = 0, info: Info | None = None) -> Comm: ...
     def Create(self, group: Group) -> Comm: ...
     def Create_group(self, group: Group, tag: int = 0) -> Comm: ...
+    def Create_cart(self, dims: Sequence[int], periods: Sequence[bool] | bool | None = None,
+                    reorder: bool = False) -> Cartcomm: ...
+    def Create_graph(self, index: Sequence[int], edges: Sequence[int],
+                     reorder: bool = False) -> Graphcomm: ...
+    def Create_dist_graph_adjacent(self, sources: Sequence[int],
+                                   destinations: Sequence[int],
+                                   sourceweights: Sequence[int] | None = None,
+                                   destweights: Sequence[int] | None = None,
+                                   info: Info | None = None,
+                                   reorder: bool = False) -> Distgraphcomm: ...
+    def Create_dist_graph(self, sources: Sequence[int], degrees: Sequence[int],
+                          destinations: Sequence[int], weights: Sequence[int] | None = None,
+                          info: Info | None = None, reorder: bool = False) -> Distgraphcomm: ...
     @classmethod
     def fromhandle(cls, handle: int) -> Self: ...
     @classmethod
     def fromint(cls, arg: int) -> Self: ...
     @classmethod
     def f2py(cls, arg: int) -> Self: ...
+
+
+class Cartcomm(Comm, _Cartcomm):
+    def Sub(self, remain_dims: Sequence[bool]) -> Cartcomm: ...
+
+
+class Graphcomm(Comm, _Graphcomm):
+    ...
+
+
+class Distgraphcomm(Comm, _Distgraphcomm):
+    ...

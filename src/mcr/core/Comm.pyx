@@ -1992,6 +1992,72 @@ cdef class Comm(_MPI.Intracomm):
         """Create a communicator from a group (collective over the group); see mpi4py."""
         return self.derived(_MPI.Intracomm.Create_group(self, group, tag))
 
+    # -- Topologies --------------------------------------------------------------------
+    # MPI's calls, through mpi4py's methods; the result is mcr's class of the
+    # topology (Cartcomm, ...), a Comm with mpi4py's topology methods
+
+    def Create_cart(self, dims, periods=None, bint reorder=False):
+        """Create a communicator with a Cartesian topology (collective): an
+        ``mcr.Cartcomm`` with this communicator's settings (backend, checked
+        mode, timeout); null on the processes left out of the grid. See
+        mpi4py.
+
+        Raises
+        ------
+        ValueError
+            If a dimension is negative or zero, or the grid has more points
+            than the communicator has processes (before any communication).
+        """
+        cdef object points = 1
+        try:
+            sizes = [operator_index(d) for d in dims]
+        except TypeError:
+            raise TypeError(f"dims: expected a sequence of integers, got "
+                            f"{type(dims).__name__}") from None
+        for i, d in enumerate(sizes):
+            if d <= 0:
+                raise ValueError(f"dims: dimension {i} is {d}; each must be at least 1")
+            points *= d
+        if points > self.Get_size():
+            raise ValueError(f"dims: a grid of {' x '.join(map(str, sizes))} = {points} "
+                             f"processes on a communicator of {self.Get_size()}")
+        return self.topology(self.made("Create_cart", _MPI.Intracomm.Create_cart,
+                                       (sizes, periods, reorder)))
+
+    def Create_graph(self, index, edges, bint reorder=False):
+        """Create a communicator with a graph topology (collective): an
+        ``mcr.Graphcomm`` with this communicator's settings; see mpi4py."""
+        return self.topology(self.made("Create_graph", _MPI.Intracomm.Create_graph,
+                                       (index, edges, reorder)))
+
+    def Create_dist_graph_adjacent(self, sources, destinations, sourceweights=None,
+                                   destweights=None, info=None, bint reorder=False):
+        """Create a communicator with a distributed graph topology from each
+        process's neighbours (collective): an ``mcr.Distgraphcomm`` with this
+        communicator's settings; see mpi4py."""
+        return self.topology(self.made(
+            "Create_dist_graph_adjacent", _MPI.Intracomm.Create_dist_graph_adjacent,
+            (sources, destinations, sourceweights, destweights,
+             _mpi4py.INFO_NULL if info is None else info, reorder)))
+
+    def Create_dist_graph(self, sources, degrees, destinations, weights=None, info=None,
+                          bint reorder=False):
+        """Create a communicator with a distributed graph topology from any
+        edges (collective): an ``mcr.Distgraphcomm`` with this communicator's
+        settings; see mpi4py."""
+        return self.topology(self.made(
+            "Create_dist_graph", _MPI.Intracomm.Create_dist_graph,
+            (sources, degrees, destinations, weights,
+             _mpi4py.INFO_NULL if info is None else info, reorder)))
+
+    cdef object topology(self, _MPI.Comm comm):
+        """`comm` (mpi4py's topology communicator) as mcr's class of its
+        topology, with this communicator's settings."""
+        cdef Comm out = <Comm>TOPOLOGY_CLASSES[type(comm)].__new__(
+            TOPOLOGY_CLASSES[type(comm)])
+        out.ob_mpi = comm.ob_mpi
+        return self.inherit(out)
+
     # -- Handles and pickling --------------------------------------------------------
 
     @classmethod
@@ -2027,6 +2093,44 @@ cdef class Comm(_MPI.Intracomm):
         return _MPI.Intracomm.__reduce__(self)
 
 
+class Cartcomm(Comm, _MPI.Cartcomm):
+    """A communicator with a Cartesian topology (``Comm.Create_cart``): an
+    ``mcr.Comm`` (every buffer method, on every backend) and an
+    ``mpi4py.MPI.Cartcomm`` (``Get_topo``, ``Get_coords``, ``Shift``, ...,
+    and the neighborhood collectives, which are mpi4py's)."""
+
+    __slots__ = ()
+
+    def Sub(self, remain_dims):
+        """The lower-dimensional grids that keep the dimensions where
+        `remain_dims` is true (collective): an ``mcr.Cartcomm`` with this
+        communicator's settings; see mpi4py."""
+        return (<Comm>self).topology((<Comm>self).made("Sub", _MPI.Cartcomm.Sub,
+                                                      (remain_dims,)))
+
+
+class Graphcomm(Comm, _MPI.Graphcomm):
+    """A communicator with a graph topology (``Comm.Create_graph``): an
+    ``mcr.Comm`` and an ``mpi4py.MPI.Graphcomm`` (``Get_topo``,
+    ``Get_neighbors``, ..., and the neighborhood collectives, mpi4py's)."""
+
+    __slots__ = ()
+
+
+class Distgraphcomm(Comm, _MPI.Distgraphcomm):
+    """A communicator with a distributed graph topology
+    (``Comm.Create_dist_graph``, ``Comm.Create_dist_graph_adjacent``): an
+    ``mcr.Comm`` and an ``mpi4py.MPI.Distgraphcomm`` (``Get_dist_neighbors``,
+    ..., and the neighborhood collectives, mpi4py's)."""
+
+    __slots__ = ()
+
+
+# mpi4py's class of a topology communicator -> mcr's
+cdef dict TOPOLOGY_CLASSES = {_MPI.Cartcomm: Cartcomm, _MPI.Graphcomm: Graphcomm,
+                              _MPI.Distgraphcomm: Distgraphcomm}
+
+
 cdef inline object call_c(Comm comm, int op, int form, object backend, object info,
                           object compress, object a, object b, object c):
     """Comm.call for an operation that can be compressed: `compress` is the
@@ -2039,6 +2143,7 @@ cdef inline object call_c(Comm comm, int op, int form, object backend, object in
 
 
 cdef object _newobj = __import__("copyreg").__newobj__
+cdef object operator_index = __import__("operator").index
 
 
 cdef Comm as_comm(_MPI.Comm comm):
