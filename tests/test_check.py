@@ -680,6 +680,55 @@ def timeout_in_making_a_communicator(comm):
 
 
 @case
+def dups_with_hints_and_nonblocking_dups_are_watched(comm):
+    # Dup_with_info blocks in MPI as Dup does: a rank that skips it is a
+    # TimeoutError on the others. Idup does not wait at the call: its request
+    # times out instead, then completes once every rank has called it. Each
+    # copy keeps the timeout and backend; checked, Idup against Dup is a mismatch
+    size, rank = comm.size, comm.rank
+    last = size - 1
+    c = timed(comm)
+    c.backend = "gloo"
+    if rank != last:
+        expect_timeout(lambda: c.Dup_with_info(mpi4py.MPI.INFO_NULL),
+                       "to call Dup_with_info (making a communicator is collective)")
+    comm.Barrier()              # (the parent) now the last rank calls it too
+    hinted = c.Dup_with_info(mpi4py.MPI.INFO_NULL)
+    assert hinted.timeout == TIMEOUT and hinted.backend == "gloo"
+    assert_allreduce_works(hinted, "gloo")
+    if rank != last:
+        copy, req = c.Idup()
+        assert isinstance(req, mcr.Request)
+        exc = expect_timeout(req.Wait, "waiting for Idup #2")
+        assert [p["op"] for p in exc.pending] == ["Idup"], exc.pending
+    comm.Barrier()
+    if rank == last:
+        copy, req = c.Idup()
+    req.Wait()
+    assert copy.timeout == TIMEOUT and copy.backend == "gloo"
+    assert_allreduce_works(copy)
+    copy2, req2 = c.Idup_with_info(mpi4py.MPI.INFO_NULL)
+    mcr.Request.Waitall([req2])
+    assert_allreduce_works(copy2, "gloo")
+    for each in (copy2, copy, hinted, c):
+        each.Free()
+    k = checked(comm)
+    made = []
+
+    def idup_or_dup(r):
+        if r == last and size > 1:
+            made.append(k.Dup())
+        else:
+            copy, req = k.Idup()
+            req.Wait()
+            made.append(copy)
+
+    expect_mismatch(k, idup_or_dup, "Dup #1", "different operations", "Idup #1")
+    for each in made + [k]:
+        each.Free()
+
+
+@case
 def topologies_are_watched_as_constructors(comm):
     # Create_cart, the graph constructors and Cartcomm.Sub block in MPI as Split
     # does: a rank that skips one is a TimeoutError on the others, and the

@@ -204,6 +204,15 @@ def cartesian_topology_is_an_mcr_comm(comm):
     assert type(dup) is mcr.Cartcomm and dup.Get_topo() == ring.Get_topo()
     assert dup.backend == "gloo"
     assert_comm_works(dup)
+    copies = [ring.Dup_with_info(M4.INFO_NULL), ring.Clone()]
+    for started in (ring.Idup(), ring.Idup_with_info(M4.INFO_NULL)):
+        started[1].Wait()
+        copies.append(started[0])
+    for copy in copies:
+        assert type(copy) is mcr.Cartcomm and copy.Get_topo() == ring.Get_topo()
+        assert copy.backend == "gloo"
+        assert_comm_works(copy)
+        copy.Free()
     sub = ring.Sub([True])
     assert type(sub) is mcr.Cartcomm and sub.size == size and sub.backend == "gloo"
     assert_comm_works(sub)

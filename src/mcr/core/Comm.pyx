@@ -1894,6 +1894,43 @@ cdef class Comm(_MPI.Intracomm):
         """Duplicate the communicator, as ``Dup`` without hints."""
         return self.inherit(self.made("Clone", _MPI.Intracomm.Clone, ()))
 
+    def Dup_with_info(self, info):
+        """Duplicate the communicator with the hints `info`, as ``Dup``."""
+        return self.inherit(self.made("Dup_with_info", _MPI.Intracomm.Dup_with_info, (info,)))
+
+    def Idup(self, info=None):
+        """Start duplicating the communicator: ``(comm, request)``. `comm`
+        has this communicator's settings, as with ``Dup``, and may be used
+        once `request` is complete.
+
+        It does not wait at the call, even with a timeout (it is
+        non-blocking); checked mode matches it at the call, as the other
+        constructors. With a timeout or the flight recorder, `request` is an
+        ``mcr.Request`` whose waits time out and whose record says when it
+        completed; else mpi4py's."""
+        return self.started("Idup", _MPI.Intracomm.Idup, (info,))
+
+    def Idup_with_info(self, info):
+        """Start duplicating the communicator with the hints `info`, as ``Idup``."""
+        return self.started("Idup_with_info", _MPI.Intracomm.Idup_with_info, (info,))
+
+    cdef tuple started(self, str call, object make, tuple args):
+        """mpi4py's non-blocking constructor `make(self, *args)` (`call`,
+        such as "Idup"): after `meet`, which does not wait for the other
+        processes here; watched, its request as an mcr Request carrying the
+        call's record and the timeout."""
+        p = self.meet(call)
+        try:
+            comm, request = make(self, *args)
+        except BaseException:
+            if p is not None:
+                pend_end(<_Pend>p, PEND_FAILED)
+            raise
+        if p is not None:
+            (<_Pend>p).form = NONBLOCKING
+            request = as_mcr_request(request, self.watch.timeout, <_Pend>p)
+        return self.inherit(comm), request
+
     cdef object made(self, str call, object make, tuple args, int root=-1):
         """mpi4py's method `make(self, *args)` for a collective call outside
         the buffer methods (`call`, such as "Dup" or "bcast"; `root`, or -1),
@@ -1918,7 +1955,7 @@ cdef class Comm(_MPI.Intracomm):
         (returned, pending; else None). Checked, the processes agree on it as
         on a collective (check_comm_call, polled: a TimeoutError at the
         timeout); else, with a timeout, they meet in a polled barrier (except
-        for Free, which does not block). A TimeoutError leaves the exchange or
+        for Free, which does not block, and the non-blocking Idup). A TimeoutError leaves the exchange or
         barrier pending, for the next try, which takes the same number."""
         cdef _Watch w = self.watch
         if self.ob_mpi == MPI_COMM_NULL:
@@ -1933,7 +1970,7 @@ cdef class Comm(_MPI.Intracomm):
         try:
             if w.checked:
                 check_comm_call(self, w, call, root)
-            elif w.timeout > 0 and call != "Free":
+            elif w.timeout > 0 and call not in UNAWAITED_CALLS:
                 if self.meeting is None:
                     self.meeting = _MPI.Intracomm.Ibarrier(self)
                 why = "making a communicator is collective" if call[0].isupper() else \
@@ -2124,6 +2161,11 @@ class Distgraphcomm(Comm, _MPI.Distgraphcomm):
     ..., and the neighborhood collectives, mpi4py's)."""
 
     __slots__ = ()
+
+
+# the constructors for which `meet` posts no barrier under a timeout: Free
+# does not block, Idup must not
+cdef tuple UNAWAITED_CALLS = ("Free", "Idup", "Idup_with_info")
 
 
 # mpi4py's class of a topology communicator -> mcr's

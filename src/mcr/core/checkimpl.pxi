@@ -47,6 +47,7 @@ cdef tuple MATCHED = (F_SEQ, F_OP, F_FORM, F_BACKEND, F_ROOT, F_ROP, F_DTYPE, F_
 # the collective calls outside the buffer methods, fingerprinted as op CALL_COUNT + their
 # index: those that make or free a communicator, and mpi4py's methods on pickled objects
 cdef tuple COMM_CALL_NAMES = ("Dup", "Clone", "Split", "Split_type", "Create", "Free",
+                              "Dup_with_info", "Idup", "Idup_with_info",
                               "Create_cart", "Create_graph", "Create_dist_graph",
                               "Create_dist_graph_adjacent", "Sub",
                               "barrier", "bcast", "gather", "scatter", "allgather",
