@@ -782,6 +782,56 @@ def topologies_are_watched_as_constructors(comm):
 
 
 @case
+def neighborhood_collectives_are_watched(comm):
+    # mpi4py's neighborhood collectives block in MPI: with a timeout a rank
+    # that skips one is a TimeoutError on the others (Neighbor_alltoall at
+    # the call; the non-blocking Ineighbor_allgather in its Wait, on the
+    # skipper's neighbours only), and the calls complete once it comes;
+    # checked, another collective is a mismatch
+    size, rank = comm.size, comm.rank
+    last = size - 1
+    c = timed(comm)
+    ring = c.Create_cart([size], periods=[True])
+    left, right = ring.Shift(0, 1)
+    blocks = torch.cat([data(rank) + 100 * left, data(rank) + 100 * right])
+    got = torch.zeros(8)
+    if rank != last:
+        expect_timeout(lambda: ring.Neighbor_alltoall(blocks, got),
+                       "to call Neighbor_alltoall (a neighborhood collective)")
+    comm.Barrier()              # (the parent) now the last rank calls it too
+    ring.Neighbor_alltoall(blocks, got)
+    # the left neighbour's block for its right neighbour, then the right one's for its left
+    assert torch.equal(got, torch.cat([data(left) + 100 * rank, data(right) + 100 * rank]))
+    gathered = torch.zeros(8)
+    if rank != last:
+        req = ring.Ineighbor_allgather(data(rank), gathered)
+        assert isinstance(req, mcr.Request)
+        if last in (left, right):
+            exc = expect_timeout(req.Wait, "waiting for Ineighbor_allgather #2")
+            assert [p["op"] for p in exc.pending] == ["Ineighbor_allgather"], exc.pending
+    comm.Barrier()
+    if rank == last:
+        req = ring.Ineighbor_allgather(data(rank), gathered)
+    req.Wait()
+    assert torch.equal(gathered, torch.cat([data(left), data(right)]))
+    ring.Free()
+    c.Free()
+    k = checked(comm)
+    grid = k.Create_cart([size], periods=[True])
+
+    def gather_or_barrier(r):
+        if r == last and size > 1:
+            grid.Barrier()
+        else:
+            assert grid.neighbor_allgather(r) == [(r - 1) % size, (r + 1) % size]
+
+    expect_mismatch(grid, gather_or_barrier, "Barrier #1", "different operations",
+                    "neighbor_allgather #1")
+    grid.Free()
+    k.Free()
+
+
+@case
 def checked_and_timed_fingerprint_exchange_times_out(comm):
     size, rank = comm.size, comm.rank
     if size == 1:

@@ -1926,10 +1926,28 @@ cdef class Comm(_MPI.Intracomm):
             if p is not None:
                 pend_end(<_Pend>p, PEND_FAILED)
             raise
-        if p is not None:
-            (<_Pend>p).form = NONBLOCKING
-            request = as_mcr_request(request, self.watch.timeout, <_Pend>p)
-        return self.inherit(comm), request
+        return self.inherit(comm), self.watched_request(p, request)
+
+    cdef object posted(self, str call, object make, tuple args):
+        """mpi4py's non-blocking collective `make(self, *args)` (`call`, such
+        as "Ineighbor_alltoall"), returning its request: as `started`."""
+        p = self.meet(call)
+        try:
+            request = make(self, *args)
+        except BaseException:
+            if p is not None:
+                pend_end(<_Pend>p, PEND_FAILED)
+            raise
+        return self.watched_request(p, request)
+
+    cdef object watched_request(self, object p, object request):
+        """The request of a non-blocking call that `meet` recorded as `p`
+        (None: not watched, mpi4py's request as it is): an mcr Request with
+        the record and the communicator's timeout."""
+        if p is None:
+            return request
+        (<_Pend>p).form = NONBLOCKING
+        return as_mcr_request(request, self.watch.timeout, <_Pend>p)
 
     cdef object made(self, str call, object make, tuple args, int root=-1):
         """mpi4py's method `make(self, *args)` for a collective call outside
@@ -1948,8 +1966,9 @@ cdef class Comm(_MPI.Intracomm):
 
     cdef object meet(self, str call, int root=-1):
         """Before a collective call outside the buffer methods (`call`, one
-        of COMM_CALL_NAMES: one that makes or frees a communicator, or one of
-        mpi4py's methods on pickled objects; `root`, or -1), as MPI's block
+        of COMM_CALL_NAMES: one that makes or frees a communicator, one of
+        mpi4py's methods on pickled objects, or a neighborhood collective;
+        `root`, or -1), as MPI's block
         and cannot be interrupted. Watched, it takes the next number in the
         sequence of collectives, and a record with a timeout or the recorder
         (returned, pending; else None). Checked, the processes agree on it as
@@ -1973,7 +1992,8 @@ cdef class Comm(_MPI.Intracomm):
             elif w.timeout > 0 and call not in UNAWAITED_CALLS:
                 if self.meeting is None:
                     self.meeting = _MPI.Intracomm.Ibarrier(self)
-                why = "making a communicator is collective" if call[0].isupper() else \
+                why = "a neighborhood collective" if call.startswith("Neighbor_") else \
+                    "making a communicator is collective" if call[0].isupper() else \
                     "a collective on pickled objects"
                 try:
                     _meet(self, self.meeting, f"to call {call} ({why})")
@@ -2130,7 +2150,75 @@ cdef class Comm(_MPI.Intracomm):
         return _MPI.Intracomm.__reduce__(self)
 
 
-class Cartcomm(Comm, _MPI.Cartcomm):
+class _Neighborhood:
+    """mpi4py's neighborhood collectives, run through mcr's constructors'
+    path (`Comm.made`, `Comm.posted`) so that checked mode, timeouts and the
+    flight recorder see them: mpi4py moves the data."""
+
+    __slots__ = ()
+
+    def Neighbor_allgather(self, sendbuf, recvbuf):
+        """Gather from every neighbour (collective); see mpi4py."""
+        return (<Comm>self).made("Neighbor_allgather", _MPI.Topocomm.Neighbor_allgather,
+                                 (sendbuf, recvbuf))
+
+    def Neighbor_allgatherv(self, sendbuf, recvbuf):
+        """Gather blocks of any size from every neighbour (collective); see mpi4py."""
+        return (<Comm>self).made("Neighbor_allgatherv", _MPI.Topocomm.Neighbor_allgatherv,
+                                 (sendbuf, recvbuf))
+
+    def Neighbor_alltoall(self, sendbuf, recvbuf):
+        """Exchange one block with every neighbour (collective); see mpi4py."""
+        return (<Comm>self).made("Neighbor_alltoall", _MPI.Topocomm.Neighbor_alltoall,
+                                 (sendbuf, recvbuf))
+
+    def Neighbor_alltoallv(self, sendbuf, recvbuf):
+        """Exchange blocks of any size with every neighbour (collective); see mpi4py."""
+        return (<Comm>self).made("Neighbor_alltoallv", _MPI.Topocomm.Neighbor_alltoallv,
+                                 (sendbuf, recvbuf))
+
+    def Neighbor_alltoallw(self, sendbuf, recvbuf):
+        """Exchange blocks of any datatype with every neighbour (collective); see mpi4py."""
+        return (<Comm>self).made("Neighbor_alltoallw", _MPI.Topocomm.Neighbor_alltoallw,
+                                 (sendbuf, recvbuf))
+
+    def Ineighbor_allgather(self, sendbuf, recvbuf):
+        """Start ``Neighbor_allgather``; returns its request (see ``Comm.Idup``)."""
+        return (<Comm>self).posted("Ineighbor_allgather", _MPI.Topocomm.Ineighbor_allgather,
+                                   (sendbuf, recvbuf))
+
+    def Ineighbor_allgatherv(self, sendbuf, recvbuf):
+        """Start ``Neighbor_allgatherv``; returns its request."""
+        return (<Comm>self).posted("Ineighbor_allgatherv",
+                                   _MPI.Topocomm.Ineighbor_allgatherv, (sendbuf, recvbuf))
+
+    def Ineighbor_alltoall(self, sendbuf, recvbuf):
+        """Start ``Neighbor_alltoall``; returns its request."""
+        return (<Comm>self).posted("Ineighbor_alltoall", _MPI.Topocomm.Ineighbor_alltoall,
+                                   (sendbuf, recvbuf))
+
+    def Ineighbor_alltoallv(self, sendbuf, recvbuf):
+        """Start ``Neighbor_alltoallv``; returns its request."""
+        return (<Comm>self).posted("Ineighbor_alltoallv", _MPI.Topocomm.Ineighbor_alltoallv,
+                                   (sendbuf, recvbuf))
+
+    def Ineighbor_alltoallw(self, sendbuf, recvbuf):
+        """Start ``Neighbor_alltoallw``; returns its request."""
+        return (<Comm>self).posted("Ineighbor_alltoallw", _MPI.Topocomm.Ineighbor_alltoallw,
+                                   (sendbuf, recvbuf))
+
+    def neighbor_allgather(self, sendobj):
+        """Gather pickled objects from every neighbour (collective); see mpi4py."""
+        return (<Comm>self).made("neighbor_allgather", _MPI.Topocomm.neighbor_allgather,
+                                 (sendobj,))
+
+    def neighbor_alltoall(self, sendobj):
+        """Exchange pickled objects with every neighbour (collective); see mpi4py."""
+        return (<Comm>self).made("neighbor_alltoall", _MPI.Topocomm.neighbor_alltoall,
+                                 (sendobj,))
+
+
+class Cartcomm(Comm, _Neighborhood, _MPI.Cartcomm):
     """A communicator with a Cartesian topology (``Comm.Create_cart``): an
     ``mcr.Comm`` (every buffer method, on every backend) and an
     ``mpi4py.MPI.Cartcomm`` (``Get_topo``, ``Get_coords``, ``Shift``, ...,
@@ -2146,7 +2234,7 @@ class Cartcomm(Comm, _MPI.Cartcomm):
                                                       (remain_dims,)))
 
 
-class Graphcomm(Comm, _MPI.Graphcomm):
+class Graphcomm(Comm, _Neighborhood, _MPI.Graphcomm):
     """A communicator with a graph topology (``Comm.Create_graph``): an
     ``mcr.Comm`` and an ``mpi4py.MPI.Graphcomm`` (``Get_topo``,
     ``Get_neighbors``, ..., and the neighborhood collectives, mpi4py's)."""
@@ -2154,7 +2242,7 @@ class Graphcomm(Comm, _MPI.Graphcomm):
     __slots__ = ()
 
 
-class Distgraphcomm(Comm, _MPI.Distgraphcomm):
+class Distgraphcomm(Comm, _Neighborhood, _MPI.Distgraphcomm):
     """A communicator with a distributed graph topology
     (``Comm.Create_dist_graph``, ``Comm.Create_dist_graph_adjacent``): an
     ``mcr.Comm`` and an ``mpi4py.MPI.Distgraphcomm`` (``Get_dist_neighbors``,
@@ -2163,9 +2251,11 @@ class Distgraphcomm(Comm, _MPI.Distgraphcomm):
     __slots__ = ()
 
 
-# the constructors for which `meet` posts no barrier under a timeout: Free
-# does not block, Idup must not
-cdef tuple UNAWAITED_CALLS = ("Free", "Idup", "Idup_with_info")
+# the calls for which `meet` posts no barrier under a timeout: Free does not
+# block, the non-blocking ones (Idup, Ineighbor_...) must not
+cdef tuple UNAWAITED_CALLS = ("Free", "Idup", "Idup_with_info", "Ineighbor_allgather",
+                               "Ineighbor_allgatherv", "Ineighbor_alltoall",
+                               "Ineighbor_alltoallv", "Ineighbor_alltoallw")
 
 
 # mpi4py's class of a topology communicator -> mcr's

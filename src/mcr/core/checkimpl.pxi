@@ -45,11 +45,17 @@ cdef tuple MATCHED = (F_SEQ, F_OP, F_FORM, F_BACKEND, F_ROOT, F_ROP, F_DTYPE, F_
                       F_HASH)
 
 # the collective calls outside the buffer methods, fingerprinted as op CALL_COUNT + their
-# index: those that make or free a communicator, and mpi4py's methods on pickled objects
+# index: those that make or free a communicator, mpi4py's neighborhood collectives, and
+# mpi4py's methods on pickled objects
 cdef tuple COMM_CALL_NAMES = ("Dup", "Clone", "Split", "Split_type", "Create", "Free",
                               "Dup_with_info", "Idup", "Idup_with_info",
                               "Create_cart", "Create_graph", "Create_dist_graph",
                               "Create_dist_graph_adjacent", "Sub",
+                              "Neighbor_allgather", "Neighbor_allgatherv",
+                              "Neighbor_alltoall", "Neighbor_alltoallv", "Neighbor_alltoallw",
+                              "Ineighbor_allgather", "Ineighbor_allgatherv",
+                              "Ineighbor_alltoall", "Ineighbor_alltoallv",
+                              "Ineighbor_alltoallw", "neighbor_allgather", "neighbor_alltoall",
                               "barrier", "bcast", "gather", "scatter", "allgather",
                               "alltoall", "reduce", "allreduce", "scan", "exscan")
 
