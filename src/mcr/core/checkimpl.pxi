@@ -45,19 +45,18 @@ cdef tuple MATCHED = (F_SEQ, F_OP, F_FORM, F_BACKEND, F_ROOT, F_ROP, F_DTYPE, F_
                       F_HASH)
 
 # the collective calls outside the buffer methods, fingerprinted as op CALL_COUNT + their
-# index: those that make or free a communicator, mpi4py's neighborhood collectives, and
-# mpi4py's methods on pickled objects
-cdef tuple COMM_CALL_NAMES = ("Dup", "Clone", "Split", "Split_type", "Create", "Free",
+# index: those that make or free a communicator (MADE_CALL_NAMES), mpi4py's neighborhood
+# collectives, and mpi4py's methods on pickled objects
+cdef tuple MADE_CALL_NAMES = ("Dup", "Clone", "Split", "Split_type", "Create", "Free",
                               "Dup_with_info", "Idup", "Idup_with_info",
                               "Create_cart", "Create_graph", "Create_dist_graph",
-                              "Create_dist_graph_adjacent", "Sub",
-                              "Neighbor_allgather", "Neighbor_allgatherv",
-                              "Neighbor_alltoall", "Neighbor_alltoallv", "Neighbor_alltoallw",
-                              "Ineighbor_allgather", "Ineighbor_allgatherv",
-                              "Ineighbor_alltoall", "Ineighbor_alltoallv",
-                              "Ineighbor_alltoallw", "neighbor_allgather", "neighbor_alltoall",
-                              "barrier", "bcast", "gather", "scatter", "allgather",
-                              "alltoall", "reduce", "allreduce", "scan", "exscan")
+                              "Create_dist_graph_adjacent", "Sub")
+cdef tuple COMM_CALL_NAMES = MADE_CALL_NAMES + (
+    "Neighbor_allgather", "Neighbor_allgatherv", "Neighbor_alltoall", "Neighbor_alltoallv",
+    "Neighbor_alltoallw", "Ineighbor_allgather", "Ineighbor_allgatherv", "Ineighbor_alltoall",
+    "Ineighbor_alltoallv", "Ineighbor_alltoallw", "neighbor_allgather", "neighbor_alltoall",
+    "barrier", "bcast", "gather", "scatter", "allgather", "alltoall", "reduce", "allreduce",
+    "scan", "exscan")
 
 # mpi4py's point-to-point methods on pickled objects (obj_p2p), recorded as op
 # CALL_COUNT + len(COMM_CALL_NAMES) + their index
@@ -684,7 +683,7 @@ cdef _Pend comm_call_pend(Comm comm, _Watch w, str call, long long seq, int root
     p.peer = p.tag = -1
     p.root = root
     p.desc = call if root < 0 else f"{call} root={root}"
-    p.nbytes = 0
+    p.nbytes = 0 if call in MADE_CALL_NAMES else -1     # (-1: a size mcr does not see)
     return kept_pend(p, w)
 
 
