@@ -1974,8 +1974,9 @@ cdef class Comm(_MPI.Intracomm):
         (returned, pending; else None). Checked, the processes agree on it as
         on a collective (check_comm_call, polled: a TimeoutError at the
         timeout); else, with a timeout, they meet in a polled barrier (except
-        for Free, which does not block, and the non-blocking Idup). A TimeoutError leaves the exchange or
-        barrier pending, for the next try, which takes the same number."""
+        for UNAWAITED_CALLS: Free, which does not block, and the non-blocking
+        calls). A TimeoutError leaves the exchange or barrier pending, for the
+        next try, which takes the same number."""
         cdef _Watch w = self.watch
         if self.ob_mpi == MPI_COMM_NULL:
             return None                 # (mpi4py's method raises MPI's error)
@@ -2110,8 +2111,8 @@ cdef class Comm(_MPI.Intracomm):
     cdef object topology(self, _MPI.Comm comm):
         """`comm` (mpi4py's topology communicator) as mcr's class of its
         topology, with this communicator's settings."""
-        cdef Comm out = <Comm>TOPOLOGY_CLASSES[type(comm)].__new__(
-            TOPOLOGY_CLASSES[type(comm)])
+        cls = TOPOLOGY_CLASSES[type(comm)]
+        cdef Comm out = <Comm>cls.__new__(cls)
         out.ob_mpi = comm.ob_mpi
         return self.inherit(out)
 
