@@ -519,6 +519,48 @@ def expected_sub_communicators(size, rank):
     return results
 
 
+def topologies(MPI, comm, np=numpy):
+    """A periodic ring from Create_cart: Shift, a halo exchange with Sendrecv,
+    a Neighbor_alltoall; then a 2-D grid of Compute_dims, and its rows from
+    Sub. Each used and then freed."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    ring = comm.Create_cart([size], periods=[True], reorder=False)
+    left, right = ring.Shift(0, 1)
+    u = np.arange(6, dtype=np.float64) + 10 * rank      # this process's cells
+    from_left = np.zeros(1, dtype=np.float64)
+    from_right = np.zeros(1, dtype=np.float64)
+    ring.Sendrecv(u[5:], dest=right, sendtag=1, recvbuf=from_left, source=left, recvtag=1)
+    ring.Sendrecv(u[:1], dest=left, sendtag=2, recvbuf=from_right, source=right, recvtag=2)
+    blocks = np.arange(2, dtype=np.int32) + 100 * rank   # one for each neighbour
+    got = np.zeros(2, dtype=np.int32)
+    ring.Neighbor_alltoall(blocks, got)
+    results = {"shift": (left, right), "halo": (from_left, from_right), "neighbors": got,
+               "is_cart": ring.Get_topology() == MPI.CART}
+    ring.Free()
+    dims = MPI.Compute_dims(size, 2)
+    grid = comm.Create_cart(dims)
+    results["coords"] = grid.Get_coords(rank)
+    row = grid.Sub([False, True])                       # my row: the second dimension
+    total = np.zeros(1, dtype=np.int64)
+    row.Allreduce(np.full((1,), rank, dtype=np.int64), total, op=MPI.SUM)
+    results["row"] = (row.Get_size(), total)
+    row.Free()
+    grid.Free()
+    return results
+
+
+def expected_topologies(size, rank):
+    left, right = (rank - 1) % size, (rank + 1) % size
+    dims = MPI4PY.Compute_dims(size, 2)
+    row, col = divmod(rank, dims[1])                    # row-major ranks
+    members = [row * dims[1] + j for j in range(dims[1])]
+    return {"shift": (left, right),
+            "halo": (numpy.array([5.0 + 10 * left]), numpy.array([10.0 * right])),
+            "neighbors": numpy.array([1 + 100 * left, 100 * right], dtype=numpy.int32),
+            "is_cart": True, "coords": [row, col],
+            "row": (dims[1], numpy.array([sum(members)]))}
+
+
 # -- running a program under both modules --------------------------------------------------
 
 
@@ -683,6 +725,16 @@ def tutorial_sub_communicators(comm):
 @case
 def tutorial_sub_communicators_torch(comm):
     run_torch(sub_communicators, expected_sub_communicators, comm)
+
+
+@case
+def tutorial_topologies(comm):
+    run_both(topologies, expected_topologies, comm)
+
+
+@case
+def tutorial_topologies_torch(comm):
+    run_torch(topologies, expected_topologies, comm)
 
 
 test_mpi = mpi_cases(__name__)
