@@ -24,7 +24,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "COMM_WORLD", "COMM_SELF", "Comm", "Cartcomm", "Graphcomm", "Distgraphcomm",
-    "Request", "Prequest", "Status", "Exception", "SUM", "PROD", "MAX", "MIN", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR",
+    "Request", "Prequest", "Status", "Exception",
+    "SUM", "PROD", "MAX", "MIN", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR",
     "IN_PLACE", "ANY_SOURCE", "ANY_TAG", "PROC_NULL", "UNDEFINED", "build_info",
     "Fusion", "MismatchError", "TimeoutError",
 ]
