@@ -418,6 +418,11 @@ def timeout_names_the_pending_calls(comm):
                                  "Recv float32[4] from 0 tag 9")
             assert exc.pending[-1]["peer"] == 0 and exc.pending[-1]["tag"] == 9
         assert isinstance(exc.request, mcr.Request)
+        # (the parent) every rank has timed out before the last one joins the
+        # Allreduce: the clocks of the ranks start apart (the first Gloo call
+        # connects the group), and a last rank that joined at its own timeout
+        # could complete the others' Allreduce before theirs
+        comm.Barrier()
         # undo the mistake: the pending calls complete
         if rank == last:
             c.Allreduce(mcr.IN_PLACE, x, backend=backend)
