@@ -13,6 +13,7 @@ from mpi4py.MPI import Exception as _Exception
 from mpi4py.MPI import Cartcomm as _Cartcomm
 from mpi4py.MPI import Distgraphcomm as _Distgraphcomm
 from mpi4py.MPI import Graphcomm as _Graphcomm
+from mpi4py.MPI import Topocomm as _Topocomm
 from mpi4py.MPI import Intracomm as _Intracomm
 from mpi4py.MPI import Request as _Request
 from mpi4py.MPI import Status as _Status
@@ -477,13 +478,58 @@ class Comm(_Intracomm):
     def f2py(cls, arg: int) -> Self: ...
 
 
-class Cartcomm(Comm, _Cartcomm):
+class _Neighborhood(_Topocomm):
+    def Neighbor_allgather(self, sendbuf: _BufSpec, recvbuf: _BufSpec, *,
+                          backend: _Backend = None) -> None: ...
+    def Neighbor_allgatherv(self, sendbuf: _BufSpec, recvbuf: _BufSpecV, *,
+                           backend: _Backend = None) -> None: ...
+    def Neighbor_alltoall(self, sendbuf: _BufSpec, recvbuf: _BufSpec, *,
+                         backend: _Backend = None) -> None: ...
+    def Neighbor_alltoallv(self, sendbuf: _BufSpecV, recvbuf: _BufSpecV, *,
+                          backend: _Backend = None) -> None: ...
+    def Neighbor_alltoallw(self, sendbuf: _BufSpecW, recvbuf: _BufSpecW, *,
+                          backend: _Backend = None) -> None: ...
+    def Ineighbor_allgather(self, sendbuf: _BufSpec, recvbuf: _BufSpec, *,
+                           backend: _Backend = None) -> Request: ...
+    def Ineighbor_allgatherv(self, sendbuf: _BufSpec, recvbuf: _BufSpecV, *,
+                            backend: _Backend = None) -> Request: ...
+    def Ineighbor_alltoall(self, sendbuf: _BufSpec, recvbuf: _BufSpec, *,
+                          backend: _Backend = None) -> Request: ...
+    def Ineighbor_alltoallv(self, sendbuf: _BufSpecV, recvbuf: _BufSpecV, *,
+                           backend: _Backend = None) -> Request: ...
+    def Ineighbor_alltoallw(self, sendbuf: _BufSpecW, recvbuf: _BufSpecW, *,
+                           backend: _Backend = None) -> Request: ...
+    def Neighbor_allgather_init(  # type: ignore[override]
+        self, sendbuf: _BufSpec, recvbuf: _BufSpec, info: Info | None = None, *,
+        backend: _Backend = None,
+    ) -> Prequest: ...
+    def Neighbor_allgatherv_init(  # type: ignore[override]
+        self, sendbuf: _BufSpec, recvbuf: _BufSpecV, info: Info | None = None, *,
+        backend: _Backend = None,
+    ) -> Prequest: ...
+    def Neighbor_alltoall_init(  # type: ignore[override]
+        self, sendbuf: _BufSpec, recvbuf: _BufSpec, info: Info | None = None, *,
+        backend: _Backend = None,
+    ) -> Prequest: ...
+    def Neighbor_alltoallv_init(  # type: ignore[override]
+        self, sendbuf: _BufSpecV, recvbuf: _BufSpecV, info: Info | None = None, *,
+        backend: _Backend = None,
+    ) -> Prequest: ...
+    def Neighbor_alltoallw_init(  # type: ignore[override]
+        self, sendbuf: _BufSpecW, recvbuf: _BufSpecW, info: Info | None = None, *,
+        backend: _Backend = None,
+    ) -> Prequest: ...
+    def neighbor_allgather(self, sendobj: Any) -> list[Any]: ...
+    def neighbor_alltoall(self, sendobj: list[Any]) -> list[Any]: ...
+
+
+class Cartcomm(Comm, _Neighborhood, _Cartcomm):
     def Sub(self, remain_dims: Sequence[bool]) -> Cartcomm: ...
 
 
-class Graphcomm(Comm, _Graphcomm):
+class Graphcomm(Comm, _Neighborhood, _Graphcomm):
     ...
 
 
-class Distgraphcomm(Comm, _Distgraphcomm):
+class Distgraphcomm(Comm, _Neighborhood, _Distgraphcomm):
     ...

@@ -118,6 +118,7 @@ cdef class Comm(_MPI.Intracomm):
     cdef bint unlogged             # mcr's private communicator: the logger skips it
     cdef _Watch watch              # checked mode, timeout, records (checkimpl.pxi), or None
     cdef object meeting            # a constructor's barrier that timed out (meet), or None
+    cdef object nbplan             # a topology's neighbourhood rounds (neighbor.pxi), or None
 
     def __cinit__(self, *args, **kwargs):
         self.dflt = ENV_BACKEND
@@ -1947,6 +1948,11 @@ cdef class Comm(_MPI.Intracomm):
         if p is None:
             return request
         (<_Pend>p).form = NONBLOCKING
+        cdef Request req
+        if isinstance(request, Request):         # mcr's own (a composed call)
+            req = <Request>request
+            req.timeout, req.pend = self.watch.timeout, p
+            return req
         return as_mcr_request(request, self.watch.timeout, <_Pend>p)
 
     cdef object made(self, str call, object make, tuple args, int root=-1):
@@ -2152,61 +2158,129 @@ cdef class Comm(_MPI.Intracomm):
 
 
 class _Neighborhood:
-    """mpi4py's neighborhood collectives, run through mcr's constructors'
-    path (`Comm.made`, `Comm.posted`) so that checked mode, timeouts and the
-    flight recorder see them: mpi4py moves the data."""
+    """The neighborhood collectives of mcr's topologies (neighbor.pxi): on
+    MPI, mpi4py's methods move the data (CUDA tensors staged through host
+    copies); on another backend, they are composed of its Alltoallv. Checked
+    mode, timeouts and the flight recorder see the blocking and non-blocking
+    forms (`Comm.made`, `Comm.posted`)."""
 
     __slots__ = ()
 
-    def Neighbor_allgather(self, sendbuf, recvbuf):
-        """Gather from every neighbour (collective); see mpi4py."""
-        return (<Comm>self).made("Neighbor_allgather", _MPI.Topocomm.Neighbor_allgather,
-                                 (sendbuf, recvbuf))
+    def Neighbor_allgather(self, sendbuf, recvbuf, *, backend=None):
+        """Gather a block from every neighbour (collective).
 
-    def Neighbor_allgatherv(self, sendbuf, recvbuf):
-        """Gather blocks of any size from every neighbour (collective); see mpi4py."""
-        return (<Comm>self).made("Neighbor_allgatherv", _MPI.Topocomm.Neighbor_allgatherv,
-                                 (sendbuf, recvbuf))
+        Parameters
+        ----------
+        sendbuf : message spec
+            The block every neighbour receives.
+        recvbuf : message spec
+            One block per source neighbour, in the topology's order.
+        backend : str or None
+            ``"mpi"`` (mpi4py's method), another backend (composed of its
+            ``Alltoallv``), ``"auto"`` (MPI) or None (the default).
+        """
+        return neighbor(<Comm>self, NB_ALLGATHER, BLOCKING, sendbuf, recvbuf, backend, None)
 
-    def Neighbor_alltoall(self, sendbuf, recvbuf):
-        """Exchange one block with every neighbour (collective); see mpi4py."""
-        return (<Comm>self).made("Neighbor_alltoall", _MPI.Topocomm.Neighbor_alltoall,
-                                 (sendbuf, recvbuf))
+    def Neighbor_allgatherv(self, sendbuf, recvbuf, *, backend=None):
+        """Gather blocks of any size from every neighbour (collective).
 
-    def Neighbor_alltoallv(self, sendbuf, recvbuf):
-        """Exchange blocks of any size with every neighbour (collective); see mpi4py."""
-        return (<Comm>self).made("Neighbor_alltoallv", _MPI.Topocomm.Neighbor_alltoallv,
-                                 (sendbuf, recvbuf))
+        Parameters
+        ----------
+        sendbuf : message spec
+            The block every neighbour receives.
+        recvbuf : vector message spec
+            ``[buf, counts, displs]``: ``counts[i]`` elements from the
+            ``i``-th source neighbour land at ``displs[i]``.
+        backend : str or None
+            ``"mpi"`` (mpi4py's method), another backend (composed of its
+            ``Alltoallv``), ``"auto"`` (MPI) or None (the default).
+        """
+        return neighbor(<Comm>self, NB_ALLGATHERV, BLOCKING, sendbuf, recvbuf, backend, None)
 
-    def Neighbor_alltoallw(self, sendbuf, recvbuf):
-        """Exchange blocks of any datatype with every neighbour (collective); see mpi4py."""
-        return (<Comm>self).made("Neighbor_alltoallw", _MPI.Topocomm.Neighbor_alltoallw,
-                                 (sendbuf, recvbuf))
+    def Neighbor_alltoall(self, sendbuf, recvbuf, *, backend=None):
+        """Exchange one block with every neighbour (collective).
 
-    def Ineighbor_allgather(self, sendbuf, recvbuf):
-        """Start ``Neighbor_allgather``; returns its request (see ``Comm.Idup``)."""
-        return (<Comm>self).posted("Ineighbor_allgather", _MPI.Topocomm.Ineighbor_allgather,
-                                   (sendbuf, recvbuf))
+        Parameters
+        ----------
+        sendbuf : message spec
+            One block per destination neighbour, in the topology's order.
+        recvbuf : message spec
+            One block per source neighbour.
+        backend : str or None
+            ``"mpi"`` (mpi4py's method), another backend (composed of its
+            ``Alltoallv``), ``"auto"`` (MPI) or None (the default).
+        """
+        return neighbor(<Comm>self, NB_ALLTOALL, BLOCKING, sendbuf, recvbuf, backend, None)
 
-    def Ineighbor_allgatherv(self, sendbuf, recvbuf):
-        """Start ``Neighbor_allgatherv``; returns its request."""
-        return (<Comm>self).posted("Ineighbor_allgatherv",
-                                   _MPI.Topocomm.Ineighbor_allgatherv, (sendbuf, recvbuf))
+    def Neighbor_alltoallv(self, sendbuf, recvbuf, *, backend=None):
+        """Exchange blocks of any size with every neighbour (collective).
 
-    def Ineighbor_alltoall(self, sendbuf, recvbuf):
-        """Start ``Neighbor_alltoall``; returns its request."""
-        return (<Comm>self).posted("Ineighbor_alltoall", _MPI.Topocomm.Ineighbor_alltoall,
-                                   (sendbuf, recvbuf))
+        Parameters
+        ----------
+        sendbuf : vector message spec
+            ``[buf, counts, displs]``, a block per destination neighbour.
+        recvbuf : vector message spec
+            ``[buf, counts, displs]``, a block per source neighbour.
+        backend : str or None
+            ``"mpi"`` (mpi4py's method), another backend (composed of its
+            ``Alltoallv``), ``"auto"`` (MPI) or None (the default).
+        """
+        return neighbor(<Comm>self, NB_ALLTOALLV, BLOCKING, sendbuf, recvbuf, backend, None)
 
-    def Ineighbor_alltoallv(self, sendbuf, recvbuf):
-        """Start ``Neighbor_alltoallv``; returns its request."""
-        return (<Comm>self).posted("Ineighbor_alltoallv", _MPI.Topocomm.Ineighbor_alltoallv,
-                                   (sendbuf, recvbuf))
+    def Neighbor_alltoallw(self, sendbuf, recvbuf, *, backend=None):
+        """Exchange blocks of any datatype with every neighbour (collective; backend MPI only).
 
-    def Ineighbor_alltoallw(self, sendbuf, recvbuf):
-        """Start ``Neighbor_alltoallw``; returns its request."""
-        return (<Comm>self).posted("Ineighbor_alltoallw", _MPI.Topocomm.Ineighbor_alltoallw,
-                                   (sendbuf, recvbuf))
+        Parameters
+        ----------
+        sendbuf : [buf, counts, displs, datatypes]
+            As mpi4py's, a block per destination neighbour.
+        recvbuf : [buf, counts, displs, datatypes]
+            A block per source neighbour.
+        backend : str or None
+            ``"mpi"`` (mpi4py's method), another backend (composed of its
+            ``Alltoallv``), ``"auto"`` (MPI) or None (the default).
+        """
+        return neighbor(<Comm>self, NB_ALLTOALLW, BLOCKING, sendbuf, recvbuf, backend, None)
+
+    def Ineighbor_allgather(self, sendbuf, recvbuf, *, backend=None):
+        """Start ``Neighbor_allgather``; return its ``Request``."""
+        return neighbor(<Comm>self, NB_ALLGATHER, NONBLOCKING, sendbuf, recvbuf, backend, None)
+
+    def Ineighbor_allgatherv(self, sendbuf, recvbuf, *, backend=None):
+        """Start ``Neighbor_allgatherv``; return its ``Request``."""
+        return neighbor(<Comm>self, NB_ALLGATHERV, NONBLOCKING, sendbuf, recvbuf, backend, None)
+
+    def Ineighbor_alltoall(self, sendbuf, recvbuf, *, backend=None):
+        """Start ``Neighbor_alltoall``; return its ``Request``."""
+        return neighbor(<Comm>self, NB_ALLTOALL, NONBLOCKING, sendbuf, recvbuf, backend, None)
+
+    def Ineighbor_alltoallv(self, sendbuf, recvbuf, *, backend=None):
+        """Start ``Neighbor_alltoallv``; return its ``Request``."""
+        return neighbor(<Comm>self, NB_ALLTOALLV, NONBLOCKING, sendbuf, recvbuf, backend, None)
+
+    def Ineighbor_alltoallw(self, sendbuf, recvbuf, *, backend=None):
+        """Start ``Neighbor_alltoallw``; return its ``Request``."""
+        return neighbor(<Comm>self, NB_ALLTOALLW, NONBLOCKING, sendbuf, recvbuf, backend, None)
+
+    def Neighbor_allgather_init(self, sendbuf, recvbuf, info=None, *, backend=None):
+        """Persistent ``Neighbor_allgather``; arguments as ``Neighbor_allgather``, plus `info`."""
+        return neighbor(<Comm>self, NB_ALLGATHER, PERSISTENT, sendbuf, recvbuf, backend, info)
+
+    def Neighbor_allgatherv_init(self, sendbuf, recvbuf, info=None, *, backend=None):
+        """Persistent ``Neighbor_allgatherv``; arguments as ``Neighbor_allgatherv``, plus `info`."""
+        return neighbor(<Comm>self, NB_ALLGATHERV, PERSISTENT, sendbuf, recvbuf, backend, info)
+
+    def Neighbor_alltoall_init(self, sendbuf, recvbuf, info=None, *, backend=None):
+        """Persistent ``Neighbor_alltoall``; arguments as ``Neighbor_alltoall``, plus `info`."""
+        return neighbor(<Comm>self, NB_ALLTOALL, PERSISTENT, sendbuf, recvbuf, backend, info)
+
+    def Neighbor_alltoallv_init(self, sendbuf, recvbuf, info=None, *, backend=None):
+        """Persistent ``Neighbor_alltoallv``; arguments as ``Neighbor_alltoallv``, plus `info`."""
+        return neighbor(<Comm>self, NB_ALLTOALLV, PERSISTENT, sendbuf, recvbuf, backend, info)
+
+    def Neighbor_alltoallw_init(self, sendbuf, recvbuf, info=None, *, backend=None):
+        """Persistent ``Neighbor_alltoallw``; arguments as ``Neighbor_alltoallw``, plus `info`."""
+        return neighbor(<Comm>self, NB_ALLTOALLW, PERSISTENT, sendbuf, recvbuf, backend, info)
 
     def neighbor_allgather(self, sendobj):
         """Gather pickled objects from every neighbour (collective); see mpi4py."""
@@ -2223,7 +2297,7 @@ class Cartcomm(Comm, _Neighborhood, _MPI.Cartcomm):
     """A communicator with a Cartesian topology (``Comm.Create_cart``): an
     ``mcr.Comm`` (every buffer method, on every backend) and an
     ``mpi4py.MPI.Cartcomm`` (``Get_topo``, ``Get_coords``, ``Shift``, ...,
-    and the neighborhood collectives, which are mpi4py's)."""
+    and the neighborhood collectives, on every backend)."""
 
     __slots__ = ()
 
@@ -2238,7 +2312,7 @@ class Cartcomm(Comm, _Neighborhood, _MPI.Cartcomm):
 class Graphcomm(Comm, _Neighborhood, _MPI.Graphcomm):
     """A communicator with a graph topology (``Comm.Create_graph``): an
     ``mcr.Comm`` and an ``mpi4py.MPI.Graphcomm`` (``Get_topo``,
-    ``Get_neighbors``, ..., and the neighborhood collectives, mpi4py's)."""
+    ``Get_neighbors``, ..., and the neighborhood collectives)."""
 
     __slots__ = ()
 
@@ -2247,7 +2321,7 @@ class Distgraphcomm(Comm, _Neighborhood, _MPI.Distgraphcomm):
     """A communicator with a distributed graph topology
     (``Comm.Create_dist_graph``, ``Comm.Create_dist_graph_adjacent``): an
     ``mcr.Comm`` and an ``mpi4py.MPI.Distgraphcomm`` (``Get_dist_neighbors``,
-    ..., and the neighborhood collectives, mpi4py's)."""
+    ..., and the neighborhood collectives)."""
 
     __slots__ = ()
 

@@ -941,20 +941,22 @@ cdef object obj_p2p_plain(Comm comm, int call, object a, object b, object c, obj
 
 
 cdef Request as_mcr_request(object request, double timeout, _Pend p):
-    """mpi4py's `request` (on pickled objects) as an mcr Request with
-    `timeout` and the record `p` (its size: a pickled object's), its handle
-    and message moved over, so that a dropped one keeps them until MPI is
-    done with them (see dropped)."""
+    """mpi4py's `request` (on pickled objects, or a neighborhood
+    collective's) as an mcr Request with `timeout` and the record `p` (its
+    size: a pickled object's; None: no record), its handle and message moved
+    over, so that a dropped one keeps them until MPI is done with them (see
+    dropped)."""
     cdef _MPI.Request q = <_MPI.Request?>request
     cdef Request r = Request.__new__(Request)
     r.ob_mpi, q.ob_mpi = q.ob_mpi, MPI_REQUEST_NULL
     r.ob_buf, q.ob_buf = q.ob_buf, None
     r.timeout = timeout
     r.pend = p
-    try:
-        p.nbytes = len(r.ob_buf)
-    except TypeError:
-        pass
+    if p is not None:
+        try:
+            p.nbytes = len(r.ob_buf)
+        except TypeError:
+            pass
     return r
 
 

@@ -1,0 +1,397 @@
+# The neighborhood collectives of mcr's topologies (Neighbor_allgather(v),
+# Neighbor_alltoall(v,w)), in their three forms, on every backend.
+#
+# On MPI, mpi4py's methods move the data. A buffer in CUDA memory (a torch
+# tensor) is staged through a host copy first, so that every process makes the
+# same MPI call whatever memory its buffers are in: MPI matches collectives by
+# call, and a process on host memory runs mpi4py's method.
+#
+# On another backend they are composed of that backend's Alltoallv on the
+# bytes of the buffers, in rounds: a round carries at most one block between
+# two processes, so a process that is a neighbour twice (a periodic dimension
+# of 1 or 2 processes, a graph with a repeated edge) gets its blocks in
+# several rounds, each to its slot, and no block is copied on the way. The
+# r-th block from process i to process j matches the r-th slot of j for i, in
+# MPI's order: for a Cartesian grid, a block sent towards the negative
+# direction of a dimension arrives in the slot of the neighbour in the
+# positive direction (MPI 4.0, 8.6); for a graph, in the order the edges come.
+# The rounds of a communicator are worked out at its first composed call and
+# kept (for a distributed graph, with an MPI allreduce of their number).
+#
+# Open MPI (5.0) runs the non-blocking and persistent forms of
+# MPI_Neighbor_alltoall(v) on a Cartesian grid with a periodic dimension of 1
+# or 2 processes in the order MPI had before 4.0 (a block sent towards the
+# negative direction arrives in the slot of the negative direction), unlike its
+# blocking form. On such a grid those forms are composed on MPI too, so that
+# every form gives MPI 4.0's result on every backend.
+
+cdef enum:
+    NB_ALLGATHER
+    NB_ALLGATHERV
+    NB_ALLTOALL
+    NB_ALLTOALLV
+    NB_ALLTOALLW
+
+cdef tuple NB_NAMES = ("allgather", "allgatherv", "alltoall", "alltoallv", "alltoallw")
+
+
+cdef str nb_method(int kind, int form):
+    """The method's name: Neighbor_alltoall, Ineighbor_alltoall, Neighbor_alltoall_init."""
+    if form == NONBLOCKING:
+        return "Ineighbor_" + NB_NAMES[kind]
+    return "Neighbor_" + NB_NAMES[kind] + ("_init" if form == PERSISTENT else "")
+
+
+cdef object neighbor(Comm comm, int kind, int form, object sendbuf, object recvbuf,
+                     object backend, object info):
+    """Neighborhood collective `kind` in `form` on `comm` (a topology), on
+    `backend` (auto: MPI, as there is no tuning entry for these)."""
+    cdef str name = nb_method(kind, form)
+    comm.prologue(None)
+    sub = comm.sub(backend)
+    if sub is AUTO_SUB:
+        sub = None
+    if sub is None and form != BLOCKING and (kind == NB_ALLTOALL or kind == NB_ALLTOALLV) \
+            and nb_plan(comm)[6]:
+        sub = MPI_SUB                   # see above: composed on MPI
+    if sub is not None:
+        if kind == NB_ALLTOALLW:
+            raise ValueError(f"{name}: backend {sub.name!r} cannot run it (one MPI datatype "
+                             "per neighbour); use backend='mpi'")
+        if form == PERSISTENT:
+            return nb_composed(comm, kind, PERSISTENT, sub, sendbuf, recvbuf)
+        # as Comm.made and Comm.posted, the record naming the backend
+        p = comm.meet(name)
+        if p is not None:
+            (<_Pend>p).backend = "mpi" if sub is MPI_SUB else sub.name
+        try:
+            result = nb_composed(comm, kind, form, sub, sendbuf, recvbuf)
+        except BaseException:
+            if p is not None:
+                pend_end(<_Pend>p, PEND_FAILED)
+            raise
+        if form == NONBLOCKING:
+            return comm.watched_request(p, result)
+        if p is not None:
+            pend_end(<_Pend>p, PEND_DONE)
+        return result
+    if kind != NB_ALLTOALLW:
+        # mcr's checks first, as on the other backends (mpi4py would leave
+        # some to MPI), and mcr's [buf, counts, displs] in mpi4py's form
+        plan = nb_plan(comm)
+        nb_msg(kind, sendbuf, recvbuf, len(plan[1]), len(plan[2]))
+        if kind == NB_ALLTOALLV:
+            sendbuf = nb_vector_form(sendbuf)
+        if kind == NB_ALLTOALLV or kind == NB_ALLGATHERV:
+            recvbuf = nb_vector_form(recvbuf)
+    fn = getattr(_MPI.Topocomm, name)
+    cdef tuple staged = nb_stage(sendbuf, "sendbuf") + nb_stage(recvbuf, "recvbuf")
+    if staged[1] is None and staged[3] is None:      # host memory: mpi4py's method
+        if form == BLOCKING:
+            return comm.made(name, fn, (sendbuf, recvbuf))
+        if form == NONBLOCKING:
+            q = comm.posted(name, fn, (sendbuf, recvbuf))
+            return q if isinstance(q, Request) else as_mcr_request(q, 0, None)
+        return nb_prequest(comm, fn(comm, sendbuf, recvbuf,
+                                    _mpi4py.INFO_NULL if info is None else info))
+    sendspec, recvspec = staged[0], staged[2]
+    if form == BLOCKING:
+        comm.made(name, fn, (sendspec, recvspec))
+        nb_unstage(staged[3])
+        return None
+    if form == NONBLOCKING:
+        return nb_staged_request(comm.posted(name, fn, (sendspec, recvspec)), staged)
+    native = fn(comm, sendspec, recvspec, _mpi4py.INFO_NULL if info is None else info)
+    cdef Prequest preq = Prequest.__new__(Prequest)
+    preq.comm = comm
+    preq.foreign = True
+    preq.keep = (native, staged)
+    preq.start_fn = partial(_nb_start_staged, native, staged)
+    return preq
+
+
+cdef object nb_vector_form(object spec):
+    """mcr's vector message [buf, counts, displs] as mpi4py's [buf, (counts,
+    displs)]; any other form as it is."""
+    if isinstance(spec, (list, tuple)) and len(spec) == 3 and not (
+            spec[2] is None or is_datatype(spec[2]) or isinstance(spec[1], tuple)):
+        return [spec[0], (spec[1], spec[2])]
+    return spec
+
+
+cdef Prequest nb_prequest(Comm comm, _MPI.Prequest q):
+    """mpi4py's persistent request `q` as an mcr Prequest (its handle and
+    buffers moved over)."""
+    cdef Prequest preq = Prequest.__new__(Prequest)
+    preq.ob_mpi, q.ob_mpi = q.ob_mpi, MPI_REQUEST_NULL
+    preq.ob_buf, q.ob_buf = q.ob_buf, None
+    preq.comm = comm
+    return preq
+
+
+def _nb_composed(comm, int kind, int form, sub, sendbuf, recvbuf):
+    """nb_composed, as a persistent request's start calls it."""
+    return nb_composed(<Comm>comm, kind, form, sub, sendbuf, recvbuf)
+
+
+# -- On MPI: CUDA memory staged through host copies -----------------------------------
+
+cdef tuple nb_stage(object spec, str arg):
+    """(the spec to give mpi4py, (tensor, host copy) or None): a torch tensor
+    in CUDA memory (any tensor when tests stage host buffers) is replaced by a
+    copy in host memory; other device memory is refused, as mcr reads CUDA
+    memory through torch only (DLPack's devices 1 and 3: host, pinned host)."""
+    buf = spec[0] if isinstance(spec, (list, tuple)) and len(spec) else spec
+    if _Tensor is not None and isinstance(buf, _Tensor):
+        if buf.device.type == "cpu" and not stage_host:
+            return spec, None
+        if not buf.is_contiguous():
+            raise BufferError(f"{arg}: the tensor is not contiguous (strides "
+                              f"{tuple(buf.stride())}); pass a contiguous one")
+        host = buf.detach().to("cpu", copy=True)
+        return (host if spec is buf else [host] + list(spec[1:])), (buf, host)
+    if hasattr(buf, "__cuda_array_interface__") or (
+            hasattr(buf, "__dlpack_device__") and buf.__dlpack_device__()[0] not in (1, 3)):
+        raise TypeError(f"{arg}: {type(buf).__name__} in device memory: mcr reads CUDA "
+                        "memory through torch tensors")
+    return spec, None
+
+
+cdef int nb_restage(tuple staged) except -1:
+    """Copy the tensors into their host copies again (a persistent request's
+    start: the receive's too, for the slots no neighbour fills)."""
+    for pair in (staged[1], staged[3]):
+        if pair is not None:
+            pair[1].copy_(pair[0])
+    return 0
+
+
+cdef int nb_unstage(object rpair) except -1:
+    """Copy the received host copy back into the tensor (stream-ordered on
+    the caller's current stream)."""
+    if rpair is not None:
+        rpair[0].copy_(rpair[1])
+    return 0
+
+
+cdef Request nb_staged_request(object posted, tuple staged):
+    """The Request of a non-blocking call on host copies: complete when
+    mpi4py's request `posted` (an mcr Request when watched) is, then copies the
+    result back; it carries the watched request's timeout and record."""
+    cdef Request inner = <Request>posted if isinstance(posted, Request) else None
+    work = _Tested(inner) if inner is not None else _NbNative(posted)
+    cdef Request req = _work_request("mpi", [work], [partial(nb_unstage, staged[3])],
+                                     (posted, staged))
+    if inner is not None:
+        req.timeout, req.pend, inner.pend = inner.timeout, inner.pend, None
+    return req
+
+
+def _nb_start_staged(native, tuple staged):
+    """A start of a persistent neighborhood collective on host copies."""
+    nb_restage(staged)
+    (<_MPI.Prequest>native).Start()
+    return _work_request("mpi", [_NbNative(native)], [partial(nb_unstage, staged[3])], staged)
+
+
+cdef class _NbNative:
+    """mpi4py's request as a work handle."""
+    cdef object req
+
+    def __cinit__(self, req):
+        self.req = req
+
+    def is_completed(self):
+        return _MPI.Request.Test(self.req)
+
+    def wait(self):
+        pass
+
+
+# -- On another backend: composed of Alltoallv rounds ---------------------------------
+
+cdef object MPI_SUB = object()     # nb_composed on MPI (see above)
+
+
+cdef object nb_composed(Comm comm, int kind, int form, object sub, object sendbuf,
+                        object recvbuf):
+    cdef tuple plan = nb_agreed(comm)
+    cdef _Msg m = nb_msg(kind, sendbuf, recvbuf, len(plan[1]), len(plan[2]))
+    cdef str name = "mpi" if sub is MPI_SUB else sub.name
+    if (m.sown is not None and m.s.tindex < 0) or (m.rown is not None and m.r.tindex < 0):
+        if sub is MPI_SUB:                 # a derived datatype: MPI's own order
+            fn = getattr(_MPI.Topocomm, nb_method(kind, form))
+            return fn(comm, sendbuf, recvbuf, *((_mpi4py.INFO_NULL,) if form == PERSISTENT
+                                                 else ()))
+        raise ValueError(f"{nb_method(kind, form)}: backend {name!r} moves torch element "
+                         "types; a derived datatype runs on backend 'mpi'")
+    if m.sown is not None and m.rown is not None:
+        check_same_type(&m.s, &m.r)
+    sbytes = _backend_side(m.side(0)).bytes()
+    rbytes = _backend_side(m.side(1)).bytes()
+    rounds = nb_rounds(plan, kind, m)
+    if form == BLOCKING:
+        for sc, sd, rc, rd in rounds:
+            nb_alltoallv(comm, sub, BLOCKING, name, [sbytes, sc, sd], [rbytes, rc, rd])
+        return None
+    if form == NONBLOCKING:
+        requests = [nb_alltoallv(comm, sub, NONBLOCKING, name, [sbytes, sc, sd],
+                                 [rbytes, rc, rd]) for sc, sd, rc, rd in rounds]
+        return _work_request(name, [_Tested(r) for r in requests], None, m)
+    if sub is not MPI_SUB:                 # what the backend refuses fails now, not at Start
+        for sc, sd, rc, rd in rounds:
+            nb_alltoallv(comm, sub, PERSISTENT, name, [sbytes, sc, sd], [rbytes, rc, rd])
+    cdef Prequest preq = Prequest.__new__(Prequest)
+    preq.comm = comm
+    preq.foreign = True
+    preq.keep = m
+    preq.start_fn = partial(_nb_composed, comm, kind, NONBLOCKING, sub, sendbuf, recvbuf)
+    return preq
+
+
+cdef object nb_alltoallv(Comm comm, object sub, int form, str name, object sendspec,
+                         object recvspec):
+    """One round: an Alltoallv of bytes on `sub`'s backend (MPI_SUB: MPI)."""
+    if sub is MPI_SUB:
+        return comm.on_mpi(CALL_ALLTOALLV, form, "mpi", None, sendspec, recvspec,
+                           None, None, None, None, None, 0)
+    return comm.on_backend(sub, CALL_ALLTOALLV, form, name, sendspec, recvspec,
+                           None, None, None, None, None)
+
+
+cdef object _backend_side_class = None
+
+
+cdef object _backend_side(tuple described):
+    """mcr.backends.message.Side over a parsed side (its bytes as a tensor)."""
+    global _backend_side_class
+    if _backend_side_class is None:
+        from mcr.backends.message import Side
+        _backend_side_class = Side
+    return _backend_side_class(described)
+
+
+cdef _Msg nb_msg(int kind, object sendbuf, object recvbuf, int indegree, int outdegree):
+    """Both sides parsed as mpi4py does (its message forms), a block per
+    neighbour; the receive blocks must not overlap."""
+    cdef _Msg m = _Msg.__new__(_Msg)
+    if kind == NB_ALLTOALLV:
+        m.sown = parse_vector(sendbuf, &m.s, False, outdegree, b"sendbuf", m.sroom)
+    else:
+        m.sown = parse_simple(sendbuf, &m.s, False, b"sendbuf")
+        if kind == NB_ALLTOALL:
+            per_neighbour(&m.s, outdegree, b"sendbuf")
+    if kind == NB_ALLGATHER or kind == NB_ALLTOALL:
+        m.rown = parse_simple(recvbuf, &m.r, True, b"recvbuf")
+        per_neighbour(&m.r, indegree, b"recvbuf")
+    else:
+        m.rown = parse_vector(recvbuf, &m.r, True, indegree, b"recvbuf", m.rroom)
+        check_blocks_disjoint(&m.r, indegree, b"recvbuf")
+    return m
+
+
+cdef int per_neighbour(side *x, int n, const char *arg) except -1:
+    """A block message's count per neighbour (per_process, for neighbours)."""
+    if n == 0:
+        return 0
+    if x.explicit:
+        check_capacity(x, <Py_ssize_t>x.count * n, arg,
+                       f"{x.count} elements per neighbour x {n} neighbours")
+    elif x.count % n:
+        raise ValueError(f"{argstr(arg)}: {x.count} elements do not split evenly among "
+                         f"{n} neighbours")
+    else:
+        x.count //= n
+    return 0
+
+
+cdef tuple nb_plan(Comm comm):
+    """(size, sources, destinations, round of each destination's block,
+    round of each source's slot, rounds, whether Open MPI's non-blocking
+    alltoall would take the wrong order: see above), worked out once per
+    communicator, without communicating (a distributed graph's rounds: -1 -
+    this process's own, until nb_agreed)."""
+    if comm.nbplan is not None:
+        return comm.nbplan
+    topology = _MPI.Comm.Get_topology(comm)
+    cdef int size = comm.nprocs()
+    if topology == _mpi4py.CART:
+        sources, skeys, rkeys = [], [], []
+        for d in range(_MPI.Cartcomm.Get_dim(comm)):
+            sources += _MPI.Cartcomm.Shift(comm, d, 1)
+            skeys += [(d, 0), (d, 1)]          # towards the negative, the positive direction
+            rkeys += [(d, 1), (d, 0)]          # sent towards the positive, the negative one
+        dests = sources
+    elif topology == _mpi4py.GRAPH:
+        sources = dests = list(_MPI.Graphcomm.Get_neighbors(comm, _MPI.Comm.Get_rank(comm)))
+        skeys = rkeys = list(range(len(sources)))
+    elif topology == _mpi4py.DIST_GRAPH:
+        sources, dests, _ = _MPI.Distgraphcomm.Get_dist_neighbors(comm)
+        sources, dests = list(sources), list(dests)
+        skeys, rkeys = list(range(len(dests))), list(range(len(sources)))
+    else:
+        raise ValueError("comm: the communicator has no topology")
+    sround, rround = rounds_of(dests, skeys), rounds_of(sources, rkeys)
+    rounds = max(sround + rround, default=-1) + 1
+    if topology == _mpi4py.GRAPH:
+        # every process knows the whole graph: its most repeated edge
+        index, edges = _MPI.Graphcomm.Get_topo(comm)
+        for i in range(len(index)):
+            mine = edges[index[i - 1] if i else 0:index[i]]
+            rounds = max([rounds] + [mine.count(j) for j in set(mine)])
+    elif topology == _mpi4py.DIST_GRAPH:
+        rounds = -1 - rounds            # nb_agreed: the processes agree on it first
+    comm.nbplan = (size, sources, dests, sround, rround, rounds,
+                   topology == _mpi4py.CART and rounds > 1)
+    return comm.nbplan
+
+
+cdef tuple nb_agreed(Comm comm):
+    """nb_plan, with the number of rounds every process runs: a distributed
+    graph's is the largest of the processes' (an MPI allreduce, once)."""
+    cdef tuple plan = nb_plan(comm)
+    if plan[5] < 0:
+        rounds = _MPI.Comm.allreduce(comm, -1 - plan[5], _mpi4py.MAX)
+        comm.nbplan = plan = plan[:5] + (rounds,) + plan[6:]
+    return plan
+
+
+cdef list rounds_of(list ranks, list keys):
+    """The round of each block to (or from) `ranks`: its place among the
+    blocks of the same process, in the order of `keys`."""
+    cdef dict same = {}
+    for k, j in enumerate(ranks):
+        if j != MPI_PROC_NULL:
+            same.setdefault(j, []).append(k)
+    out = [0] * len(ranks)
+    for ks in same.values():
+        for r, k in enumerate(sorted(ks, key=keys.__getitem__)):
+            out[k] = r
+    return out
+
+
+cdef list nb_rounds(tuple plan, int kind, _Msg m):
+    """Per round, the byte counts and displacements of an Alltoallv: (send
+    counts, send displs, receive counts, receive displs)."""
+    size, sources, dests, sround, rround, nrounds = plan[:6]
+    rounds = [([0] * size, [0] * size, [0] * size, [0] * size) for _ in range(nrounds)]
+    cdef Py_ssize_t se = m.s.extent, re = m.r.extent, c, d
+    for k, j in enumerate(dests):
+        if j == MPI_PROC_NULL:
+            continue
+        if kind == NB_ALLTOALLV:
+            c, d = m.s.counts[k], m.s.displs[k]
+        else:
+            c, d = m.s.count, (k * m.s.count if kind == NB_ALLTOALL else 0)
+        r = rounds[sround[k]]
+        r[0][j], r[1][j] = c * se, d * se
+    for k, i in enumerate(sources):
+        if i == MPI_PROC_NULL:
+            continue
+        if kind == NB_ALLGATHER or kind == NB_ALLTOALL:
+            c, d = m.r.count, k * m.r.count
+        else:
+            c, d = m.r.counts[k], m.r.displs[k]
+        r = rounds[rround[k]]
+        r[2][i], r[3][i] = c * re, d * re
+    return rounds
