@@ -821,6 +821,20 @@ def neighborhood_collectives_are_watched(comm):
         req = ring.Ineighbor_allgather(data(rank), gathered)
     req.Wait()
     assert torch.equal(gathered, torch.cat([data(left), data(right)]))
+    # composed on Gloo (an Alltoallv of the whole communicator): every rank
+    # that waits times out, then gets its neighbours' blocks
+    # (the Gloo group made first: its set-up is collective)
+    swapped = torch.zeros(8)
+    ring.Barrier(backend="gloo")
+    if rank != last:
+        req = ring.Ineighbor_alltoall(blocks, swapped, backend="gloo")
+        exc = expect_timeout(req.Wait, "waiting for Ineighbor_alltoall #", "[gloo]")
+        assert [p["op"] for p in exc.pending] == ["Ineighbor_alltoall"], exc.pending
+    comm.Barrier()
+    if rank == last:
+        req = ring.Ineighbor_alltoall(blocks, swapped, backend="gloo")
+    req.Wait()
+    assert torch.equal(swapped, got)
     ring.Free()
     c.Free()
     k = checked(comm)

@@ -194,8 +194,8 @@ def cartesian_topology_is_an_mcr_comm(comm):
         total = torch.zeros(3, dtype=torch.int32)
         ring.Allreduce(rank_data(rank, 3, torch.int32), total, backend=backend)
         assert_equal(total, sum(rank_data(r, 3, torch.int32) for r in range(size)))
-    # mpi4py's neighbourhood collectives, on tensors: the left neighbour's
-    # block, then the right one's
+    # a neighbourhood collective, on the default backend (Gloo): the left
+    # neighbour's block, then the right one's (all of them: test_neighbor)
     mine = rank_data(rank, 4)
     both = torch.zeros(8)
     ring.Neighbor_allgather(mine, both)
