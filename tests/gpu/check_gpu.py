@@ -1224,6 +1224,7 @@ def phase_mpi(rep, env):
     rep.section("MPI: stream semantics")
     run_streams(rep, t)
     rep.group("mpi: tensor fusion (mcr.Fusion)", fusion_cases(t))
+    rep.group("mpi: neighborhood collectives of a ring", neighbor_cases(t))
 
 
 def fusion_cases(t):
@@ -1265,6 +1266,46 @@ def fusion_cases(t):
             ("Ibcast and Iallgather", bcast_allgather)]
 
 
+def neighbor_cases(t):
+    """The neighborhood collectives of a periodic ring on this context's
+    backend and device (on MPI, CUDA tensors go through host copies; on
+    NCCL, rounds of Alltoallv): every form, against the ring's definition."""
+    n = 1000
+    left, right = (t.rank - 1) % t.size, (t.rank + 1) % t.size
+
+    def blocks(r):           # what process r sends its left, then its right neighbour
+        return [t.data(("ngh", r, k), n, torch.float32) for k in (0, 1)]
+
+    # slot 0 (from the left) holds what the left one sent right, and the
+    # other way round (MPI 4.0: so also with 1 or 2 processes)
+    expected = torch.cat([blocks(left)[1], blocks(right)[0]])
+
+    def case(form):
+        def run():
+            ring = t.comm.Create_cart([t.size], periods=[True])
+            try:
+                x, y = t.dev(torch.cat(blocks(t.rank))), t.fresh(2 * n, torch.float32)
+                if form == "blocking":
+                    ring.Neighbor_alltoall(x, y, **t.kw)
+                elif form == "nonblocking":
+                    ring.Ineighbor_alltoall(x, y, **t.kw).Wait()
+                else:
+                    req = ring.Neighbor_alltoall_init(x, y, **t.kw)
+                    req.Start()
+                    req.Wait()
+                    req.Free()
+                t.expect(y, expected, f"Neighbor_alltoall ({form})")
+                g = t.fresh(2 * n, torch.float32)
+                ring.Neighbor_allgather(t.dev(blocks(t.rank)[0]), g, **t.kw)
+                t.expect(g, torch.cat([blocks(left)[0], blocks(right)[0]]),
+                         "Neighbor_allgather")
+            finally:
+                ring.Free()
+        return run
+
+    return [(form, case(form)) for form in MODES]
+
+
 def backend_checks(rep, env, t, tm, quick):
     """Section c/d on one backend communicator `t`, mixed with MPI on `tm`."""
     def starts():
@@ -1284,6 +1325,7 @@ def backend_checks(rep, env, t, tm, quick):
     rep.section(f"{t.name}: stream semantics")
     run_streams(rep, t)
     rep.group(f"{t.name}: tensor fusion (mcr.Fusion)", fusion_cases(t))
+    rep.group(f"{t.name}: neighborhood collectives of a ring", neighbor_cases(t))
     rep.section(f"{t.name} mixed with MPI (MPI on {'CUDA' if t.cuda else 'host'} buffers)")
     run_mixed(rep, tm, t)
 
