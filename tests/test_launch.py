@@ -304,7 +304,7 @@ TOOLS = {
     "compare": ["-m", "mcr.bench", "compare", "--peers", "mcr-mpi", "-m", "8", "-i", "1"],
     # the tools whose job options are launch.add_job_options'
     **{tool: ["-m", f"mcr.bench.{tool}", "--nprocs", "2", "--timeout", "60"]
-       for tool in ("check", "compression", "fusion", "torchdist", "workloads")},
+       for tool in ("check", "compression", "fusion", "neighbor", "torchdist", "workloads")},
 }
 
 

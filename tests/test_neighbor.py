@@ -11,6 +11,10 @@ direction holds what it sent towards the positive direction (MPI 4.0); between
 two processes joined by several edges, blocks match in the order of the edges.
 """
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import torch
 from mpi4py import MPI as M4
@@ -20,6 +24,8 @@ from mcr import _core, backends
 from mpiharness import case, mpi_cases
 from util import assert_equal, raises
 
+# where the mcr this test imported lives (the source tree, or the installed package)
+MCR_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(mcr.__file__)))
 BACKENDS = ("mpi", "gloo")
 FORMS = ("blocking", "nonblocking", "persistent")
 
@@ -297,3 +303,21 @@ def bad_arguments_are_refused_before_communicating(comm):
 
 
 test_mpi = mpi_cases(__name__)
+
+
+def test_bench_neighbor_tiny():
+    """``python -m mcr.bench.neighbor`` starts its own job and prints one row,
+    checked against the ring's definition, per operation, form and size."""
+    from mcr import launch
+    env = {k: v for k, v in os.environ.items() if k not in launch.LAUNCHER_VARS}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [MCR_ROOT, env.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, "-m", "mcr.bench.neighbor", "-n", "2", "--sizes",
+                           "4,4096", "--rounds", "1", "--time", "0.005", "--timeout", "150"],
+                          capture_output=True, text=True, timeout=180, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [line.split() for line in proc.stdout.splitlines() if line.startswith("Neighbor_")]
+    assert [tuple(r[:3]) for r in rows] == [
+        (op, form, size) for op in ("Neighbor_alltoall", "Neighbor_allgather")
+        for form in ("blocking", "nonblocking") for size in ("4", "4096")], proc.stdout
+    for row in rows:
+        assert all(float(x) > 0 for x in row[3:6]) and row[6].endswith("x"), row
