@@ -35,11 +35,17 @@ cdef enum:
 cdef tuple NB_NAMES = ("allgather", "allgatherv", "alltoall", "alltoallv", "alltoallw")
 
 
-cdef str nb_method(int kind, int form):
-    """The method's name: Neighbor_alltoall, Ineighbor_alltoall, Neighbor_alltoall_init."""
-    if form == NONBLOCKING:
-        return "Ineighbor_" + NB_NAMES[kind]
-    return "Neighbor_" + NB_NAMES[kind] + ("_init" if form == PERSISTENT else "")
+# [form][kind]: the method's name (Neighbor_alltoall, Ineighbor_alltoall,
+# Neighbor_alltoall_init), and mpi4py's method
+cdef tuple NB_METHODS = (tuple("Neighbor_" + k for k in NB_NAMES),
+                         tuple("Ineighbor_" + k for k in NB_NAMES),
+                         tuple("Neighbor_" + k + "_init" for k in NB_NAMES))
+cdef tuple NB_MPI4PY = tuple(tuple(getattr(_MPI.Topocomm, name) for name in names)
+                             for names in NB_METHODS)
+
+
+cdef inline str nb_method(int kind, int form):
+    return NB_METHODS[form][kind]
 
 
 cdef object neighbor(Comm comm, int kind, int form, object sendbuf, object recvbuf,
@@ -75,25 +81,23 @@ cdef object neighbor(Comm comm, int kind, int form, object sendbuf, object recvb
         if p is not None:
             pend_end(<_Pend>p, PEND_DONE)
         return result
+    fn = NB_MPI4PY[form][kind]
+    cdef tuple plan
+    cdef _Msg m
     if kind != NB_ALLTOALLW:
         # mcr's checks first, as on the other backends (mpi4py would leave
         # some to MPI), and mcr's [buf, counts, displs] in mpi4py's form
         plan = nb_plan(comm)
-        nb_msg(kind, sendbuf, recvbuf, len(plan[1]), len(plan[2]))
+        m = nb_msg(kind, sendbuf, recvbuf, len(plan[1]), len(plan[2]))
         if kind == NB_ALLTOALLV:
             sendbuf = nb_vector_form(sendbuf)
         if kind == NB_ALLTOALLV or kind == NB_ALLGATHERV:
             recvbuf = nb_vector_form(recvbuf)
-    fn = getattr(_MPI.Topocomm, name)
+        if not needs_staging(m):
+            return nb_native(comm, form, name, fn, sendbuf, recvbuf, info)
     cdef tuple staged = nb_stage(sendbuf, "sendbuf") + nb_stage(recvbuf, "recvbuf")
     if staged[1] is None and staged[3] is None:      # host memory: mpi4py's method
-        if form == BLOCKING:
-            return comm.made(name, fn, (sendbuf, recvbuf))
-        if form == NONBLOCKING:
-            q = comm.posted(name, fn, (sendbuf, recvbuf))
-            return q if isinstance(q, Request) else as_mcr_request(q, 0, None)
-        return nb_prequest(comm, fn(comm, sendbuf, recvbuf,
-                                    _mpi4py.INFO_NULL if info is None else info))
+        return nb_native(comm, form, name, fn, sendbuf, recvbuf, info)
     sendspec, recvspec = staged[0], staged[2]
     if form == BLOCKING:
         comm.made(name, fn, (sendspec, recvspec))
@@ -108,6 +112,18 @@ cdef object neighbor(Comm comm, int kind, int form, object sendbuf, object recvb
     preq.keep = (native, staged)
     preq.start_fn = partial(_nb_start_staged, native, staged)
     return preq
+
+
+cdef object nb_native(Comm comm, int form, str name, object fn, object sendbuf,
+                      object recvbuf, object info):
+    """mpi4py's method `fn` (`name`) on buffers in host memory."""
+    if form == BLOCKING:
+        return comm.made(name, fn, (sendbuf, recvbuf))
+    if form == NONBLOCKING:
+        q = comm.posted(name, fn, (sendbuf, recvbuf))
+        return q if isinstance(q, Request) else as_mcr_request(q, 0, None)
+    return nb_prequest(comm, fn(comm, sendbuf, recvbuf,
+                                _mpi4py.INFO_NULL if info is None else info))
 
 
 cdef object nb_vector_form(object spec):
@@ -143,7 +159,7 @@ cdef tuple nb_stage(object spec, str arg):
     memory through torch only (DLPack's devices 1 and 3: host, pinned host)."""
     buf = spec[0] if isinstance(spec, (list, tuple)) and len(spec) else spec
     if _Tensor is not None and isinstance(buf, _Tensor):
-        if buf.device.type == "cpu" and not stage_host:
+        if buf.is_cpu and not stage_host:
             return spec, None
         if not buf.is_contiguous():
             raise BufferError(f"{arg}: the tensor is not contiguous (strides "
@@ -220,7 +236,7 @@ cdef object nb_composed(Comm comm, int kind, int form, object sub, object sendbu
     cdef str name = "mpi" if sub is MPI_SUB else sub.name
     if (m.sown is not None and m.s.tindex < 0) or (m.rown is not None and m.r.tindex < 0):
         if sub is MPI_SUB:                 # a derived datatype: MPI's own order
-            fn = getattr(_MPI.Topocomm, nb_method(kind, form))
+            fn = NB_MPI4PY[form][kind]
             return fn(comm, sendbuf, recvbuf, *((_mpi4py.INFO_NULL,) if form == PERSISTENT
                                                  else ()))
         raise ValueError(f"{nb_method(kind, form)}: backend {name!r} moves torch element "
