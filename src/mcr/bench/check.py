@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mcr import launch
+from mcr.bench.rounds import add_round_options, check_round_options
 
 __all__ = ["main", "parse_args"]
 
@@ -35,24 +36,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--backends", default="mpi,gloo",
                         help="comma-separated backends (default mpi,gloo)")
-    parser.add_argument("--sizes", default="4,65536",
-                        help="message sizes in bytes per rank, comma-separated")
-    parser.add_argument("--rounds", type=int, default=5, help="rounds per variant (5)")
-    parser.add_argument("--time", type=float, default=0.05,
-                        help="seconds of calls per variant and round (0.05)")
+    add_round_options(parser, "4,65536", "per rank")
     launch.add_job_options(parser, timeout=600)
     args = parser.parse_args(argv)
     args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
-    try:
-        args.sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
-    except ValueError:
-        parser.error(f"--sizes: expected comma-separated byte counts, got {args.sizes!r}")
-    if not args.sizes or min(args.sizes) < 4:
-        parser.error("--sizes: expected byte counts of at least 4")
     if not args.backends:
         parser.error("--backends: expected at least one backend")
-    if args.nprocs < 1 or args.rounds < 1 or args.time <= 0:
-        parser.error("--nprocs and --rounds must be at least 1, --time positive")
+    check_round_options(parser, args)
     return args
 
 

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from mcr import launch
+from mcr.bench.rounds import add_round_options, check_round_options, us_per_call
 
 __all__ = ["main", "parse_args"]
 
@@ -36,21 +36,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """Parse the command line (default ``sys.argv[1:]``)."""
     parser = argparse.ArgumentParser(prog="python -m mcr.bench.neighbor",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", default="4,1024,65536",
-                        help="bytes per block, comma-separated (default 4,1024,65536)")
-    parser.add_argument("--rounds", type=int, default=5, help="rounds per variant (5)")
-    parser.add_argument("--time", type=float, default=0.05,
-                        help="seconds of calls per variant and round (0.05)")
+    add_round_options(parser, "4,1024,65536", "per block")
     launch.add_job_options(parser, timeout=600)
     args = parser.parse_args(argv)
-    try:
-        args.sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
-    except ValueError:
-        parser.error(f"--sizes: expected comma-separated byte counts, got {args.sizes!r}")
-    if not args.sizes or min(args.sizes) < 4:
-        parser.error("--sizes: expected byte counts of at least 4")
-    if args.nprocs < 1 or args.rounds < 1 or args.time <= 0:
-        parser.error("--nprocs and --rounds must be at least 1, --time positive")
+    check_round_options(parser, args)
     return args
 
 
@@ -112,17 +101,7 @@ def _worker(args: argparse.Namespace) -> None:
                         elif not torch.equal(out, expected):
                             raise AssertionError(f"{op} ({form}) {nbytes} B on {variant}: "
                                                  f"wrong result {out.tolist()[:8]}")
-                        # every rank runs the same number of calls: rank 0 decides
-                        t0 = time.perf_counter()
-                        call()
-                        once = max(time.perf_counter() - t0, 1e-7)
-                        count = world.bcast(max(1, min(100_000, int(args.time / once))), root=0)
-                        world.Barrier()
-                        t0 = time.perf_counter()
-                        for _ in range(count):
-                            call()
-                        seconds = world.allreduce(time.perf_counter() - t0, op=mcr.MAX)
-                        best[variant] = min(best[variant], seconds / count * 1e6)
+                        best[variant] = min(best[variant], us_per_call(world, call, args.time))
                 if rank == 0:
                     print(f"{op:<20}{form:<13}{nbytes:>8}"
                           + "".join(f"{best[v]:>11.1f}" for v in VARIANTS)
