@@ -15,8 +15,9 @@
 # MPI's order: for a Cartesian grid, a block sent towards the negative
 # direction of a dimension arrives in the slot of the neighbour in the
 # positive direction (MPI 4.0, 8.6); for a graph, in the order the edges come.
-# The rounds of a communicator are worked out at its first composed call and
-# kept (for a distributed graph, with an MPI allreduce of their number).
+# The rounds of a communicator are worked out at its first neighborhood call,
+# without communicating, and kept; a distributed graph's number of rounds is
+# agreed at its first composed call (an MPI allreduce).
 #
 # Open MPI (5.0) runs the non-blocking and persistent forms of
 # MPI_Neighbor_alltoall(v) on a Cartesian grid with a periodic dimension of 1
