@@ -15,6 +15,10 @@
 # MPI's order: for a Cartesian grid, a block sent towards the negative
 # direction of a dimension arrives in the slot of the neighbour in the
 # positive direction (MPI 4.0, 8.6); for a graph, in the order the edges come.
+# Before the data, the processes swap the sizes of the blocks (two small MPI
+# collectives, see nb_matched; non-blocking in a non-blocking call): a
+# backend's all-to-all must know them exactly.
+#
 # The rounds of a communicator are worked out at its first neighborhood call,
 # without communicating, and kept; a distributed graph's number of rounds is
 # agreed at its first composed call (an MPI allreduce).
@@ -242,19 +246,18 @@ cdef object nb_composed(Comm comm, int kind, int form, object sub, object sendbu
                                                  else ()))
         raise ValueError(f"{nb_method(kind, form)}: backend {name!r} moves torch element "
                          "types; a derived datatype runs on backend 'mpi'")
-    if m.sown is not None and m.rown is not None:
-        check_same_type(&m.s, &m.r)
     sbytes = _backend_side(m.side(0)).bytes()
     rbytes = _backend_side(m.side(1)).bytes()
     rounds = nb_rounds(plan, kind, m)
     if form == BLOCKING:
+        nb_matched(comm, rounds)
         for sc, sd, rc, rd in rounds:
             nb_alltoallv(comm, sub, BLOCKING, name, [sbytes, sc, sd], [rbytes, rc, rd])
         return None
     if form == NONBLOCKING:
-        requests = [nb_alltoallv(comm, sub, NONBLOCKING, name, [sbytes, sc, sd],
-                                 [rbytes, rc, rd]) for sc, sd, rc, rd in rounds]
-        return _work_request(name, [_Tested(r) for r in requests], None, m)
+        post = partial(_nb_post, comm, sub, name, sbytes, rbytes)
+        return _work_request(name, [_NbStages(comm, rounds, post) if rounds else _Done()],
+                             None, m)
     if sub is not MPI_SUB:                 # what the backend refuses fails now, not at Start
         for sc, sd, rc, rd in rounds:
             nb_alltoallv(comm, sub, PERSISTENT, name, [sbytes, sc, sd], [rbytes, rc, rd])
@@ -264,6 +267,22 @@ cdef object nb_composed(Comm comm, int kind, int form, object sub, object sendbu
     preq.keep = m
     preq.start_fn = partial(_nb_composed, comm, kind, NONBLOCKING, sub, sendbuf, recvbuf)
     return preq
+
+
+def _nb_post(Comm comm, sub, str name, sbytes, rbytes, list rounds):
+    """Post every round of a composed non-blocking call; their Requests."""
+    return [nb_alltoallv(comm, sub, NONBLOCKING, name, [sbytes, sc, sd], [rbytes, rc, rd])
+            for sc, sd, rc, rd in rounds]
+
+
+cdef class _Done:
+    """A work handle that is complete (a call with no rounds)."""
+
+    def is_completed(self):
+        return True
+
+    def wait(self):
+        pass
 
 
 cdef object nb_alltoallv(Comm comm, object sub, int form, str name, object sendspec,
@@ -290,7 +309,8 @@ cdef object _backend_side(tuple described):
 
 cdef _Msg nb_msg(int kind, object sendbuf, object recvbuf, int indegree, int outdegree):
     """Both sides parsed as mpi4py does (its message forms), a block per
-    neighbour; the receive blocks must not overlap."""
+    neighbour; the receive blocks must not overlap, and both sides must have
+    the same element type."""
     cdef _Msg m = _Msg.__new__(_Msg)
     if kind == NB_ALLTOALLV:
         m.sown = parse_vector(sendbuf, &m.s, False, outdegree, b"sendbuf", m.sroom)
@@ -304,6 +324,14 @@ cdef _Msg nb_msg(int kind, object sendbuf, object recvbuf, int indegree, int out
     else:
         m.rown = parse_vector(recvbuf, &m.r, True, indegree, b"recvbuf", m.rroom)
         check_blocks_disjoint(&m.r, indegree, b"recvbuf")
+    if m.sown is not None and m.rown is not None:
+        check_same_type(&m.s, &m.r)
+    if (kind == NB_ALLGATHER or kind == NB_ALLTOALL) and indegree and outdegree \
+            and m.s.count != m.r.count:
+        # MPI: a block's type signature is the same at every process
+        raise ValueError(f"recvbuf: {m.r.count} elements per neighbour, but sendbuf "
+                         f"sends {m.s.count}: the blocks of {nb_method(kind, BLOCKING)} are "
+                         "the same size at every process")
     return m
 
 
@@ -385,6 +413,105 @@ cdef list rounds_of(list ranks, list keys):
         for r, k in enumerate(sorted(ks, key=keys.__getitem__)):
             out[k] = r
     return out
+
+
+cdef int nb_matched(Comm comm, list rounds) except -1:
+    """Make each round's receive sizes those of the blocks coming, before a
+    blocking call's data: a backend's all-to-all needs them exact (Gloo
+    aborts the process on a longer block, and fills a shorter one's slot
+    with what its buffer held), and on MPI a longer block fails one round on
+    some processes only (Open MPI's libnbc). The processes swap the byte
+    counts they send (an MPI alltoall), then agree whether any block is
+    longer than its slot (an MPI allreduce): if so, every process raises
+    MPI's truncation error before any data moves. (_NbStages does the same
+    for a non-blocking call, without waiting.)"""
+    if not rounds:
+        return 0
+    got = _MPI.Comm.alltoall(comm, nb_sizes(comm, rounds))
+    longer = nb_fit(rounds, got)
+    if _MPI.Comm.allreduce(comm, longer is not None, _mpi4py.LOR):
+        raise nb_truncation(longer)
+    return 0
+
+
+cdef list nb_sizes(Comm comm, list rounds):
+    """Per process, the bytes this one sends it in each round."""
+    return [[r[0][j] for r in rounds] for j in range(comm.nprocs())]
+
+
+cdef object nb_fit(list rounds, object got):
+    """Set each round's receive sizes to `got` (per process, per round: what
+    it sends here); return (process, bytes, slot bytes) of a block longer
+    than its slot, or None."""
+    longer = None
+    for i in range(len(got)):
+        for k in range(len(rounds)):
+            if got[i][k] > rounds[k][2][i]:
+                longer = (i, got[i][k], rounds[k][2][i])
+            else:
+                rounds[k][2][i] = got[i][k]
+    return longer
+
+
+cdef object nb_truncation(object longer):
+    exc = Exception(MPI_ERR_TRUNCATE)
+    if longer is not None:
+        add_note(exc, f"recvbuf: process {longer[0]} sends a block of {longer[1]} bytes to "
+                      f"a slot of {longer[2]}")
+    else:
+        add_note(exc, "recvbuf: another process got a block longer than its slot")
+    return exc
+
+
+cdef class _NbStages:
+    """A composed non-blocking neighborhood call, as a work handle that
+    advances each time it is asked (Test, Wait): the sizes swapped (an MPI
+    Ialltoall), whether a block is too long agreed (an MPI Iallreduce), then
+    the rounds posted on the backend (see nb_matched)."""
+    cdef Comm comm
+    cdef list rounds
+    cdef object post          # post(rounds): the rounds' Requests
+    cdef object req, got, flag, total, error
+    cdef list requests
+    cdef int stage
+
+    def __cinit__(self, Comm comm, list rounds, post):
+        self.comm, self.rounds, self.post = comm, rounds, post
+        import numpy
+        size, n = comm.nprocs(), len(rounds)
+        sent = numpy.array(nb_sizes(comm, rounds), dtype=numpy.int64).reshape(size, n)
+        self.got = numpy.empty_like(sent)
+        self.flag, self.total = numpy.zeros(1, numpy.int32), numpy.zeros(1, numpy.int32)
+        self.req = _MPI.Comm.Ialltoall(comm, sent, self.got)
+        self.stage = 0
+
+    def is_completed(self):
+        if self.stage == 0:
+            if not self.req.Test():
+                return False
+            self.error = nb_fit(self.rounds, self.got)
+            self.flag[0] = self.error is not None
+            self.req = _MPI.Comm.Iallreduce(self.comm, self.flag, self.total, _mpi4py.LOR)
+            self.stage = 1
+        if self.stage == 1:
+            if not self.req.Test():
+                return False
+            if self.total[0]:
+                self.error = nb_truncation(self.error)
+                self.stage = 3
+                return True
+            self.requests = self.post(self.rounds)
+            self.stage = 2
+        if self.stage == 2:
+            for r in self.requests:
+                if not r.Test():
+                    return False
+            self.stage = 3
+        return True
+
+    def wait(self):
+        if self.error is not None:
+            raise self.error
 
 
 cdef list nb_rounds(tuple plan, int kind, _Msg m):
