@@ -294,6 +294,19 @@ def bad_arguments_are_refused_before_communicating(comm):
                                     [np.zeros(8, np.float32), 1, vector], backend="gloo")
         finally:
             vector.Free()
+    with raises(ValueError, "recvbuf: 3 elements per neighbour, but sendbuf sends 2"):
+        ring.Neighbor_alltoall(torch.zeros(4), torch.zeros(6), backend="mpi")
+    # a block longer than its slot at another process (rank 0 sends 3, every
+    # slot holds 2): on Gloo every process raises MPI's truncation error
+    # before any data moves, where Gloo itself would abort the process
+    n = 3 if rank == 0 else 2
+    with raises(mcr.Exception):
+        try:
+            ring.Neighbor_alltoallv([torch.ones(2 * n), [n, n], [0, n]],
+                                    [torch.zeros(4), [2, 2], [0, 2]], backend="gloo")
+        except mcr.Exception as exc:
+            assert exc.Get_error_class() == M4.ERR_TRUNCATE, exc
+            raise
     # the same call completes once the arguments are right
     got = torch.zeros(4)
     ring.Neighbor_alltoall(torch.ones(4) * rank, got, backend="gloo")
