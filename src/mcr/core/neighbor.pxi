@@ -241,9 +241,10 @@ cdef object nb_composed(Comm comm, int kind, int form, object sub, object sendbu
     cdef str name = "mpi" if sub is MPI_SUB else sub.name
     if (m.sown is not None and m.s.tindex < 0) or (m.rown is not None and m.r.tindex < 0):
         if sub is MPI_SUB:                 # a derived datatype: MPI's own order
-            fn = NB_MPI4PY[form][kind]
-            return fn(comm, sendbuf, recvbuf, *((_mpi4py.INFO_NULL,) if form == PERSISTENT
-                                                 else ()))
+            q = NB_MPI4PY[form][kind](comm, nb_vector_form(sendbuf), nb_vector_form(recvbuf),
+                                      *((_mpi4py.INFO_NULL,) if form == PERSISTENT else ()))
+            # (the caller met the others already: mcr's request, as nb_native gives)
+            return as_mcr_request(q, 0, None) if form == NONBLOCKING else nb_prequest(comm, q)
         raise ValueError(f"{nb_method(kind, form)}: backend {name!r} moves torch element "
                          "types; a derived datatype runs on backend 'mpi'")
     sbytes = _backend_side(m.side(0)).bytes()
