@@ -108,6 +108,49 @@ def a_raising_hook_stops_the_call(comm):
 
 
 @case
+def neighborhood_collectives_are_seen(comm):
+    # every form, on MPI, Gloo and auto (MPI for these), with (sendbuf, recvbuf)
+    size, rank = comm.size, comm.rank
+    ring = comm.Create_cart([size], periods=[True])
+    left, right = (rank - 1) % size, (rank + 1) % size
+    want = torch.cat([data(left), data(right)])
+    for backend in (*BACKENDS, "auto"):
+        rec = Recorder()
+        x = data(rank)
+        ys = [torch.zeros(8, dtype=torch.float64) for _ in range(3)]
+        with mcr.hooks.installed(rec):
+            assert ring.Neighbor_allgather(x, ys[0], backend=backend) is None
+            req = ring.Ineighbor_allgather(x, ys[1], backend=backend)
+            req.Wait()
+            preq = ring.Neighbor_allgather_init(x, ys[2], backend=backend)
+            preq.Start()
+            preq.Wait()
+            preq.Free()
+        for y in ys:
+            assert torch.equal(y, want), (backend, y, want)
+        ran = "mpi" if backend == "auto" else backend
+        assert rec.seen() == [("Neighbor_allgather", form, ran)
+                              for form in ("blocking", "nonblocking", "persistent")], rec.seen()
+        for call, y in zip(rec.calls, ys):
+            assert call.comm is ring and call.args[0] is x and call.args[1] is y
+        assert rec.results == [None, req, preq]
+
+    def refuse(call):
+        raise RuntimeError(f"refused {call.op}")
+
+    y = torch.full((8,), -1.0, dtype=torch.float64)
+    for backend in BACKENDS:
+        with mcr.hooks.installed(refuse):
+            with raises(RuntimeError, "refused Neighbor_alltoall"):
+                ring.Ineighbor_alltoall(torch.ones(8, dtype=torch.float64), y,
+                                        backend=backend)
+        assert torch.equal(y, torch.full((8,), -1.0, dtype=torch.float64))
+    ring.Neighbor_allgather(data(rank), y, backend="gloo")   # the ring still works
+    assert torch.equal(y, want)
+    ring.Free()
+
+
+@case
 def install_and_remove(comm):
     rec = Recorder()
     mcr.hooks.add(rec)

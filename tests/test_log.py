@@ -18,8 +18,10 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 import torch
+from mpi4py import MPI as MPI4
 
 import mcr
 import mcr.hooks
@@ -208,6 +210,67 @@ def stragglers_show_who_waited(comm):
     if size > 1:
         assert row["slowest_rank"] != 0 and row["max_avg_us"] >= 25e3, row
         assert row["min_avg_us"] < row["max_avg_us"]
+
+
+@case
+def neighborhood_collectives_are_logged(comm):
+    # every form on a ring, on MPI and Gloo: a record per call (per Start of a
+    # persistent one), sized as the collectives are (what an allgather
+    # receives, what an alltoall sends, computed here from the tensors); the
+    # Alltoallv rounds of a composed call are not recorded
+    size, rank = comm.size, comm.rank
+    ring = comm.Create_cart([size], periods=[True])
+    left, right = (rank - 1) % size, (rank + 1) % size
+    f8, n = torch.float64, 3
+
+    def mine(r, slot):
+        return rank_data(r, n, f8, seed=slot)
+
+    for backend in BACKENDS:
+        with logging_on() as log:
+            got = torch.zeros(2 * n, dtype=f8)
+            ring.Neighbor_allgather(mine(rank, 0), got, backend=backend)
+            assert torch.equal(got, torch.cat([mine(left, 0), mine(right, 0)]))
+            # slot 0 goes towards the negative direction, and arrives in the
+            # slot of the positive neighbour (MPI 4.0)
+            got = torch.zeros(2 * n, dtype=f8)
+            req = ring.Ineighbor_alltoall(torch.cat([mine(rank, 0), mine(rank, 1)]), got,
+                                          backend=backend)
+            time.sleep(0.02)
+            req.Wait()
+            assert torch.equal(got, torch.cat([mine(left, 1), mine(right, 0)]))
+            # one element to the left, two to the right: two come from the left
+            out = torch.zeros(3, dtype=torch.int32)
+            preq = ring.Neighbor_alltoallv_init(
+                [torch.tensor([rank, rank + 10, rank + 20], dtype=torch.int32), [1, 2], [0, 1]],
+                [out, [2, 1], [0, 2]], backend=backend)
+            for _ in range(2):
+                preq.Start()
+                preq.Wait()
+            preq.Free()
+            assert out.tolist() == [left + 10, left + 20, right]
+        assert fields(log.records, "op", "form", "backend", "bytes", "count", "dtype") == [
+            ("Neighbor_allgather", "blocking", backend, 2 * n * 8, 2 * n, "float64"),
+            ("Neighbor_alltoall", "nonblocking", backend, 2 * n * 8, 2 * n, "float64"),
+            ("Neighbor_alltoallv", "persistent", backend, 12, 3, "int32"),
+            ("Neighbor_alltoallv", "persistent", backend, 12, 3, "int32")], log.records
+        for r in log.records:
+            assert r["peer"] is None and r["tag"] is None and r["procs"] == size
+            assert r["device"] == "cpu" and r["end"] >= r["start"]
+        assert log.records[1]["duration_us"] >= 15e3, log.records[1]
+        rows = {(r["op"], r["backend"], r["bytes"]): r["calls"] for r in log.rows}
+        assert rows == {("Neighbor_allgather", backend, 48): 1,
+                        ("Neighbor_alltoall", backend, 48): 1,
+                        ("Neighbor_alltoallv", backend, 12): 2}, log.rows
+    # Neighbor_alltoallw (MPI datatypes; on MPI only): its elements are not counted
+    with logging_on() as log:
+        got = np.zeros(2, np.float32)
+        ring.Neighbor_alltoallw([np.array([rank, rank + 0.5], np.float32), [1, 1], [0, 4],
+                                 [MPI4.FLOAT] * 2], [got, [1, 1], [0, 4], [MPI4.FLOAT] * 2])
+        assert got.tolist() == [left + 0.5, right]
+    assert fields(log.records, "op", "backend", "bytes", "dtype") == [
+        ("Neighbor_alltoallw", "mpi", 0, "derived")], log.records
+    ring.Free()
 
 
 @case

@@ -2,7 +2,9 @@
 
 Every buffer method of ``mcr.Comm`` (point-to-point, collectives, their
 ``I...`` and ``..._init`` forms) goes through one dispatch step, and that step
-runs the installed hooks before the operation communicates. Logging, debug
+runs the installed hooks before the operation communicates. So do the
+neighborhood collectives of topologies (``Neighbor_alltoall``, ...), whose
+``args`` are ``(sendbuf, recvbuf)``. Logging, debug
 checks and timeouts are built on them. With no hook installed the call path
 pays one flag test.
 

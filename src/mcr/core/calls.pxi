@@ -39,6 +39,13 @@ cdef tuple CALL_NAMES = (
     "Allgatherv", "Alltoall", "Alltoallv", "Alltoallw", "Reduce", "Allreduce", "Scan",
     "Exscan", "Reduce_scatter_block", "Reduce_scatter")
 cdef tuple CALL_NARGS = (3, 3, 3, 3, 4, 7, 6, 0, 2, 3, 3, 3, 3, 2, 2, 2, 2, 2, 4, 3, 3, 3, 3, 4)
+
+# The operations the call hooks and the logger see: those of Comm.call, then
+# the neighborhood collectives of topologies (neighbor.pxi), as CALL_COUNT +
+# their kind; their arguments are (sendbuf, recvbuf).
+cdef tuple SEEN_NAMES = CALL_NAMES + (
+    "Neighbor_allgather", "Neighbor_allgatherv", "Neighbor_alltoall", "Neighbor_alltoallv",
+    "Neighbor_alltoallw")
 cdef tuple FORM_NAMES = ("blocking", "nonblocking", "persistent")
 
 
@@ -113,7 +120,8 @@ cdef class Call:
     comm : mcr.Comm
         The communicator called.
     op : str
-        The operation (``"Allreduce"``, ``"Send"``, ...), whatever its form.
+        The operation (``"Allreduce"``, ``"Send"``, ``"Neighbor_alltoall"``,
+        ...), whatever its form.
     form : str
         ``"blocking"``, ``"nonblocking"`` (``I...``) or ``"persistent"``
         (``..._init``).
@@ -121,7 +129,8 @@ cdef class Call:
         The backend chosen for it (``"mpi"``, ``"gloo"``, ...).
     args : tuple
         The method's arguments, in the order of the blocking method's signature
-        (``None`` for the status of a non-blocking receive).
+        (``None`` for the status of a non-blocking receive); for a
+        neighborhood collective, ``(sendbuf, recvbuf)``.
     """
     cdef readonly object comm
     cdef readonly str op
@@ -148,10 +157,10 @@ cdef int update_ext_on() except -1:
 
 
 cdef list run_call_hooks(object comm, int op, int form, str backend, tuple args):
-    """Call every hook with the Call; the callables they return, to be given
-    the call's result."""
+    """Call every hook with the Call (`op`: an index into SEEN_NAMES); the
+    callables they return, to be given the call's result."""
     cdef Call c = Call.__new__(Call)
-    c.comm, c.op, c.form, c.backend, c.args = comm, CALL_NAMES[op], FORM_NAMES[form], backend, args
+    c.comm, c.op, c.form, c.backend, c.args = comm, SEEN_NAMES[op], FORM_NAMES[form], backend, args
     cdef list after = []
     for hook in tuple(call_hooks):
         then = hook(c)

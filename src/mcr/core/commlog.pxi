@@ -32,7 +32,7 @@ cdef inline long long now_ns() noexcept nogil:
 @cython.freelist(64)
 cdef class _Rec:
     """One call as the logger records it (mcr.log turns it into a dict)."""
-    cdef readonly int op           # index into CALL_NAMES
+    cdef readonly int op           # index into SEEN_NAMES
     cdef readonly int form         # BLOCKING, NONBLOCKING, PERSISTENT
     cdef readonly str backend
     cdef readonly object why       # auto: (table, source, device, key bytes); else None
@@ -55,7 +55,7 @@ cdef class _Rec:
 
     @property
     def op_name(self):
-        return CALL_NAMES[self.op]
+        return SEEN_NAMES[self.op]
 
     @property
     def form_name(self):
@@ -81,7 +81,8 @@ cdef class _Total:
 cdef _Rec log_post(Comm comm, int op, int form, str backend, object m, object why,
                    object a, object b, object c, object d):
     """The record of a call posted now, described from its parsed message `m`
-    and its arguments (the peer or root, the tag)."""
+    and its arguments (the peer or root, the tag); `op` indexes SEEN_NAMES (a
+    neighborhood collective: described by nb_describe)."""
     cdef _Rec r = _Rec.__new__(_Rec)
     r.t0 = now_ns()
     r.op, r.form, r.backend, r.why = op, form, backend, why
@@ -98,7 +99,9 @@ cdef _Rec log_post(Comm comm, int op, int form, str backend, object m, object wh
         r.peer = c
     elif op == CALL_REDUCE:
         r.peer = d
-    if type(m) is _Msg:
+    if op >= CALL_COUNT:
+        nb_describe(r, comm, op - CALL_COUNT, m)
+    elif type(m) is _Msg:
         describe(r, op, <_Msg>m, r.size,
                  r.peer >= 0 and op >= CALL_BCAST and comm.myrank() == r.peer)
     else:
@@ -233,7 +236,7 @@ def _log_totals():
     out = {}
     for key, value in log_totals.items():
         t = <_Total>value
-        out[(CALL_NAMES[key[0]], key[1], key[2], key[3])] = (t.calls, t.total_ns, t.min_ns,
+        out[(SEEN_NAMES[key[0]], key[1], key[2], key[3])] = (t.calls, t.total_ns, t.min_ns,
                                                              t.max_ns, t.wire)
     return out
 

@@ -57,6 +57,77 @@ cdef object neighbor(Comm comm, int kind, int form, object sendbuf, object recvb
                      object backend, object info):
     """Neighborhood collective `kind` in `form` on `comm` (a topology), on
     `backend` (auto: MPI, as there is no tuning entry for these)."""
+    if ext_on and (call_hooks or (log_on and not comm.unlogged)):
+        return nb_extended(comm, kind, form, sendbuf, recvbuf, backend, info)
+    return nb_run(comm, kind, form, sendbuf, recvbuf, backend, info)
+
+
+cdef object nb_extended(Comm comm, int kind, int form, object sendbuf, object recvbuf,
+                        object backend, object info):
+    """`neighbor` with call hooks or the logger on, as Comm.hooked: the hooks
+    see the call (op CALL_COUNT + kind in SEEN_NAMES, arguments (sendbuf,
+    recvbuf)) with its backend before it runs, and its result; the logger
+    records it (a persistent request at each Start, see nb_persistent)."""
+    comm.prologue(None)
+    sub = comm.sub(backend)
+    cdef str name = "mpi" if sub is None or sub is AUTO_SUB else sub.name
+    cdef int op = CALL_COUNT + kind
+    after = run_call_hooks(comm, op, form, name, (sendbuf, recvbuf)) if call_hooks else ()
+    cdef _Rec r = None
+    if log_on and not comm.unlogged and form != PERSISTENT:
+        # (parsed for the record first; the call parses it again)
+        plan = nb_plan(comm)
+        m = None if kind == NB_ALLTOALLW else \
+            nb_msg(kind, sendbuf, recvbuf, len(plan[1]), len(plan[2]))
+        r = log_post(comm, op, form, name, m, None, None, None, None, None)
+    result = nb_run(comm, kind, form, sendbuf, recvbuf, backend, info)
+    if r is not None:
+        if form == BLOCKING:
+            r.t1 = now_ns()
+            log_finish(r)
+        else:
+            (<Request>result).rec = r
+    for then in after:
+        then(result)
+    return result
+
+
+cdef Prequest nb_persistent(Prequest preq, int kind, str backend, object m):
+    """`preq`, a persistent neighborhood collective on `backend`, made known
+    to the logger, which records each Start (described from `m`, the parsed
+    message: kept as the buffers')."""
+    preq.logop = CALL_COUNT + kind + 1
+    preq.logargs = (None, None, None, None)
+    preq.logbackend = backend
+    if m is not None:
+        preq.keep = m
+    return preq
+
+
+cdef int nb_describe(_Rec r, Comm comm, int kind, object m) except -1:
+    """Set the size, count, element type and device of the record of a
+    neighborhood collective from its parsed message `m` (None: alltoallw, of
+    derived datatypes): the whole result of an allgather(v), the whole input
+    of an alltoall(v), as for the collectives (describe)."""
+    if type(m) is not _Msg:
+        r.dtype = "derived"
+        return 0
+    cdef _Msg msg = <_Msg>m
+    cdef tuple plan = nb_plan(comm)
+    cdef side *x = &msg.r if kind <= NB_ALLGATHERV else &msg.s
+    cdef int degree = len(plan[1]) if kind <= NB_ALLGATHERV else len(plan[2])
+    r.count = total(x, degree)
+    r.nbytes = r.count * x.extent
+    r.dtype = TYPE_NAMES[x.tindex] if x.tindex >= 0 else "derived"
+    if msg.s.addr != NULL and msg.s.device >= 0:
+        r.device = msg.s.device
+    elif msg.r.addr != NULL and msg.r.device >= 0:
+        r.device = msg.r.device
+    return 0
+
+
+cdef object nb_run(Comm comm, int kind, int form, object sendbuf, object recvbuf,
+                   object backend, object info):
     cdef str name = nb_method(kind, form)
     comm.prologue(None)
     sub = comm.sub(backend)
@@ -88,7 +159,7 @@ cdef object neighbor(Comm comm, int kind, int form, object sendbuf, object recvb
         return result
     fn = NB_MPI4PY[form][kind]
     cdef tuple plan
-    cdef _Msg m
+    cdef _Msg m = None
     if kind != NB_ALLTOALLW:
         # mcr's checks first, as on the other backends (mpi4py would leave
         # some to MPI), and mcr's [buf, counts, displs] in mpi4py's form
@@ -99,10 +170,10 @@ cdef object neighbor(Comm comm, int kind, int form, object sendbuf, object recvb
         if kind == NB_ALLTOALLV or kind == NB_ALLGATHERV:
             recvbuf = nb_vector_form(recvbuf)
         if not needs_staging(m):
-            return nb_native(comm, form, name, fn, sendbuf, recvbuf, info)
+            return nb_native(comm, kind, form, name, fn, sendbuf, recvbuf, info, m)
     cdef tuple staged = nb_stage(sendbuf, "sendbuf") + nb_stage(recvbuf, "recvbuf")
     if staged[1] is None and staged[3] is None:      # host memory: mpi4py's method
-        return nb_native(comm, form, name, fn, sendbuf, recvbuf, info)
+        return nb_native(comm, kind, form, name, fn, sendbuf, recvbuf, info, m)
     sendspec, recvspec = staged[0], staged[2]
     if form == BLOCKING:
         comm.made(name, fn, (sendspec, recvspec))
@@ -116,19 +187,21 @@ cdef object neighbor(Comm comm, int kind, int form, object sendbuf, object recvb
     preq.foreign = True
     preq.keep = (native, staged)
     preq.start_fn = partial(_nb_start_staged, native, staged)
-    return preq
+    return nb_persistent(preq, kind, "mpi", m)
 
 
-cdef object nb_native(Comm comm, int form, str name, object fn, object sendbuf,
-                      object recvbuf, object info):
-    """mpi4py's method `fn` (`name`) on buffers in host memory."""
+cdef object nb_native(Comm comm, int kind, int form, str name, object fn, object sendbuf,
+                      object recvbuf, object info, object m):
+    """mpi4py's method `fn` (`name`) on buffers in host memory (`m`: their
+    parsed message, or None)."""
     if form == BLOCKING:
         return comm.made(name, fn, (sendbuf, recvbuf))
     if form == NONBLOCKING:
         q = comm.posted(name, fn, (sendbuf, recvbuf))
         return q if isinstance(q, Request) else as_mcr_request(q, 0, None)
-    return nb_prequest(comm, fn(comm, sendbuf, recvbuf,
-                                _mpi4py.INFO_NULL if info is None else info))
+    return nb_persistent(nb_prequest(comm, fn(comm, sendbuf, recvbuf,
+                                              _mpi4py.INFO_NULL if info is None else info)),
+                         kind, "mpi", m)
 
 
 cdef object nb_vector_form(object spec):
@@ -244,7 +317,8 @@ cdef object nb_composed(Comm comm, int kind, int form, object sub, object sendbu
             q = NB_MPI4PY[form][kind](comm, nb_vector_form(sendbuf), nb_vector_form(recvbuf),
                                       *((_mpi4py.INFO_NULL,) if form == PERSISTENT else ()))
             # (the caller met the others already: mcr's request, as nb_native gives)
-            return as_mcr_request(q, 0, None) if form == NONBLOCKING else nb_prequest(comm, q)
+            return as_mcr_request(q, 0, None) if form == NONBLOCKING else \
+                nb_persistent(nb_prequest(comm, q), kind, "mpi", m)
         raise ValueError(f"{nb_method(kind, form)}: backend {name!r} moves torch element "
                          "types; a derived datatype runs on backend 'mpi'")
     sbytes = _backend_side(m.side(0)).bytes()
@@ -267,7 +341,7 @@ cdef object nb_composed(Comm comm, int kind, int form, object sub, object sendbu
     preq.foreign = True
     preq.keep = m
     preq.start_fn = partial(_nb_composed, comm, kind, NONBLOCKING, sub, sendbuf, recvbuf)
-    return preq
+    return nb_persistent(preq, kind, name, m)
 
 
 def _nb_post(Comm comm, sub, str name, sbytes, rbytes, list rounds):
