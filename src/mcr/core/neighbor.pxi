@@ -21,7 +21,8 @@
 #
 # The rounds of a communicator are worked out at its first neighborhood call,
 # without communicating, and kept; a distributed graph's number of rounds is
-# agreed at its first composed call (an MPI allreduce).
+# agreed at its first composed call (an MPI allreduce; non-blocking in a
+# non-blocking call, as the size exchange).
 #
 # Open MPI (5.0) runs the non-blocking and persistent forms of
 # MPI_Neighbor_alltoall(v) on a Cartesian grid with a periodic dimension of 1
@@ -309,7 +310,10 @@ cdef object MPI_SUB = object()     # nb_composed on MPI (see above)
 
 cdef object nb_composed(Comm comm, int kind, int form, object sub, object sendbuf,
                         object recvbuf):
-    cdef tuple plan = nb_agreed(comm)
+    # (a distributed graph's rounds are agreed here in a blocking call, in
+    # the steps of the request in a non-blocking one: it must not wait at the
+    # call; a persistent one's at each Start)
+    cdef tuple plan = nb_agreed(comm) if form == BLOCKING else nb_plan(comm)
     cdef _Msg m = nb_msg(kind, sendbuf, recvbuf, len(plan[1]), len(plan[2]))
     cdef str name = "mpi" if sub is MPI_SUB else sub.name
     if (m.sown is not None and m.s.tindex < 0) or (m.rown is not None and m.r.tindex < 0):
@@ -331,7 +335,11 @@ cdef object nb_composed(Comm comm, int kind, int form, object sub, object sendbu
         return None
     if form == NONBLOCKING:
         post = partial(_nb_post, comm, sub, name, sbytes, rbytes)
-        return _work_request(name, [_NbStages(comm, rounds, post) if rounds else _Done()],
+        if plan[5] < 0:
+            stages = _NbStages(comm, None, post, kind, m)
+        else:
+            stages = _NbStages(comm, rounds, post) if rounds else _Done()
+        return _work_request(name, [stages],
                              None, m)
     if sub is not MPI_SUB:                 # what the backend refuses fails now, not at Start
         for sc, sd, rc, rd in rounds:
@@ -468,12 +476,19 @@ cdef tuple nb_plan(Comm comm):
 
 cdef tuple nb_agreed(Comm comm):
     """nb_plan, with the number of rounds every process runs: a distributed
-    graph's is the largest of the processes' (an MPI allreduce, once)."""
+    graph's is the largest of the processes' (an MPI allreduce, once; see
+    _NbStages for a non-blocking call's)."""
     cdef tuple plan = nb_plan(comm)
     if plan[5] < 0:
-        rounds = _MPI.Comm.allreduce(comm, -1 - plan[5], _mpi4py.MAX)
-        comm.nbplan = plan = plan[:5] + (rounds,) + plan[6:]
+        plan = nb_set_rounds(comm, _MPI.Comm.allreduce(comm, -1 - plan[5], _mpi4py.MAX))
     return plan
+
+
+cdef tuple nb_set_rounds(Comm comm, int rounds):
+    """Set the agreed number of rounds of `comm`'s plan; the plan."""
+    cdef tuple plan = nb_plan(comm)
+    comm.nbplan = plan[:5] + (rounds,) + plan[6:]
+    return comm.nbplan
 
 
 cdef list rounds_of(list ranks, list keys):
@@ -540,27 +555,54 @@ cdef object nb_truncation(object longer):
 
 cdef class _NbStages:
     """A composed non-blocking neighborhood call, as a work handle that
-    advances each time it is asked (Test, Wait): the sizes swapped (an MPI
-    Ialltoall), whether a block is too long agreed (an MPI Iallreduce), then
-    the rounds posted on the backend (see nb_matched)."""
+    advances each time it is asked (Test, Wait): on a distributed graph not
+    agreed yet, its number of rounds agreed (an MPI Iallreduce; see
+    nb_agreed); the sizes swapped (an MPI Ialltoall), whether a block is too
+    long agreed (an MPI Iallreduce), then the rounds posted on the backend
+    (see nb_matched)."""
     cdef Comm comm
-    cdef list rounds
+    cdef list rounds          # None: not known until the processes agree on how many
     cdef object post          # post(rounds): the rounds' Requests
+    cdef int kind             # (for the rounds, once agreed: the call and its message)
+    cdef _Msg m
     cdef object req, got, flag, total, error
     cdef list requests
     cdef int stage
 
-    def __cinit__(self, Comm comm, list rounds, post):
-        self.comm, self.rounds, self.post = comm, rounds, post
+    def __cinit__(self, Comm comm, list rounds, post, int kind=0, _Msg m=None):
         import numpy
-        size, n = comm.nprocs(), len(rounds)
-        sent = numpy.array(nb_sizes(comm, rounds), dtype=numpy.int64).reshape(size, n)
-        self.got = numpy.empty_like(sent)
+        self.comm, self.rounds, self.post, self.kind, self.m = comm, rounds, post, kind, m
         self.flag, self.total = numpy.zeros(1, numpy.int32), numpy.zeros(1, numpy.int32)
-        self.req = _MPI.Comm.Ialltoall(comm, sent, self.got)
+        if rounds is None:
+            self.flag[0] = -1 - (<tuple>comm.nbplan)[5]
+            self.req = _MPI.Comm.Iallreduce(comm, self.flag, self.total, _mpi4py.MAX)
+            self.stage = -1
+        else:
+            self.swap_sizes()
+
+    cdef int swap_sizes(self) except -1:
+        import numpy
+        size, n = self.comm.nprocs(), len(self.rounds)
+        sent = numpy.array(nb_sizes(self.comm, self.rounds),
+                           dtype=numpy.int64).reshape(size, n)
+        self.got = numpy.empty_like(sent)
+        self.req = _MPI.Comm.Ialltoall(self.comm, sent, self.got)
         self.stage = 0
+        return 0
 
     def is_completed(self):
+        if self.stage == -1:
+            if not self.req.Test():
+                return False
+            plan = <tuple>self.comm.nbplan
+            if plan[5] < 0:         # (an earlier call may have agreed meanwhile)
+                plan = nb_set_rounds(self.comm, self.total[0])
+            self.rounds = nb_rounds(plan, self.kind, self.m)
+            self.m = None
+            if not self.rounds:
+                self.stage = 3
+                return True
+            self.swap_sizes()
         if self.stage == 0:
             if not self.req.Test():
                 return False
@@ -593,6 +635,8 @@ cdef list nb_rounds(tuple plan, int kind, _Msg m):
     """Per round, the byte counts and displacements of an Alltoallv: (send
     counts, send displs, receive counts, receive displs)."""
     size, sources, dests, sround, rround, nrounds = plan[:6]
+    if nrounds < 0:                # not agreed yet: this process's own rounds
+        nrounds = -1 - nrounds
     rounds = [([0] * size, [0] * size, [0] * size, [0] * size) for _ in range(nrounds)]
     cdef Py_ssize_t se = m.s.extent, re = m.r.extent, c, d
     for k, j in enumerate(dests):
