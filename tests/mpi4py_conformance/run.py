@@ -2,8 +2,8 @@
 
     python tests/mpi4py_conformance/run.py -n 2 [-i REGEX ...]
 
-Exits with status 1 when the run misses the target (99% of the tests that ran
-pass, no crash, no hang) at some size. The suite comes from the sdist of the
+Exits with status 1 when a test that ran does not pass (a failure, an error,
+a crash, a hang, or a class or module whose set-up failed) at some size. The suite comes from the sdist of the
 installed mpi4py version (see sdist.py).
 """
 
