@@ -7,9 +7,10 @@ pi and Mandelbrot, one-sided counters, threads, ``mpi4py.rc`` options, a C
 library called through ctypes. Each demo in tests/mpi4py_conformance/demos.py
 runs under mpiexec as shipped, on mpi4py, then ported: a copy in which every
 ``from mpi4py import MPI`` is ``from mcr import MPI``, the one change the
-README promises. Both runs must exit with 0; the ported run must print what
-mpi4py's run printed (as the demo's ``output`` says) and no error or warning
-that mpi4py's run did not print. Alone: ``python -m pytest
+README promises. Both runs must exit with 0 (mpi4py's own run gets a second
+try: see ``reference``); the ported run must print what mpi4py's run printed
+(as the demo's ``output`` says) and no error or warning that mpi4py's run did
+not print. Alone: ``python -m pytest
 tests/test_mpi4py_demos.py``.
 """
 
@@ -109,6 +110,22 @@ def run(demo, nprocs, tree, tmp_path, label):
     return result.stdout, result.stderr
 
 
+def reference(demo, nprocs, tree, tmp_path):
+    """mpi4py's own run of ``demo`` (``run``), what the ported run is compared
+    with. A failed reference run is run once more: it involves no mcr code,
+    and Open MPI's one-sided layer on this machine fails one now and then
+    (nxtval-mpi3 on plain mpi4py: ``Get_accumulate`` under ``Win.Lock`` gave
+    two processes the same counter value). The ported run gets no retry."""
+    try:
+        return run(demo, nprocs, tree, tmp_path, "mpi4py")
+    except AssertionError as first:
+        try:
+            return run(demo, nprocs, tree, tmp_path, "mpi4py")
+        except AssertionError as second:
+            raise AssertionError(f"mpi4py's own run failed twice:\n{first}\n{second}") \
+                from None
+
+
 def mask(line):
     """``line`` with every number as ``#`` and every run of blanks as one
     (numbers of other widths are padded otherwise)."""
@@ -146,7 +163,7 @@ def test_demo_ported_to_mcr(demo_trees, demo, nprocs, tmp_path):
         f"{demo.path} has no 'from mpi4py import MPI' to port: it would run on mpi4py"
     out, err = run(demo, nprocs, trees["mcr"], tmp_path, "mcr")
     if demo.output != "exit" or _TROUBLE.search(err):
-        expected_out, expected_err = run(demo, nprocs, trees["mpi4py"], tmp_path, "mpi4py")
+        expected_out, expected_err = reference(demo, nprocs, trees["mpi4py"], tmp_path)
         if demo.output == "same":
             assert sorted(out.splitlines()) == sorted(expected_out.splitlines())
         elif demo.output == "close":
