@@ -51,9 +51,14 @@ class TimeoutError(builtins.TimeoutError):
         For a blocking call that timed out, the request of the operation it
         started (it is still pending): ``request.Wait()`` waits for it again.
         None for the waits of the user's own requests.
+    received : object
+        For mpi4py's ``sendrecv`` (on pickled objects) whose receive
+        completed before its send timed out, the object received (the send is
+        ``request``); None otherwise.
     """
 
     def __init__(self, message: str, pending: list[dict[str, Any]] | None = None) -> None:
         super().__init__(message)
         self.pending = list(pending or [])
         self.request: Any = None
+        self.received: Any = None

@@ -835,16 +835,24 @@ cdef object obj_p2p(Comm comm, int call, object a, object b, object c, object d,
     TimeoutError carries it as `request`, pending); a receive or probe tests
     for a matching message (improbe, iprobe) until one comes (at the timeout,
     nothing is left posted), then receives it (the message is matched: its
-    sender has sent it). A receive's `buf` is not used then (mpi4py unpickles
-    the object out of it: the result is the same)."""
+    sender has sent it). A receive's `buf` only bounds the message then: a
+    longer one is received and raises MPI's truncation error, as mpi4py's
+    receive into `buf` does. A sendrecv whose send times out after its
+    receive completed gives the object received with the TimeoutError
+    (`received`)."""
     cdef _Watch w = p2p_watch(comm)
     if w is None:
         return obj_p2p_plain(comm, call, a, b, c, d, e, f, g)
     cdef double timeout = w.timeout
     cdef _Pend p = obj_p2p_pend(comm, w, call, b, c, e, f)
+    if timeout > 0 and ((call == P2P_RECV and a is not None)
+                        or (call == P2P_SENDRECV and d is not None)):
+        import warnings             # (as mpi4py's own methods warn)
+        warnings.warn("the 'buf' argument is deprecated", UserWarning)
     cdef Request sent = None
     cdef long long deadline = now_ns() + <long long>(timeout * 1e9)
     cdef int spins = 0, nbytes = -1
+    cdef bint got = False
     try:
         if timeout == 0:
             result = obj_p2p_plain(comm, call, a, b, c, d, e, f, g)
@@ -874,11 +882,23 @@ cdef object obj_p2p(Comm comm, int call, object a, object b, object c, object d,
                 p.nbytes = nbytes
             result = True if call == P2P_PROBE else found if call == P2P_MPROBE else \
                 _msg_recv(found, status)
+            got = True
+            room = d if call == P2P_SENDRECV else a      # recv's `buf`, sendrecv's `recvbuf`
+            longer = (call == P2P_RECV or call == P2P_SENDRECV) and room is not None \
+                and nbytes > memoryview(room).nbytes
             if sent is not None:
                 timed_wait(sent, None)
+            if longer:
+                exc = Exception(MPI_ERR_TRUNCATE)
+                add_note(exc, f"{'recvbuf' if call == P2P_SENDRECV else 'buf'}: the message "
+                              f"of {nbytes} bytes (pickled) is longer than the buffer's "
+                              f"{memoryview(room).nbytes}")
+                raise exc
     except _errors.TimeoutError as exc:
         if sent is not None:
             exc.request = sent            # the send, pending: to wait for it again
+            if got:
+                exc.received = result     # (its receive completed)
         if sent is None or sent.pend is None:
             pend_end(p, PEND_FAILED)      # (a send's record stays pending with it)
         raise
