@@ -37,14 +37,19 @@ def cast(x, name):
     return x.to(CASTS[name]).to(x.dtype)
 
 
-def reduced(values, name, op="SUM"):
-    """Q(fold(Q(x_0), ..., Q(x_{n-1}))) in rank order, as documented."""
+def folded(values, name, op="SUM"):
+    """fold(Q(x_0), ..., Q(x_{n-1})) in rank order, in the values' own type."""
     acc = cast(values[0], name)
     for v in values[1:]:
         q = cast(v, name)
         acc = acc + q if op == "SUM" else torch.maximum(acc, q) if op == "MAX" \
             else torch.minimum(acc, q)
-    return cast(acc, name)
+    return acc
+
+
+def reduced(values, name, op="SUM"):
+    """Q(fold(Q(x_0), ..., Q(x_{n-1}))) in rank order, as documented."""
+    return cast(folded(values, name, op), name)
 
 
 def zfp_bound(rate):
@@ -181,6 +186,49 @@ def allreduce_cast_exact(comm):
             run(comm, "Allreduce", form, (mcr.IN_PLACE, z, mcr.SUM), "fp16", backend,
                 before=lambda: z.copy_(data(rank, 9)))
             assert torch.equal(z, reduced([data(r, 9) for r in range(size)], "fp16"))
+
+
+@case
+def reduce_and_reduce_scatter_cast_exact(comm):
+    # Reduce: the root gets Allreduce's bits; Reduce_scatter(_block): each
+    # rank's block is fold(Q(x_0), ..., Q(x_{n-1})), rounded once
+    size, rank = comm.size, comm.rank
+    root = size - 1
+    counts = [(0 if i == 0 and size > 1 else 1 + i % 3) for i in range(size)]
+    start = sum(counts[:rank])
+    for backend in BACKENDS:
+        for form in FORMS:
+            for name, dtype, op in (("fp16", torch.float32, "SUM"),
+                                    ("bf16", torch.float64, "MAX")):
+                where = (backend, form, name, op)
+                xs = [data(r, 37, dtype) for r in range(size)]
+                y = torch.full((37,), -1.0, dtype=dtype) if rank == root else None
+                run(comm, "Reduce", form, (xs[rank], y, getattr(mcr, op), root), name, backend)
+                if rank == root:
+                    assert torch.equal(y, reduced(xs, name, op)), where
+                xs = [data(r, 4 * size, dtype, seed=1) for r in range(size)]
+                y = torch.full((4,), -1.0, dtype=dtype)
+                run(comm, "Reduce_scatter_block", form, (xs[rank], y, getattr(mcr, op)), name,
+                    backend)
+                assert torch.equal(y, folded(xs, name, op)[4 * rank:4 * rank + 4]), where
+                assert torch.equal(xs[rank], data(rank, 4 * size, dtype, seed=1))
+                xs = [data(r, sum(counts), dtype, seed=2) for r in range(size)]
+                y = torch.full((counts[rank],), -1.0, dtype=dtype)
+                run(comm, "Reduce_scatter", form, (xs[rank], y, counts, getattr(mcr, op)),
+                    name, backend)
+                assert torch.equal(y, folded(xs, name, op)[start:start + counts[rank]]), where
+            # in place: the input is the whole receive buffer, the result its first block
+            z = data(rank, 3 * size)
+            run(comm, "Reduce_scatter_block", form, (mcr.IN_PLACE, z, mcr.SUM), "fp16",
+                backend, before=lambda: z.copy_(data(rank, 3 * size)))
+            want = folded([data(r, 3 * size) for r in range(size)], "fp16")
+            assert torch.equal(z[:3], want[3 * rank:3 * rank + 3]), (backend, form)
+            w = data(rank, 11)
+            run(comm, "Reduce", form, (mcr.IN_PLACE if rank == root else w,
+                                       w if rank == root else None, mcr.SUM, root),
+                "bf16", backend, before=lambda: w.copy_(data(rank, 11)))
+            if rank == root:
+                assert torch.equal(w, reduced([data(r, 11) for r in range(size)], "bf16"))
 
 
 @case
@@ -348,6 +396,16 @@ def user_codec_sizes_exchanged(comm):
             run(comm, "Bcast", form, (buf, 0), pair, backend)
             assert torch.equal(buf, x if rank == 0 else truncated(xs[0]))
 
+            y = torch.zeros(8) if rank == 0 else None
+            run(comm, "Reduce", form, (x, y, mcr.SUM, 0), (_half, _unhalf), backend)
+            if rank == 0:
+                assert torch.equal(y, reduced(xs, "fp16"))
+            xs8 = [torch.cat([v] * size) for v in xs]
+            y = torch.zeros(8)
+            run(comm, "Reduce_scatter_block", form, (xs8[rank], y, mcr.SUM), (_half, _unhalf),
+                backend)
+            assert torch.equal(y, folded(xs8, "fp16")[8 * rank:8 * rank + 8])
+
 
 @case
 def stages_posted_in_order(comm):
@@ -420,8 +478,11 @@ def bad_input_before_communicating(comm):
             comm.Bcast(x.half(), 0, backend=backend, compress="fp16")
         with raises(ValueError, "compress", "unknown codec"):
             comm.Allgather(x, torch.zeros(4 * comm.size), backend=backend, compress="fp12")
-        with raises(TypeError, "compress"):
-            comm.Reduce(x, y, mcr.SUM, 0, backend=backend, compress="fp16")
+        with raises(ValueError, "compress", "Reduce_scatter_block supports op", "PROD"):
+            comm.Reduce_scatter_block(torch.ones(4 * comm.size), y, mcr.PROD, backend=backend,
+                                      compress="fp16")
+        with raises(TypeError, "compress"):       # (no compress argument)
+            comm.Scan(x, y, mcr.SUM, backend=backend, compress="fp16")
         # the core's own validation, as for an uncompressed call
         with raises(ValueError, "counts must match"):
             comm.Allreduce(x, torch.zeros(3), backend=backend, compress="fp16")

@@ -1,5 +1,5 @@
-"""Compressed collectives: Allreduce, Allgather(v), Bcast and Alltoall(v) on
-float32/float64 buffers, with each payload encoded by a lossy codec before it
+"""Compressed collectives: Allreduce, Reduce, Reduce_scatter(_block),
+Allgather(v), Bcast and Alltoall(v) on float32/float64 buffers, with each payload encoded by a lossy codec before it
 goes on the wire and decoded after.
 
 Codecs (``codec(spec)``): ``"fp16"`` and ``"bf16"`` (a cast, 2 bytes per
@@ -57,6 +57,14 @@ Algorithms and their precision
   ``Q(fold(Q(x_0[c]), ..., Q(x_{size-1}[c])))`` for each chunk ``c``: each
   input rounded once by the codec, the sum exact-order in full precision,
   the result rounded once more.
+- Reduce (the same ops): as Allreduce, with the encoded reduced chunks
+  gathered at the root only (stage 1: a gather), which decodes them: the
+  root gets the bits Allreduce gives.
+- Reduce_scatter(_block) (the same ops): each rank encodes the block of
+  every rank and sends it to that rank (stage 0: all-to-all); each rank
+  decodes the ``size`` blocks of its own and reduces them in rank order:
+  ``fold(Q(x_0[j]), ..., Q(x_{size-1}[j]))`` for rank ``j``'s block, rounded
+  once by the codec, not twice (the reduced block is not sent again).
 - Allgather(v): each rank encodes its block, all gather the encoded blocks
   and decode every block into place, their own too: every rank holds
   ``Q(block)`` of every rank.
@@ -99,8 +107,11 @@ from mcr.backends.message import Side
 __all__ = ["SUPPORTED_OPS", "FORMS", "Codec", "codec", "applies", "usable", "check", "run",
            "private_comms"]
 
-SUPPORTED_OPS: tuple[str, ...] = ("Allreduce", "Allgather", "Allgatherv", "Bcast",
+SUPPORTED_OPS: tuple[str, ...] = ("Allreduce", "Reduce", "Reduce_scatter_block",
+                                  "Reduce_scatter", "Allgather", "Allgatherv", "Bcast",
                                   "Alltoall", "Alltoallv")
+# the reductions among them, and where their op comes in their arguments
+_OP_ARG = {"Allreduce": 2, "Reduce": 2, "Reduce_scatter_block": 2, "Reduce_scatter": 3}
 FORMS: tuple[str, ...] = ("blocking", "nonblocking", "persistent")
 REDUCTIONS: tuple[str, ...] = ("SUM", "MAX", "MIN")
 BACKENDS: tuple[str, ...] = ("mpi", "gloo", "nccl")
@@ -334,8 +345,8 @@ def why_not(op: str, msg: Any) -> str | None:
         return f"it applies to {', '.join(SUPPORTED_OPS)}, not {op}"
     s, r = _sides(op, msg)
     for side, arg in ((s, "sendbuf"), (r, "recvbuf")):
-        if side.kind == "in_place":
-            continue
+        if side.kind == "in_place" or side.kind == "null":   # (null: Reduce's recvbuf
+            continue                                          # away from the root)
         if side.tname not in _FLOATS:
             what = "a derived datatype" if side.tname is None else side.tname
             return (f"{'buf' if op == 'Bcast' else arg}: compression applies to float32 "
@@ -352,13 +363,13 @@ def applies(op: str, msg: Any) -> bool:
 
 def usable(op: str, msg: Any, args: Sequence[Any] = ()) -> bool:
     """Whether a communicator's default compression serves this call: it
-    applies, and an Allreduce reduces with SUM, MAX or MIN (other calls run
+    applies, and a reduction reduces with SUM, MAX or MIN (other calls run
     uncompressed)."""
     if not applies(op, msg):
         return False
-    if op == "Allreduce":
+    if op in _OP_ARG:
         try:
-            _reduction(args)
+            _reduction(op, args)
         except ValueError:
             return False
     return True
@@ -367,21 +378,23 @@ def usable(op: str, msg: Any, args: Sequence[Any] = ()) -> bool:
 def check(op: str, msg: Any, args: Sequence[Any] = ()) -> None:
     """Raise what ``run`` would raise for ``op`` on ``msg`` before it
     communicates: TypeError when compression does not apply, ValueError for
-    an Allreduce op other than SUM, MAX, MIN."""
+    a reduction's op other than SUM, MAX, MIN."""
     reason = why_not(op, msg)
     if reason is not None:
         raise TypeError(f"compress: {reason}")
-    if op == "Allreduce":
-        _reduction(args)
+    if op in _OP_ARG:
+        _reduction(op, args)
 
 
-def _reduction(args: Sequence[Any]) -> str:
-    op = args[2] if len(args) > 2 else MPI.SUM
+def _reduction(what: str, args: Sequence[Any]) -> str:
+    """The name of reduction `what`'s op, from its arguments (default SUM)."""
+    at = _OP_ARG[what]
+    op = args[at] if len(args) > at and args[at] is not None else MPI.SUM
     name = None
     if isinstance(op, MPI.Op):
         name = next((n for n in REDUCTIONS if getattr(MPI, n) == op), None)
     if name is None:
-        raise ValueError(f"compress: Allreduce supports op {', '.join(REDUCTIONS)}, got "
+        raise ValueError(f"compress: {what} supports op {', '.join(REDUCTIONS)}, got "
                          f"{_op_text(op)}")
     return name
 
@@ -698,41 +711,115 @@ _Plan = Callable[[Codec, str, int, int, Side, Side, Sequence[Any], list[int]],
                  tuple[int, _Pipeline]]
 
 
+def _scattered(c: Codec, backend: str, size: int, rank: int, x: Side, counts: list[int],
+               fixed: list[int] | None, reduction: str, sent: list[int]
+               ) -> Generator[_Post, None, torch.Tensor | None]:
+    """Stages that reduce ``x`` (``counts[i]`` elements for rank ``i``, in
+    rank order) onto the ranks: each block encoded and sent to its rank
+    (their sizes first, unless ``fixed``); this rank's block reduced from the
+    decoded operands in rank order (None when it has no elements)."""
+    dtype = _FLOATS[x.tname]
+    device = x.torch_device()
+    chunks = [_encoded(c, t) for t in _blocks(x, counts, _offsets(counts))]
+    out_sizes: list[int]
+    if fixed is None:
+        got, post = _sizes_alltoall(backend, [p.numel() for p in chunks], device)
+        sent[0] += 8 * (size - 1)
+        yield post
+        out_sizes = [int(v) for v in got.tolist()]
+    else:
+        out_sizes = [fixed[rank]] * size
+    in_sizes = [p.numel() for p in chunks]
+    inbox = torch.empty(sum(out_sizes), dtype=_BYTE, device=device)
+    sent[0] += _others(in_sizes, rank)
+    yield _alltoallv(backend, _joined(chunks, device), in_sizes, inbox, out_sizes)
+    if not counts[rank]:
+        return None
+    operands = [torch.empty(counts[rank], dtype=dtype, device=device) for _ in range(size)]
+    _decode_all(c, inbox, out_sizes, operands)
+    return compose.fold(reduction, operands)
+
+
+def _chunks(n: int, size: int) -> list[int]:
+    """``n`` elements cut into ``size`` chunks, the first ``n % size`` one longer."""
+    return [n // size + (1 if i < n % size else 0) for i in range(size)]
+
+
 def _plan_allreduce(c: Codec, backend: str, size: int, rank: int, s: Side, r: Side,
                     args: Sequence[Any], sent: list[int]) -> tuple[int, _Pipeline]:
-    reduction = _reduction(args)
-    n = r.count
-    dtype = _FLOATS[r.tname]
-    device = r.torch_device()
-    counts = [n // size + (1 if i < n % size else 0) for i in range(size)]
-    displs = _offsets(counts)
+    reduction = _reduction("Allreduce", args)
+    counts = _chunks(r.count, size)
     x = r if s.kind == "in_place" else s
-    fixed = _fixed(c, counts, dtype)
+    fixed = _fixed(c, counts, _FLOATS[r.tname])
+    device = r.torch_device()
 
     def pipeline() -> _Pipeline:
-        chunks = [_encoded(c, t) for t in _blocks(x, counts, displs)]
-        out_sizes: list[int]
-        if fixed is None:
-            got, post = _sizes_alltoall(backend, [p.numel() for p in chunks], device)
-            sent[0] += 8 * (size - 1)
-            yield post
-            out_sizes = [int(v) for v in got.tolist()]
-        else:
-            out_sizes = [fixed[rank]] * size
-        in_sizes = [p.numel() for p in chunks]
-        inbox = torch.empty(sum(out_sizes), dtype=_BYTE, device=device)
-        sent[0] += _others(in_sizes, rank)
-        yield _alltoallv(backend, _joined(chunks, device), in_sizes, inbox, out_sizes)
-        # decode the operands of this rank's chunk, reduce them in rank order
-        operands = [torch.empty(counts[rank], dtype=dtype, device=device)
-                    for _ in range(size)]
-        _decode_all(c, inbox, out_sizes, operands)
-        reduced = _encoded(c, compose.fold(reduction, operands)) if counts[rank] else \
+        mine = yield from _scattered(c, backend, size, rank, x, counts, fixed, reduction, sent)
+        reduced = _encoded(c, mine) if mine is not None else \
             torch.empty(0 if fixed is None else fixed[rank], dtype=_BYTE, device=device)
         gathered, sizes = yield from _gathered(backend, reduced, size, device, fixed, sent)
-        _decode_all(c, gathered, sizes, _blocks(r, counts, displs))
+        _decode_all(c, gathered, sizes, _blocks(r, counts, _offsets(counts)))
 
     return (2 if fixed is not None else 4), pipeline()
+
+
+def _plan_reduce(c: Codec, backend: str, size: int, rank: int, s: Side, r: Side,
+                 args: Sequence[Any], sent: list[int]) -> tuple[int, _Pipeline]:
+    reduction = _reduction("Reduce", args)
+    root = args[3] if len(args) > 3 and args[3] is not None else 0
+    x = r if s.kind == "in_place" else s
+    counts = _chunks(x.count, size)
+    fixed = _fixed(c, counts, _FLOATS[x.tname])
+    device = x.torch_device()
+
+    def pipeline() -> _Pipeline:
+        mine = yield from _scattered(c, backend, size, rank, x, counts, fixed, reduction, sent)
+        reduced = _encoded(c, mine) if mine is not None else \
+            torch.empty(0 if fixed is None else fixed[rank], dtype=_BYTE, device=device)
+        here = rank == root
+        if fixed is None:
+            inp = torch.tensor([reduced.numel()], dtype=_SIZE, device=device)
+            got = torch.empty(size if here else 0, dtype=_SIZE, device=device)
+            if not here:
+                sent[0] += 8
+            yield lambda private: private.Igather(inp, got if here else None, root,
+                                                  backend=backend)
+            sizes = [int(v) for v in got.tolist()]
+        else:
+            sizes = fixed
+        out = torch.empty(sum(sizes) if here else 0, dtype=_BYTE, device=device)
+        if not here:
+            sent[0] += reduced.numel()
+        yield lambda private: private.Igatherv(
+            reduced, [out, list(sizes), _offsets(sizes)] if here else None, root,
+            backend=backend)
+        if here:
+            _decode_all(c, out, sizes, _blocks(r, counts, _offsets(counts)))
+
+    return (2 if fixed is not None else 4), pipeline()
+
+
+def _plan_reduce_scatter(c: Codec, backend: str, size: int, rank: int, s: Side, r: Side,
+                         args: Sequence[Any], sent: list[int], block: bool = False
+                         ) -> tuple[int, _Pipeline]:
+    what = "Reduce_scatter_block" if block else "Reduce_scatter"
+    reduction = _reduction(what, args)
+    counts = [r.count] * size if block else list(r.counts or ())
+    x = r if s.kind == "in_place" else s
+    fixed = _fixed(c, counts, _FLOATS[x.tname])
+
+    def pipeline() -> _Pipeline:
+        mine = yield from _scattered(c, backend, size, rank, x, counts, fixed, reduction, sent)
+        if mine is not None:
+            r.typed(counts[rank]).copy_(mine)
+
+    return (1 if fixed is not None else 2), pipeline()
+
+
+def _plan_reduce_scatter_block(c: Codec, backend: str, size: int, rank: int, s: Side,
+                               r: Side, args: Sequence[Any], sent: list[int]
+                               ) -> tuple[int, _Pipeline]:
+    return _plan_reduce_scatter(c, backend, size, rank, s, r, args, sent, True)
 
 
 def _gathered(backend: str, mine: torch.Tensor, size: int, device: torch.device,
@@ -831,6 +918,9 @@ def _plan_alltoall(c: Codec, backend: str, size: int, rank: int, s: Side, r: Sid
 
 _PLANS: dict[str, _Plan] = {
     "Allreduce": _plan_allreduce,
+    "Reduce": _plan_reduce,
+    "Reduce_scatter_block": _plan_reduce_scatter_block,
+    "Reduce_scatter": _plan_reduce_scatter,
     "Allgather": _plan_allgather,
     "Allgatherv": _plan_allgather,
     "Bcast": _plan_bcast,

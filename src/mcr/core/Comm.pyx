@@ -151,11 +151,12 @@ cdef class Comm(_MPI.Intracomm):
     @property
     def compress(self):
         """The compression of the calls that can be compressed (Allreduce,
-        Allgather(v), Bcast, Alltoall(v) on float32/float64 tensors) when
-        they pass no ``compress``: None (none), ``"fp16"``, ``"bf16"``,
-        ``"zfp:rate=R"``, ``(encode, decode)`` or a ``mcr.compress.Codec``;
-        settable. Calls it cannot serve (other element types, an Allreduce
-        op other than SUM, MAX, MIN) run uncompressed. Communicators made
+        Reduce, Reduce_scatter(_block), Allgather(v), Bcast, Alltoall(v) on
+        float32/float64 tensors) when they pass no ``compress``: None
+        (none), ``"fp16"``, ``"bf16"``, ``"zfp:rate=R"``, ``(encode,
+        decode)`` or a ``mcr.compress.Codec``; settable. Calls it cannot
+        serve (other element types, a reduction's op other than SUM, MAX,
+        MIN) run uncompressed. Communicators made
         from this one (``Dup``, ``Split``, ...) start with the same.
 
         A call's own ``compress`` argument takes precedence: a spec as above
@@ -823,7 +824,7 @@ cdef class Comm(_MPI.Intracomm):
         """Run a call with compression or the logger, as they apply."""
         if compress is not None and compress is not False and compressible(op):
             result = self.compressed(sub, op, form, backend, name, why, compress,
-                                     compress is not self.compress_dflt, info, a, b, c)
+                                     compress is not self.compress_dflt, info, a, b, c, d)
         elif log_on and not self.unlogged:
             result = self.logged(sub, op, form, backend, name, why, info, a, b, c, d, e, f, g)
         elif sub is None:
@@ -929,7 +930,7 @@ cdef class Comm(_MPI.Intracomm):
 
     cdef object compressed(self, object sub, int op, int form, object backend, str name,
                            object why, object spec, bint explicit, object info, object a,
-                           object b, object c):
+                           object b, object c, object d):
         """Run a call that can be compressed through mcr.compress: parsed and
         checked here, exchanged compressed on `name`'s backend. A call that
         compression does not serve (its element type, its reduction) runs as
@@ -938,21 +939,21 @@ cdef class Comm(_MPI.Intracomm):
         compress = compress_module()
         codec = compress.codec(spec)
         cdef long long t0 = now_ns()
-        m = self.parse_run(op, VALIDATE, None, a, b, c, None, None, None, None, MPI_INFO_NULL,
+        m = self.parse_run(op, VALIDATE, None, a, b, c, d, None, None, None, MPI_INFO_NULL,
                            NULL)
-        args = (a, b, c)[:CALL_NARGS[op]]
+        args = (a, b, c, d)[:CALL_NARGS[op]]
         if explicit:
             compress.check(CALL_NAMES[op], m, args)
         elif not compress.usable(CALL_NAMES[op], m, args):
             if log_on and not self.unlogged:
-                return self.logged(sub, op, form, backend, name, why, info, a, b, c, None,
+                return self.logged(sub, op, form, backend, name, why, info, a, b, c, d,
                                    None, None, None)
             if sub is None:
-                return self.on_mpi(op, form, backend, info, a, b, c, None, None, None, None, 0)
-            return self.on_parsed(sub, op, form, backend, m, a, b, c, None, None, None, None)
+                return self.on_mpi(op, form, backend, info, a, b, c, d, None, None, None, 0)
+            return self.on_parsed(sub, op, form, backend, m, a, b, c, d, None, None, None)
         cdef _Rec r = None
         if log_on and not self.unlogged and form != PERSISTENT:
-            r = log_post(self, op, form, name, m, why, a, b, c, None)
+            r = log_post(self, op, form, name, m, why, a, b, c, d)
             r.t0 = t0
         result = compress.run(self, CALL_NAMES[op], FORM_NAMES[form], m, args, codec, name,
                               None if r is None else r.set_wire)
@@ -1467,7 +1468,7 @@ cdef class Comm(_MPI.Intracomm):
         """Start an ``Alltoallw``; return a ``Request``. Arguments as ``Alltoallw``."""
         return self.call(CALL_ALLTOALLW, NONBLOCKING, backend, None, sendbuf, recvbuf)
 
-    def Reduce(self, sendbuf, recvbuf, op=SUM, root=0, *, backend=None):
+    def Reduce(self, sendbuf, recvbuf, op=SUM, root=0, *, backend=None, compress=None):
         """Reduce element-wise over all processes, result at `root`.
 
         Parameters
@@ -1482,12 +1483,16 @@ cdef class Comm(_MPI.Intracomm):
             a user-defined op.
         root : int
             Rank that receives the result.
+        compress : str, tuple, mcr.compress.Codec, False or None
+            Compression on the wire (see the ``compress`` attribute).
         """
-        return self.call(CALL_REDUCE, BLOCKING, backend, None, sendbuf, recvbuf, op, root)
+        return call_c(self, CALL_REDUCE, BLOCKING, backend, None, compress, sendbuf, recvbuf,
+                      op, root)
 
-    def Ireduce(self, sendbuf, recvbuf, op=SUM, root=0, *, backend=None):
+    def Ireduce(self, sendbuf, recvbuf, op=SUM, root=0, *, backend=None, compress=None):
         """Start a reduce; return a ``Request``. Arguments as ``Reduce``."""
-        return self.call(CALL_REDUCE, NONBLOCKING, backend, None, sendbuf, recvbuf, op, root)
+        return call_c(self, CALL_REDUCE, NONBLOCKING, backend, None, compress, sendbuf,
+                      recvbuf, op, root)
 
     def Allreduce(self, sendbuf, recvbuf, op=SUM, *, backend=None, compress=None):
         """Reduce element-wise over all processes, result on all.
@@ -1511,7 +1516,7 @@ cdef class Comm(_MPI.Intracomm):
         return call_c(self, CALL_ALLREDUCE, NONBLOCKING, backend, None, compress, sendbuf,
                       recvbuf, op)
 
-    def Reduce_scatter_block(self, sendbuf, recvbuf, op=SUM, *, backend=None):
+    def Reduce_scatter_block(self, sendbuf, recvbuf, op=SUM, *, backend=None, compress=None):
         """Reduce element-wise, then scatter equal blocks of the result.
 
         Parameters
@@ -1523,17 +1528,21 @@ cdef class Comm(_MPI.Intracomm):
             Receives this process's block of the result.
         op : mpi4py.MPI.Op
             The reduction, as in ``Reduce``.
+        compress : str, tuple, mcr.compress.Codec, False or None
+            Compression on the wire (see the ``compress`` attribute).
         """
-        return self.call(CALL_REDUCE_SCATTER_BLOCK, BLOCKING, backend, None,
-                         sendbuf, recvbuf, op)
+        return call_c(self, CALL_REDUCE_SCATTER_BLOCK, BLOCKING, backend, None, compress,
+                      sendbuf, recvbuf, op)
 
-    def Ireduce_scatter_block(self, sendbuf, recvbuf, op=SUM, *, backend=None):
+    def Ireduce_scatter_block(self, sendbuf, recvbuf, op=SUM, *, backend=None,
+                              compress=None):
         """Start a reduce-scatter-block; return a ``Request``. Arguments as
         ``Reduce_scatter_block``."""
-        return self.call(CALL_REDUCE_SCATTER_BLOCK, NONBLOCKING, backend, None,
-                         sendbuf, recvbuf, op)
+        return call_c(self, CALL_REDUCE_SCATTER_BLOCK, NONBLOCKING, backend, None, compress,
+                      sendbuf, recvbuf, op)
 
-    def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=SUM, *, backend=None):
+    def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=SUM, *, backend=None,
+                       compress=None):
         """Reduce element-wise, then scatter blocks of varying size.
 
         Parameters
@@ -1547,14 +1556,17 @@ cdef class Comm(_MPI.Intracomm):
             Block sizes, one per process; by default equal blocks.
         op : mpi4py.MPI.Op
             The reduction, as in ``Reduce``.
+        compress : str, tuple, mcr.compress.Codec, False or None
+            Compression on the wire (see the ``compress`` attribute).
         """
-        return self.call(CALL_REDUCE_SCATTER, BLOCKING, backend, None,
-                         sendbuf, recvbuf, recvcounts, op)
+        return call_c(self, CALL_REDUCE_SCATTER, BLOCKING, backend, None, compress,
+                      sendbuf, recvbuf, recvcounts, op)
 
-    def Ireduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=SUM, *, backend=None):
+    def Ireduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=SUM, *, backend=None,
+                        compress=None):
         """Start a reduce-scatter; return a ``Request``. Arguments as ``Reduce_scatter``."""
-        return self.call(CALL_REDUCE_SCATTER, NONBLOCKING, backend, None,
-                         sendbuf, recvbuf, recvcounts, op)
+        return call_c(self, CALL_REDUCE_SCATTER, NONBLOCKING, backend, None, compress,
+                      sendbuf, recvbuf, recvcounts, op)
 
     def Scan(self, sendbuf, recvbuf, op=SUM, *, backend=None):
         """Inclusive prefix reduction: rank ``i`` gets the reduction of ranks 0..i.
@@ -1664,25 +1676,29 @@ cdef class Comm(_MPI.Intracomm):
         """Persistent ``Alltoallw``; arguments as ``Alltoallw``, plus `info`."""
         return self.call(CALL_ALLTOALLW, PERSISTENT, backend, info, sendbuf, recvbuf)
 
-    def Reduce_init(self, sendbuf, recvbuf, op=SUM, root=0, info=None, *, backend=None):
+    def Reduce_init(self, sendbuf, recvbuf, op=SUM, root=0, info=None, *, backend=None,
+                    compress=None):
         """Persistent ``Reduce``; arguments as ``Reduce``, plus `info`."""
-        return self.call(CALL_REDUCE, PERSISTENT, backend, info, sendbuf, recvbuf, op, root)
+        return call_c(self, CALL_REDUCE, PERSISTENT, backend, info, compress, sendbuf, recvbuf,
+                      op, root)
 
     def Allreduce_init(self, sendbuf, recvbuf, op=SUM, info=None, *, backend=None, compress=None):
         """Persistent ``Allreduce``; arguments as ``Allreduce``, plus `info`."""
         return call_c(self, CALL_ALLREDUCE, PERSISTENT, backend, info, compress, sendbuf,
                       recvbuf, op)
 
-    def Reduce_scatter_block_init(self, sendbuf, recvbuf, op=SUM, info=None, *, backend=None):
+    def Reduce_scatter_block_init(self, sendbuf, recvbuf, op=SUM, info=None, *, backend=None,
+                                  compress=None):
         """Persistent ``Reduce_scatter_block``; arguments as ``Reduce_scatter_block``,
         plus `info`."""
-        return self.call(CALL_REDUCE_SCATTER_BLOCK, PERSISTENT, backend, info,
-                         sendbuf, recvbuf, op)
+        return call_c(self, CALL_REDUCE_SCATTER_BLOCK, PERSISTENT, backend, info, compress,
+                      sendbuf, recvbuf, op)
 
-    def Reduce_scatter_init(self, sendbuf, recvbuf, recvcounts=None, op=SUM, info=None, *, backend=None):
+    def Reduce_scatter_init(self, sendbuf, recvbuf, recvcounts=None, op=SUM, info=None, *,
+                            backend=None, compress=None):
         """Persistent ``Reduce_scatter``; arguments as ``Reduce_scatter``, plus `info`."""
-        return self.call(CALL_REDUCE_SCATTER, PERSISTENT, backend, info,
-                         sendbuf, recvbuf, recvcounts, op)
+        return call_c(self, CALL_REDUCE_SCATTER, PERSISTENT, backend, info, compress,
+                      sendbuf, recvbuf, recvcounts, op)
 
     def Scan_init(self, sendbuf, recvbuf, op=SUM, info=None, *, backend=None):
         """Persistent ``Scan``; arguments as ``Scan``, plus `info`."""
@@ -2339,13 +2355,13 @@ cdef dict TOPOLOGY_CLASSES = {_MPI.Cartcomm: Cartcomm, _MPI.Graphcomm: Graphcomm
 
 
 cdef inline object call_c(Comm comm, int op, int form, object backend, object info,
-                          object compress, object a, object b, object c):
+                          object compress, object a, object b, object c, object d=None):
     """Comm.call for an operation that can be compressed: `compress` is the
     call's ``compress`` argument (None: the communicator's default). A
     function, not a method, so that the C compiler inlines it."""
     if compress is None:
-        return comm.call(op, form, backend, info, a, b, c)
-    return comm.hooked(comm.sub(backend), op, form, backend, info, a, b, c, None, None, None,
+        return comm.call(op, form, backend, info, a, b, c, d)
+    return comm.hooked(comm.sub(backend), op, form, backend, info, a, b, c, d, None, None,
                        None, compress)
 
 

@@ -67,7 +67,9 @@ cdef int call_id(object name) except -1:
 cdef inline bint compressible(int op) noexcept:
     """Operations mcr.compress serves."""
     return (op == CALL_ALLREDUCE or op == CALL_BCAST or op == CALL_ALLGATHER
-            or op == CALL_ALLGATHERV or op == CALL_ALLTOALL or op == CALL_ALLTOALLV)
+            or op == CALL_ALLGATHERV or op == CALL_ALLTOALL or op == CALL_ALLTOALLV
+            or op == CALL_REDUCE or op == CALL_REDUCE_SCATTER_BLOCK
+            or op == CALL_REDUCE_SCATTER)
 
 
 cdef object _compress = None     # mcr.compress, imported at the first compressed call
