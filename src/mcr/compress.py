@@ -1,6 +1,7 @@
 """Compressed collectives: Allreduce, Reduce, Reduce_scatter(_block),
-Allgather(v), Bcast and Alltoall(v) on float32/float64 buffers, with each payload encoded by a lossy codec before it
-goes on the wire and decoded after.
+Allgather(v), Bcast and Alltoall(v) on float32/float64 buffers, with each
+payload encoded by a lossy codec before it goes on the wire and decoded
+after.
 
 Codecs (``codec(spec)``): ``"fp16"`` and ``"bf16"`` (a cast, 2 bytes per
 value), ``"zfp:rate=R"`` (zfp's fixed-rate mode through the ``zfpy`` package,

@@ -339,8 +339,7 @@ cdef object nb_composed(Comm comm, int kind, int form, object sub, object sendbu
             stages = _NbStages(comm, None, post, kind, m)
         else:
             stages = _NbStages(comm, rounds, post) if rounds else _Done()
-        return _work_request(name, [stages],
-                             None, m)
+        return _work_request(name, [stages], None, m)
     if sub is not MPI_SUB:                 # what the backend refuses fails now, not at Start
         for sc, sd, rc, rd in rounds:
             nb_alltoallv(comm, sub, PERSISTENT, name, [sbytes, sc, sd], [rbytes, rc, rd])
