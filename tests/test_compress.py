@@ -232,6 +232,62 @@ def reduce_and_reduce_scatter_cast_exact(comm):
 
 
 @case
+def gather_and_scatter_cast_exact(comm):
+    # Gather(v): the root gets Q(block) of every rank, its own too;
+    # Scatter(v): each rank gets Q(its block), the root too; in place, the
+    # root's own block stays as it is
+    size, rank = comm.size, comm.rank
+    root = size - 1
+    here = rank == root
+    counts = [1 + (2 * i) % 5 for i in range(size)]
+    displs = [sum(counts[:i]) + i for i in range(size)]        # a gap after each block
+    total = displs[-1] + counts[-1] + 1
+    for backend in BACKENDS:
+        for form in FORMS:
+            for name, dtype in (("fp16", torch.float32), ("bf16", torch.float64)):
+                where = (backend, form, name)
+                xs = [data(r, 6, dtype) for r in range(size)]
+                out = torch.full((6 * size,), -1.0, dtype=dtype) if here else None
+                run(comm, "Gather", form, (xs[rank], out, root), name, backend)
+                if here:
+                    assert torch.equal(out, torch.cat([cast(v, name) for v in xs])), where
+                vs = [data(r, counts[r], dtype, seed=3) for r in range(size)]
+                out = torch.full((total,), -1.0, dtype=dtype) if here else None
+                run(comm, "Gatherv", form, (vs[rank], [out, counts, displs] if here else None,
+                                            root), name, backend)
+                if here:
+                    want = torch.full((total,), -1.0, dtype=dtype)
+                    for r in range(size):
+                        want[displs[r]:displs[r] + counts[r]] = cast(vs[r], name)
+                    assert torch.equal(out, want), where
+                whole = data(root, 5 * size, dtype, seed=4)
+                y = torch.full((5,), -1.0, dtype=dtype)
+                run(comm, "Scatter", form, (whole if here else None, y, root), name, backend)
+                assert torch.equal(y, cast(whole[5 * rank:5 * rank + 5], name)), where
+                whole = data(root, total, dtype, seed=5)
+                y = torch.full((counts[rank],), -1.0, dtype=dtype)
+                run(comm, "Scatterv", form, ([whole, counts, displs] if here else None, y, root),
+                    name, backend)
+                mine = whole[displs[rank]:displs[rank] + counts[rank]]
+                assert torch.equal(y, cast(mine, name)), where
+            buf = torch.full((4 * size,), -1.0)
+            buf[4 * root:4 * root + 4] = data(root, 4)
+            run(comm, "Gather", form, (mcr.IN_PLACE if here else data(rank, 4),
+                                       buf if here else None, root), "fp16", backend)
+            if here:
+                want = torch.cat([data(r, 4) if r == root else cast(data(r, 4), "fp16")
+                                  for r in range(size)])
+                assert torch.equal(buf, want), (backend, form)
+            whole = data(root, 4 * size, seed=6)
+            mine = whole[4 * rank:4 * rank + 4].clone() if here else torch.zeros(4)
+            run(comm, "Scatter", form, (whole if here else None, mcr.IN_PLACE if here else mine,
+                                        root), "fp16", backend)
+            want = whole[4 * rank:4 * rank + 4] if here else cast(whole[4 * rank:4 * rank + 4],
+                                                                   "fp16")
+            assert torch.equal(mine, want), (backend, form)
+
+
+@case
 def allgather_cast_exact(comm):
     size, rank = comm.size, comm.rank
     counts = [r % 3 + 1 for r in range(size)]
@@ -395,6 +451,15 @@ def user_codec_sizes_exchanged(comm):
             buf = x.clone()
             run(comm, "Bcast", form, (buf, 0), pair, backend)
             assert torch.equal(buf, x if rank == 0 else truncated(xs[0]))
+
+            out = torch.zeros(8 * size) if rank == 0 else None
+            run(comm, "Gather", form, (x, out, 0), pair, backend)
+            if rank == 0:
+                assert torch.equal(out, torch.cat([truncated(v) for v in xs]))
+            y = torch.zeros(8)
+            run(comm, "Scatter", form, (torch.cat(xs) if rank == 0 else None, y, 0), pair,
+                backend)
+            assert torch.equal(y, truncated(xs[rank]))
 
             y = torch.zeros(8) if rank == 0 else None
             run(comm, "Reduce", form, (x, y, mcr.SUM, 0), (_half, _unhalf), backend)

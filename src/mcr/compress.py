@@ -1,7 +1,7 @@
 """Compressed collectives: Allreduce, Reduce, Reduce_scatter(_block),
-Allgather(v), Bcast and Alltoall(v) on float32/float64 buffers, with each
-payload encoded by a lossy codec before it goes on the wire and decoded
-after.
+Allgather(v), Gather(v), Scatter(v), Bcast and Alltoall(v) on
+float32/float64 buffers, with each payload encoded by a lossy codec before
+it goes on the wire and decoded after.
 
 Codecs (``codec(spec)``): ``"fp16"`` and ``"bf16"`` (a cast, 2 bytes per
 value), ``"zfp:rate=R"`` (zfp's fixed-rate mode through the ``zfpy`` package,
@@ -69,6 +69,12 @@ Algorithms and their precision
 - Allgather(v): each rank encodes its block, all gather the encoded blocks
   and decode every block into place, their own too: every rank holds
   ``Q(block)`` of every rank.
+- Gather(v): each rank encodes its block and the root gathers and decodes
+  them (its own too: ``Q(block)`` of every rank; in place, the root's block
+  stays as it is).
+- Scatter(v): the root encodes each block and scatters them, each rank
+  decodes its own (the root too: ``Q(block)``; in place, the root's block
+  stays as it is).
 - Bcast: the root encodes, broadcasts, the others decode (``Q(buf)``); the
   root's buffer is not changed.
 - Alltoall(v): each rank encodes each block it sends, exchanges them, and
@@ -109,8 +115,9 @@ __all__ = ["SUPPORTED_OPS", "FORMS", "Codec", "codec", "applies", "usable", "che
            "private_comms"]
 
 SUPPORTED_OPS: tuple[str, ...] = ("Allreduce", "Reduce", "Reduce_scatter_block",
-                                  "Reduce_scatter", "Allgather", "Allgatherv", "Bcast",
-                                  "Alltoall", "Alltoallv")
+                                  "Reduce_scatter", "Allgather", "Allgatherv", "Gather",
+                                  "Gatherv", "Scatter", "Scatterv", "Bcast", "Alltoall",
+                                  "Alltoallv")
 # the reductions among them, and where their op comes in their arguments
 _OP_ARG = {"Allreduce": 2, "Reduce": 2, "Reduce_scatter_block": 2, "Reduce_scatter": 3}
 FORMS: tuple[str, ...] = ("blocking", "nonblocking", "persistent")
@@ -346,8 +353,8 @@ def why_not(op: str, msg: Any) -> str | None:
         return f"it applies to {', '.join(SUPPORTED_OPS)}, not {op}"
     s, r = _sides(op, msg)
     for side, arg in ((s, "sendbuf"), (r, "recvbuf")):
-        if side.kind == "in_place" or side.kind == "null":   # (null: Reduce's recvbuf
-            continue                                          # away from the root)
+        if side.kind == "in_place" or side.kind == "null":   # (null: a rooted call's
+            continue                                          # other side off the root)
         if side.tname not in _FLOATS:
             what = "a derived datatype" if side.tname is None else side.tname
             return (f"{'buf' if op == 'Bcast' else arg}: compression applies to float32 "
@@ -741,6 +748,11 @@ def _scattered(c: Codec, backend: str, size: int, rank: int, x: Side, counts: li
     return compose.fold(reduction, operands)
 
 
+def _root(args: Sequence[Any], at: int) -> int:
+    """A rooted call's root, argument ``at`` (default 0)."""
+    return int(args[at]) if len(args) > at and args[at] is not None else 0
+
+
 def _chunks(n: int, size: int) -> list[int]:
     """``n`` elements cut into ``size`` chunks, the first ``n % size`` one longer."""
     return [n // size + (1 if i < n % size else 0) for i in range(size)]
@@ -767,7 +779,7 @@ def _plan_allreduce(c: Codec, backend: str, size: int, rank: int, s: Side, r: Si
 def _plan_reduce(c: Codec, backend: str, size: int, rank: int, s: Side, r: Side,
                  args: Sequence[Any], sent: list[int]) -> tuple[int, _Pipeline]:
     reduction = _reduction("Reduce", args)
-    root = args[3] if len(args) > 3 and args[3] is not None else 0
+    root = _root(args, 3)
     x = r if s.kind == "in_place" else s
     counts = _chunks(x.count, size)
     fixed = _fixed(c, counts, _FLOATS[x.tname])
@@ -858,9 +870,91 @@ def _plan_allgather(c: Codec, backend: str, size: int, rank: int, s: Side, r: Si
     return (1 if fixed is not None else 2), pipeline()
 
 
+def _plan_gather(c: Codec, backend: str, size: int, rank: int, s: Side, r: Side,
+                 args: Sequence[Any], sent: list[int]) -> tuple[int, _Pipeline]:
+    root = _root(args, 2)
+    here, in_place = rank == root, s.kind == "in_place"
+    x = r if in_place else s
+    dtype = _FLOATS[x.tname]
+    device = x.torch_device()
+    counts, displs = r.blocks(size) if here else ([s.count], [0])
+    fixed = _fixed(c, counts, dtype)
+    if fixed is not None and in_place:
+        fixed[root] = 0                 # the root's block stays where it is
+
+    def pipeline() -> _Pipeline:
+        payload = torch.empty(0, dtype=_BYTE, device=device) if in_place else \
+            _encoded(c, s.typed(s.count))
+        if not here:
+            sent[0] += payload.numel()
+        sizes: list[int]
+        if fixed is None:
+            inp = torch.tensor([payload.numel()], dtype=_SIZE, device=device)
+            got = torch.empty(size if here else 0, dtype=_SIZE, device=device)
+            if not here:
+                sent[0] += 8
+            yield lambda private: private.Igather(inp, got if here else None, root,
+                                                  backend=backend)
+            sizes = [int(v) for v in got.tolist()]
+        else:
+            sizes = fixed
+        out = torch.empty(sum(sizes) if here else 0, dtype=_BYTE, device=device)
+        yield lambda private: private.Igatherv(
+            payload, [out, list(sizes), _offsets(sizes)] if here else None, root,
+            backend=backend)
+        if here:
+            outs = _blocks(r, counts, displs)
+            if in_place:
+                outs[root] = outs[root][:0]
+            _decode_all(c, out, sizes, outs)
+
+    return (1 if fixed is not None else 2), pipeline()
+
+
+def _plan_scatter(c: Codec, backend: str, size: int, rank: int, s: Side, r: Side,
+                  args: Sequence[Any], sent: list[int]) -> tuple[int, _Pipeline]:
+    root = _root(args, 2)
+    here, in_place = rank == root, r.kind == "in_place"
+    x = s if here else r
+    dtype = _FLOATS[x.tname]
+    device = x.torch_device()
+    counts, displs = s.blocks(size) if here else ([r.count], [0])
+    fixed = _fixed(c, counts, dtype)
+    if fixed is not None and in_place:
+        fixed[root] = 0                 # the root's block stays where it is
+
+    def pipeline() -> _Pipeline:
+        payloads = []
+        if here:
+            payloads = [_encoded(c, t) for t in _blocks(s, counts, displs)]
+            if in_place:
+                payloads[root] = payloads[root][:0]
+            sent[0] += _others([p.numel() for p in payloads], rank)
+        nbytes: int
+        if fixed is None:
+            inp = torch.tensor([p.numel() for p in payloads], dtype=_SIZE, device=device)
+            got = torch.empty(1, dtype=_SIZE, device=device)
+            if here:
+                sent[0] += 8 * (size - 1)
+            yield lambda private: private.Iscatter(inp if here else None, got, root,
+                                                   backend=backend)
+            nbytes = int(got.item())
+        else:
+            nbytes = fixed[rank] if here else fixed[0]
+        sizes = [p.numel() for p in payloads]
+        inbox = torch.empty(nbytes, dtype=_BYTE, device=device)
+        packed = _joined(payloads, device)
+        yield lambda private: private.Iscatterv(
+            [packed, sizes, _offsets(sizes)] if here else None, inbox, root, backend=backend)
+        if not (here and in_place) and r.count:
+            c.decode(inbox, r.typed(r.count))
+
+    return (1 if fixed is not None else 2), pipeline()
+
+
 def _plan_bcast(c: Codec, backend: str, size: int, rank: int, s: Side, r: Side,
                 args: Sequence[Any], sent: list[int]) -> tuple[int, _Pipeline]:
-    root = args[1] if len(args) > 1 else 0
+    root = _root(args, 1)
     dtype = _FLOATS[r.tname]
     device = r.torch_device()
     fixed = _fixed(c, [r.count], dtype)
@@ -924,6 +1018,10 @@ _PLANS: dict[str, _Plan] = {
     "Reduce_scatter": _plan_reduce_scatter,
     "Allgather": _plan_allgather,
     "Allgatherv": _plan_allgather,
+    "Gather": _plan_gather,
+    "Gatherv": _plan_gather,
+    "Scatter": _plan_scatter,
+    "Scatterv": _plan_scatter,
     "Bcast": _plan_bcast,
     "Alltoall": _plan_alltoall,
     "Alltoallv": _plan_alltoall,

@@ -151,8 +151,8 @@ cdef class Comm(_MPI.Intracomm):
     @property
     def compress(self):
         """The compression of the calls that can be compressed (Allreduce,
-        Reduce, Reduce_scatter(_block), Allgather(v), Bcast, Alltoall(v) on
-        float32/float64 tensors) when they pass no ``compress``: None
+        Reduce, Reduce_scatter(_block), Allgather(v), Gather(v), Scatter(v),
+        Bcast, Alltoall(v) on float32/float64 tensors) when they pass no ``compress``: None
         (none), ``"fp16"``, ``"bf16"``, ``"zfp:rate=R"``, ``(encode,
         decode)`` or a ``mcr.compress.Codec``; settable. Calls it cannot
         serve (other element types, a reduction's op other than SUM, MAX,
@@ -1285,7 +1285,7 @@ cdef class Comm(_MPI.Intracomm):
         """Start a broadcast; return a ``Request``. Arguments as ``Bcast``."""
         return call_c(self, CALL_BCAST, NONBLOCKING, backend, None, compress, buf, root, None)
 
-    def Gather(self, sendbuf, recvbuf, root=0, *, backend=None):
+    def Gather(self, sendbuf, recvbuf, root=0, *, backend=None, compress=None):
         """Gather equal blocks from all processes at `root`.
 
         Parameters
@@ -1298,14 +1298,18 @@ cdef class Comm(_MPI.Intracomm):
             elsewhere.
         root : int
             Rank of the gathering process.
+        compress : str, tuple, mcr.compress.Codec, False or None
+            Compression on the wire (see the ``compress`` attribute).
         """
-        return self.call(CALL_GATHER, BLOCKING, backend, None, sendbuf, recvbuf, root)
+        return call_c(self, CALL_GATHER, BLOCKING, backend, None, compress, sendbuf,
+                      recvbuf, root)
 
-    def Igather(self, sendbuf, recvbuf, root=0, *, backend=None):
+    def Igather(self, sendbuf, recvbuf, root=0, *, backend=None, compress=None):
         """Start a gather; return a ``Request``. Arguments as ``Gather``."""
-        return self.call(CALL_GATHER, NONBLOCKING, backend, None, sendbuf, recvbuf, root)
+        return call_c(self, CALL_GATHER, NONBLOCKING, backend, None, compress, sendbuf,
+                      recvbuf, root)
 
-    def Gatherv(self, sendbuf, recvbuf, root=0, *, backend=None):
+    def Gatherv(self, sendbuf, recvbuf, root=0, *, backend=None, compress=None):
         """Gather blocks of varying size at `root`.
 
         Parameters
@@ -1317,14 +1321,18 @@ cdef class Comm(_MPI.Intracomm):
             block ``i`` of ``counts[i]`` elements lands at ``displs[i]``.
         root : int
             Rank of the gathering process.
+        compress : str, tuple, mcr.compress.Codec, False or None
+            Compression on the wire (see the ``compress`` attribute).
         """
-        return self.call(CALL_GATHERV, BLOCKING, backend, None, sendbuf, recvbuf, root)
+        return call_c(self, CALL_GATHERV, BLOCKING, backend, None, compress, sendbuf,
+                      recvbuf, root)
 
-    def Igatherv(self, sendbuf, recvbuf, root=0, *, backend=None):
+    def Igatherv(self, sendbuf, recvbuf, root=0, *, backend=None, compress=None):
         """Start a vector gather; return a ``Request``. Arguments as ``Gatherv``."""
-        return self.call(CALL_GATHERV, NONBLOCKING, backend, None, sendbuf, recvbuf, root)
+        return call_c(self, CALL_GATHERV, NONBLOCKING, backend, None, compress, sendbuf,
+                      recvbuf, root)
 
-    def Scatter(self, sendbuf, recvbuf, root=0, *, backend=None):
+    def Scatter(self, sendbuf, recvbuf, root=0, *, backend=None, compress=None):
         """Scatter equal blocks of `sendbuf` from `root` to all processes.
 
         Parameters
@@ -1335,14 +1343,18 @@ cdef class Comm(_MPI.Intracomm):
             This process's block (``IN_PLACE`` at the root).
         root : int
             Rank of the scattering process.
+        compress : str, tuple, mcr.compress.Codec, False or None
+            Compression on the wire (see the ``compress`` attribute).
         """
-        return self.call(CALL_SCATTER, BLOCKING, backend, None, sendbuf, recvbuf, root)
+        return call_c(self, CALL_SCATTER, BLOCKING, backend, None, compress, sendbuf,
+                      recvbuf, root)
 
-    def Iscatter(self, sendbuf, recvbuf, root=0, *, backend=None):
+    def Iscatter(self, sendbuf, recvbuf, root=0, *, backend=None, compress=None):
         """Start a scatter; return a ``Request``. Arguments as ``Scatter``."""
-        return self.call(CALL_SCATTER, NONBLOCKING, backend, None, sendbuf, recvbuf, root)
+        return call_c(self, CALL_SCATTER, NONBLOCKING, backend, None, compress, sendbuf,
+                      recvbuf, root)
 
-    def Scatterv(self, sendbuf, recvbuf, root=0, *, backend=None):
+    def Scatterv(self, sendbuf, recvbuf, root=0, *, backend=None, compress=None):
         """Scatter blocks of varying size from `root`.
 
         Parameters
@@ -1354,12 +1366,16 @@ cdef class Comm(_MPI.Intracomm):
             This process's block (``IN_PLACE`` at the root).
         root : int
             Rank of the scattering process.
+        compress : str, tuple, mcr.compress.Codec, False or None
+            Compression on the wire (see the ``compress`` attribute).
         """
-        return self.call(CALL_SCATTERV, BLOCKING, backend, None, sendbuf, recvbuf, root)
+        return call_c(self, CALL_SCATTERV, BLOCKING, backend, None, compress, sendbuf,
+                      recvbuf, root)
 
-    def Iscatterv(self, sendbuf, recvbuf, root=0, *, backend=None):
+    def Iscatterv(self, sendbuf, recvbuf, root=0, *, backend=None, compress=None):
         """Start a vector scatter; return a ``Request``. Arguments as ``Scatterv``."""
-        return self.call(CALL_SCATTERV, NONBLOCKING, backend, None, sendbuf, recvbuf, root)
+        return call_c(self, CALL_SCATTERV, NONBLOCKING, backend, None, compress, sendbuf,
+                      recvbuf, root)
 
     def Allgather(self, sendbuf, recvbuf, *, backend=None, compress=None):
         """Gather equal blocks from all processes on all processes.
@@ -1636,21 +1652,29 @@ cdef class Comm(_MPI.Intracomm):
         """Persistent ``Bcast``; arguments as ``Bcast``, plus `info`."""
         return call_c(self, CALL_BCAST, PERSISTENT, backend, info, compress, buf, root, None)
 
-    def Gather_init(self, sendbuf, recvbuf, root=0, info=None, *, backend=None):
+    def Gather_init(self, sendbuf, recvbuf, root=0, info=None, *, backend=None,
+                    compress=None):
         """Persistent ``Gather``; arguments as ``Gather``, plus `info`."""
-        return self.call(CALL_GATHER, PERSISTENT, backend, info, sendbuf, recvbuf, root)
+        return call_c(self, CALL_GATHER, PERSISTENT, backend, info, compress, sendbuf,
+                      recvbuf, root)
 
-    def Gatherv_init(self, sendbuf, recvbuf, root=0, info=None, *, backend=None):
+    def Gatherv_init(self, sendbuf, recvbuf, root=0, info=None, *, backend=None,
+                     compress=None):
         """Persistent ``Gatherv``; arguments as ``Gatherv``, plus `info`."""
-        return self.call(CALL_GATHERV, PERSISTENT, backend, info, sendbuf, recvbuf, root)
+        return call_c(self, CALL_GATHERV, PERSISTENT, backend, info, compress, sendbuf,
+                      recvbuf, root)
 
-    def Scatter_init(self, sendbuf, recvbuf, root=0, info=None, *, backend=None):
+    def Scatter_init(self, sendbuf, recvbuf, root=0, info=None, *, backend=None,
+                     compress=None):
         """Persistent ``Scatter``; arguments as ``Scatter``, plus `info`."""
-        return self.call(CALL_SCATTER, PERSISTENT, backend, info, sendbuf, recvbuf, root)
+        return call_c(self, CALL_SCATTER, PERSISTENT, backend, info, compress, sendbuf,
+                      recvbuf, root)
 
-    def Scatterv_init(self, sendbuf, recvbuf, root=0, info=None, *, backend=None):
+    def Scatterv_init(self, sendbuf, recvbuf, root=0, info=None, *, backend=None,
+                      compress=None):
         """Persistent ``Scatterv``; arguments as ``Scatterv``, plus `info`."""
-        return self.call(CALL_SCATTERV, PERSISTENT, backend, info, sendbuf, recvbuf, root)
+        return call_c(self, CALL_SCATTERV, PERSISTENT, backend, info, compress, sendbuf,
+                      recvbuf, root)
 
     def Allgather_init(self, sendbuf, recvbuf, info=None, *, backend=None, compress=None):
         """Persistent ``Allgather``; arguments as ``Allgather``, plus `info`."""

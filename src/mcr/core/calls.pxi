@@ -69,7 +69,7 @@ cdef inline bint compressible(int op) noexcept:
     return (op == CALL_ALLREDUCE or op == CALL_BCAST or op == CALL_ALLGATHER
             or op == CALL_ALLGATHERV or op == CALL_ALLTOALL or op == CALL_ALLTOALLV
             or op == CALL_REDUCE or op == CALL_REDUCE_SCATTER_BLOCK
-            or op == CALL_REDUCE_SCATTER)
+            or op == CALL_REDUCE_SCATTER or CALL_GATHER <= op <= CALL_SCATTERV)
 
 
 cdef object _compress = None     # mcr.compress, imported at the first compressed call
