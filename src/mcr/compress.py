@@ -789,24 +789,9 @@ def _plan_reduce(c: Codec, backend: str, size: int, rank: int, s: Side, r: Side,
         mine = yield from _scattered(c, backend, size, rank, x, counts, fixed, reduction, sent)
         reduced = _encoded(c, mine) if mine is not None else \
             torch.empty(0 if fixed is None else fixed[rank], dtype=_BYTE, device=device)
-        here = rank == root
-        if fixed is None:
-            inp = torch.tensor([reduced.numel()], dtype=_SIZE, device=device)
-            got = torch.empty(size if here else 0, dtype=_SIZE, device=device)
-            if not here:
-                sent[0] += 8
-            yield lambda private: private.Igather(inp, got if here else None, root,
-                                                  backend=backend)
-            sizes = [int(v) for v in got.tolist()]
-        else:
-            sizes = fixed
-        out = torch.empty(sum(sizes) if here else 0, dtype=_BYTE, device=device)
-        if not here:
-            sent[0] += reduced.numel()
-        yield lambda private: private.Igatherv(
-            reduced, [out, list(sizes), _offsets(sizes)] if here else None, root,
-            backend=backend)
-        if here:
+        out, sizes = yield from _gathered_at(backend, reduced, root, rank == root, size,
+                                             device, fixed, sent)
+        if rank == root:
             _decode_all(c, out, sizes, _blocks(r, counts, _offsets(counts)))
 
     return (2 if fixed is not None else 4), pipeline()
@@ -854,6 +839,30 @@ def _gathered(backend: str, mine: torch.Tensor, size: int, device: torch.device,
     return out, sizes
 
 
+def _gathered_at(backend: str, mine: torch.Tensor, root: int, here: bool, size: int,
+                 device: torch.device, fixed: list[int] | None, sent: list[int]
+                 ) -> Generator[_Post, None, tuple[torch.Tensor, list[int]]]:
+    """Stages that gather every rank's encoded payload ``mine`` at ``root``
+    (``here``: this rank; their sizes first, unless ``fixed``): at the root
+    (the payloads one after another, their sizes), elsewhere (nothing, [])."""
+    if not here:
+        sent[0] += mine.numel()
+    if fixed is None:
+        inp = torch.tensor([mine.numel()], dtype=_SIZE, device=device)
+        got = torch.empty(size if here else 0, dtype=_SIZE, device=device)
+        if not here:
+            sent[0] += 8
+        yield lambda private: private.Igather(inp, got if here else None, root,
+                                              backend=backend)
+        sizes = [int(v) for v in got.tolist()]
+    else:
+        sizes = list(fixed) if here else []
+    out = torch.empty(sum(sizes), dtype=_BYTE, device=device)
+    yield lambda private: private.Igatherv(
+        mine, [out, list(sizes), _offsets(sizes)] if here else None, root, backend=backend)
+    return out, sizes
+
+
 def _plan_allgather(c: Codec, backend: str, size: int, rank: int, s: Side, r: Side,
                     args: Sequence[Any], sent: list[int]) -> tuple[int, _Pipeline]:
     counts, displs = r.blocks(size)
@@ -885,23 +894,8 @@ def _plan_gather(c: Codec, backend: str, size: int, rank: int, s: Side, r: Side,
     def pipeline() -> _Pipeline:
         payload = torch.empty(0, dtype=_BYTE, device=device) if in_place else \
             _encoded(c, s.typed(s.count))
-        if not here:
-            sent[0] += payload.numel()
-        sizes: list[int]
-        if fixed is None:
-            inp = torch.tensor([payload.numel()], dtype=_SIZE, device=device)
-            got = torch.empty(size if here else 0, dtype=_SIZE, device=device)
-            if not here:
-                sent[0] += 8
-            yield lambda private: private.Igather(inp, got if here else None, root,
-                                                  backend=backend)
-            sizes = [int(v) for v in got.tolist()]
-        else:
-            sizes = fixed
-        out = torch.empty(sum(sizes) if here else 0, dtype=_BYTE, device=device)
-        yield lambda private: private.Igatherv(
-            payload, [out, list(sizes), _offsets(sizes)] if here else None, root,
-            backend=backend)
+        out, sizes = yield from _gathered_at(backend, payload, root, here, size, device, fixed,
+                                             sent)
         if here:
             outs = _blocks(r, counts, displs)
             if in_place:
