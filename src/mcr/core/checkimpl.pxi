@@ -883,16 +883,15 @@ cdef object obj_p2p(Comm comm, int call, object a, object b, object c, object d,
             result = True if call == P2P_PROBE else found if call == P2P_MPROBE else \
                 _msg_recv(found, status)
             got = True
-            room = d if call == P2P_SENDRECV else a      # recv's `buf`, sendrecv's `recvbuf`
-            longer = (call == P2P_RECV or call == P2P_SENDRECV) and room is not None \
-                and nbytes > memoryview(room).nbytes
+            room = d if call == P2P_SENDRECV else a if call == P2P_RECV else None
+            room_bytes = memoryview(room).nbytes if room is not None else nbytes
             if sent is not None:
                 timed_wait(sent, None)
-            if longer:
+            if nbytes > room_bytes:        # (recv's `buf`, sendrecv's `recvbuf`)
                 exc = Exception(MPI_ERR_TRUNCATE)
                 add_note(exc, f"{'recvbuf' if call == P2P_SENDRECV else 'buf'}: the message "
                               f"of {nbytes} bytes (pickled) is longer than the buffer's "
-                              f"{memoryview(room).nbytes}")
+                              f"{room_bytes}")
                 raise exc
     except _errors.TimeoutError as exc:
         if sent is not None:
