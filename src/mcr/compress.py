@@ -15,33 +15,12 @@ exchange of encoded bytes (an all-to-all, all-gather or broadcast through
 mcr's own ``I...`` methods, on the chosen backend), with local work between
 stages: encode, decode, reduce.
 
-Private communicators, and the order of stages
-----------------------------------------------
-Stage ``k`` of every compressed operation of a communicator runs on a private
-duplicate of it, ``private_comms(comm, backend).comms[k]``, made when the
-first operation that needs it is posted (the ``Dup`` is collective, so it
-happens inside a call every rank makes, never inside a ``Wait``). Stage 0 is
-posted by the call itself. A later stage is posted once the stage before it
-has completed, which is found out inside ``Test``/``Wait`` of *some*
-compressed request, so ranks may find it out at different times and in a
-different order of operations. Collectives on one communicator must be posted
-in the same order on every rank, so each private communicator keeps a FIFO of
-the operations whose stage on it is still to be posted, in the order the
-operations were posted (the same on every rank): an operation's stage ``k``
-is posted only once every operation before it has posted its own, and each
-``Test``/``Wait`` of a compressed request of the communicator posts all that
-has become ready, in that order.
-
-Progress rule: a stage after the first is posted only while this rank tests
-or waits on a compressed request of the same communicator and backend (or
-makes a blocking compressed call on it). A program that posts a multi-stage
-compressed operation (an Allreduce; any operation of a codec whose wire size
-is not fixed) and then blocks in something else that needs the other ranks
-to have finished it can deadlock, where the uncompressed operation would not.
-
-The private communicators are freed with the communicator (an MPI attribute
-whose delete callback frees them in ``Comm.Free``); those of ``COMM_WORLD``
-and ``COMM_SELF`` are left to ``MPI_Finalize``.
+Stages and progress
+-------------------
+The stages run through ``mcr.stages``: stage ``k`` of every compressed
+operation of a communicator on one backend runs on a private duplicate of it
+(``private_comms(comm, backend).comms[k]``), posted in the same order on every
+process, and every wait of the process drives them (see that module).
 
 Algorithms and their precision
 ------------------------------
@@ -100,16 +79,18 @@ from __future__ import annotations
 import importlib
 import math
 import re
-from collections import deque
 from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
 import torch
 from mpi4py import MPI
 
-from mcr import _core
+from mcr import _core, stages
 from mcr.backends import compose
 from mcr.backends.message import Side
+from mcr.stages import Pipeline as _Pipeline
+from mcr.stages import Post as _Post
+from mcr.stages import private_comms
 
 __all__ = ["SUPPORTED_OPS", "FORMS", "Codec", "codec", "applies", "usable", "check", "run",
            "private_comms"]
@@ -416,152 +397,18 @@ def _op_text(op: object) -> str:
     return repr(op)
 
 
-# -- Private communicators and the order of stages ------------------------------------
-
-
-class _Group:
-    """The private communicators of one (communicator, backend): stage ``k``
-    runs on ``comms[k]``; ``waiting[k]``: the operations whose stage ``k`` is
-    still to be posted, in posting order."""
-
-    def __init__(self, comm: Any, backend: str) -> None:
-        self.comm, self.backend = comm, backend
-        self.comms: list[Any] = []
-        self.waiting: list[deque[_Flight]] = []
-        self.busy = False
-
-    def ensure(self, stages: int) -> None:
-        """Make the first ``stages`` private communicators (collective)."""
-        while len(self.comms) < stages:
-            private = self.comm.Dup()
-            private.compress = None             # its payloads are encoded already
-            _core._set_unlogged(private)        # the logger records the user's call
-            if self.backend != "mpi":
-                # the backend's group too, now: a lazy one would be made inside
-                # some Wait, which ranks reach at different points
-                from mcr import backends
-                backends.subcomm(private, self.backend).start()
-            self.comms.append(private)
-            self.waiting.append(deque())
-
-    def pump(self) -> None:
-        """Post every later stage that has become ready, in posting order."""
-        if self.busy:           # a Test below came back here
-            return
-        self.busy = True
-        try:
-            moved = True
-            while moved:
-                moved = False
-                for k in range(1, len(self.waiting)):
-                    queue = self.waiting[k]
-                    while queue and queue[0].stage == k - 1 and queue[0].ready():
-                        queue.popleft().post(k)
-                        moved = True
-        finally:
-            self.busy = False
-
-    def free(self) -> None:
-        for private in self.comms:
-            private.Free()
-        self.comms.clear()
-
-
-_KEYVAL: int | None = None
-
-
-def _attached(comm: Any) -> dict[Any, Any]:
-    """The dict of compression state kept on ``comm`` (an MPI attribute)."""
-    global _KEYVAL
-    if _KEYVAL is None:
-        _KEYVAL = MPI.Comm.Create_keyval(delete_fn=_release)
-    found = comm.Get_attr(_KEYVAL)
-    if found is None:
-        found = {}
-        comm.Set_attr(_KEYVAL, found)
-    state: dict[Any, Any] = found
-    return state
-
-
-def _release(comm: Any, keyval: int, state: dict[Any, Any]) -> None:
-    """MPI's delete callback: ``comm`` is being freed (collectively), so are
-    its private communicators. At MPI_Finalize (COMM_WORLD, COMM_SELF) MPI
-    frees them itself."""
-    if comm == MPI.COMM_WORLD or comm == MPI.COMM_SELF:
-        return
-    for held in state.values():
-        held.free()
-
-
-def private_comms(comm: Any, backend: str) -> _Group:
-    """The private communicators of ``comm``'s compressed operations on
-    ``backend`` (one per stage, made as operations need them)."""
-    state = _attached(comm)
-    group = state.get(backend)
-    if group is None:
-        group = state[backend] = _Group(comm, backend)
-    assert isinstance(group, _Group)
-    return group
-
-
-# A pipeline yields, for each stage, the function that posts its exchange on
-# that stage's private communicator; it is resumed once the exchange is done.
-_Post = Callable[[Any], Any]
-_Pipeline = Generator[_Post, None, None]
-
-
-class _Flight:
-    """One compressed operation in progress (the work of its Request)."""
-
-    def __init__(self, group: _Group, pipeline: _Pipeline, stages: int,
-                 on_wire: Callable[[int], object] | None, sent: list[int]) -> None:
-        self.group, self.pipeline, self.stages = group, pipeline, stages
-        self.on_wire, self.sent = on_wire, sent
-        self.stage = -1
-        self.req: Any = None
-        self.req_done = False
-        self.finished = False
-
-    def post(self, k: int) -> None:
-        """Post stage ``k`` (its previous stage is complete)."""
-        poster = next(self.pipeline)
-        self.stage, self.req_done = k, False
-        self.req = poster(self.group.comms[k])
-
-    def ready(self) -> bool:
-        """Whether the stage in flight is complete."""
-        if not self.req_done:
-            self.req_done = bool(self.req.Test())
-        return self.req_done
-
-    def is_completed(self) -> bool:
-        if self.finished:
-            return True
-        self.group.pump()
-        if self.stage == self.stages - 1 and self.ready():
-            for _ in self.pipeline:     # the last decode; the pipeline ends here
-                raise RuntimeError("compress: a pipeline has more stages than it said")
-            self.finished = True
-            if self.on_wire is not None:
-                self.on_wire(self.sent[0])
-        return self.finished
-
-    def wait(self) -> None:
-        pass
+# -- Launching an operation ------------------------------------------------------------
 
 
 def _launch(comm: Any, backend: str, plan: Callable[[list[int]], tuple[int, _Pipeline]],
-            on_wire: Callable[[int], object] | None) -> Any:
-    """Post stage 0 of a new operation and queue its later stages; its Request."""
+            on_wire: Callable[[int], object] | None, cuda: bool) -> Any:
+    """Post stage 0 of a new operation (mcr.stages) and queue its later
+    stages; its Request."""
     sent = [0]
-    stages, pipeline = plan(sent)
-    group = private_comms(comm, backend)
-    group.ensure(stages)
-    flight = _Flight(group, pipeline, stages, on_wire, sent)
-    flight.post(0)
-    for k in range(1, stages):
-        group.waiting[k].append(flight)
-    return _core._work_request(backend, [flight])
+    count, pipeline = plan(sent)
+    done = None if on_wire is None else (lambda: on_wire(sent[0]))
+    return _core._work_request(backend, [stages.launch(comm, backend, count, pipeline, cuda,
+                                                       done)])
 
 
 # -- Persistent requests --------------------------------------------------------------
@@ -632,10 +479,11 @@ def run(comm: Any, op: str, form: str, msg: Any, args: Sequence[Any], codec_spec
     def plan(sent: list[int]) -> tuple[int, _Pipeline]:
         return _PLANS[op](c, backend, size, rank, s, r, args, sent)
 
+    cuda = "cuda" in (s.torch_device().type, r.torch_device().type)
     if form == "persistent":
         return _prequest(comm, op, msg, args, backend,
-                         lambda note: _launch(comm, backend, plan, note))
-    req = _launch(comm, backend, plan, on_wire)
+                         lambda note: _launch(comm, backend, plan, note, cuda))
+    req = _launch(comm, backend, plan, on_wire, cuda)
     if form == "blocking":
         req.Wait()
         return None

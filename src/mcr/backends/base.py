@@ -109,8 +109,10 @@ class Subcomm:
                         f"to make its first call on backend {self.name!r} (that call "
                         "sets the backend up, collectively over the communicator)")
             self._meeting = None
-            self.connect()
-            self._hcomm = self.comm.to_mpi4py().Dup()
+            from mcr import stages      # (blocking: the staged operations go on meanwhile)
+            with stages.window():
+                self.connect()
+                self._hcomm = self.comm.to_mpi4py().Dup()
 
     @property
     def hcomm(self) -> Any:

@@ -463,8 +463,13 @@ cdef class Comm(_MPI.Intracomm):
         cdef int itag = as_tag(tag, b"tag", True)
         cdef MPI_Status *sp = status_ptr(status)
         cdef int ierr
-        with nogil:
-            ierr = MPI_Probe(isource, itag, self.ob_mpi, sp)
+        if staged_on:
+            with staged_window():
+                with nogil:
+                    ierr = MPI_Probe(isource, itag, self.ob_mpi, sp)
+        else:
+            with nogil:
+                ierr = MPI_Probe(isource, itag, self.ob_mpi, sp)
         CHKERR(ierr)
         status_type(status, MPI_DATATYPE_NULL)     # no receive yet: counts in bytes
         return True
@@ -808,12 +813,20 @@ cdef class Comm(_MPI.Intracomm):
         cdef _Watch w = self.watch
         if w is None and recorder_on and not self.unlogged:
             w = self.recorded_watch()
-        if w is None or self.unlogged:
-            result = self.extended(sub, op, form, backend, name, why, compress, info,
-                                   a, b, c, d, e, f, g)
-        else:
-            result = self.watched(w, sub, op, form, backend, name, why, compress, info,
-                                  a, b, c, d, e, f, g)
+        # a blocking call into MPI drives the staged operations meanwhile
+        window = staged_window() if staged_on and form == BLOCKING and sub is None else None
+        if window is not None:
+            window.__enter__()
+        try:
+            if w is None or self.unlogged:
+                result = self.extended(sub, op, form, backend, name, why, compress, info,
+                                       a, b, c, d, e, f, g)
+            else:
+                result = self.watched(w, sub, op, form, backend, name, why, compress, info,
+                                      a, b, c, d, e, f, g)
+        finally:
+            if window is not None:
+                window.__exit__(None, None, None)
         for then in after:
             then(result)
         return result
@@ -1742,64 +1755,64 @@ cdef class Comm(_MPI.Intracomm):
 
     def barrier(self):
         """Barrier synchronization, as ``Barrier`` (mpi4py's method)."""
-        if self.watch is None and not recorder_on:
+        if self.watch is None and not recorder_on and not staged_on:
             return _obj_barrier(self)
         return self.made("barrier", _obj_barrier, ())
 
     def bcast(self, obj, int root=0):
         """Broadcast a Python object from `root` (mpi4py's method, pickled)."""
-        if self.watch is None and not recorder_on:
+        if self.watch is None and not recorder_on and not staged_on:
             return _obj_bcast(self, obj, root)
         return self.made("bcast", _obj_bcast, (obj, root), root)
 
     def gather(self, sendobj, int root=0):
         """Gather Python objects at `root` (mpi4py's method, pickled)."""
-        if self.watch is None and not recorder_on:
+        if self.watch is None and not recorder_on and not staged_on:
             return _obj_gather(self, sendobj, root)
         return self.made("gather", _obj_gather, (sendobj, root), root)
 
     def scatter(self, sendobj, int root=0):
         """Scatter Python objects from `root` (mpi4py's method, pickled)."""
-        if self.watch is None and not recorder_on:
+        if self.watch is None and not recorder_on and not staged_on:
             return _obj_scatter(self, sendobj, root)
         return self.made("scatter", _obj_scatter, (sendobj, root), root)
 
     def allgather(self, sendobj):
         """Gather Python objects on every process (mpi4py's method, pickled)."""
-        if self.watch is None and not recorder_on:
+        if self.watch is None and not recorder_on and not staged_on:
             return _obj_allgather(self, sendobj)
         return self.made("allgather", _obj_allgather, (sendobj,))
 
     def alltoall(self, sendobj):
         """Exchange Python objects, one to each process (mpi4py's method,
         pickled)."""
-        if self.watch is None and not recorder_on:
+        if self.watch is None and not recorder_on and not staged_on:
             return _obj_alltoall(self, sendobj)
         return self.made("alltoall", _obj_alltoall, (sendobj,))
 
     def reduce(self, sendobj, op=SUM, int root=0):
         """Reduce Python objects to `root` (mpi4py's method, pickled)."""
-        if self.watch is None and not recorder_on:
+        if self.watch is None and not recorder_on and not staged_on:
             return _obj_reduce(self, sendobj, op, root)
         return self.made("reduce", _obj_reduce, (sendobj, op, root), root)
 
     def allreduce(self, sendobj, op=SUM):
         """Reduce Python objects on every process (mpi4py's method, pickled)."""
-        if self.watch is None and not recorder_on:
+        if self.watch is None and not recorder_on and not staged_on:
             return _obj_allreduce(self, sendobj, op)
         return self.made("allreduce", _obj_allreduce, (sendobj, op))
 
     def scan(self, sendobj, op=SUM):
         """Inclusive prefix reduction of Python objects (mpi4py's method,
         pickled)."""
-        if self.watch is None and not recorder_on:
+        if self.watch is None and not recorder_on and not staged_on:
             return _obj_scan(self, sendobj, op)
         return self.made("scan", _obj_scan, (sendobj, op))
 
     def exscan(self, sendobj, op=SUM):
         """Exclusive prefix reduction of Python objects (mpi4py's method,
         pickled)."""
-        if self.watch is None and not recorder_on:
+        if self.watch is None and not recorder_on and not staged_on:
             return _obj_exscan(self, sendobj, op)
         return self.made("exscan", _obj_exscan, (sendobj, op))
 
@@ -1815,26 +1828,26 @@ cdef class Comm(_MPI.Intracomm):
 
     def send(self, obj, dest, tag=0):
         """Send a Python object (mpi4py's method, pickled)."""
-        if self.watch is None and not recorder_on:
+        if self.watch is None and not recorder_on and not staged_on:
             return _obj_send(self, obj, dest, tag)
         return obj_p2p(self, P2P_SEND, obj, dest, tag, None, None, None, None)
 
     def ssend(self, obj, dest, tag=0):
         """Send a Python object in synchronous mode (mpi4py's method, pickled)."""
-        if self.watch is None and not recorder_on:
+        if self.watch is None and not recorder_on and not staged_on:
             return _obj_ssend(self, obj, dest, tag)
         return obj_p2p(self, P2P_SSEND, obj, dest, tag, None, None, None, None)
 
     def recv(self, buf=None, source=ANY_SOURCE, tag=ANY_TAG, status=None):
         """Receive a Python object (mpi4py's method, pickled)."""
-        if self.watch is None and not recorder_on:
+        if self.watch is None and not recorder_on and not staged_on:
             return _obj_recv(self, buf, source, tag, status)
         return obj_p2p(self, P2P_RECV, buf, source, tag, status, None, None, None)
 
     def sendrecv(self, sendobj, dest, sendtag=0, recvbuf=None, source=ANY_SOURCE,
                  recvtag=ANY_TAG, status=None):
         """Send a Python object and receive one (mpi4py's method, pickled)."""
-        if self.watch is None and not recorder_on:
+        if self.watch is None and not recorder_on and not staged_on:
             return _obj_sendrecv(self, sendobj, dest, sendtag, recvbuf, source, recvtag,
                                  status)
         return obj_p2p(self, P2P_SENDRECV, sendobj, dest, sendtag, recvbuf, source,
@@ -1843,34 +1856,34 @@ cdef class Comm(_MPI.Intracomm):
     def isend(self, obj, dest, tag=0):
         """Start sending a Python object (mpi4py's method, pickled): a
         request (an ``mcr.Request`` on a watched communicator)."""
-        if self.watch is None and not recorder_on:
+        if self.watch is None and not recorder_on and not staged_on:
             return _obj_isend(self, obj, dest, tag)
         return obj_posted(self, P2P_ISEND, obj, dest, tag)
 
     def issend(self, obj, dest, tag=0):
         """Start sending a Python object in synchronous mode (mpi4py's
         method, pickled)."""
-        if self.watch is None and not recorder_on:
+        if self.watch is None and not recorder_on and not staged_on:
             return _obj_issend(self, obj, dest, tag)
         return obj_posted(self, P2P_ISSEND, obj, dest, tag)
 
     def irecv(self, buf=None, source=ANY_SOURCE, tag=ANY_TAG):
         """Start receiving a Python object (mpi4py's method, pickled):
         ``wait()`` returns it."""
-        if self.watch is None and not recorder_on:
+        if self.watch is None and not recorder_on and not staged_on:
             return _obj_irecv(self, buf, source, tag)
         return obj_posted(self, P2P_IRECV, buf, source, tag)
 
     def probe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
         """Wait for a message, without receiving it (mpi4py's method)."""
-        if self.watch is None and not recorder_on:
+        if self.watch is None and not recorder_on and not staged_on:
             return _obj_probe(self, source, tag, status)
         return obj_p2p(self, P2P_PROBE, None, source, tag, status, None, None, None)
 
     def mprobe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
         """Wait for a message and match it, as an ``mpi4py.MPI.Message``
         (mpi4py's method)."""
-        if self.watch is None and not recorder_on:
+        if self.watch is None and not recorder_on and not staged_on:
             return _obj_mprobe(self, source, tag, status)
         return obj_p2p(self, P2P_MPROBE, None, source, tag, status, None, None, None)
 
@@ -2000,12 +2013,18 @@ cdef class Comm(_MPI.Intracomm):
         the buffer methods (`call`, such as "Dup" or "bcast"; `root`, or -1),
         after `meet`, its record ended as it returns or raises."""
         p = self.meet(call, root)
+        window = staged_window() if staged_on else None
+        if window is not None:
+            window.__enter__()
         try:
             result = make(self, *args)
         except BaseException:
             if p is not None:
                 pend_end(<_Pend>p, PEND_FAILED)
             raise
+        finally:
+            if window is not None:
+                window.__exit__(None, None, None)
         if p is not None:
             pend_end(<_Pend>p, PEND_DONE)
         return result

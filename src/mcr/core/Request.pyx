@@ -82,8 +82,13 @@ cdef class Request(_MPI.Request):
             return True
         if sp == MPI_STATUS_IGNORE and self.rtype != MPI_DATATYPE_NULL:
             sp = &own                 # a receive's status explains a truncation
-        with nogil:
-            ierr = MPI_Wait(&self.ob_mpi, sp)
+        if staged_on:
+            with staged_window():
+                with nogil:
+                    ierr = MPI_Wait(&self.ob_mpi, sp)
+        else:
+            with nogil:
+                ierr = MPI_Wait(&self.ob_mpi, sp)
         if ierr != MPI_SUCCESS:
             self.failed(ierr, sp)
         self.complete(status)
@@ -105,6 +110,8 @@ cdef class Request(_MPI.Request):
         cdef MPI_Status *sp = status_ptr(status)
         cdef MPI_Status own
         cdef int flag = 0, ierr
+        if staged_on:
+            pump_staged()
         if self.ext is not None:
             if not self.ext.test():
                 mpi_progress()
@@ -210,6 +217,9 @@ cdef class Request(_MPI.Request):
         if timeout > 0:
             return timed_multi(requests, timeout,
                                lambda: (cls.Testall(requests, statuses), True))
+        if not has_work(requests) and staged_on:
+            with staged_window():      # (blocking in MPI: the staged operations go on)
+                return complete_all(requests, statuses, True)
         return complete_all(requests, statuses, True) if not has_work(requests) else \
             mixed_all(requests, statuses, True)
 
@@ -228,6 +238,8 @@ cdef class Request(_MPI.Request):
         bool
             True when every request has completed.
         """
+        if staged_on:
+            pump_staged()
         requests = as_requests(requests)
         check_statuses(statuses)
         return complete_all(requests, statuses, False) if not has_work(requests) else \
@@ -254,6 +266,9 @@ cdef class Request(_MPI.Request):
         cdef double timeout = requests_timeout(requests) if watched_comms else 0
         if timeout > 0:
             return timed_multi(requests, timeout, lambda: tested_any(cls, requests, status))
+        if not has_work(requests) and staged_on:
+            with staged_window():      # (blocking in MPI: the staged operations go on)
+                return complete_any(requests, status, True)
         return complete_any(requests, status, True) if not has_work(requests) else \
             mixed_any(requests, status, True)
 
@@ -267,6 +282,8 @@ cdef class Request(_MPI.Request):
             ``(index, True)`` for a completed request, ``(UNDEFINED, True)`` if
             none is active, ``(UNDEFINED, False)`` if none has completed yet.
         """
+        if staged_on:
+            pump_staged()
         requests = as_requests(requests)
         check_status(status)
         return complete_any(requests, status, False) if not has_work(requests) else \
@@ -294,12 +311,17 @@ cdef class Request(_MPI.Request):
         cdef double timeout = requests_timeout(requests) if watched_comms else 0
         if timeout > 0:
             return timed_multi(requests, timeout, lambda: tested_some(cls, requests, statuses))
+        if not has_work(requests) and staged_on:
+            with staged_window():      # (blocking in MPI: the staged operations go on)
+                return complete_some(requests, statuses, True)
         return complete_some(requests, statuses, True) if not has_work(requests) else \
             mixed_some(requests, statuses, True)
 
     @classmethod
     def Testsome(cls, requests, statuses=None):
         """Like ``Waitsome`` without blocking: the list may be empty."""
+        if staged_on:
+            pump_staged()
         requests = as_requests(requests)
         check_statuses(statuses)
         return complete_some(requests, statuses, False) if not has_work(requests) else \

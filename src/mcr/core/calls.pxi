@@ -145,8 +145,9 @@ cdef class Call:
 
 
 cdef bint ext_on = False          # the one flag test of the call path: hooks,
-                                  # the logger, a compression default, or a
-                                  # watched communicator (checkimpl.pxi) is on
+                                  # the logger, a compression default, a
+                                  # watched communicator (checkimpl.pxi) is on,
+                                  # or staged operations are pending (progress.pxi)
 cdef list call_hooks = []
 cdef Py_ssize_t compress_defaults = 0   # communicators with a compression default
 
@@ -154,7 +155,7 @@ cdef Py_ssize_t compress_defaults = 0   # communicators with a compression defau
 cdef int update_ext_on() except -1:
     global ext_on
     ext_on = (bool(call_hooks) or log_on or compress_defaults > 0 or watched_comms > 0
-              or recorder_on)
+              or recorder_on or staged_on)
     return 0
 
 

@@ -842,7 +842,10 @@ cdef object obj_p2p(Comm comm, int call, object a, object b, object c, object d,
     (`received`)."""
     cdef _Watch w = p2p_watch(comm)
     if w is None:
-        return obj_p2p_plain(comm, call, a, b, c, d, e, f, g)
+        if not staged_on:
+            return obj_p2p_plain(comm, call, a, b, c, d, e, f, g)
+        with staged_window():       # (blocking in MPI: the staged operations go on)
+            return obj_p2p_plain(comm, call, a, b, c, d, e, f, g)
     cdef double timeout = w.timeout
     cdef _Pend p = obj_p2p_pend(comm, w, call, b, c, e, f)
     if timeout > 0 and ((call == P2P_RECV and a is not None)

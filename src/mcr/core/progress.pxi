@@ -27,6 +27,41 @@ cdef object backends_module():
     return _backends
 
 
+# mcr.stages: operations made of several exchanges, whose later stages this
+# process's Python code posts. While any has a stage to post (staged_on),
+# every Test and wait loop drives them, and a blocking call into MPI runs in
+# a window in which a helper thread does (see that module).
+cdef bint staged_on = False
+cdef object _stages = None
+
+
+cdef object stages_module():
+    global _stages
+    if _stages is None:
+        from mcr import stages
+        _stages = stages
+    return _stages
+
+
+def _set_staged(bint on):
+    """mcr.stages: whether staged operations have stages to post."""
+    global staged_on
+    staged_on = on
+    update_ext_on()
+
+
+cdef int pump_staged() except -1:
+    """Post the stages that have become ready (call when staged_on)."""
+    stages_module().pump_all()
+    return 0
+
+
+cdef object staged_window():
+    """A context manager around a blocking call into MPI: the helper thread
+    drives the staged operations meanwhile (call when staged_on)."""
+    return stages_module().window()
+
+
 cdef bint progress_ready = False
 cdef list detached = []        # works of freed requests, kept until they complete
 cdef bint settle_at_exit = False   # whether _settle_detached is registered with atexit
@@ -113,11 +148,13 @@ cdef inline int finish_call(_Msg m, int mode) except -1:
 
 
 def _poll():
-    """Drive MPI and the works of freed requests once (for the backends'
-    own waiting loops)."""
+    """Drive MPI, the works of freed requests and the staged operations once
+    (for the backends' own waiting loops)."""
     mpi_progress()
     if detached:
         poll_detached()
+    if staged_on:
+        pump_staged()
 
 
 cdef int idle(int spins) except -1:
@@ -127,6 +164,8 @@ cdef int idle(int spins) except -1:
     mpi_progress()
     if detached:
         poll_detached()
+    if staged_on:
+        pump_staged()
     # first yield the core (the backend's threads may need it: 2 ranks on 2
     # cores), then sleep, longer and longer, so that a long wait costs little
     cdef unsigned int usec
