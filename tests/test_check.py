@@ -869,10 +869,12 @@ def neighborhood_collectives_are_watched(comm):
     req.Wait()
     assert torch.equal(gathered, torch.cat([data(left), data(right)]))
     # composed on Gloo (an Alltoallv of the whole communicator): every rank
-    # that waits times out, then gets its neighbours' blocks
-    # (the Gloo group made first: its set-up is collective)
+    # that waits times out, then gets its neighbours' blocks (the first
+    # composed call made first, by every rank: it sets up the private
+    # communicators and their Gloo groups, collectively)
     swapped = torch.zeros(8)
-    ring.Barrier(backend="gloo")
+    ring.Ineighbor_alltoall(blocks, swapped, backend="gloo").Wait()
+    swapped.zero_()
     if rank != last:
         req = ring.Ineighbor_alltoall(blocks, swapped, backend="gloo")
         exc = expect_timeout(req.Wait, "waiting for Ineighbor_alltoall #", "[gloo]")

@@ -316,43 +316,49 @@ def bad_arguments_are_refused_before_communicating(comm):
 
 
 @case
-def a_distributed_graphs_first_nonblocking_call_does_not_wait(comm):
-    # its number of rounds is agreed in the steps of the request, not at the
-    # call: rank 0 posts the call, then waits for a message that rank 1
-    # sends synchronously (the send completes once received) before it posts
-    # its own. Agreed at the call, rank 0 would wait there for rank 1, and
-    # rank 1 in its Ssend: the job would hang (and time out).
+def a_distributed_graphs_nonblocking_call_does_not_wait(comm):
+    # rank 0 posts the call, then waits for a message that rank 1 sends
+    # synchronously (the send completes once received) before it posts its
+    # own. Waiting at the call for rank 1, rank 0 would hang there, and rank
+    # 1 in its Ssend: the job would time out. On the graph mcr made, its
+    # rounds were agreed then; on a copy, the call agrees them in a stage of
+    # its own. (The first staged call on a communicator and backend makes
+    # its private communicators, collectively: each graph's is made first.)
     size, rank = comm.size, comm.rank
     t = graph("dist graph", [[(r + 1) % size, (r + 1) % size, (r + 2) % size]
                              for r in range(size)])
     nin, nout = len(t.sources[rank]), len(t.dests[rank])
-    for form in ("nonblocking", "persistent"):
-        topo = t.create(comm)            # a new one: nothing agreed yet
+    made = t.create(comm)
+    for topo in (made, made.Dup()):
         send = torch.cat([block(rank, k, 2) for k in range(nout)])
-        got = torch.full((2 * nin,), -1.0, dtype=torch.float64)
-        token = torch.zeros(1)
-        if form == "nonblocking":
-            post = lambda: topo.Ineighbor_alltoall(send, got, backend="gloo")  # noqa: E731
-        else:
-            preq = topo.Neighbor_alltoall_init(send, got, backend="gloo")
-
-            def post():
-                preq.Start()
-                return preq
-        if rank == 0:
-            req = post()
-            if size > 1:
-                comm.Recv(token, 1, 5)
-        else:
-            if rank == 1:
-                comm.Ssend(torch.ones(1), 0, 5)
-            req = post()
-        req.Wait()
         want = torch.cat([block(*t.origin(rank, k), 2) for k in range(nin)])
-        assert torch.equal(got, want), f"{form}:\n{got}\n{want}"
-        assert rank != 0 or size == 1 or token.item() == 1.0
-        if form == "persistent":
-            preq.Free()
+        first = torch.zeros(2 * nin, dtype=torch.float64)
+        topo.Ineighbor_alltoall(send, first, backend="gloo").Wait()
+        assert torch.equal(first, want)
+        for form in ("nonblocking", "persistent"):
+            got = torch.full((2 * nin,), -1.0, dtype=torch.float64)
+            token = torch.zeros(1)
+            if form == "nonblocking":
+                post = lambda: topo.Ineighbor_alltoall(send, got, backend="gloo")  # noqa: E731
+            else:
+                preq = topo.Neighbor_alltoall_init(send, got, backend="gloo")
+
+                def post():
+                    preq.Start()
+                    return preq
+            if rank == 0:
+                req = post()
+                if size > 1:
+                    comm.Recv(token, 1, 5)
+            else:
+                if rank == 1:
+                    comm.Ssend(torch.ones(1), 0, 5)
+                req = post()
+            req.Wait()
+            assert torch.equal(got, want), f"{form}:\n{got}\n{want}"
+            assert rank != 0 or size == 1 or token.item() == 1.0
+            if form == "persistent":
+                preq.Free()
         topo.Free()
 
 

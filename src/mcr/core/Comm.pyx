@@ -2179,6 +2179,12 @@ cdef class Comm(_MPI.Intracomm):
         cls = TOPOLOGY_CLASSES[type(comm)]
         cdef Comm out = <Comm>cls.__new__(cls)
         out.ob_mpi = comm.ob_mpi
+        if cls is Distgraphcomm and out.ob_mpi != MPI_COMM_NULL \
+                and _MPI.Comm.Get_topology(out) == _mpi4py.DIST_GRAPH:
+            # its neighborhood collectives' rounds (neighbor.pxi). (Open MPI 5.0
+            # gives a distributed graph made from a Cartesian communicator the
+            # Cartesian topology: Get_topology says CART.)
+            nb_agreed(out)
         return self.inherit(out)
 
     # -- Handles and pickling --------------------------------------------------------

@@ -16,13 +16,17 @@
 # direction of a dimension arrives in the slot of the neighbour in the
 # positive direction (MPI 4.0, 8.6); for a graph, in the order the edges come.
 # Before the data, the processes swap the sizes of the blocks (two small MPI
-# collectives, see nb_matched; non-blocking in a non-blocking call): a
+# collectives, see nb_matched; non-blocking stages in a non-blocking call): a
 # backend's all-to-all must know them exactly.
 #
 # The rounds of a communicator are worked out at its first neighborhood call,
 # without communicating, and kept; a distributed graph's number of rounds is
-# agreed at its first composed call (an MPI allreduce; non-blocking in a
-# non-blocking call, as the size exchange).
+# agreed when mcr makes it (an MPI allreduce, see nb_agreed).
+#
+# A non-blocking composed call is a staged operation (mcr.stages, see
+# nb_staged): its size exchange, agreement and rounds run on private
+# communicators, posted in call order on every process, and every wait of
+# the process drives them.
 #
 # Open MPI (5.0) runs the non-blocking and persistent forms of
 # MPI_Neighbor_alltoall(v) on a Cartesian grid with a periodic dimension of 1
@@ -334,12 +338,7 @@ cdef object nb_composed(Comm comm, int kind, int form, object sub, object sendbu
             nb_alltoallv(comm, sub, BLOCKING, name, [sbytes, sc, sd], [rbytes, rc, rd])
         return None
     if form == NONBLOCKING:
-        post = partial(_nb_post, comm, sub, name, sbytes, rbytes)
-        if plan[5] < 0:
-            stages = _NbStages(comm, None, post, kind, m)
-        else:
-            stages = _NbStages(comm, rounds, post) if rounds else _Done()
-        return _work_request(name, [stages], None, m)
+        return nb_staged(comm, sub, name, sbytes, rbytes, plan, kind, m, rounds)
     if sub is not MPI_SUB:                 # what the backend refuses fails now, not at Start
         for sc, sd, rc, rd in rounds:
             nb_alltoallv(comm, sub, PERSISTENT, name, [sbytes, sc, sd], [rbytes, rc, rd])
@@ -349,12 +348,6 @@ cdef object nb_composed(Comm comm, int kind, int form, object sub, object sendbu
     preq.keep = m
     preq.start_fn = partial(_nb_composed, comm, kind, NONBLOCKING, sub, sendbuf, recvbuf)
     return nb_persistent(preq, kind, name, m)
-
-
-def _nb_post(Comm comm, sub, str name, sbytes, rbytes, list rounds):
-    """Post every round of a composed non-blocking call; their Requests."""
-    return [nb_alltoallv(comm, sub, NONBLOCKING, name, [sbytes, sc, sd], [rbytes, rc, rd])
-            for sc, sd, rc, rd in rounds]
 
 
 cdef class _Done:
@@ -475,12 +468,17 @@ cdef tuple nb_plan(Comm comm):
 
 cdef tuple nb_agreed(Comm comm):
     """nb_plan, with the number of rounds every process runs: a distributed
-    graph's is the largest of the processes' (an MPI allreduce, once; see
-    _NbStages for a non-blocking call's)."""
+    graph's is the largest of the processes' (an MPI allreduce, once: at its
+    creation, or at the first blocking composed call on a copy). Called by
+    every process at the same point: a non-blocking call agrees in a stage
+    of its own instead (nb_staged)."""
     cdef tuple plan = nb_plan(comm)
-    if plan[5] < 0:
-        plan = nb_set_rounds(comm, _MPI.Comm.allreduce(comm, -1 - plan[5], _mpi4py.MAX))
-    return plan
+    if plan[5] >= 0:
+        return plan
+    if not staged_on:
+        return nb_set_rounds(comm, _MPI.Comm.allreduce(comm, -1 - plan[5], _mpi4py.MAX))
+    with staged_window():       # (blocking in MPI: the staged operations go on)
+        return nb_set_rounds(comm, _MPI.Comm.allreduce(comm, -1 - plan[5], _mpi4py.MAX))
 
 
 cdef tuple nb_set_rounds(Comm comm, int rounds):
@@ -516,16 +514,23 @@ cdef int nb_matched(Comm comm, list rounds) except -1:
     for a non-blocking call, without waiting.)"""
     if not rounds:
         return 0
-    got = _MPI.Comm.alltoall(comm, nb_sizes(comm, rounds))
+    if not staged_on:
+        return nb_swap_sizes(comm, rounds)
+    with staged_window():       # (blocking in MPI: the staged operations go on)
+        return nb_swap_sizes(comm, rounds)
+
+
+cdef int nb_swap_sizes(Comm comm, list rounds) except -1:
+    got = _MPI.Comm.alltoall(comm, nb_sizes(comm.nprocs(), rounds))
     longer = nb_fit(rounds, got)
     if _MPI.Comm.allreduce(comm, longer is not None, _mpi4py.LOR):
         raise nb_truncation(longer)
     return 0
 
 
-cdef list nb_sizes(Comm comm, list rounds):
+cdef list nb_sizes(int size, list rounds):
     """Per process, the bytes this one sends it in each round."""
-    return [[r[0][j] for r in rounds] for j in range(comm.nprocs())]
+    return [[r[0][j] for r in rounds] for j in range(size)]
 
 
 cdef object nb_fit(list rounds, object got):
@@ -552,82 +557,84 @@ cdef object nb_truncation(object longer):
     return exc
 
 
-cdef class _NbStages:
-    """A composed non-blocking neighborhood call, as a work handle that
-    advances each time it is asked (Test, Wait): on a distributed graph not
-    agreed yet, its number of rounds agreed (an MPI Iallreduce; see
-    nb_agreed); the sizes swapped (an MPI Ialltoall), whether a block is too
-    long agreed (an MPI Iallreduce), then the rounds posted on the backend
-    (see nb_matched)."""
-    cdef Comm comm
-    cdef list rounds          # None: not known until the processes agree on how many
-    cdef object post          # post(rounds): the rounds' Requests
-    cdef int kind             # (for the rounds, once agreed: the call and its message)
-    cdef _Msg m
-    cdef object req, got, flag, total, error
+cdef object nb_staged(Comm comm, object sub, str name, object sbytes, object rbytes,
+                      tuple plan, int kind, _Msg m, list rounds):
+    """A composed non-blocking call as a staged operation (mcr.stages), on
+    the private communicators of `comm` for its backend: posted in call
+    order on every process, whatever order they test it in, and driven by
+    every wait of the process. Its stages: on a distributed graph not agreed
+    yet, its number of rounds agreed (an MPI Iallreduce; see nb_agreed); the
+    sizes swapped (an MPI Ialltoall); whether a block is too long agreed (an
+    MPI Iallreduce); the rounds (see nb_matched). Their number is decided at
+    the call, the same on every process (a plan is agreed only by blocking
+    calls and at a distributed graph's creation)."""
+    cdef bint agree = plan[5] < 0
+    if not agree and not rounds:
+        return _work_request(name, [_Done()], None, m)
+    pipeline = _nb_pipeline(comm.nprocs(), sub is MPI_SUB, name, sbytes, rbytes, plan, kind,
+                            m if agree else None, None if agree else rounds)
+    flight = stages_module().launch(comm, name, 4 if agree else 3, pipeline,
+                                    sbytes.is_cuda or rbytes.is_cuda)
+    return _work_request(name, [flight], None, m)
+
+
+def _nb_pipeline(int size, bint on_mpi, str name, sbytes, rbytes, tuple plan, int kind,
+                 _Msg m, list rounds):
+    """The stages of nb_staged (a pipeline of mcr.stages): each yields the
+    post of its exchange on a private communicator."""
+    import numpy
+    if rounds is None:          # a distributed graph's rounds: agreed first
+        mine = numpy.array([-1 - plan[5]], numpy.int32)
+        most = numpy.zeros(1, numpy.int32)
+        yield lambda private: _MPI.Comm.Iallreduce(private, mine, most, _mpi4py.MAX)
+        rounds = nb_rounds(plan[:5] + (int(most[0]),) + plan[6:], kind, m)
+        m = None
+        if not rounds:          # (no process has a neighbour)
+            for _ in range(3):
+                yield lambda private: _NOTHING
+            return
+    sent = numpy.array(nb_sizes(size, rounds), dtype=numpy.int64).reshape(size, len(rounds))
+    got = numpy.empty_like(sent)
+    yield lambda private: _MPI.Comm.Ialltoall(private, sent, got)
+    longer = nb_fit(rounds, got)
+    flag = numpy.array([longer is not None], numpy.int32)
+    anyone = numpy.zeros(1, numpy.int32)
+    yield lambda private: _MPI.Comm.Iallreduce(private, flag, anyone, _mpi4py.MAX)
+    if anyone[0]:
+        raise nb_truncation(longer)
+    yield lambda private: _Each(nb_post_rounds(<Comm?>private, on_mpi, name, sbytes, rbytes,
+                                               rounds))
+
+
+cdef list nb_post_rounds(Comm private, bint on_mpi, str name, object sbytes, object rbytes,
+                         list rounds):
+    """Post every round on `private` (a private communicator); their Requests."""
+    sub = MPI_SUB if on_mpi else private.sub(name)
+    return [nb_alltoallv(private, sub, NONBLOCKING, name, [sbytes, sc, sd], [rbytes, rc, rd])
+            for sc, sd, rc, rd in rounds]
+
+
+cdef class _Each:
+    """Requests as one stage's exchange: complete when all are."""
     cdef list requests
-    cdef int stage
 
-    def __cinit__(self, Comm comm, list rounds, post, int kind=0, _Msg m=None):
-        import numpy
-        self.comm, self.rounds, self.post, self.kind, self.m = comm, rounds, post, kind, m
-        self.flag, self.total = numpy.zeros(1, numpy.int32), numpy.zeros(1, numpy.int32)
-        if rounds is None:
-            self.flag[0] = -1 - (<tuple>comm.nbplan)[5]
-            self.req = _MPI.Comm.Iallreduce(comm, self.flag, self.total, _mpi4py.MAX)
-            self.stage = -1
-        else:
-            self.swap_sizes()
+    def __cinit__(self, list requests):
+        self.requests = requests
 
-    cdef int swap_sizes(self) except -1:
-        import numpy
-        size, n = self.comm.nprocs(), len(self.rounds)
-        sent = numpy.array(nb_sizes(self.comm, self.rounds),
-                           dtype=numpy.int64).reshape(size, n)
-        self.got = numpy.empty_like(sent)
-        self.req = _MPI.Comm.Ialltoall(self.comm, sent, self.got)
-        self.stage = 0
-        return 0
+    def Test(self):
+        while self.requests and self.requests[-1].Test():
+            self.requests.pop()
+        return not self.requests
 
-    def is_completed(self):
-        if self.stage == -1:
-            if not self.req.Test():
-                return False
-            plan = <tuple>self.comm.nbplan
-            if plan[5] < 0:         # (an earlier call may have agreed meanwhile)
-                plan = nb_set_rounds(self.comm, self.total[0])
-            self.rounds = nb_rounds(plan, self.kind, self.m)
-            self.m = None
-            if not self.rounds:
-                self.stage = 3
-                return True
-            self.swap_sizes()
-        if self.stage == 0:
-            if not self.req.Test():
-                return False
-            self.error = nb_fit(self.rounds, self.got)
-            self.flag[0] = self.error is not None
-            self.req = _MPI.Comm.Iallreduce(self.comm, self.flag, self.total, _mpi4py.LOR)
-            self.stage = 1
-        if self.stage == 1:
-            if not self.req.Test():
-                return False
-            if self.total[0]:
-                self.error = nb_truncation(self.error)
-                self.stage = 3
-                return True
-            self.requests = self.post(self.rounds)
-            self.stage = 2
-        if self.stage == 2:
-            for r in self.requests:
-                if not r.Test():
-                    return False
-            self.stage = 3
+
+cdef class _Nothing:
+    """A stage with nothing to exchange."""
+
+    def Test(self):
         return True
 
-    def wait(self):
-        if self.error is not None:
-            raise self.error
+
+cdef _Nothing _NOTHING = _Nothing()
 
 
 cdef list nb_rounds(tuple plan, int kind, _Msg m):
