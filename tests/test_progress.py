@@ -81,22 +81,6 @@ def blocked_until_last_waits(comm, block, unblock):
 
 
 @case
-def a_blocked_receive_drives_stages(comm):
-    got = torch.zeros(1)
-    last = comm.size - 1
-
-    def block():
-        if comm.rank == 0:
-            comm.Recv(got, source=last, tag=7)
-
-    def unblock():
-        if comm.size > 1:
-            comm.Send(torch.ones(1), dest=0, tag=7)
-
-    blocked_until_last_waits(comm, block, unblock)
-
-
-@case
 def a_blocking_collective_drives_stages(comm):
     blocked_until_last_waits(comm, comm.Barrier, comm.Barrier)
     x = torch.ones(2)
@@ -106,12 +90,15 @@ def a_blocking_collective_drives_stages(comm):
 
 
 @case
-def waits_on_other_requests_drive_stages(comm):
+def blocking_point_to_point_drives_stages(comm):
     last = comm.size - 1
     got = torch.zeros(1)
-    for how in ("Wait", "Waitall", "Waitany", "Waitsome", "Test", "Probe"):
+    for how in ("Recv", "Wait", "Waitall", "Waitany", "Waitsome", "Test", "Probe"):
         def block():
             if comm.rank != 0 or comm.size == 1:
+                return
+            if how == "Recv":
+                comm.Recv(got, source=last, tag=8)
                 return
             if how == "Probe":
                 comm.Probe(source=last, tag=8)
