@@ -20,7 +20,8 @@ on a private duplicate of it, ``private_comms(comm, backend).comms[k]``, made
 (with its Gloo or NCCL group) by the first operation that needs it, inside
 that call (``Dup`` is collective: the call waits there for the other
 processes, as the first call on a backend does). Stage 0 is posted by the
-call itself. A later stage is posted once the stage before it has completed,
+call itself (or by the helper thread, below, if it is at work on the group
+then). A later stage is posted once the stage before it has completed,
 which each process finds out at its own time.
 Collectives on one communicator must be posted in the same order on every
 process, so each private communicator keeps a FIFO of the operations whose
