@@ -11,11 +11,12 @@ deadlock kills the job (the harness's timeout) and fails every case.
 The order cases post several staged operations and other collectives on the
 same communicators, and the ranks test them in different orders: stages
 posted in test order would pair different operations across ranks (wrong
-data, MPI errors or a hang).
+data, MPI errors or a hang). A randomized case mixes both.
 
 Expected values are computed here with torch from every rank's data.
 """
 
+import random
 import time
 
 import torch
@@ -201,6 +202,47 @@ def stages_are_posted_in_call_order(comm):
             check()
     for c in (copy, dgraph, topo):
         c.Free()
+
+
+@case
+def random_interleavings_complete(comm):
+    """Every kind of staged operation, then a blocking call (Barrier,
+    Allreduce, a ring of Send/Irecv, pickled bcast, or none), made before
+    the operations complete on half the ranks and after on the others, each
+    rank testing and waiting for them in its own random order."""
+    rng = random.Random(1234 + comm.rank)
+    topo = ring(comm)
+    left, right = (comm.rank - 1) % comm.size, (comm.rank + 1) % comm.size
+    for it in range(60):
+        started = [start(comm, kind, topo) for kind in KINDS]
+        reqs = [req for req, _ in started]
+        if rng.random() < 0.5:
+            reqs[rng.randrange(len(reqs))].Test()
+        if (comm.rank + it) % 2:
+            mcr.Request.Waitall(reqs)
+        what = it % 5                       # (the same on every rank)
+        if what == 0:
+            comm.Barrier()
+        elif what == 1:
+            v = torch.ones(1)
+            comm.Allreduce(mcr.IN_PLACE, v)
+            assert v.item() == comm.size
+        elif what == 2:
+            got = torch.zeros(1)
+            q = comm.Irecv(got, source=left, tag=3)
+            comm.Send(torch.full((1,), float(comm.rank)), dest=right, tag=3)
+            q.Wait()
+            assert got.item() == left
+        elif what == 3:
+            assert comm.bcast(it if comm.rank == 0 else None, root=0) == it
+        for i in rng.sample(range(len(reqs)), len(reqs)):
+            if rng.random() < 0.5:
+                reqs[i].Wait()
+        mcr.Request.Waitall(reqs)
+        for _, check in started:
+            check()
+    topo.Free()
+    assert not stages._active
 
 
 @case
