@@ -814,19 +814,13 @@ cdef class Comm(_MPI.Intracomm):
         if w is None and recorder_on and not self.unlogged:
             w = self.recorded_watch()
         # a blocking call into MPI drives the staged operations meanwhile
-        window = staged_window() if staged_on and form == BLOCKING and sub is None else None
-        if window is not None:
-            window.__enter__()
-        try:
+        with staged_window(form == BLOCKING and sub is None):
             if w is None or self.unlogged:
                 result = self.extended(sub, op, form, backend, name, why, compress, info,
                                        a, b, c, d, e, f, g)
             else:
                 result = self.watched(w, sub, op, form, backend, name, why, compress, info,
                                       a, b, c, d, e, f, g)
-        finally:
-            if window is not None:
-                window.__exit__(None, None, None)
         for then in after:
             then(result)
         return result
@@ -2013,18 +2007,13 @@ cdef class Comm(_MPI.Intracomm):
         the buffer methods (`call`, such as "Dup" or "bcast"; `root`, or -1),
         after `meet`, its record ended as it returns or raises."""
         p = self.meet(call, root)
-        window = staged_window() if staged_on else None
-        if window is not None:
-            window.__enter__()
         try:
-            result = make(self, *args)
+            with staged_window():
+                result = make(self, *args)
         except BaseException:
             if p is not None:
                 pend_end(<_Pend>p, PEND_FAILED)
             raise
-        finally:
-            if window is not None:
-                window.__exit__(None, None, None)
         if p is not None:
             pend_end(<_Pend>p, PEND_DONE)
         return result

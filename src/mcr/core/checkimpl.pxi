@@ -842,8 +842,6 @@ cdef object obj_p2p(Comm comm, int call, object a, object b, object c, object d,
     (`received`)."""
     cdef _Watch w = p2p_watch(comm)
     if w is None:
-        if not staged_on:
-            return obj_p2p_plain(comm, call, a, b, c, d, e, f, g)
         with staged_window():       # (blocking in MPI: the staged operations go on)
             return obj_p2p_plain(comm, call, a, b, c, d, e, f, g)
     cdef double timeout = w.timeout

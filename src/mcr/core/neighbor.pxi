@@ -475,8 +475,6 @@ cdef tuple nb_agreed(Comm comm):
     cdef tuple plan = nb_plan(comm)
     if plan[5] >= 0:
         return plan
-    if not staged_on:
-        return nb_set_rounds(comm, _MPI.Comm.allreduce(comm, -1 - plan[5], _mpi4py.MAX))
     with staged_window():       # (blocking in MPI: the staged operations go on)
         return nb_set_rounds(comm, _MPI.Comm.allreduce(comm, -1 - plan[5], _mpi4py.MAX))
 
@@ -514,17 +512,11 @@ cdef int nb_matched(Comm comm, list rounds) except -1:
     for a non-blocking call, without waiting.)"""
     if not rounds:
         return 0
-    if not staged_on:
-        return nb_swap_sizes(comm, rounds)
     with staged_window():       # (blocking in MPI: the staged operations go on)
-        return nb_swap_sizes(comm, rounds)
-
-
-cdef int nb_swap_sizes(Comm comm, list rounds) except -1:
-    got = _MPI.Comm.alltoall(comm, nb_sizes(comm.nprocs(), rounds))
-    longer = nb_fit(rounds, got)
-    if _MPI.Comm.allreduce(comm, longer is not None, _mpi4py.LOR):
-        raise nb_truncation(longer)
+        got = _MPI.Comm.alltoall(comm, nb_sizes(comm.nprocs(), rounds))
+        longer = nb_fit(rounds, got)
+        if _MPI.Comm.allreduce(comm, longer is not None, _mpi4py.LOR):
+            raise nb_truncation(longer)
     return 0
 
 

@@ -56,10 +56,23 @@ cdef int pump_staged() except -1:
     return 0
 
 
-cdef object staged_window():
-    """A context manager around a blocking call into MPI: the helper thread
-    drives the staged operations meanwhile (call when staged_on)."""
-    return stages_module().window()
+cdef class _NoWindow:
+    """staged_window's context manager when nothing is staged: does nothing."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+cdef _NoWindow NO_WINDOW = _NoWindow()
+
+
+cdef object staged_window(bint blocking=True):
+    """A context manager around a call that blocks in MPI (`blocking`): the
+    helper thread drives the staged operations meanwhile, if any."""
+    return stages_module().window() if staged_on and blocking else NO_WINDOW
 
 
 cdef bint progress_ready = False
