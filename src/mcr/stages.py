@@ -6,7 +6,10 @@ Who uses it: ``mcr.compress`` (a compressed Allreduce is an all-to-all,
 local decoding and reduction, then an all-gather) and the composed
 non-blocking neighborhood collectives (``Ineighbor_*`` on Gloo, and on MPI
 where Open MPI's order is wrong: a size exchange, an agreement on whether a
-block is too long, then the exchange of the blocks).
+block is too long, then the exchange of the blocks). ``mcr.Fusion`` enlists
+itself while it has open buckets (``enlist``): it is driven by the same
+waits, and asked to flush before a collective on its communicator
+(``before_collective``).
 
 An operation is a *pipeline*: a generator that does local work and yields,
 for each stage, a function ``post(private)`` that posts the stage's exchange
@@ -45,6 +48,10 @@ operation of the process (``pump_all``):
   MPI library provides ``MPI_THREAD_MULTIPLE`` (the default of mpi4py and
   mcr); otherwise those calls do not drive the stages.
 
+The start of a blocking call (``window``) first tells every driver
+(``blocking()``, in the calling thread: rank 0 of a Fusion posts its open
+buckets there), then starts the helper if something is still to drive.
+
 Not driven: a process computing outside mcr, or blocked in a call of another
 library (mpi4py's own request objects, ``Win``, ``File``). The later stages
 of an operation on CUDA tensors are posted by the thread that called it (its
@@ -74,7 +81,7 @@ from mpi4py import MPI
 from mcr import _core
 
 __all__ = ["Pipeline", "Group", "Flight", "private_comms", "launch", "pump_all", "window",
-           "LOCK"]
+           "enlist", "dismiss", "blocked_thread", "before_collective", "LOCK"]
 
 # A pipeline yields, for each stage, the function that posts its exchange on
 # that stage's private communicator; it is resumed once the exchange is done.
@@ -82,7 +89,33 @@ Post = Callable[[Any], Any]
 Pipeline = Generator[Post, None, None]
 
 LOCK = threading.RLock()
-_active: dict[Group, None] = {}     # groups with stages still to post (an ordered set)
+# what has work to post (an ordered set): groups with stages still to post,
+# and drivers others enlist (``mcr.Fusion``, while it has open buckets)
+_active: dict[Any, None] = {}
+
+
+def enlist(driver: Any) -> None:
+    """Drive ``driver`` from every wait of the process, as the staged
+    operations: it has ``pump(helper)`` (post what it can, now, without
+    blocking), ``blocking()`` (the calling thread is about to block in MPI)
+    and ``collective(comm)`` (the calling thread is about to make a
+    collective call on ``comm``)."""
+    with LOCK:
+        if driver not in _active:
+            _active[driver] = None
+            _core._set_staged(True)
+
+
+def dismiss(driver: Any) -> None:
+    """Stop driving ``driver``."""
+    with LOCK:
+        if _active.pop(driver, 0) is None and not _active:
+            _core._set_staged(False)
+
+
+def blocked_thread() -> int | None:
+    """The thread the helper drives for (blocked in MPI), or None."""
+    return _helper.opener if _helper is not None and not _helper.parked.is_set() else None
 
 
 class Group:
@@ -120,10 +153,13 @@ class Group:
         """Queue every stage of ``flight``, just made."""
         for k in range(flight.stages):
             self.waiting[k].append(flight)
-        with LOCK:
-            if self not in _active:
-                _active[self] = None
-                _core._set_staged(True)
+        enlist(self)
+
+    def blocking(self) -> None:
+        """(Its stages are posted by the helper, or by the next wait.)"""
+
+    def collective(self, comm: Any) -> None:
+        """(Its stages run on private communicators: no order to keep.)"""
 
     def take(self) -> bool:
         """Become the one thread working on this group's operations; False
@@ -137,10 +173,8 @@ class Group:
     def drop(self) -> None:
         with LOCK:
             self.owner = None
-            if not any(self.waiting) and self in _active:
-                del _active[self]
-                if not _active:
-                    _core._set_staged(False)
+            if not any(self.waiting):
+                dismiss(self)
 
     def pump(self, helper: bool = False) -> None:
         """Post every stage that has become ready, in posting order (`helper`:
@@ -161,10 +195,7 @@ class Group:
             self.drop()
 
     def free(self) -> None:
-        with LOCK:
-            _active.pop(self, None)
-            if not _active:
-                _core._set_staged(False)
+        dismiss(self)
         for private in self.comms:
             private.Free()
         self.comms.clear()
@@ -304,8 +335,17 @@ def pump_all() -> None:
     this process (the helper thread leaves those on CUDA tensors to the
     threads that called them)."""
     helper = _helper is not None and threading.get_ident() == _helper.ident
-    for group in list(_active):
-        group.pump(helper)
+    for driver in list(_active):
+        driver.pump(helper)
+
+
+def before_collective(comm: Any) -> None:
+    """The calling thread is about to make a collective call on ``comm``
+    (buffer methods, neighborhood collectives, constructors, mpi4py's
+    methods on pickled objects): what must come before it on ``comm`` is
+    posted first (a ``Fusion``'s open buckets)."""
+    for driver in list(_active):
+        driver.collective(comm)
 
 
 class _Helper:
@@ -317,6 +357,7 @@ class _Helper:
         self.stop = threading.Event()
         self.parked = threading.Event()
         self.parked.set()
+        self.opener: int | None = None     # the thread blocked in MPI meanwhile
         self.thread = threading.Thread(target=self.run, name="mcr-stages", daemon=True)
         self.thread.start()
         self.ident = self.thread.ident
@@ -336,7 +377,8 @@ class _Helper:
                 pause = min(2 * pause, 1e-3)
             self.parked.set()
 
-    def open(self) -> None:
+    def open(self, opener: int) -> None:
+        self.opener = opener
         self.parked.clear()
         self.stop.clear()
         self.go.set()
@@ -362,16 +404,19 @@ class window:
     def __enter__(self) -> window:
         global _helper, _usable, _depth
         self.helper = None
+        me = threading.get_ident()
+        if _depth or not _active or (_helper is not None and me == _helper.ident):
+            return self
+        for driver in list(_active):
+            driver.blocking()
         if _usable is None:
             _usable = MPI.Query_thread() >= MPI.THREAD_MULTIPLE
-        if not _usable or not _active or _depth:
+        if not _usable or not _active:
             return self
         if _helper is None:
             _helper = _Helper()
-        if threading.get_ident() == _helper.ident:
-            return self
         _depth += 1
-        _helper.open()
+        _helper.open(me)
         self.helper = _helper
         return self
 

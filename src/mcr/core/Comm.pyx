@@ -799,6 +799,8 @@ cdef class Comm(_MPI.Intracomm):
         backend it runs on (for auto, the one chosen), before it runs, and its
         result; compression (`compress`, else the communicator's default) and
         the logger (commlog.pxi) apply."""
+        if staged_on and op >= CALL_BARRIER:
+            before_collective(self)     # (a Fusion's open buckets on this communicator)
         why = None
         if sub is AUTO_SUB:
             backend = self.auto_name(op, a, b, c, d, e, f, g)
@@ -2006,6 +2008,8 @@ cdef class Comm(_MPI.Intracomm):
         """mpi4py's method `make(self, *args)` for a collective call outside
         the buffer methods (`call`, such as "Dup" or "bcast"; `root`, or -1),
         after `meet`, its record ended as it returns or raises."""
+        if staged_on:
+            before_collective(self)     # (a Fusion's open buckets on this communicator)
         p = self.meet(call, root)
         try:
             with staged_window():

@@ -62,6 +62,8 @@ cdef object neighbor(Comm comm, int kind, int form, object sendbuf, object recvb
                      object backend, object info):
     """Neighborhood collective `kind` in `form` on `comm` (a topology), on
     `backend` (auto: MPI, as there is no tuning entry for these)."""
+    if staged_on:
+        before_collective(comm)     # (a Fusion's open buckets on this communicator)
     if ext_on and (call_hooks or (log_on and not comm.unlogged)):
         return nb_extended(comm, kind, form, sendbuf, recvbuf, backend, info)
     return nb_run(comm, kind, form, sendbuf, recvbuf, backend, info)

@@ -50,9 +50,31 @@ def _set_staged(bint on):
     update_ext_on()
 
 
+cdef bint staged_quiet = False      # set while a Fusion posts or tests its own buckets
+
+
+def _staged_quiet(bint on):
+    """mcr.Fusion, while it posts or tests its own buckets: the calls it
+    makes then neither drive the staged operations nor flush before a
+    collective (the next wait does); returns the previous setting."""
+    global staged_quiet
+    cdef bint was = staged_quiet
+    staged_quiet = on
+    return was
+
+
 cdef int pump_staged() except -1:
     """Post the stages that have become ready (call when staged_on)."""
-    stages_module().pump_all()
+    if not staged_quiet:
+        stages_module().pump_all()
+    return 0
+
+
+cdef int before_collective(object comm) except -1:
+    """Before a collective call on `comm` (call when staged_on): what must
+    come before it on `comm` is posted first (a Fusion's open buckets)."""
+    if not staged_quiet:
+        stages_module().before_collective(comm)
     return 0
 
 
