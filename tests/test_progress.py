@@ -1,6 +1,6 @@
 """Staged operations (mcr.stages: compressed collectives, composed
-non-blocking neighborhood collectives) under MPI's progress rule and in call
-order, at 1-4 ranks.
+non-blocking neighborhood collectives, and a Fusion's open buckets) under
+MPI's progress rule and in call order, at 1-4 ranks.
 
 Each progress case is a correct MPI program that deadlocks if a process
 blocked in some other call does not post the later stages of an operation it
@@ -39,8 +39,30 @@ def ring_expected(comm):
     return torch.tensor([10.0 * left + 1, 10.0 * right])
 
 
-def start(comm, kind, topo):
+class Ctx:
+    """What the operations of a case run on: a ring, and a Fusion of `comm`
+    per backend (its buckets' collectives on `comm` itself, as the case's
+    own collectives)."""
+
+    def __init__(self, comm):
+        self.topo = ring(comm)
+        self.fusion = {b: mcr.Fusion(comm, backend=b, trace=True) for b in ("mpi", "gloo")}
+
+    def close(self, comm):
+        for f in self.fusion.values():
+            traces = comm.allgather(f.trace)
+            assert all(t == traces[0] for t in traces), traces   # the same buckets
+            f.close()
+        self.topo.Free()
+
+
+def start(comm, kind, ctx):
     """Start a staged operation of `kind`; (request, check of its result)."""
+    if kind.startswith("fused"):
+        x = torch.full((3,), float(comm.rank + 1))
+        y = torch.zeros(3)
+        want = torch.full((3,), float(comm.size * (comm.size + 1) // 2))
+        return ctx.fusion[kind.split("-")[1]].Iallreduce(x, y), lambda: assert_equal(y, want)
     if kind == "compressed":
         # small integers: exact in bf16, and their sums too
         x = torch.arange(6, dtype=torch.float32) + comm.rank
@@ -57,19 +79,20 @@ def start(comm, kind, topo):
     s = torch.tensor([10.0 * comm.rank, 10.0 * comm.rank + 1])
     r = torch.zeros(2)
     want = ring_expected(comm)
-    return topo.Ineighbor_alltoall(s, r, backend=backend), lambda: assert_equal(r, want)
+    return ctx.topo.Ineighbor_alltoall(s, r, backend=backend), lambda: assert_equal(r, want)
 
 
-KINDS = ("compressed", "compressed-gloo", "neighbor-gloo", "neighbor-mpi")
+KINDS = ("compressed", "compressed-gloo", "neighbor-gloo", "neighbor-mpi", "fused-mpi",
+         "fused-gloo")
 
 
 def blocked_until_last_waits(comm, block, unblock):
     """For every kind: rank 0 (and the others but the last) start it and
     `block()`; the last rank waits for it first, then `unblock()`s."""
-    topo = ring(comm)
+    ctx = Ctx(comm)
     last = comm.size - 1
     for kind in KINDS:
-        req, check = start(comm, kind, topo)
+        req, check = start(comm, kind, ctx)
         if comm.rank != last:
             block()
             req.Wait()
@@ -78,7 +101,7 @@ def blocked_until_last_waits(comm, block, unblock):
             req.Wait()
             unblock()
         check()
-    topo.Free()
+    ctx.close(comm)
 
 
 @case
@@ -144,6 +167,55 @@ def mpi4py_methods_drive_stages(comm):
 
 
 @case
+def fused_calls_progress_while_any_rank_blocks(comm):
+    """A Fusion's open bucket while ranks block elsewhere. Rank 0 decides
+    where buckets end: blocked, it posts its open buckets first (the others
+    wait for them); the others, blocked while rank 0 waits, post theirs as
+    rank 0's decisions come. Blocked in a Recv, a Probe, a Test loop, and a
+    collective on another communicator."""
+    other = comm.Dup()
+    got = torch.zeros(1)
+    v = torch.ones(1)
+    for backend in ("mpi", "gloo"):
+        with mcr.Fusion(comm, backend=backend, trace=True) as f:
+            for waiter in (comm.size - 1, 0):
+                for how in ("Recv", "Probe", "Test loop", "Allreduce elsewhere"):
+                    x = torch.full((4,), float(comm.rank + 1))
+                    y, y2 = torch.zeros(4), torch.zeros(4)
+                    reqs = [f.Iallreduce(x, y), f.Iallreduce(2 * x, y2)]
+                    if comm.rank != waiter:
+                        if how == "Allreduce elsewhere":
+                            other.Allreduce(mcr.IN_PLACE, v)
+                        elif how == "Test loop":
+                            q = comm.Irecv(got, source=waiter, tag=5)
+                            while not q.Test():
+                                pass
+                        else:
+                            if how == "Probe":
+                                comm.Probe(source=waiter, tag=5)
+                            comm.Recv(got, source=waiter, tag=5)
+                        mcr.Request.Waitall(reqs)
+                    else:
+                        time.sleep(0.05)   # (the others are in their blocking call by now)
+                        mcr.Request.Waitall(reqs)
+                        if how == "Allreduce elsewhere":
+                            other.Allreduce(mcr.IN_PLACE, v)
+                        else:
+                            for r in range(comm.size):
+                                if r != waiter:
+                                    comm.Send(torch.ones(1), dest=r, tag=5)
+                    total = comm.size * (comm.size + 1) // 2
+                    assert_equal(y, torch.full((4,), float(total)))
+                    assert_equal(y2, torch.full((4,), 2.0 * total))
+            traces = comm.allgather(f.trace)
+            assert all(t == traces[0] for t in traces), traces
+            assert sum(k for _, _, k in traces[0]) == 16, traces[0]
+    assert_equal(v, torch.full((1,), float(comm.size ** 4)))
+    assert not stages._active
+    other.Free()
+
+
+@case
 def making_private_comms_drives_stages(comm):
     """The first compressed call on a backend makes its private communicators
     (a Dup, collective): rank 0 is blocked in it while the last rank waits
@@ -167,20 +239,21 @@ def making_private_comms_drives_stages(comm):
 def stages_are_posted_in_call_order(comm):
     """Staged operations and plain collectives on the same communicators,
     tested in a different order on every rank."""
-    topo = ring(comm)
+    ctx = Ctx(comm)
+    topo = ctx.topo
     dgraph = comm.Create_dist_graph_adjacent([(comm.rank - 1) % comm.size],
                                              [(comm.rank + 1) % comm.size])
     copy = dgraph.Dup()                 # (its rounds are agreed in a stage)
     for round_ in range(3):
         checks, reqs = [], []
         for kind in KINDS:
-            req, check = start(comm, kind, topo)
+            req, check = start(comm, kind, ctx)
             reqs.append(req)
             checks.append(check)
             x = torch.full((3,), float(comm.rank + 1))
             y = torch.zeros(3)
             reqs.append(topo.Iallreduce(x, y, backend=kind.split("-")[-1]
-                                        if kind.startswith("neighbor") else None))
+                                        if not kind.startswith("compressed") else None))
             checks.append(lambda y=y: assert_equal(
                 y, torch.full((3,), float(comm.size * (comm.size + 1) // 2))))
         for g in (dgraph, copy):
@@ -200,8 +273,9 @@ def stages_are_posted_in_call_order(comm):
         mcr.Request.Waitall(reqs)
         for check in checks:
             check()
-    for c in (copy, dgraph, topo):
+    for c in (copy, dgraph):
         c.Free()
+    ctx.close(comm)
 
 
 @case
@@ -211,10 +285,10 @@ def random_interleavings_complete(comm):
     the operations complete on half the ranks and after on the others, each
     rank testing and waiting for them in its own random order."""
     rng = random.Random(1234 + comm.rank)
-    topo = ring(comm)
+    ctx = Ctx(comm)
     left, right = (comm.rank - 1) % comm.size, (comm.rank + 1) % comm.size
     for it in range(60):
-        started = [start(comm, kind, topo) for kind in KINDS]
+        started = [start(comm, kind, ctx) for kind in KINDS]
         reqs = [req for req, _ in started]
         if rng.random() < 0.5:
             reqs[rng.randrange(len(reqs))].Test()
@@ -241,8 +315,8 @@ def random_interleavings_complete(comm):
         mcr.Request.Waitall(reqs)
         for _, check in started:
             check()
-    topo.Free()
     assert not stages._active
+    ctx.close(comm)
 
 
 @case
@@ -274,6 +348,13 @@ def nothing_left_pending(comm):
     req.Wait()
     check()
     assert not stages._active
+    with mcr.Fusion(comm) as f:
+        y = torch.zeros(2)
+        req = f.Iallreduce(torch.ones(2), y)
+        assert stages._active, "an open bucket is driven"
+        req.Wait()
+        assert not stages._active
+    assert_equal(y, torch.full((2,), float(comm.size)))
 
 
 test_mpi = mpi_cases(__name__)

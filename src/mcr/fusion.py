@@ -29,7 +29,9 @@ requests is tested or waited for (``Wait``, ``Test``, ``Request.Waitall``,
 ..., ``Free``), at ``flush()`` and at the end of a ``with`` block, before any
 call forwarded to ``comm`` (except queries such as ``Get_rank`` and
 non-blocking point-to-point calls such as ``Isend``, which take no part in
-the order of collectives), and when ``cycle`` seconds have passed.
+the order of collectives), when ``cycle`` seconds have passed, when the
+process tests or waits for any request or enters a blocking call (progress,
+below), and before a collective called on ``comm`` itself.
 
 Agreement: rank 0 decides. Every rank must run the same collectives in the
 same order, so every rank must cut the sequence of fused calls into the same
@@ -53,25 +55,32 @@ the same program, flushes at the same point, so the wait ends.
 The clock. ``cycle`` is read by rank 0 only, whenever it enters the fusion
 code (a fused call, a test or wait of a fused request, a flush): when
 ``cycle`` seconds have passed since a call found no bucket open, every open
-bucket is flushed. Nothing runs in the background: while rank 0 computes
-outside mcr, no clock flush happens; the other ranks ignore the clock.
+bucket is flushed. While rank 0 computes outside mcr, no clock flush
+happens; the other ranks ignore the clock.
 
 Ordering. Fused collectives are posted on ``comm`` in rank 0's order, and
 every forwarded call flushes first, so collectives issued through the
 ``Fusion`` reach ``comm`` in program order on every rank, as MPI requires.
-Collectives issued on ``comm`` directly while calls are unflushed would
-overtake them: call ``flush()`` first.
+A collective called on ``comm`` directly flushes first as well (``collective``,
+called by the core before every collective while a bucket is open).
 
-Progress. A bucket is posted only when some rank enters mcr; a rank blocked
-elsewhere (outside mcr, or in a call on ``comm`` itself) does not post its
-open buckets, and ranks waiting for those results wait with it. Go through
-the ``Fusion`` (or ``flush()``) before blocking on another rank. A ``Fusion``
-and its requests are used by one thread at a time: it keeps no locks.
+Progress. Fused calls are non-blocking collectives the program has started:
+they complete while every rank is inside mcr, whatever call it is in. While
+a bucket is open the ``Fusion`` is driven as mcr's staged operations are
+(``mcr.stages``): at every test and wait of the process, rank 0 posts every
+open bucket and the others apply the decisions that have come (``pump``);
+at the start of a blocking call, the same (``blocking``); while the calling
+thread is blocked in MPI, the helper thread applies rank 0's decisions on
+the other ranks. A ``Fusion`` and its requests are used by one thread at a
+time: it keeps no locks; mcr.stages works on it only from the thread that
+opened its newest bucket (or for it, while it is blocked), never from inside
+the fusion's own code (``_busy``).
 """
 
 from __future__ import annotations
 
 import math
+import threading
 import time
 from array import array
 from bisect import bisect_left
@@ -247,6 +256,8 @@ class _Bucket:
         self.outs = []
         self.calls = []
         self.works = []
+        if f._driven and not f._open:
+            f._quiet()
 
 
 class Fusion:
@@ -281,11 +292,12 @@ class Fusion:
         If an argument has the wrong type or value (named in the message).
     """
 
-    __slots__ = ("_comm", "_torch", "_tensor", "_in_place", "_work_request", "_meta", "_quick", "_pack",
-                 "_unpack", "_ops",
+    __slots__ = ("_comm", "_torch", "_tensor", "_in_place", "_work_request", "_meta", "_quick",
+                 "_pack", "_unpack", "_ops",
                  "_rank", "_size", "_leader", "_limit", "_cycle", "_timed", "_since",
                  "_backend", "_open", "_count", "_ctl", "_sends", "_rbuf", "_rreq",
-                 "_queue", "_next_at", "_closed", "_posted", "trace")
+                 "_queue", "_next_at", "_closed", "_posted",
+                 "_stages", "_quiet_calls", "_thread", "_busy", "_cuda", "_driven", "trace")
 
     def __init__(self, comm: Comm, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  cycle: float | None = None, *, backend: str | None = None,
@@ -293,7 +305,7 @@ class Fusion:
         import torch
         from mpi4py import MPI
 
-        from . import _core
+        from . import _core, stages
         from .backends import check_name
 
         if not isinstance(comm, _core.Comm):
@@ -312,6 +324,7 @@ class Fusion:
         if backend is not None:
             check_name(backend)
         self._comm = comm
+        self._stages: Any = stages          # (imported with MPI: at the first Fusion)
         self._torch: Any = torch              # imported here: import mcr stays light
         self._tensor = torch.Tensor
         self._in_place = MPI.IN_PLACE
@@ -319,6 +332,7 @@ class Fusion:
         self._meta = _core._tensor_key
         self._quick = _core._fuse_quick
         self._pack, self._unpack = _core._pack, _core._unpack
+        self._quiet_calls = _core._staged_quiet
         self._ops = (MPI.SUM, MPI.PROD, MPI.MAX, MPI.MIN)
         self._rank = comm.Get_rank()
         self._size = comm.Get_size()
@@ -332,6 +346,14 @@ class Fusion:
         self._count = 0                      # fused calls so far
         self._closed = False
         self._posted: deque[_Bucket] = deque()   # posted, not yet seen complete
+        # driven by every wait of the process while buckets are open
+        # (mcr.stages): the thread that opened the newest bucket, whether the
+        # fusion is posting buckets (nothing it calls may drive it then), and
+        # whether a bucket was ever on CUDA (the helper thread leaves it alone)
+        self._thread = threading.get_ident()
+        self._busy = False
+        self._cuda = False
+        self._driven = False                 # enlisted with mcr.stages
         self.trace: list[tuple[str, int, int]] | None = [] if trace else None
         # decisions: rank 0 sends (first call, end call) pairs; the others
         # queue them until they reach the end call
@@ -468,21 +490,34 @@ class Fusion:
         """Let posted buckets advance while calls are added (MPI moves a
         non-blocking collective only inside MPI calls): test the oldest."""
         posted = self._posted
-        while posted and (posted[0].state == _DONE or posted[0].req.Test()):  # type: ignore[union-attr]
-            posted.popleft().state = _DONE
+        quiet = self._quiet_calls(True)       # (its own tests: see _posting)
+        try:
+            while posted and (posted[0].state == _DONE
+                              or posted[0].req.Test()):  # type: ignore[union-attr]
+                posted.popleft().state = _DONE
+        finally:
+            self._quiet_calls(quiet)
 
     def _bucket(self, key: tuple[Any, ...], kind: str, arg: Any, backend: str | None,
                 tensor: Any) -> _Bucket | None:
         """A new open bucket for `key`, or None if such calls are not fused."""
-        if tensor.device.type not in ("cpu", "cuda"):
+        device = tensor.device.type
+        if device not in ("cpu", "cuda"):
             return None
         if kind == _ALLREDUCE:
             dtype = tensor.dtype
             known = [k for k, op in enumerate(self._ops) if arg is op]
             if not known or dtype == self._torch.bool or (dtype.is_complex and known[0] >= 2):
                 return None
-        if self._timed and not self._open:
-            self._since = time.perf_counter()
+        if not self._open:
+            if self._timed:
+                self._since = time.perf_counter()
+            if not self._driven:
+                self._driven = True
+                self._stages.enlist(self)
+        self._thread = threading.get_ident()
+        if device == "cuda":
+            self._cuda = True
         b = _Bucket(self, key, kind, arg, backend if backend is not None else self._backend,
                     tensor.element_size())
         self._open[key] = b
@@ -497,7 +532,7 @@ class Fusion:
         # tell first: posting may block until the others post too (a backend's
         # first use makes its communicator, collectively)
         self._send(b.first, self._count)
-        b.post()
+        self._posting([b])
 
     def _flush_all(self) -> None:
         """Rank 0: post every open bucket (in the order of their first calls)."""
@@ -506,8 +541,21 @@ class Fusion:
         buckets = sorted(self._open.values(), key=_first)
         self._open.clear()
         self._send(_EVERY, self._count)
-        for b in buckets:
-            b.post()
+        self._posting(buckets)
+
+    def _posting(self, buckets: list[_Bucket]) -> None:
+        """Post `buckets`, in order, as this fusion's own work: what the
+        posting calls drive (mcr.stages) leaves this fusion alone (busy),
+        and the calls of this thread drive nothing meanwhile (quiet: a
+        bucket costs no look at every driver)."""
+        busy, self._busy = self._busy, True
+        quiet = self._quiet_calls(True)
+        try:
+            for b in buckets:
+                b.post()
+        finally:
+            self._quiet_calls(quiet)
+            self._busy = busy
 
     def _send(self, first: int, end: int) -> None:
         if self._ctl is None:
@@ -558,9 +606,55 @@ class Fusion:
                     del self._open[b.key]
                 else:
                     self._open[b.key] = rest
-                b.post()
+            self._posting(buckets)
         # a decision read early applies when this rank reaches its end call
         self._next_at = queue[0][1] - 1 if queue else _NEVER
+
+    # ------------------------------------------------------------------
+    # Driven by every wait of the process while a bucket is open (mcr.stages)
+
+    def _mine(self, helper: bool) -> bool:
+        """Whether this thread may work on the fusion now: the thread that
+        uses it, or the helper while that thread is blocked in MPI (not on
+        CUDA tensors: packing runs on the calling thread's stream); and not
+        from inside the fusion's own code. With no bucket open, it is no
+        longer driven (until the next one opens; not at every bucket of a
+        loop: enlisting costs a lock)."""
+        if self._busy:
+            return False
+        if not self._open or self._closed:
+            if self._driven:
+                self._quiet()
+            return False
+        if helper:
+            return not self._cuda and self._stages.blocked_thread() == self._thread
+        return threading.get_ident() == self._thread
+
+    def _quiet(self) -> None:
+        """No bucket is open: no longer driven."""
+        self._driven = False
+        self._stages.dismiss(self)
+
+    def pump(self, helper: bool) -> None:
+        """A test or wait of the process, or the helper meanwhile: rank 0
+        posts every open bucket (the others may be waiting for them); the
+        others post those rank 0 has decided."""
+        if self._mine(helper):
+            if self._leader:
+                self._flush_all()
+            else:
+                self._advance()
+
+    def blocking(self) -> None:
+        """The calling thread is about to block in MPI: as ``pump``."""
+        self.pump(False)
+
+    def collective(self, comm: Any) -> None:
+        """The calling thread is about to make a collective call on `comm`:
+        if it is this fusion's communicator, that call comes after every
+        fused call made so far, so flush (every rank makes the same call)."""
+        if self._mine(False) and comm == self._comm:
+            self.flush()
 
     def flush(self) -> None:
         """Post every open bucket.
@@ -588,6 +682,8 @@ class Fusion:
             return
         self.flush()
         self._closed = True
+        if self._driven:
+            self._quiet()
         if self._ctl is None:
             return
         from mpi4py import MPI
