@@ -622,13 +622,16 @@ class Fusion:
         loop: enlisting costs a lock)."""
         if self._busy:
             return False
+        if helper:
+            if self._cuda or self._stages.blocked_thread() != self._thread:
+                return False
+        elif threading.get_ident() != self._thread:
+            return False
         if not self._open or self._closed:
             if self._driven:
                 self._quiet()
             return False
-        if helper:
-            return not self._cuda and self._stages.blocked_thread() == self._thread
-        return threading.get_ident() == self._thread
+        return True
 
     def _quiet(self) -> None:
         """No bucket is open: no longer driven."""
@@ -672,7 +675,14 @@ class Fusion:
         self._advance()
         while any(b.first < end for b in self._open.values()):
             assert self._rreq is not None
-            self._rreq.Wait()
+            # blocked in MPI: the helper drives the staged operations
+            # meanwhile, not this fusion (its request is being waited for)
+            busy, self._busy = self._busy, True
+            try:
+                with self._stages.window():
+                    self._rreq.Wait()
+            finally:
+                self._busy = busy
             self._advance()
 
     def close(self) -> None:
