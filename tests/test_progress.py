@@ -216,6 +216,51 @@ def fused_calls_progress_while_any_rank_blocks(comm):
 
 
 @case
+def direct_collectives_come_after_fused_calls(comm):
+    """Collectives called on the fused communicator itself while buckets are
+    open, with rank 0's decisions made at rank-dependent times: every rank
+    posts the same collectives on it in the same order, each bucket before
+    the direct call made after its fused calls (the call hooks see them)."""
+    import mcr.hooks
+    fused = comm.Dup()
+    seen = []
+
+    def hook(call):
+        if call.comm == fused:
+            seen.append((call.op, call.form))
+
+    total = comm.size * (comm.size + 1) // 2
+    with mcr.hooks.installed(hook):
+        f = mcr.Fusion(fused, trace=True)
+        for i in range(9):
+            x = torch.full((3,), float(comm.rank + 1 + i))
+            y = torch.zeros(3)
+            req = f.Iallreduce(x, y)
+            if (comm.rank + i) % 2:
+                req.Test()                  # (rank 0 decides here in some rounds)
+            time.sleep(0.002 * ((comm.rank + i) % 3))
+            v = torch.ones(2)
+            if i % 3 == 0:
+                fused.Allreduce(mcr.IN_PLACE, v)
+            elif i % 3 == 1:
+                fused.Barrier()
+            else:
+                q = fused.Iallreduce(mcr.IN_PLACE, v)
+                q.Wait()
+            req.Wait()
+            assert_equal(y, torch.full((3,), float(total + comm.size * i)))
+            if i % 3 != 1:
+                assert_equal(v, torch.full((2,), float(comm.size)))
+        f.close()
+    fused.Free()
+    seqs = comm.allgather(seen)
+    assert all(q == seqs[0] for q in seqs), seqs
+    assert seqs[0][:2] == [("Allreduce", "nonblocking"), ("Allreduce", "blocking")], seqs[0]
+    assert len(seqs[0]) == 18, seqs[0]      # 9 buckets, 9 direct calls
+    assert not stages._active
+
+
+@case
 def making_private_comms_drives_stages(comm):
     """The first compressed call on a backend makes its private communicators
     (a Dup, collective): rank 0 is blocked in it while the last rank waits
