@@ -334,8 +334,14 @@ def run_example(doc: str, config: type, build: Callable[..., Trainer],
     t0 = time.perf_counter()
     shares += [trainer.step() for _ in range(args.steps - 1)]
     _ = [s.item() for s in shares]       # the device has finished the last step
-    elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    # on pg (so on the variant's device: NCCL reduces no host tensor), not on
+    # the default group: torch 2.13 keeps the default group's Gloo threads
+    # running after destroy_process_group once torch._dynamo is imported
+    # (torch.optim imports it), and a Gloo thread that drops the last
+    # reference to a tensor while the interpreter exits aborts the process
+    elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64,
+                           device=device(args.backend))
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=pg)
     trajectory = losses(shares, pg)
     if dist.get_rank() == 0:
         for i, loss in enumerate(trajectory):
