@@ -67,7 +67,9 @@ DEMOS = [
                      "3.13")),
     Demo("nxtval/nxtval-threads.py", sizes=(2, 4)),
     Demo("nxtval/nxtval-onesided.py", sizes=(2, 4)),
-    Demo("nxtval/nxtval-scalable.py", sizes=(2, 4)),
+    # not at 4: its Mutex (add 1 to a counter; taken: subtract 1, add 1 again)
+    # livelocks two waiting processes on plain mpi4py too (3 runs in 16 hung)
+    Demo("nxtval/nxtval-scalable.py", sizes=(2,)),
     Demo("nxtval/nxtval-mpi3.py", sizes=(2, 4)),  # at 3 it fails its assert on mpi4py too
     *(Demo("init-fini/test_0.py", args=(option,), sizes=(2,)) for option in _RC_OPTIONS),
     *(Demo(f"init-fini/test_{n}.py", sizes=(2,)) for n in (1, 2, 3, 4, 5)),
