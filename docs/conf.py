@@ -168,8 +168,9 @@ write_conformance_exclusions()
 
 
 def write_demo_tables():
-    """docs/_generated/mpi4py_demos.rst and mpi4py_demos_left_out.rst: the demos
-    of mpi4py that the demo test runs ported, and those it leaves out
+    """docs/_generated/mpi4py_demos.rst, mpi4py_demos_retried.rst and
+    mpi4py_demos_left_out.rst: the demos of mpi4py that the demo test runs
+    ported, those whose ported run gets a second try, and those it leaves out
     (tests/mpi4py_conformance/demos.py is the one source of truth)."""
     import importlib.util
 
@@ -180,7 +181,8 @@ def write_demo_tables():
     spec.loader.exec_module(table)
     checks = {"same": "the same output", "timings": "the same lines, numbers aside",
               "close": "the same output, numbers to 1e-12", "exit": "exit status 0"}
-    rows = [(f"``{demo.name}``", ", ".join(map(str, demo.sizes)), checks[demo.output])
+    rows = [(f"``{demo.name}``", ", ".join(map(str, demo.sizes)),
+             checks[demo.output] + (", two tries" if demo.retry else ""))
             for demo in table.DEMOS]
     widths = [max(len(row[i]) for row in rows + [("demo", "processes", "checked")])
               for i in range(3)]
@@ -193,6 +195,9 @@ def write_demo_tables():
     os.makedirs(os.path.join(HERE, "_generated"), exist_ok=True)
     with open(os.path.join(HERE, "_generated", "mpi4py_demos.rst"), "w") as f:
         f.write("\n".join(lines) + "\n")
+    retried = [f"* ``{demo.name}``: {demo.retry}." for demo in table.DEMOS if demo.retry]
+    with open(os.path.join(HERE, "_generated", "mpi4py_demos_retried.rst"), "w") as f:
+        f.write("\n".join(retried) + "\n")
     left_out = [f"* ``{where}``: {reason}." for where, reason in table.LEFT_OUT]
     with open(os.path.join(HERE, "_generated", "mpi4py_demos_left_out.rst"), "w") as f:
         f.write("\n".join(left_out) + "\n")

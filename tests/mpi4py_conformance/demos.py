@@ -33,6 +33,8 @@ class Demo:
     stdin: str = ""
     build: tuple[str, ...] = ()         # a command run first in the demo's folder
     # ("mpicc" is the mpicc beside the mpiexec the test uses)
+    retry: str = ""                     # why the ported run gets a second try: a
+    # failure that plain mpi4py has too, measured (empty: one try)
 
     @property
     def name(self) -> str:
@@ -70,7 +72,10 @@ DEMOS = [
     # not at 4: its Mutex (add 1 to a counter; taken: subtract 1, add 1 again)
     # livelocks two waiting processes on plain mpi4py too (3 runs in 16 hung)
     Demo("nxtval/nxtval-scalable.py", sizes=(2,)),
-    Demo("nxtval/nxtval-mpi3.py", sizes=(2, 4)),  # at 3 it fails its assert on mpi4py too
+    Demo("nxtval/nxtval-mpi3.py", sizes=(2, 4),   # at 3 it fails its assert on mpi4py too
+         retry="Open MPI's ``Get_accumulate`` under ``Win.Lock`` now and then gives two "
+               "processes the same counter value, on plain mpi4py too (2 runs in 50 at 2 "
+               "processes; 0 in 40 ported)"),
     *(Demo("init-fini/test_0.py", args=(option,), sizes=(2,)) for option in _RC_OPTIONS),
     *(Demo(f"init-fini/test_{n}.py", sizes=(2,)) for n in (1, 2, 3, 4, 5)),
     Demo("init-fini/test_mpi40.py", sizes=(2,)),
