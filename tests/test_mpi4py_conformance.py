@@ -40,7 +40,7 @@ def test_report_requires_every_test_that_ran_to_pass():
     """The gate (no MPI): skips do not count; one failure, error, crash or
     hang, or a failed set-up of a class, fails the size."""
     def report(*kinds, fixture=False):
-        r = driver.Report(2, "4.1.2")
+        r = driver.Report(2, "mpi4py 4.1.2 test suite through mcr.MPI")
         for i, kind in enumerate(kinds):
             r.outcomes[f"test_x.T.test{i}"] = driver.Outcome(f"test_x.T.test{i}", kind)
         if fixture:

@@ -1,12 +1,15 @@
-"""Run mpi4py's test suite through mcr.MPI at one world size and report the outcome.
+"""Run a unittest suite under mpiexec at one world size and report the outcome.
 
-All selected modules run in one mpiexec job (worker.py on every rank), which
-records each test's outcome per rank as it ends. When the job crashes or stops
+It serves both conformance runs: mpi4py's test suite through mcr.MPI
+(worker.py here) and torch's ``DistributedTest`` on the "mcr" backend
+(tests/torch_conformance/worker.py). All selected tests run in one mpiexec job
+(the worker on every rank), which records each test's outcome per rank as it
+ends. When the job crashes or stops
 making progress, the test that was running is reported as a crash or a hang and
 the tests after it run again in a new job, so one crash hides nothing else
-(after a hang, the tests after it in its module are reported as not run: each
-hang costs the stall timeout). A
-test passes when it passes (or is skipped) on every rank.
+(for mpi4py's suite, after a hang, the tests after it in its module are
+reported as not run: each hang costs the stall timeout). A test passes when it
+passes (or is skipped) on every rank.
 """
 
 import json
@@ -32,9 +35,10 @@ TRACEBACK_LINES = 12
 class Outcome:
     """One test's outcome over all ranks."""
 
-    def __init__(self, test, kind, detail="", ranks=(), seconds=0.0):
+    def __init__(self, test, kind, detail="", ranks=(), seconds=0.0, gate=None):
         self.test, self.kind, self.detail = test, kind, detail
         self.ranks, self.seconds = sorted(ranks), seconds
+        self.gate = gate    # torch's suite: the backend name its gates were read for
 
     @property
     def module(self):
@@ -44,8 +48,8 @@ class Outcome:
 class Report:
     """The outcome of every selected test at one world size."""
 
-    def __init__(self, nprocs, version):
-        self.nprocs, self.version = nprocs, version
+    def __init__(self, nprocs, title):
+        self.nprocs, self.title = nprocs, title
         self.outcomes = {}          # test id -> Outcome, in running order
         self.excluded = []
         self.fixture_errors = []    # setUpClass/setUpModule errors (no test id of their own)
@@ -74,7 +78,7 @@ class Report:
     def text(self, per_module=True, max_failures=200):
         ran = self.ran
         rate = 100.0 * self.count("pass") / ran if ran else 100.0
-        lines = [f"mpi4py {self.version} test suite through mcr.MPI at {self.nprocs} "
+        lines = [f"{self.title} at {self.nprocs} "
                  f"process{'es' if self.nprocs > 1 else ''}: {self.seconds:.0f} s, "
                  f"{self.jobs} job{'s' if self.jobs > 1 else ''}",
                  self.figures(),
@@ -144,18 +148,17 @@ def progress(outdir):
     return total
 
 
-def launch(nprocs, testdir, outdir, selection, log_path, deadline):
-    """Run one job; return (exit code or None when killed as hung, output)."""
+def launch(nprocs, worker, outdir, selection, log_path, deadline, stall, path=()):
+    """Run one job of ``worker + [OUTDIR, SELECTION]``; return (exit code or
+    None when killed as hung, output). ``path``: folders for the ranks' PYTHONPATH."""
     selection_path = os.path.join(outdir, "selection.json")
     with open(selection_path, "w", encoding="utf-8") as f:
         json.dump(selection, f)
-    cmd = mpiexec_command(nprocs) + [sys.executable, os.path.join(HERE, "worker.py"),
-                                     testdir, outdir, selection_path]
+    cmd = mpiexec_command(nprocs) + [sys.executable] + list(worker) + [outdir, selection_path]
     env = mpi_env()
     # mcr from wherever this process imports it (an in-place build on PYTHONPATH, or
-    # installed); the test directory too, for the workers mpi4py.futures spawns (at
-    # one process), which unpickle functions of the test modules
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [testdir, env.get("PYTHONPATH")]))
+    # installed), and the folders the worker names
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [*path, env.get("PYTHONPATH")]))
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
@@ -169,7 +172,7 @@ def launch(nprocs, testdir, outdir, selection, log_path, deadline):
             now, current = time.monotonic(), progress(outdir)
             if current != last:
                 last, last_change = current, now
-            elif now - last_change > STALL_TIMEOUT or now > deadline:
+            elif now - last_change > stall or now > deadline:
                 stop(proc, outdir)
                 code = None
                 break
@@ -211,8 +214,33 @@ def run(nprocs, testdir, include=(), timeout=3600.0):
         Seconds for the whole run, reruns included.
     """
     import importlib.metadata
-    report = Report(nprocs, importlib.metadata.version("mpi4py"))
-    patterns = [pattern for pattern, _ in EXCLUSIONS]
+    title = f"mpi4py {importlib.metadata.version('mpi4py')} test suite through mcr.MPI"
+    # the test directory on the path for the workers mpi4py.futures spawns (at one
+    # process), which unpickle functions of the test modules
+    return run_suite(nprocs, Report(nprocs, title), [os.path.join(HERE, "worker.py"), testdir],
+                     [pattern for pattern, _ in EXCLUSIONS], include, timeout,
+                     path=[testdir])
+
+
+def run_suite(nprocs, report, worker, patterns, include=(), timeout=3600.0,
+              stall=STALL_TIMEOUT, hang_skips_module=True, path=(), extra=None):
+    """Run a worker's tests at `nprocs` ranks, again after each crash or hang,
+    until every selected test has an outcome; fill and return `report`.
+
+    Parameters
+    ----------
+    worker : list of str
+        The worker script and its first arguments; it gets OUTDIR and
+        SELECTION after them (see worker.py).
+    patterns : list of str
+        Test id patterns to leave out (the exclusions).
+    stall : float
+        Seconds without a record on any rank after which the job is taken as hung.
+    hang_skips_module : bool
+        After a hang, report the rest of the hung test's module as not run.
+    extra : dict, optional
+        More fields for the worker's SELECTION file.
+    """
     order = None
     done = set()
     include = list(include)
@@ -220,9 +248,10 @@ def run(nprocs, testdir, include=(), timeout=3600.0):
     deadline = start + timeout
     while True:
         with tempfile.TemporaryDirectory(prefix="mcr-conformance-") as outdir:
-            selection = {"include": include, "exclude": patterns, "skip": sorted(done)}
-            code, output = launch(nprocs, testdir, outdir, selection,
-                                  os.path.join(outdir, "job.log"), deadline)
+            selection = {"include": include, "exclude": patterns, "skip": sorted(done),
+                         **(extra or {})}
+            code, output = launch(nprocs, worker, outdir, selection,
+                                  os.path.join(outdir, "job.log"), deadline, stall, path)
             per_rank = read_records(outdir, nprocs)
         report.jobs += 1
         finished = code is not None and all(
@@ -233,7 +262,7 @@ def run(nprocs, testdir, include=(), timeout=3600.0):
             # died before choosing its tests: nothing to attribute it to
             kind = "hang" if code is None else "crash"
             report.outcomes["<start-up>"] = Outcome(
-                "<start-up>", kind, f"the job {describe_exit(code)} before running any test"
+                "<start-up>", kind, f"the job {describe_exit(code, stall)} before running any test"
                 f"\n--- job output (tail) ---\n{output[-4000:]}", range(nprocs))
             break
         if order is None:
@@ -270,15 +299,15 @@ def run(nprocs, testdir, include=(), timeout=3600.0):
         kind = "hang" if code is None else "crash"
         if culprit is None:
             report.outcomes["<shutdown>"] = Outcome(
-                "<shutdown>", kind, f"the job {describe_exit(code)} after its last test"
+                "<shutdown>", kind, f"the job {describe_exit(code, stall)} after its last test"
                 f"\n--- job output (tail) ---\n{output[-4000:]}", everyone)
             break
         running = sorted(starts.get(culprit, set()) - set(ends.get(culprit, {})))
         report.outcomes[culprit] = Outcome(
-            culprit, kind, f"the job {describe_exit(code)} while this test ran on ranks "
+            culprit, kind, f"the job {describe_exit(code, stall)} while this test ran on ranks "
             f"{running}\n--- job output (tail) ---\n{output[-3000:]}", running or everyone)
         done.add(culprit)
-        if kind == "hang":
+        if kind == "hang" and hang_skips_module:
             # a hang costs the stall timeout each time: the rest of its module is not run
             module = culprit.split(".")[0]
             for test in unfinished:
@@ -296,7 +325,8 @@ def run(nprocs, testdir, include=(), timeout=3600.0):
         modules = sorted({t.split(".")[0] for t in unfinished if t not in done})
         if not modules:
             break
-        include = [f"^{m}\\.py$" for m in modules]
+        if hang_skips_module:
+            include = [f"^{m}\\.py$" for m in modules]
     if order is not None:  # report in running order
         report.outcomes = {t: report.outcomes[t] for t in
                            [t for t in order if t in report.outcomes] +
@@ -305,9 +335,9 @@ def run(nprocs, testdir, include=(), timeout=3600.0):
     return report
 
 
-def describe_exit(code):
+def describe_exit(code, stall=STALL_TIMEOUT):
     if code is None:
-        return f"made no progress for {STALL_TIMEOUT:.0f} s (killed)"
+        return f"made no progress for {stall:.0f} s (killed)"
     if code < 0:
         return f"was killed by signal {-code}"
     return f"exited with code {code}"
@@ -320,7 +350,9 @@ def combine(test, per_rank):
     for kind in ("fail", "error"):
         ranks = [rank for rank, k in kinds.items() if k == kind]
         if ranks:
-            return Outcome(test, kind, per_rank[ranks[0]]["detail"], ranks, seconds)
+            return Outcome(test, kind, per_rank[ranks[0]]["detail"], ranks, seconds,
+                           per_rank[ranks[0]].get("gate"))
     if all(k == "skip" for k in kinds.values()):
-        return Outcome(test, "skip", next(iter(per_rank.values()))["detail"], kinds, seconds)
-    return Outcome(test, "pass", "", kinds, seconds)
+        first = next(iter(per_rank.values()))
+        return Outcome(test, "skip", first["detail"], kinds, seconds, first.get("gate"))
+    return Outcome(test, "pass", "", kinds, seconds, next(iter(per_rank.values())).get("gate"))
