@@ -13,6 +13,8 @@ import os
 import socket
 import subprocess
 import sys
+import time
+from datetime import timedelta
 
 import pytest
 import torch
@@ -277,8 +279,10 @@ def unsupported_and_bad_calls_raise_clearly(comm):
         dist.all_reduce(torch.ones(2, dtype=torch.int64), op=dist.ReduceOp.AVG, group=g)
     with raises(ValueError, "PREMUL_SUM", "not supported by the 'mcr' backend", "SUM"):
         dist.all_reduce(torch.ones(2), op=dist._make_nccl_premul_sum(2.0), group=g)
-    with raises(ValueError, "monitored_barrier"):      # torch's own refusal
-        dist.monitored_barrier(group=g)
+    with raises(ValueError, "sparse tensor", "SUM only", "MAX"):
+        dist.all_reduce(torch.ones(2).to_sparse(), op=dist.ReduceOp.MAX, group=g)
+    with raises(ValueError, "all_gather_coalesced", f"{size + 1} lists for {size} ranks"):
+        dist.all_gather_coalesced([[torch.empty(1)]] * (size + 1), [torch.ones(1)], group=g)
     with raises(ValueError, "not contiguous"):
         dist.all_reduce(torch.ones(4, 4).t(), group=g)
     with raises(ValueError, "input_split_sizes", "sum to"):
@@ -382,6 +386,102 @@ def zero_step_matches_gloo(comm):
     trains_as_torch_gloo(train_zero, comm.size, comm.rank)
 
 
+@case
+def groups_are_found_by_name_and_destroyed(comm):
+    """torch looks groups up by name (destroy_process_group, functional
+    collectives): every "mcr" group has the name torch gave it."""
+    group("mpi")
+    sub = dist.new_group(list(range(comm.size)))
+    assert dist.group.WORLD.group_name and sub.group_name != dist.group.WORLD.group_name
+    from torch.distributed.distributed_c10d import _resolve_process_group
+    assert _resolve_process_group(sub.group_name) is sub
+    assert dist.get_process_group_ranks(sub) == list(range(comm.size))
+    t = torch.ones(3)
+    dist.all_reduce(t, group=sub)
+    dist.destroy_process_group(sub)
+    assert torch.equal(t, torch.full((3,), float(comm.size)))
+    with raises(ValueError, "(destroyed)", "not initialized"):
+        dist.all_reduce(t, group=sub)
+
+
+@case
+def all_gather_coalesced_lays_out_rank_then_tensor(comm):
+    size, rank = comm.size, comm.rank
+    g = group("mpi")
+    shapes = [(2,), (3, 2), (1,)]
+    inputs = [torch.full(shape, float(10 * rank + i)) for i, shape in enumerate(shapes)]
+    outputs = [[torch.empty(shape) for shape in shapes] for _ in range(size)]
+    dist.all_gather_coalesced(outputs, inputs, group=g)
+    for r in range(size):
+        for i, shape in enumerate(shapes):
+            assert torch.equal(outputs[r][i], torch.full(shape, float(10 * r + i))), (r, i)
+
+
+@case
+def sparse_all_reduce_sums_as_dense(comm):
+    size, rank = comm.size, comm.rank
+    for backend in BACKENDS:
+        g = group(backend)
+        for dense_dims in (0, 2):
+            shape = (size + 2,) + (3,) * dense_dims
+            def data(r):
+                dense = torch.zeros(shape, dtype=torch.float64)
+                dense[r % shape[0]] = r + 1.0            # overlapping rows between ranks
+                dense[(r + 1) % shape[0]] = -2.0 * r
+                return dense
+            sparse = data(rank).to_sparse(1)
+            dist.all_reduce(sparse, group=g)
+            assert sparse.is_sparse
+            expected = sum(data(r) for r in range(size))
+            assert torch.equal(sparse.to_dense(), expected), (backend, dense_dims)
+
+
+@case
+def barrier_gives_up_after_its_timeout(comm):
+    """A rank alone in a barrier raises after the barrier's timeout, or the
+    group's; with every rank there, it passes."""
+    group("mpi")
+    lonely = dist.new_group(list(range(comm.size)), timeout=timedelta(seconds=1.5))
+    dist.barrier(group=lonely)
+    if comm.size > 1 and comm.rank == 0:
+        for timeout in (None, 0.2):     # the group's, then the call's
+            start = time.monotonic()
+            kwargs = {} if timeout is None else {"timeout": timedelta(seconds=timeout)}
+            with raises(RuntimeError, "barrier", "Timed out waiting"):
+                dist.barrier(group=lonely, **kwargs)
+            waited = time.monotonic() - start
+            assert (timeout or 1.5) <= waited < (timeout or 1.5) + 5, waited
+    comm.Barrier()
+    dist.destroy_process_group(lonely)
+
+
+@case
+def monitored_barrier_names_the_missing_ranks(comm):
+    size, rank = comm.size, comm.rank
+    g = group("mpi")
+    dist.monitored_barrier(group=g, timeout=timedelta(seconds=30))
+    dist.monitored_barrier(group=g, timeout=timedelta(seconds=30), wait_all_ranks=True)
+    if size == 1:
+        return
+    for absent, wait_all in (([size - 1], False), (list(range(1, size)), True)):
+        if rank not in absent:
+            if rank == 0:
+                # Gloo's wording: "Ranks" with wait_all_ranks, even for one
+                who = ("Ranks " if wait_all else "Rank ") + ", ".join(map(str, absent))
+                with raises(RuntimeError, f"{who} failed to pass monitoredBarrier in 300 ms"):
+                    dist.monitored_barrier(group=g, timeout=timedelta(seconds=0.3),
+                                           wait_all_ranks=wait_all)
+            else:
+                with raises(RuntimeError, f"Rank {rank} successfully reached monitoredBarrier"):
+                    dist.monitored_barrier(group=g, timeout=timedelta(seconds=0.3),
+                                           wait_all_ranks=wait_all)
+        comm.Barrier()
+    dist.monitored_barrier(group=g, timeout=timedelta(seconds=30))   # usable again
+    t = torch.ones(1)
+    dist.all_reduce(t, group=g)
+    assert t.item() == size
+
+
 test_mpi = mpi_cases(__name__)
 
 
@@ -421,14 +521,35 @@ def test_import_after_torch_registers():
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr
 
 
-def test_outside_mpi_without_master_addr_torch_error_unchanged():
+def _outside_mpi_env(**set_vars):
     from mcr import launch
     env = {k: v for k, v in os.environ.items()
-           if k not in launch.LAUNCHER_VARS and k not in ("MASTER_ADDR", "MASTER_PORT")}
+           if k not in launch.LAUNCHER_VARS
+           and k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
+    env.update(set_vars)
+    return env
+
+
+def test_outside_mpi_without_master_addr_torch_error_unchanged():
+    """A process that says it has peers (RANK set) and no MASTER_ADDR gets torch's error."""
     result = _python("import mcr, torch.distributed as dist\n"
-                     "dist.init_process_group('gloo')\n", env)
+                     "dist.init_process_group('gloo')\n", _outside_mpi_env(RANK="1"))
     assert result.returncode != 0
-    assert "MASTER_ADDR" in result.stderr or "RANK" in result.stderr, result.stderr
+    assert "environment variable WORLD_SIZE expected" in result.stderr, result.stderr
+
+
+def test_one_process_without_mpiexec_is_a_world_of_one():
+    """python prog.py: init_process_group("mcr") is MPI's singleton, as
+    ``from mcr import MPI`` is."""
+    result = _python(
+        "import mcr, torch, torch.distributed as dist\n"
+        "dist.init_process_group('mcr')\n"
+        "assert (dist.get_rank(), dist.get_world_size()) == (0, 1)\n"
+        "t = torch.arange(4.0); dist.all_reduce(t)\n"
+        "assert t.tolist() == [0.0, 1.0, 2.0, 3.0]\n"
+        "dist.barrier(); dist.monitored_barrier()\n"
+        "dist.destroy_process_group(); print('ok')\n", _outside_mpi_env())
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr
 
 
 def test_torch_ranks_that_are_not_mpi_ranks_are_refused():

@@ -11,10 +11,16 @@ stays as light as it is for programs that never use torch):
   ``MASTER_ADDR`` inside an MPI job: under ``mpiexec`` (or once MPI is
   initialized) and with ``MASTER_ADDR`` unset, rank and size come from MPI and
   the TCPStore's address is broadcast over MPI (:mod:`mcr.backends.store`).
-  With ``MASTER_ADDR`` set, or outside an MPI job, torch's own handler runs
-  unchanged. This is what lets ``init_process_group("mcr")`` (or ``"gloo"``)
-  run under ``mpiexec`` with nothing else set; MPI is initialized there, not
-  at registration.
+  A process started without ``mpiexec`` and with none of ``MASTER_ADDR``,
+  ``RANK`` and ``WORLD_SIZE`` set is a world of one (MPI's singleton), as
+  ``from mcr import MPI`` is there. Otherwise (``MASTER_ADDR`` set, torchrun)
+  torch's own handler runs unchanged. This is what lets
+  ``init_process_group("mcr")`` (or ``"gloo"``) run under ``mpiexec``, or as
+  ``python prog.py``, with nothing else set; MPI is initialized there, not at
+  registration;
+- ``dist.monitored_barrier``, which torch runs on Gloo groups only, runs
+  ``ProcessGroupMCR.monitored_barrier`` on an "mcr" group; on any other group
+  torch's own function runs unchanged.
 """
 
 from __future__ import annotations
@@ -80,6 +86,10 @@ def _register() -> None:
         env = handlers.get("env")
         if env is not None:
             handlers["env"] = _EnvOverMPI(env)
+        c10d = importlib.import_module("torch.distributed.distributed_c10d")
+        monitored = _MonitoredBarrier(c10d.monitored_barrier)
+        for module in (c10d, dist):
+            setattr(module, "monitored_barrier", monitored)
     except Exception as exc:                 # never break the program's import of torch
         warnings.warn(f"mcr: could not register the 'mcr' torch.distributed backend: "
                       f"{type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=2)
@@ -90,6 +100,26 @@ def _create(opts: Any, pg_options: Any) -> Any:
     return create(opts, pg_options)
 
 
+class _MonitoredBarrier:
+    """torch's ``monitored_barrier``, run by the group itself on an "mcr" group."""
+
+    def __init__(self, torch_function: Any) -> None:
+        self.torch_function = torch_function
+        self.__doc__ = torch_function.__doc__
+        self.__wrapped__ = torch_function
+
+    def __call__(self, group: Any = None, timeout: Any = None,
+                 wait_all_ranks: bool = False) -> Any:
+        import torch.distributed as dist
+        c10d = importlib.import_module("torch.distributed.distributed_c10d")
+        if c10d._rank_not_in_group(group) or dist.get_backend(group) != "mcr":
+            return self.torch_function(group, timeout, wait_all_ranks)
+        if isinstance(timeout, (int, float)):
+            timeout = datetime.timedelta(seconds=timeout)
+        pg = group if group is not None else c10d._get_default_group()
+        return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+
+
 class _EnvOverMPI:
     """torch's ``env://`` handler, with an MPI rendezvous when ``MASTER_ADDR``
     is unset inside an MPI job."""
@@ -98,9 +128,18 @@ class _EnvOverMPI:
         self.torch_handler = torch_handler
 
     def __call__(self, url: str, **kwargs: Any) -> Iterator[tuple[Any, int, int]]:
-        if os.environ.get("MASTER_ADDR") or not _in_mpi_job():
+        if os.environ.get("MASTER_ADDR") or not (_in_mpi_job() or _alone(url)):
             return self.torch_handler(url, **kwargs)   # type: ignore[no-any-return]
         return _over_mpi(url, kwargs.get("timeout"))
+
+
+def _alone(url: str) -> bool:
+    """A process on its own: nothing says it has peers (no ``RANK`` or
+    ``WORLD_SIZE``, in the environment or the URL), so it is MPI's singleton."""
+    from urllib.parse import parse_qs, urlparse
+    query = parse_qs(urlparse(url).query)
+    return not any(os.environ.get(name) or query.get(key)
+                   for key, name in (("rank", "RANK"), ("world_size", "WORLD_SIZE")))
 
 
 def _in_mpi_job() -> bool:

@@ -89,9 +89,11 @@ class Work(dist.Work):
     """
 
     def __init__(self, op: str, requests: list[Any], result: list[torch.Tensor],
-                 finish: Callable[[], None] | None = None, status: Any = None) -> None:
+                 finish: Callable[[], None] | None = None, status: Any = None,
+                 timeout: float = 0.0) -> None:
         super().__init__()
         self._op = op
+        self._timeout = timeout     # seconds a wait() without its own timeout allows
         self._requests = requests
         self._result = result
         self._finish = finish
@@ -118,7 +120,8 @@ class Work(dist.Work):
         ----------
         timeout : datetime.timedelta, optional
             Give up after this long with ``RuntimeError`` (the operation stays
-            pending). None or zero: wait as long as it takes.
+            pending). None or zero: the operation's own timeout (a barrier's:
+            see :meth:`ProcessGroupMCR.barrier`), else as long as it takes.
 
         Returns
         -------
@@ -128,7 +131,7 @@ class Work(dist.Work):
             raise self._error
         if self._done:
             return True
-        seconds = timeout.total_seconds() if timeout else 0.0
+        seconds = timeout.total_seconds() if timeout else self._timeout
         try:
             if seconds > 0:
                 deadline = time.monotonic() + seconds
@@ -145,8 +148,9 @@ class Work(dist.Work):
             self._fail(exc)
             raise
         if not self._done:
-            raise RuntimeError(f"{self._op}: not completed within {seconds:g} s "
-                               f"(Work.wait timeout; the operation is still pending)")
+            raise RuntimeError(f"{self._op}: not completed within {seconds:g} s: Timed out "
+                               f"waiting {seconds * 1000:.0f}ms (the operation is still "
+                               f"pending)")
         return True
 
     def is_completed(self) -> bool:
@@ -258,9 +262,40 @@ class ProcessGroupMCR(_ProcessGroup):  # type: ignore[misc]
     functions call them; call those functions, not the methods.
     """
 
-    def __init__(self, comm: Any, rank: int, size: int) -> None:
+    def __init__(self, comm: Any, rank: int, size: int,
+                 timeout: datetime.timedelta | None = None) -> None:
         super().__init__(rank, size)
         self.comm = comm
+        self._name = ""
+        self._desc = ""
+        # the group's timeout (init_process_group's, new_group's): barriers
+        # and monitored barriers give up after it, as on Gloo
+        self._timeout = timeout.total_seconds() if timeout and timeout.total_seconds() > 0 \
+            else 0.0
+        # monitored_barrier's messages, apart from the group's own traffic
+        self._control = comm.Dup()
+        self._timed_out: list[Work] = []    # timed-out barriers: their requests stay alive
+
+    # torch keeps a group's name and description on the backends registered
+    # with it; this group registers none (it is its own backend), so it keeps
+    # them itself. torch looks groups up by this name (destroy_process_group,
+    # DeviceMesh, functional collectives).
+    def _set_group_name(self, name: str) -> None:
+        self._name = name
+
+    @property
+    def group_name(self) -> str:
+        if not self._name:
+            raise RuntimeError("ProcessGroup name not set (an 'mcr' group not made by "
+                               "torch.distributed)")
+        return self._name
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._desc = desc
+
+    @property
+    def group_desc(self) -> str:
+        return self._desc
 
     # torch asks a group for its backend per device (init_process_group with a
     # device_id, new_group looking for a communicator to split): this group is
@@ -275,8 +310,8 @@ class ProcessGroupMCR(_ProcessGroup):  # type: ignore[misc]
         return "mcr"
 
     def __repr__(self) -> str:
-        return (f"ProcessGroupMCR(rank={self.rank()}, size={self.size()}, "
-                f"backend={self.comm.backend!r})")
+        backend = "(destroyed)" if self.comm is None else repr(self.comm.backend)
+        return f"ProcessGroupMCR(rank={self.rank()}, size={self.size()}, backend={backend})"
 
     # -- helpers -------------------------------------------------------------
 
@@ -317,10 +352,41 @@ class ProcessGroupMCR(_ProcessGroup):  # type: ignore[misc]
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         opts = opts or dist.AllreduceOptions()
+        if len(tensors) == 1 and tensors[0].is_sparse:
+            return self._sparse_allreduce(tensors[0], opts)
         tensor = _tensor(tensors, "all_reduce")
         mpi_op, avg = self._op(opts, "all_reduce", tensor)
         return self._run(opts, "all_reduce", "Allreduce", (MPI.IN_PLACE, tensor), {"op": mpi_op},
                          [tensor], self._avg([tensor]) if avg else None)
+
+    def _sparse_allreduce(self, tensor: torch.Tensor, opts: Any) -> Work:
+        """The sum of a sparse COO tensor over the group, as Gloo makes it: every
+        rank gathers the others' indices and values and adds them up. It runs
+        at the call; the result replaces ``tensor``'s contents."""
+        name = "all_reduce"
+        kind = _KINDS.get(int(opts.reduceOp.op), "?")
+        if kind != "SUM":
+            raise ValueError(f"{name}: a sparse tensor is reduced with ReduceOp.SUM only, "
+                             f"got {kind}")
+        if tensor.layout != torch.sparse_coo:
+            raise TypeError(f"{name}: sparse layout {tensor.layout} is not supported; "
+                            f"only torch.sparse_coo (tensor.to_sparse_coo())")
+        indices = tensor._indices().contiguous()
+        values = tensor._values().contiguous()
+        per_value = math.prod(values.shape[1:])
+        counts = torch.tensor([indices.shape[1]], dtype=torch.int64)
+        every = torch.empty(self.size(), dtype=torch.int64)
+        self.comm.Allgather(counts, every)
+        nnz = [int(n) for n in every]
+        all_indices = torch.empty(indices.shape[0] * sum(nnz), dtype=indices.dtype)
+        self.comm.Allgatherv(indices.t().contiguous(),
+                             [all_indices, [n * indices.shape[0] for n in nnz]])
+        all_values = torch.empty((sum(nnz),) + tuple(values.shape[1:]), dtype=values.dtype)
+        self.comm.Allgatherv(values, [all_values, [n * per_value for n in nnz]])
+        total = torch.sparse_coo_tensor(all_indices.view(sum(nnz), -1).t(), all_values,
+                                        tensor.shape).coalesce()
+        tensor.copy_(total)
+        return Work(name, [], [tensor])
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         opts = opts or dist.AllreduceCoalescedOptions()
@@ -361,9 +427,19 @@ class ProcessGroupMCR(_ProcessGroup):  # type: ignore[misc]
 
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]],
                             input_tensors: list[torch.Tensor], opts: Any = None) -> Work:
-        works = [self.allgather([outputs], [tensor])
-                 for outputs, tensor in zip(output_lists, input_tensors)]
-        return self._merged("all_gather_coalesced", works)
+        """``all_gather_coalesced``: ``output_lists[rank][i]`` receives input
+        ``i`` of ``rank``, as torch lays them out."""
+        name = "all_gather_coalesced"
+        if len(output_lists) != self.size():
+            raise ValueError(f"{name}: output_tensor_lists has {len(output_lists)} lists for "
+                             f"{self.size()} ranks")
+        for rank, outputs in enumerate(output_lists):
+            if len(outputs) != len(input_tensors):
+                raise ValueError(f"{name}: output_tensor_lists[{rank}] has {len(outputs)} "
+                                 f"tensors for {len(input_tensors)} inputs")
+        works = [self.allgather([[outputs[i] for outputs in output_lists]], [tensor])
+                 for i, tensor in enumerate(input_tensors)]
+        return self._merged(name, works)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
                           opts: Any = None) -> Work:
@@ -488,7 +564,80 @@ class ProcessGroupMCR(_ProcessGroup):  # type: ignore[misc]
         return self._run(opts, "scatter", "Scatterv", (send, tensor), {"root": root}, [tensor])
 
     def barrier(self, opts: Any = None) -> Work:
-        return self._run(opts, "barrier", "Barrier", (), {}, [])
+        """A barrier that gives up after ``opts.timeout`` (``dist.barrier``'s
+        ``timeout``), else the group's timeout, with ``RuntimeError``. A
+        timed-out barrier stays posted: the group's collectives are then out of
+        step, as after any collective that failed on some ranks; make a new group."""
+        seconds = self._timeout
+        if opts is not None and opts.timeout.total_seconds() > 0:
+            seconds = opts.timeout.total_seconds()
+        work = Work("barrier", [self.comm.Ibarrier()], [], timeout=seconds)
+        if opts is not None and not opts.asyncOp:
+            try:
+                work.wait()
+            except RuntimeError:
+                self._timed_out.append(work)
+                raise
+        return work
+
+    def monitored_barrier(self, timeout: datetime.timedelta | None = None,
+                          wait_all_ranks: bool = False) -> None:
+        """A barrier that names the ranks that did not reach it (torch's
+        ``dist.monitored_barrier``, as on Gloo).
+
+        Rank 0 waits for a message from every other rank, then answers each.
+        Run by every rank of the group; ``dist.monitored_barrier(group)``
+        calls it (``import mcr`` extends torch's function to "mcr" groups).
+
+        Parameters
+        ----------
+        timeout : datetime.timedelta, optional
+            How long rank 0 waits for the others, and they for its answer.
+            Default: the group's timeout.
+        wait_all_ranks : bool
+            Rank 0 names every rank that did not arrive, not only the first.
+
+        Raises
+        ------
+        RuntimeError
+            On rank 0, naming the ranks that did not arrive in time
+            (``"Rank 1 failed to pass monitoredBarrier in 2000 ms"``); on the
+            others, when rank 0's answer does not come in time.
+        """
+        seconds = timeout.total_seconds() if timeout is not None else self._timeout or math.inf
+        ms = f"{seconds * 1000:.0f} ms"
+        rank, size, control = self.rank(), self.size(), self._control
+        if size == 1:
+            return
+        deadline = time.monotonic() + seconds
+        if rank != 0:
+            sent = control.Isend(bytearray(1), 0, 0)
+            answer = control.Irecv(bytearray(1), 0, 1)
+            if not _test_until([sent, answer], deadline):
+                _cancel([answer, sent])
+                raise RuntimeError(
+                    f"Rank {rank} successfully reached monitoredBarrier, but received errors "
+                    f"while waiting for send/recv from rank 0 (no answer in {ms}; rank 0 "
+                    f"names the ranks that did not arrive)")
+            return
+        arrivals = [control.Irecv(bytearray(1), source, 0) for source in range(1, size)]
+        missing: list[int] = []
+        for source, request in zip(range(1, size), arrivals):
+            if time.monotonic() >= deadline and not request.Test():
+                # as Gloo: the time ran out before this rank's turn came
+                missing.extend(range(source, size))
+                if not wait_all_ranks or source == 1:
+                    _cancel(arrivals[source - 1:])
+                    raise RuntimeError(f"Rank 0 timed out in monitoredBarrier after {ms}")
+                break
+            if (missing and not wait_all_ranks) or not _test_until([request], deadline):
+                missing.append(source)
+        if missing:
+            _cancel([arrivals[source - 1] for source in missing])
+            who = ("Ranks " + ", ".join(map(str, missing)) if wait_all_ranks
+                   else f"Rank {missing[0]}")
+            raise RuntimeError(f"{who} failed to pass monitoredBarrier in {ms}")
+        Request.Waitall([control.Isend(bytearray(1), dest, 1) for dest in range(1, size)])
 
     def _one_list(self, lists: list[list[torch.Tensor]], op: str) -> list[torch.Tensor]:
         if len(lists) != 1:
@@ -529,12 +678,35 @@ class ProcessGroupMCR(_ProcessGroup):  # type: ignore[misc]
     # -- lifetime ------------------------------------------------------------
 
     def shutdown(self) -> None:
-        """Free the communicator (``destroy_process_group``)."""
+        """Free the communicator (``destroy_process_group``). A group with a
+        timed-out barrier keeps its communicators: the barrier is still
+        posted, and MPI cannot free them under it."""
         comm, self.comm = self.comm, None
-        if comm is not None:
+        if comm is not None and not self._timed_out:
+            self._control.Free()
             comm.Free()
 
     abort = shutdown
+
+
+def _test_until(requests: list[Any], deadline: float) -> bool:
+    """Test ``requests`` until all complete (True) or ``time.monotonic()``
+    reaches ``deadline`` (False)."""
+    pause = 1e-5
+    while not Request.Testall(requests):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(pause)
+        pause = min(2 * pause, 1e-3)
+    return True
+
+
+def _cancel(requests: list[Any]) -> None:
+    """Cancel the point-to-point requests that have not completed, and complete them."""
+    for request in requests:
+        if not request.Test():
+            request.Cancel()
+            request.Wait()
 
 
 # -- the backend's creator -----------------------------------------------------
@@ -588,4 +760,4 @@ def create(opts: Any, pg_options: Any) -> ProcessGroupMCR:
             group.Free()
     if pg_options is not None and pg_options.backend is not None:
         comm.backend = pg_options.backend
-    return ProcessGroupMCR(comm, rank, size)
+    return ProcessGroupMCR(comm, rank, size, opts.timeout)
