@@ -149,22 +149,23 @@ write_backend_table()
 
 # -- the conformance test's exclusions, from its one table ------------------
 
-def write_conformance_exclusions():
-    """docs/_generated/mpi4py_exclusions.rst: what the mpi4py conformance test leaves out
-    (tests/mpi4py_conformance/exclusions.py is the one source of truth)."""
+def write_conformance_exclusions(suite):
+    """docs/_generated/<suite>_exclusions.rst: what a conformance test leaves out
+    (tests/<suite>_conformance/exclusions.py is the one source of truth)."""
     import importlib.util
 
-    path = os.path.join(HERE, os.pardir, "tests", "mpi4py_conformance", "exclusions.py")
-    spec = importlib.util.spec_from_file_location("mcr_conformance_exclusions", path)
+    path = os.path.join(HERE, os.pardir, "tests", f"{suite}_conformance", "exclusions.py")
+    spec = importlib.util.spec_from_file_location(f"mcr_{suite}_exclusions", path)
     table = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(table)
     lines = [f"* ``{pattern}``: {reason}." for pattern, reason in table.EXCLUSIONS]
     os.makedirs(os.path.join(HERE, "_generated"), exist_ok=True)
-    with open(os.path.join(HERE, "_generated", "mpi4py_exclusions.rst"), "w") as f:
-        f.write("\n".join(lines) + "\n")
+    with open(os.path.join(HERE, "_generated", f"{suite}_exclusions.rst"), "w") as f:
+        f.write("\n".join(lines or ["* (none)"]) + "\n")
 
 
-write_conformance_exclusions()
+write_conformance_exclusions("mpi4py")
+write_conformance_exclusions("torch")
 
 
 def write_demo_tables():

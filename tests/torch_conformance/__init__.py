@@ -1,0 +1,1 @@
+"""torch's own distributed tests on the "mcr" backend (see report.py)."""

@@ -1,0 +1,43 @@
+"""Run torch's DistributedTest on "mcr" and on torch's Gloo, and print the comparison.
+
+    python tests/torch_conformance/run.py -n 2 [-i REGEX ...] [--no-baseline]
+
+Exits with status 1 when a test that ran on "mcr" does not pass, or a test
+that passes on Gloo does not pass on "mcr" (see report.py).
+"""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from torch_conformance import report  # noqa: E402
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-n", "--nprocs", type=int, action="append",
+                        help="world size (repeat for several; default 2 and 3)")
+    parser.add_argument("-i", "--include", action="append", default=[], metavar="REGEX",
+                        help="test names to run, e.g. 'all_gather'")
+    parser.add_argument("--no-baseline", action="store_true",
+                        help="run 'mcr' only (the Gloo column stays empty)")
+    parser.add_argument("--timeout", type=float, default=1800.0,
+                        help="seconds for each run, reruns included")
+    args = parser.parse_args(argv)
+    ok = True
+    for nprocs in args.nprocs or (2, 3):
+        mcr = report.run(nprocs, "mcr", args.include, args.timeout)
+        if args.no_baseline:
+            gloo = report.driver.Report(nprocs, "(not run)")
+        else:
+            gloo = report.run(nprocs, "gloo", args.include, args.timeout)
+        comparison = report.Comparison(mcr, gloo)
+        print(comparison.text(), flush=True)
+        ok = ok and comparison.ok
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
