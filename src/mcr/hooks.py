@@ -32,6 +32,8 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from mpi4py import MPI  # noqa: F401  (first: it loads the libmpi the core links to)
+
 from ._core import Call, _add_call_hook, _remove_call_hook
 
 __all__ = ["Call", "add", "remove", "installed"]
