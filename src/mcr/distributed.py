@@ -743,8 +743,10 @@ def create(opts: Any, pg_options: Any) -> ProcessGroupMCR:
         if (rank, size) != (world.Get_rank(), world.Get_size()):
             raise RuntimeError(
                 f"init_process_group('mcr'): torch says rank {rank} of {size}, MPI says "
-                f"rank {world.Get_rank()} of {world.Get_size()}; start the processes with "
-                f"mpiexec (the 'mcr' backend takes its ranks from MPI)")
+                f"rank {world.Get_rank()} of {world.Get_size()}: each process is an MPI job "
+                f"of its own (started by torchrun or another launcher that is not MPI's); "
+                f"start the processes with mpiexec as one job, e.g. 'mpiexec -n {size} "
+                f"python ...' (the 'mcr' backend takes its ranks from MPI)")
         comm = world.Dup()
     else:
         if max(ranks) >= world.Get_size() or ranks[rank] != world.Get_rank():
