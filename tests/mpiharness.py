@@ -1,12 +1,17 @@
 """Run test cases on real MPI processes under mpiexec, with a timeout.
 
-A test module registers cases with ``@case`` and exposes them to pytest with
-``test_mpi = mpi_cases(__name__)``. For each world size, the module's cases run
-in one ``mpiexec -n N`` job (``tests/mpiworker.py``); every rank writes one
-line per finished case, so a case that hangs shows up as the one that never
-finished, and the job is killed at the timeout instead of hanging the suite.
-Each (case, world size) is reported as its own pytest test. Jobs are started
-by :mod:`mcr.launch`, which this process imports without initializing MPI.
+A test module registers cases with ``@case`` (``@case.quick`` for a case of
+the quick tier, ``python -m pytest -m quick``, run at 2 processes) and exposes
+them to pytest with ``test_mpi = mpi_cases(__name__)``. For each world size,
+the selected cases of all modules run in one ``mpiexec -n N`` job
+(``tests/mpiworker.py``), module after module: each process start (MPI,
+Python, torch: 1-2.5 s a rank here) is paid once per size, not once per
+module. Every rank writes a line before and after each case, so a case that
+crashes the job, or goes without finishing for its module's timeout (then
+the job is killed), fails alone: a new job goes on at the next case. Each
+(case, world size) is reported as its own pytest test; ``-k`` and ``-m``
+selections run only what they select. Jobs are started by :mod:`mcr.launch`,
+which this process imports without initializing MPI.
 
 World sizes: the cases run at 1, 2, 3 and 4 ranks (:data:`SIZES`), or at the
 sizes a module names. ``MCR_TEST_SIZES`` (sizes separated by commas, e.g.
@@ -61,6 +66,18 @@ def case(fn):
     return fn
 
 
+def _quick(fn):
+    """``@case.quick``: a case of the quick tier too (``python -m pytest -m
+    quick``), where it runs at 2 processes."""
+    case(fn)
+    sys.modules[fn.__module__].__dict__.setdefault("_quick", set()).add(fn.__name__)
+    return fn
+
+
+case.quick = _quick
+QUICK_SIZE = 2
+
+
 def mpiexec_command(nprocs):
     """The mpiexec command line for `nprocs` ranks (see :mod:`mcr.launch`)."""
     return launch.command(nprocs)
@@ -84,9 +101,6 @@ def run_script(nprocs, args, timeout=DEFAULT_TIMEOUT):
     return result.returncode, result.stdout
 
 
-_results = {}
-
-
 # Open MPI's launcher sometimes fails to start at all on a loaded machine
 # (seen here once in several hundred jobs, with no other job running): no rank
 # starts, so no case has run, and the job is started again.
@@ -94,26 +108,81 @@ LAUNCH_FAILURES = ("The PMIx server's listener thread failed to start",)
 LAUNCH_TRIES = 3
 
 
-def run_cases(path, nprocs, timeout):
-    """Run all cases of the test module at `path` on `nprocs` ranks (cached)."""
-    key = (path, nprocs)
-    if key not in _results:
+class Module:
+    """A test module's MPI cases, as :func:`mpi_cases` registered them."""
+
+    def __init__(self, path, names, sizes, timeout, own_job):
+        self.path, self.names, self.sizes = path, names, sizes
+        self.timeout, self.own_job = timeout, own_job
+
+
+_modules = {}       # path -> Module, in registration (collection) order
+_selected = None    # {(path, case, nprocs)} that pytest will run; None: all
+_results = {}       # (path, case, nprocs) -> (outcome record per rank, job detail)
+
+
+def select(items):
+    """Note which cases pytest selected (``-k``, ``-m quick``, a file), so that
+    a job runs those only; called from conftest.py after collection."""
+    global _selected
+    _selected = set()
+    for item in items:
+        spec = getattr(item, "callspec", None)
+        if spec is not None and getattr(item.function, "mpi_module", None):
+            _selected.add((item.function.mpi_module, spec.params["name"],
+                           spec.params["nprocs"]))
+
+
+def _plan(module, nprocs):
+    """The (path, case) pairs one job runs with `module`'s cases at `nprocs`:
+    those of every module sharing jobs at that size, or of `module` alone."""
+    modules = [module] if module.own_job else [
+        m for m in _modules.values() if not m.own_job and nprocs in m.sizes]
+    return [(m.path, name) for m in modules for name in m.names
+            if (m.path, name, nprocs) not in _results
+            and (_selected is None or (m.path, name, nprocs) in _selected)]
+
+
+def run_cases(module, nprocs):
+    """Run `module`'s cases at `nprocs` ranks, with the other modules' cases
+    that share its job; a crash or a hang fails the case that was running,
+    and a new job goes on at the next case."""
+    plan = _plan(module, nprocs)
+    while plan:
         for attempt in range(1, LAUNCH_TRIES + 1):
-            code, out, per_case = _run_once(path, nprocs, timeout)
-            if per_case or code == 0 or not any(f in out for f in LAUNCH_FAILURES):
+            code, out, records = _run_once(plan, nprocs)
+            if records or code == 0 or not any(f in out for f in LAUNCH_FAILURES):
                 break
             print(f"mpiharness: mpiexec failed to start ({nprocs} ranks, try {attempt} of "
                   f"{LAUNCH_TRIES}): {out.strip().splitlines()[-1] if out.strip() else ''}",
                   file=sys.stderr)
-        _results[key] = (code, out, per_case)
-    return _results[key]
+        finished = 0
+        for path, name in plan:
+            per_rank = records.get((path, name), {})
+            if len(per_rank) == nprocs and all("ok" in r for r in per_rank.values()):
+                _results[(path, name, nprocs)] = (per_rank, None)
+                finished += 1
+                continue
+            # the case the job died in: it fails; the job starts again after it
+            why = (f"the job made no progress for {_modules[path].timeout:.0f} s and was "
+                   f"killed (deadlock?)" if code is None else f"the job exited with code {code}")
+            _results[(path, name, nprocs)] = (
+                {r: rec for r, rec in per_rank.items() if "ok" in rec},
+                f"{why}\n--- job output (tail) ---\n{out[-6000:]}")
+            finished += 1
+            break
+        plan = plan[finished:]
 
 
-def _run_once(path, nprocs, timeout):
+def _run_once(plan, nprocs):
+    """One job over `plan`; (exit code or None when killed, output, records by case)."""
     with tempfile.TemporaryDirectory(prefix="mcr-test-") as tmp:
-        code, out = run_script(nprocs, [os.path.join(HERE, "mpiworker.py"), path, tmp],
-                               timeout)
-        per_case = {}
+        with open(os.path.join(tmp, "plan.json"), "w") as f:
+            json.dump(plan, f)
+        timeouts = {path: _modules[path].timeout for path, _ in plan}
+        code, out = _run_watched(nprocs, [os.path.join(HERE, "mpiworker.py"), tmp], tmp,
+                                 timeouts)
+        records = {}
         for rank in range(nprocs):
             try:
                 with open(os.path.join(tmp, f"rank{rank}.jsonl")) as f:
@@ -121,9 +190,53 @@ def _run_once(path, nprocs, timeout):
             except FileNotFoundError:
                 lines = []
             for line in lines:
-                rec = json.loads(line)
-                per_case.setdefault(rec["case"], {})[rank] = rec
-    return code, out, per_case
+                try:
+                    rec = json.loads(line)
+                except ValueError:      # cut short by a crash
+                    break
+                records.setdefault((rec["module"], rec["case"]), {})[rank] = rec
+    return code, out, records
+
+
+def _run_watched(nprocs, args, outdir, timeouts):
+    """Run `python args...` on `nprocs` ranks until it exits, or until no rank
+    has written a record for the running case's module timeout (then kill it:
+    exit code None)."""
+    import time
+    with tempfile.TemporaryFile("w+") as log:
+        with launch.start(nprocs, [sys.executable] + list(args), env=mpi_env(), stdout=log,
+                          stderr=subprocess.STDOUT, text=True) as job:
+            last, changed, current, hung = -1, time.monotonic(), None, False
+            while not hung and job.process.poll() is None:
+                time.sleep(0.25)
+                size, current = _progress(outdir, current)
+                now = time.monotonic()
+                if size != last:
+                    last, changed = size, now
+                hung = now - changed > timeouts.get(current, DEFAULT_TIMEOUT)
+            job.stop()
+            code = None if hung else job.process.returncode
+        log.seek(0)
+        return code, log.read()
+
+
+def _progress(outdir, current):
+    """How much the ranks have written, and the module of the latest record."""
+    total = 0
+    for name in os.listdir(outdir):
+        if name.endswith(".jsonl"):
+            path = os.path.join(outdir, name)
+            total += os.path.getsize(path)
+            if name == "rank0.jsonl":
+                with open(path) as f:
+                    lines = f.read().splitlines()
+                for line in reversed(lines):
+                    try:
+                        current = json.loads(line)["module"]
+                        break
+                    except (ValueError, KeyError):
+                        continue
+    return total, current
 
 
 def world_sizes(sizes=None):
@@ -142,18 +255,35 @@ def world_sizes(sizes=None):
     return [pytest.param(n, marks=pytest.mark.skip(reason=reason)) for n in sizes]
 
 
-def mpi_cases(module_name, sizes=None, timeout=DEFAULT_TIMEOUT):
+def mpi_cases(module_name, sizes=None, timeout=DEFAULT_TIMEOUT, own_job=False):
     """A pytest test running each registered case of `module_name` at each
-    size of `sizes` (default :data:`SIZES`; see :func:`world_sizes`)."""
+    size of `sizes` (default :data:`SIZES`; see :func:`world_sizes`).
+
+    The cases of every module run in one job per world size, module after
+    module (``own_job=True``: a job of the module's own, for a module whose
+    cases change the process for good). `timeout`: seconds one case may go
+    without finishing before its job is taken as hung."""
     module = sys.modules[module_name]
     names = list(module.__dict__.get("_mpi_cases", {}))
     path = os.path.abspath(module.__file__)
+    quick = module.__dict__.get("_quick", set())
+    params = []
+    for name in names:
+        for size in world_sizes(sizes):
+            size, marks = (size.values[0], list(size.marks)) if hasattr(size, "values") \
+                else (size, [])
+            if name in quick and size == QUICK_SIZE:
+                marks.append(pytest.mark.quick)
+            params.append(pytest.param(name, size, marks=marks, id=f"{name}-{size}"))
+    chosen = [size for size in world_sizes(sizes) if isinstance(size, int)]
+    _modules[path] = Module(path, names, chosen, timeout, own_job)
 
-    @pytest.mark.parametrize("nprocs", world_sizes(sizes))
-    @pytest.mark.parametrize("name", names)
+    @pytest.mark.timeout(0)     # the job's own watch bounds each case (above)
+    @pytest.mark.parametrize("name,nprocs", params)
     def test_mpi(name, nprocs):
-        code, out, per_case = run_cases(path, nprocs, timeout)
-        ranks = per_case.get(name, {})
+        if (path, name, nprocs) not in _results:
+            run_cases(_modules[path], nprocs)
+        ranks, died = _results[(path, name, nprocs)]
         failed = {r: rec for r, rec in ranks.items() if not rec["ok"]}
         if failed:
             details = "\n".join(f"--- rank {r} ---\n{rec['error']}"
@@ -161,12 +291,10 @@ def mpi_cases(module_name, sizes=None, timeout=DEFAULT_TIMEOUT):
             pytest.fail(f"case {name} failed at {nprocs} ranks:\n{details}", pytrace=False)
         if len(ranks) < nprocs:
             missing = sorted(set(range(nprocs)) - set(ranks))
-            why = (f"the job was killed after {timeout:.0f} s (deadlock?)" if code is None
-                   else f"the job exited with code {code}")
             pytest.fail(f"case {name} did not finish on ranks {missing} at {nprocs} "
-                        f"ranks: {why}\n--- job output (tail) ---\n{out[-6000:]}",
-                        pytrace=False)
+                        f"ranks: {died}", pytrace=False)
 
+    test_mpi.mpi_module = path
     return test_mpi
 
 

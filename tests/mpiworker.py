@@ -1,6 +1,11 @@
-"""Runs the MPI cases of one test module on this rank (see mpiharness.py).
+"""Runs the MPI cases of a plan of test modules on this rank (see mpiharness.py).
 
-usage: mpiworker.py TEST_MODULE_PATH RESULT_DIR
+usage: mpiworker.py RESULT_DIR
+
+RESULT_DIR/plan.json lists ``[module path, case name]`` pairs, in order. Each
+rank writes RESULT_DIR/rank<N>.jsonl: a "start" line before each case and its
+outcome after it, flushed at once, so that when the job crashes or hangs the
+harness knows which case was running.
 """
 
 import importlib.util
@@ -10,29 +15,40 @@ import sys
 import time
 
 
+def load(path):
+    """Import the test module at `path` (once; under a name of its own)."""
+    name = "mcr_case_" + os.path.splitext(os.path.basename(path))[0]
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
 def main():
-    path, outdir = sys.argv[1], sys.argv[2]
+    outdir = sys.argv[1]
+    with open(os.path.join(outdir, "plan.json")) as f:
+        plan = json.load(f)
     import mcr
     from mpi4py import MPI
 
-    world = MPI.COMM_WORLD
-    rank = world.Get_rank()
-    spec = importlib.util.spec_from_file_location(
-        "mcr_case_" + os.path.splitext(os.path.basename(path))[0], path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
     from mpiharness import format_exception
 
+    world = MPI.COMM_WORLD
+    rank = world.Get_rank()
     comm = mcr.COMM_WORLD
     with open(os.path.join(outdir, f"rank{rank}.jsonl"), "w") as out:
-        for name, fn in module._mpi_cases.items():
+        for path, name in plan:
+            out.write(json.dumps({"module": path, "case": name}) + "\n")
+            out.flush()
             start = time.perf_counter()
             try:
-                fn(comm)
-                rec = {"case": name, "ok": True}
+                load(path)._mpi_cases[name](comm)
+                rec = {"module": path, "case": name, "ok": True}
             except BaseException as exc:  # noqa: B902 - report everything, keep going
-                rec = {"case": name, "ok": False, "error": format_exception(exc)}
+                rec = {"module": path, "case": name, "ok": False,
+                       "error": format_exception(exc)}
             rec["seconds"] = round(time.perf_counter() - start, 3)
             # keep ranks in step between cases (mpi4py's own barrier, not mcr's)
             world.Barrier()

@@ -179,14 +179,14 @@ def a_broken_entry_point_fails_clearly_when_asked_for(comm):
     assert_comm_works(comm)
 
 
-@case
+@case.quick
 def every_collective_runs_by_composition(comm):
     failures = Failures(comm)
     collective_forms(comm, TINY, failures)
     failures.done()
 
 
-@case
+@case.quick
 def every_reduction_runs_by_composition(comm):
     failures = Failures(comm)
     size, rank, n = comm.size, comm.rank, 3
@@ -219,7 +219,7 @@ def every_reduction_runs_by_composition(comm):
     failures.done()
 
 
-@case
+@case.quick
 def point_to_point_runs_by_composition(comm):
     failures = Failures(comm)
     size, rank = comm.size, comm.rank
@@ -264,4 +264,5 @@ def the_plugin_communicator_is_freed_with_its_comm(comm):
     assert_comm_works(comm)
 
 
-test_mpi = mpi_cases(__name__, sizes=(1, 2, 3), timeout=240)
+# own job: the plug-in is found through entry points, which mcr reads once per process
+test_mpi = mpi_cases(__name__, sizes=(1, 2, 3), timeout=240, own_job=True)

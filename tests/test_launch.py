@@ -331,27 +331,38 @@ def test_tools_launch_without_initializing_mpi(tool, tmp_path):
 def test_harness_starts_a_job_again_when_mpiexec_fails_to_start(monkeypatch, tmp_path):
     """Open MPI's 'PMIx listener' start-up failure (no rank ran) is retried;
     any other failure is reported as it is."""
+    import json
+
     import mpiharness
     calls = []
     failure = (213, "The PMIx server's listener thread failed to start. We cannot\ncontinue.\n")
+    path = str(tmp_path / "module_a.py")
 
-    def fake_run_script(nprocs, argv, timeout):
-        calls.append(argv)
+    def fake_run(nprocs, args, outdir, timeouts):
+        calls.append(args)
         if len(calls) == 1:
             return failure
-        out_dir = argv[2]
-        with open(os.path.join(out_dir, "rank0.jsonl"), "w") as f:
-            f.write('{"case": "c", "ok": true}\n')
+        with open(os.path.join(outdir, "rank0.jsonl"), "w") as f:
+            f.write(json.dumps({"module": path, "case": "c"}) + "\n")
+            f.write(json.dumps({"module": path, "case": "c", "ok": True}) + "\n")
         return 0, ""
-    monkeypatch.setattr(mpiharness, "run_script", fake_run_script)
-    path = str(tmp_path / "module_a.py")
-    code, out, per_case = mpiharness.run_cases(path, 1, 10)
-    assert len(calls) == 2 and code == 0 and per_case == {"c": {0: {"case": "c", "ok": True}}}
+    monkeypatch.setattr(mpiharness, "_run_watched", fake_run)
+    monkeypatch.setattr(mpiharness, "_selected", None)
+    monkeypatch.setattr(mpiharness, "_results", {})
+    for name in ("module_a.py", "module_b.py"):
+        monkeypatch.setitem(mpiharness._modules, str(tmp_path / name), mpiharness.Module(
+            str(tmp_path / name), ["c"], [1], 10, own_job=True))
+    mpiharness.run_cases(mpiharness._modules[path], 1)
+    assert len(calls) == 2
+    assert mpiharness._results[(path, "c", 1)] == ({0: {"module": path, "case": "c", "ok": True}},
+                                                   None)
     calls.clear()
-    monkeypatch.setattr(mpiharness, "run_script", lambda n, a, t: (calls.append(a), (1, "boom"))[1])
-    code, out, per_case = mpiharness.run_cases(str(tmp_path / "module_b.py"), 1, 10)
-    assert len(calls) == 1 and (code, out, per_case) == (1, "boom", {})
-
+    monkeypatch.setattr(mpiharness, "_run_watched",
+                        lambda n, a, o, t: (calls.append(a), (1, "boom"))[1])
+    other = str(tmp_path / "module_b.py")
+    mpiharness.run_cases(mpiharness._modules[other], 1)
+    ranks, died = mpiharness._results[(other, "c", 1)]
+    assert len(calls) == 1 and ranks == {} and "exited with code 1" in died and "boom" in died
 
 
 SIZES_PROBE = """\
