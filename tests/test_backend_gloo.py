@@ -320,32 +320,32 @@ def check_reductions(comm, method, maker, rooted=False):
     found.report()
 
 
-@case
+@case.quick
 def reduce_every_op_type_and_root(comm):
     check_reductions(comm, "Reduce", reduce_maker, rooted=True)
 
 
-@case
+@case.quick
 def allreduce_every_op_and_type(comm):
     check_reductions(comm, "Allreduce", allreduce_maker)
 
 
-@case
+@case.quick
 def reduce_scatter_block_every_op_and_type(comm):
     check_reductions(comm, "Reduce_scatter_block", reduce_scatter_block_maker)
 
 
-@case
+@case.quick
 def reduce_scatter_uneven_counts(comm):
     check_reductions(comm, "Reduce_scatter", reduce_scatter_maker)
 
 
-@case
+@case.quick
 def scan_every_op_and_type(comm):
     check_reductions(comm, "Scan", scan_maker)
 
 
-@case
+@case.quick
 def exscan_every_op_and_type(comm):
     check_reductions(comm, "Exscan", functools.partial(scan_maker, exclusive=True))
 
@@ -530,54 +530,54 @@ def check_movement(comm, method, maker, rooted=False, vector=False, in_place=(Fa
     found.report()
 
 
-@case
+@case.quick
 def barrier(comm):
     found = Findings()
     run_modes(comm, found, "", "Barrier", lambda seed: ((), no_check))
     found.report()
 
 
-@case
+@case.quick
 def bcast_every_root(comm):
     check_movement(comm, "Bcast", bcast_maker, rooted=True, in_place=(False,))
 
 
-@case
+@case.quick
 def gather_every_root(comm):
     check_movement(comm, "Gather", gather_maker, rooted=True)
 
 
-@case
+@case.quick
 def gatherv_uneven_gaps_reversed(comm):
     check_movement(comm, "Gatherv", gatherv_maker, rooted=True, vector=True)
 
 
-@case
+@case.quick
 def scatter_every_root(comm):
     check_movement(comm, "Scatter", scatter_maker, rooted=True)
 
 
-@case
+@case.quick
 def scatterv_uneven_gaps_reversed(comm):
     check_movement(comm, "Scatterv", scatterv_maker, rooted=True, vector=True)
 
 
-@case
+@case.quick
 def allgather(comm):
     check_movement(comm, "Allgather", allgather_maker)
 
 
-@case
+@case.quick
 def allgatherv_uneven_gaps_reversed(comm):
     check_movement(comm, "Allgatherv", allgatherv_maker, vector=True)
 
 
-@case
+@case.quick
 def alltoall(comm):
     check_movement(comm, "Alltoall", alltoall_maker)
 
 
-@case
+@case.quick
 def alltoallv_uneven_gaps_reversed(comm):
     check_movement(comm, "Alltoallv", alltoallv_maker, vector=True)
 
@@ -716,7 +716,7 @@ def free_with_operations_pending(comm):
             expect(out, exp, backend)
 
 
-@case
+@case.quick
 def tags_matched_out_of_order(comm):
     """Each rank sends tags 1 then 2 to its right (rank 0 to rank 1); the
     receiver takes tag 2 first."""
@@ -1030,7 +1030,7 @@ def many_large_sends_then_receives(comm):
     found.report()
 
 
-@case
+@case.quick
 def sendrecv_and_sendrecv_replace_ring(comm):
     if comm.size == 1:
         return
@@ -1062,7 +1062,7 @@ def sendrecv_and_sendrecv_replace_ring(comm):
     found.report()
 
 
-@case
+@case.quick
 def send_init_recv_init(comm):
     """Persistent point-to-point, started twice with new data."""
     if comm.size == 1:

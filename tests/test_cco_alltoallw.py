@@ -82,7 +82,7 @@ def check_received(comm, raw, displs, salt=0):
     np.testing.assert_array_equal(raw, expected)
 
 
-@case
+@case.quick
 def alltoallw_every_form(comm):
     """Blocking, non-blocking, persistent; torch and numpy buffers; the 4- and
     3-item spec forms."""

@@ -208,7 +208,7 @@ def check_all(posted, context):
             raise AssertionError(f"{name} ({context}): {exc}") from None
 
 
-@case
+@case.quick
 def every_operation_with_waitall(comm):
     for seed, dtype in enumerate(DTYPES):
         for in_place in (False, True):

@@ -690,7 +690,7 @@ def run_forms(comm, staged):
     return failures
 
 
-@case
+@case.quick
 def every_operation_in_every_form_without_staging(comm):
     # the control: the same table with host buffers given to MPI as they are
     failures = run_forms(comm, False)

@@ -53,7 +53,7 @@ def init_takes_ranks_from_mpi(comm):
     assert group("gloo").comm.backend == "gloo"
 
 
-@case
+@case.quick
 def reductions_match_torch(comm):
     size, rank = comm.size, comm.rank
     ops = {dist.ReduceOp.SUM: lambda x: x.sum(0), dist.ReduceOp.PRODUCT: lambda x: x.prod(0),
@@ -82,7 +82,7 @@ def reductions_match_torch(comm):
         assert torch.equal(t, expected), (backend, t)
 
 
-@case
+@case.quick
 def gathers_and_scatters_match_torch(comm):
     size, rank = comm.size, comm.rank
     for backend in BACKENDS:
@@ -120,7 +120,7 @@ def gathers_and_scatters_match_torch(comm):
         assert torch.equal(out, sum(rank_data(10 * r + rank, 2) for r in range(size))), backend
 
 
-@case
+@case.quick
 def all_to_all_uneven_matches_torch(comm):
     size, rank = comm.size, comm.rank
 
@@ -154,7 +154,7 @@ def all_to_all_uneven_matches_torch(comm):
                    for q, o in enumerate(outs)), (backend, outs)
 
 
-@case
+@case.quick
 def point_to_point_and_batches(comm):
     size, rank = comm.size, comm.rank
     for backend in BACKENDS:

@@ -211,7 +211,7 @@ def check_topology(comm, t, topo, backends=BACKENDS):
 
 # -- Cases ------------------------------------------------------------------------------
 
-@case
+@case.quick
 def every_topology_backend_and_form_moves_the_right_blocks(comm):
     for t in topologies(comm.size):
         topo = t.create(comm)

@@ -58,7 +58,7 @@ def partner(comm):
 # -- Send / Recv ------------------------------------------------------------------------
 
 
-@case
+@case.quick
 def ring_pass_every_dtype(comm):
     """A token goes around the ring: rank 0 sends first, the others receive first."""
     if comm.size == 1:
@@ -149,7 +149,7 @@ def large_message_ring(comm):
 # -- Isend / Irecv ----------------------------------------------------------------------
 
 
-@case
+@case.quick
 def ring_isend_irecv_every_dtype(comm):
     """All messages of all dtypes outstanding at once, both directions."""
     recvs, sends, expect = [], [], []
@@ -213,7 +213,7 @@ def non_overtaking_same_tag(comm):
 # -- Sendrecv ---------------------------------------------------------------------------
 
 
-@case
+@case.quick
 def sendrecv_ring_every_dtype(comm):
     for seed, dtype in enumerate(P2P_DTYPES):
         n = 9

@@ -704,7 +704,7 @@ def build_ring(comm, dtype, seed, n=N, tag=5, recv_source=None, recv_tag=None, e
     return send, recv, fill, check
 
 
-@case
+@case.quick
 def send_init_recv_init(comm):
     """A ring of persistent sends and receives, restarted with new contents,
     on several dtypes, completed every way, in both modes (p2p is always

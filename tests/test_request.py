@@ -61,7 +61,7 @@ def check_received(expect, statuses=None):
 # -- Waitall / Testall -------------------------------------------------------------------
 
 
-@case
+@case.quick
 def waitall_many_with_statuses(comm):
     for dtype in (torch.float32, torch.float16, torch.complex128):
         recvs, sends, expect = post_all_to_all(comm, dtype)

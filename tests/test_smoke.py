@@ -6,7 +6,7 @@ from mpiharness import case, mpi_cases
 from util import all_data, assert_equal
 
 
-@case
+@case.quick
 def allreduce_sum_float32(comm):
     data = all_data(comm.size, 10)
     out = torch.zeros(10)
