@@ -335,6 +335,21 @@ def run_suite(nprocs, report, worker, patterns, include=(), timeout=3600.0,
     return report
 
 
+def arguments(description, sizes, include_help, timeout):
+    """The command line of a conformance run.py: ``-n`` (repeatable), ``-i``
+    (repeatable) and ``--timeout``."""
+    import argparse
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("-n", "--nprocs", type=int, action="append",
+                        help=f"world size (repeat for several; default "
+                             f"{', '.join(map(str, sizes[:-1]))} and {sizes[-1]})")
+    parser.add_argument("-i", "--include", action="append", default=[], metavar="REGEX",
+                        help=include_help)
+    parser.add_argument("--timeout", type=float, default=timeout,
+                        help="seconds for each run, reruns included")
+    return parser
+
+
 def describe_exit(code, stall=STALL_TIMEOUT):
     if code is None:
         return f"made no progress for {stall:.0f} s (killed)"

@@ -7,7 +7,6 @@ a crash, a hang, or a class or module whose set-up failed) at some size. The sui
 installed mpi4py version (see sdist.py).
 """
 
-import argparse
 import os
 import sys
 
@@ -17,13 +16,9 @@ from mpi4py_conformance import driver, sdist  # noqa: E402
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-n", "--nprocs", type=int, action="append",
-                        help="world size (repeat for several; default 1, 2 and 3)")
-    parser.add_argument("-i", "--include", action="append", default=[], metavar="REGEX",
-                        help="test module file names to run, e.g. 'test_p2p_buf\\.py$'")
-    parser.add_argument("--timeout", type=float, default=3600.0,
-                        help="seconds for each size, reruns included")
+    parser = driver.arguments(__doc__.splitlines()[0], (1, 2, 3),
+                              "test module file names to run, e.g. 'test_p2p_buf\\.py$'",
+                              3600.0)
     args = parser.parse_args(argv)
     try:
         testdir = sdist.test_dir()

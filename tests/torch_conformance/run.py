@@ -6,7 +6,6 @@ Exits with status 1 when a test that ran on "mcr" does not pass, or a test
 that passes on Gloo does not pass on "mcr" (see report.py).
 """
 
-import argparse
 import os
 import sys
 
@@ -16,15 +15,10 @@ from torch_conformance import report  # noqa: E402
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-n", "--nprocs", type=int, action="append",
-                        help="world size (repeat for several; default 2 and 3)")
-    parser.add_argument("-i", "--include", action="append", default=[], metavar="REGEX",
-                        help="test names to run, e.g. 'all_gather'")
+    parser = report.driver.arguments(__doc__.splitlines()[0], (2, 3),
+                                     "test names to run, e.g. 'all_gather'", 1800.0)
     parser.add_argument("--no-baseline", action="store_true",
                         help="run 'mcr' only (the Gloo column stays empty)")
-    parser.add_argument("--timeout", type=float, default=1800.0,
-                        help="seconds for each run, reruns included")
     args = parser.parse_args(argv)
     ok = True
     for nprocs in args.nprocs or (2, 3):
