@@ -20,8 +20,8 @@ import sys
 import pytest
 
 import mcr
+import mcr.MPI  # first: it loads the libmpi the core links to (through mpi4py)
 import mcr._core
-import mcr.MPI
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = os.path.join(ROOT, "src", "mcr")
