@@ -7,6 +7,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def pytest_configure(config):
+    import mpiharness
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and config.option.verbose >= 0:
+        # a job of many modules runs for minutes: say which one it is at
+        mpiharness.progress_line = lambda text: reporter.write(f" {text} ", flush=True)
     config.addinivalue_line(
         "markers", "quick: the quick tier (python -m pytest -m quick): one case of each "
         "operation on each backend at 2 processes")
@@ -16,3 +21,26 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(session, config, items):
     import mpiharness
     mpiharness.select(items)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """With ``MCR_TEST_COVERAGE=FOLDER``: how many (operation, form, backend,
+    element type, world size) combinations the MPI cases called, as the
+    workers recorded them (the figure a reorganized suite must not lower)."""
+    import json
+    folder = os.environ.get("MCR_TEST_COVERAGE")
+    if not folder or not os.path.isdir(folder):
+        return
+    seen = set()
+    for name in os.listdir(folder):
+        if name.startswith("calls-"):
+            with open(os.path.join(folder, name)) as f:
+                seen |= {tuple(json.loads(line)) for line in f if line.strip()}
+    ops = {c[0] for c in seen}
+    per_backend = {}
+    for combination in seen:
+        per_backend[combination[2]] = per_backend.get(combination[2], 0) + 1
+    terminalreporter.write_line(
+        f"MPI cases: {len(seen)} (operation, form, backend, element type, world size) "
+        f"combinations called, {len(ops)} operations; by backend: "
+        + ", ".join(f"{b} {n}" for b, n in sorted(per_backend.items())))

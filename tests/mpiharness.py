@@ -23,6 +23,8 @@ Tests that start one tool at one fixed size (``run_script(2, ...)``) are not
 affected.
 """
 
+import functools
+import itertools
 import json
 import os
 import subprocess
@@ -74,7 +76,28 @@ def _quick(fn):
     return fn
 
 
+def _matrix(**axes):
+    """``@case.matrix(backend=("mpi", "gloo"), form=FORMS)``: one case per
+    combination of the axes' values, called as ``fn(comm, backend=...,
+    form=...)``; each is its own pytest test, ``fn[backend=mpi,form=blocking]``,
+    with its own pass or fail."""
+    def register(fn):
+        registry = sys.modules[fn.__module__].__dict__.setdefault("_mpi_cases", {})
+        for values in itertools.product(*axes.values()):
+            chosen = dict(zip(axes, values))
+            label = ",".join(f"{axis}={_label(value)}" for axis, value in chosen.items())
+            registry[f"{fn.__name__}[{label}]"] = functools.partial(fn, **chosen)
+        return fn
+    return register
+
+
+def _label(value):
+    """A short name for an axis value in a test id (torch.float32: float32)."""
+    return getattr(value, "__name__", None) or str(value).removeprefix("torch.")
+
+
 case.quick = _quick
+case.matrix = _matrix
 QUICK_SIZE = 2
 
 
@@ -117,6 +140,8 @@ class Module:
 
 
 _modules = {}       # path -> Module, in registration (collection) order
+# where a long job says which module it is at (conftest.py: pytest's terminal)
+progress_line = None
 _selected = None    # {(path, case, nprocs)} that pytest will run; None: all
 _results = {}       # (path, case, nprocs) -> (outcome record per rank, job detail)
 
@@ -207,12 +232,16 @@ def _run_watched(nprocs, args, outdir, timeouts):
         with launch.start(nprocs, [sys.executable] + list(args), env=mpi_env(), stdout=log,
                           stderr=subprocess.STDOUT, text=True) as job:
             last, changed, current, hung = -1, time.monotonic(), None, False
+            shown = None
             while not hung and job.process.poll() is None:
                 time.sleep(0.25)
                 size, current = _progress(outdir, current)
                 now = time.monotonic()
                 if size != last:
                     last, changed = size, now
+                if current != shown and progress_line is not None:
+                    shown = current
+                    progress_line(f"[mpiexec -n {nprocs}: {os.path.basename(current)}]")
                 hung = now - changed > timeouts.get(current, DEFAULT_TIMEOUT)
             job.stop()
             code = None if hung else job.process.returncode

@@ -5,7 +5,8 @@ usage: mpiworker.py RESULT_DIR
 RESULT_DIR/plan.json lists ``[module path, case name]`` pairs, in order. Each
 rank writes RESULT_DIR/rank<N>.jsonl: a "start" line before each case and its
 outcome after it, flushed at once, so that when the job crashes or hangs the
-harness knows which case was running.
+harness knows which case was running. With ``$MCR_TEST_COVERAGE`` set, it also
+records what the cases call (see :class:`Coverage` and conftest.py).
 """
 
 import importlib.util
@@ -26,6 +27,40 @@ def load(path):
     return sys.modules[name]
 
 
+def dtype_of(args):
+    """The element type of a call's first buffer argument ("-": none)."""
+    for arg in args:
+        if isinstance(arg, (list, tuple)) and arg:
+            arg = arg[0]
+        dtype = getattr(arg, "dtype", None)
+        if dtype is not None:
+            return str(dtype).removeprefix("torch.")
+    return "-"
+
+
+class Coverage:
+    """With ``$MCR_TEST_COVERAGE`` (a folder) set: the (operation, form,
+    backend, element type) of every buffer call the cases make, through a
+    call hook, appended to a file of this process after each case."""
+
+    def __init__(self, folder, size):
+        import mcr.hooks
+        self.path = os.path.join(folder, f"calls-{os.getpid()}.jsonl")
+        self.size, self.seen, self.written = size, set(), set()
+        mcr.hooks.add(self.record)
+
+    def record(self, call):
+        self.seen.add((call.op, call.form, call.backend, dtype_of(call.args)))
+
+    def flush(self):
+        new = self.seen - self.written
+        if new:
+            with open(self.path, "a") as f:
+                for combination in sorted(new):
+                    f.write(json.dumps(list(combination) + [self.size]) + "\n")
+            self.written |= new
+
+
 def main():
     outdir = sys.argv[1]
     with open(os.path.join(outdir, "plan.json")) as f:
@@ -38,6 +73,8 @@ def main():
     world = MPI.COMM_WORLD
     rank = world.Get_rank()
     comm = mcr.COMM_WORLD
+    folder = os.environ.get("MCR_TEST_COVERAGE")
+    coverage = Coverage(folder, world.Get_size()) if folder else None
     with open(os.path.join(outdir, f"rank{rank}.jsonl"), "w") as out:
         for path, name in plan:
             out.write(json.dumps({"module": path, "case": name}) + "\n")
@@ -50,6 +87,8 @@ def main():
                 rec = {"module": path, "case": name, "ok": False,
                        "error": format_exception(exc)}
             rec["seconds"] = round(time.perf_counter() - start, 3)
+            if coverage is not None:
+                coverage.flush()
             # keep ranks in step between cases (mpi4py's own barrier, not mcr's)
             world.Barrier()
             out.write(json.dumps(rec) + "\n")

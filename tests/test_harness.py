@@ -1,8 +1,9 @@
 """The MPI test harness itself: a crash or a hang fails only its own case.
 
 A module of cases is written here (one passes, one kills its process, one
-hangs, one fails on one rank, one passes after them) and run through
-mpiharness at 2 processes, as pytest runs the suite's modules.
+hangs, one fails on one rank, one passes after them, and a matrix of six
+combinations, one of which fails) and run through mpiharness at 2 processes,
+as pytest runs the suite's modules.
 """
 
 import textwrap
@@ -37,6 +38,10 @@ CASES = textwrap.dedent('''
     @case
     def passes_last(comm):
         assert comm.allreduce(comm.rank) == comm.size * (comm.size - 1) // 2
+
+    @case.matrix(n=(1, 2, 3), op=("sum", "max"))
+    def matrix(comm, n, op):
+        assert (n, op) != (2, "max"), "this combination fails"
 ''')
 
 
@@ -46,7 +51,8 @@ def test_a_crash_or_a_hang_fails_only_its_case(tmp_path, nprocs, monkeypatch):
     path = str(tmp_path / "cases_for_harness.py")
     with open(path, "w") as f:
         f.write(CASES)
-    names = ["passes_first", "crashes", "hangs", "fails_on_one_rank", "passes_last"]
+    matrix = [f"matrix[n={n},op={op}]" for n in (1, 2, 3) for op in ("sum", "max")]
+    names = ["passes_first", "crashes", "hangs", "fails_on_one_rank", "passes_last"] + matrix
     monkeypatch.setattr(mpiharness, "_selected", None)    # every case of the plan
     mpiharness._modules[path] = mpiharness.Module(path, names, [nprocs], timeout=8,
                                                   own_job=True)
@@ -63,3 +69,6 @@ def test_a_crash_or_a_hang_fails_only_its_case(tmp_path, nprocs, monkeypatch):
     ranks, died = results["fails_on_one_rank"]
     assert died is None and not ranks[1]["ok"] and "rank 1 says no" in ranks[1]["error"]
     assert ranks[0]["ok"]
+    # a matrix: each combination passes or fails alone
+    failed = [name for name in matrix if not all(r["ok"] for r in results[name][0].values())]
+    assert failed == ["matrix[n=2,op=max]"], failed
