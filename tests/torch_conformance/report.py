@@ -77,13 +77,14 @@ class Comparison:
         lost = self.lost()
         lines = [f"torch's DistributedTest at {m.nprocs} processes",
                  f"  torch's Gloo (baseline): {self.figures(g)}",
-                 f"  'mcr':                   {self.figures(m)}",
-                 "  'mcr' ran " + ", ".join(f"{n} with {gate}'s gates" for gate, n in
-                                            sorted(gates.items())) if gates else "",
-                 f"  every test that ran on 'mcr' passed, and every test that passes on "
-                 f"Gloo passes on 'mcr' ({len(lost)} do not): "
-                 f"{'OK' if self.ok else 'FAIL'}", "",
-                 f"  {'test':<72} {'gloo':>6} {'mcr':>6}  gate / reason"]
+                 f"  'mcr':                   {self.figures(m)}"]
+        if gates:
+            lines.append("  'mcr' ran " + ", ".join(f"{n} with {gate}'s gates"
+                                                    for gate, n in sorted(gates.items())))
+        lines += [f"  every test that ran on 'mcr' passed, and every test that passes on "
+                  f"Gloo passes on 'mcr' ({len(lost)} do not): "
+                  f"{'OK' if self.ok else 'FAIL'}", "",
+                  f"  {'test':<72} {'gloo':>6} {'mcr':>6}  gate / reason"]
         for test in sorted(set(g.outcomes) | set(m.outcomes) | set(m.excluded)):
             go, mo = g.outcomes.get(test), m.outcomes.get(test)
             mk = "excl" if test in m.excluded else (mo.kind if mo else "-")
@@ -107,4 +108,4 @@ class Comparison:
         for test in lost:
             lines.append(f"LOST: {test} passes on Gloo, on 'mcr' it is "
                          f"{m.outcomes[test].kind if test in m.outcomes else 'missing'}")
-        return "\n".join(line for line in lines if line is not None)
+        return "\n".join(lines)
