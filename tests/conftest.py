@@ -8,10 +8,17 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 def pytest_configure(config):
     import mpiharness
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None and config.option.verbose >= 0:
+
+    def progress_line(text):
         # a job of many modules runs for minutes: say which one it is at
-        mpiharness.progress_line = lambda text: reporter.write(f" {text} ", flush=True)
+        # (pytest's terminal is known once every plugin is configured; the
+        # test's output capture is suspended while it writes, as for live logs)
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        capture = config.pluginmanager.get_plugin("capturemanager")
+        if reporter is not None and capture is not None and config.option.verbose >= 0:
+            with capture.global_and_fixture_disabled():
+                reporter.write(f" {text} ", flush=True)
+    mpiharness.progress_line = progress_line
     config.addinivalue_line(
         "markers", "quick: the quick tier (python -m pytest -m quick): one case of each "
         "operation on each backend at 2 processes")
