@@ -134,12 +134,7 @@ class Work(dist.Work):
         seconds = timeout.total_seconds() if timeout else self._timeout
         try:
             if seconds > 0:
-                deadline = time.monotonic() + seconds
-                while not Request.Testall(self._requests, self._statuses):
-                    if time.monotonic() > deadline:
-                        break
-                    time.sleep(0)
-                else:
+                if _test_until(self._requests, time.monotonic() + seconds, self._statuses):
                     self._complete()
             else:
                 Request.Waitall(self._requests, self._statuses)
@@ -689,11 +684,12 @@ class ProcessGroupMCR(_ProcessGroup):  # type: ignore[misc]
     abort = shutdown
 
 
-def _test_until(requests: list[Any], deadline: float) -> bool:
-    """Test ``requests`` until all complete (True) or ``time.monotonic()``
-    reaches ``deadline`` (False)."""
+def _test_until(requests: list[Any], deadline: float, statuses: Any = None) -> bool:
+    """Test ``requests`` (filling ``statuses``) until all complete (True) or
+    ``time.monotonic()`` reaches ``deadline`` (False), sleeping 10 us to 1 ms
+    between tests."""
     pause = 1e-5
-    while not Request.Testall(requests):
+    while not Request.Testall(requests, statuses):
         if time.monotonic() > deadline:
             return False
         time.sleep(pause)
