@@ -76,17 +76,22 @@ def _quick(fn):
     return fn
 
 
-def _matrix(**axes):
+def _matrix(quick=None, **axes):
     """``@case.matrix(backend=("mpi", "gloo"), form=FORMS)``: one case per
     combination of the axes' values, called as ``fn(comm, backend=...,
     form=...)``; each is its own pytest test, ``fn[backend=mpi,form=blocking]``,
-    with its own pass or fail."""
+    with its own pass or fail. ``quick(**combination)``, when given, says which
+    combinations belong to the quick tier."""
     def register(fn):
-        registry = sys.modules[fn.__module__].__dict__.setdefault("_mpi_cases", {})
+        module = sys.modules[fn.__module__].__dict__
+        registry = module.setdefault("_mpi_cases", {})
         for values in itertools.product(*axes.values()):
             chosen = dict(zip(axes, values))
             label = ",".join(f"{axis}={_label(value)}" for axis, value in chosen.items())
-            registry[f"{fn.__name__}[{label}]"] = functools.partial(fn, **chosen)
+            name = f"{fn.__name__}[{label}]"
+            registry[name] = functools.partial(fn, **chosen)
+            if quick is not None and quick(**chosen):
+                module.setdefault("_quick", set()).add(name)
         return fn
     return register
 
@@ -108,9 +113,12 @@ def mpiexec_command(nprocs):
 
 def mpi_env():
     """The environment of a test job: :func:`mcr.launch.job_env`, with this
-    directory on PYTHONPATH (the workers import the harness)."""
+    directory (the workers import the harness) and ``tests/plugins`` on
+    PYTHONPATH."""
     env = launch.job_env(launch.find_mpiexec())
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [HERE, env.get("PYTHONPATH")]))
+    # tests/plugins: the third-party backend "tiny", found through its entry point
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [HERE, os.path.join(HERE, "plugins"),
+                                                      env.get("PYTHONPATH")]))
     return env
 
 

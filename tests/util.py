@@ -1,5 +1,5 @@
-"""Helpers shared by the test cases: per-rank data and expected values
-computed with torch/numpy on the whole data (never with mcr)."""
+"""Helpers shared by the test cases (the data and expected values of
+operations are in opref.py)."""
 
 import contextlib
 
@@ -7,29 +7,7 @@ import numpy as np
 import torch
 
 import mcr
-
-# dtypes the collective tests run on; values are small integers, so that every
-# reduction order gives the exact result even in float16/bfloat16
-DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32,
-          torch.int64, torch.uint8, torch.int8, torch.complex64]
-
-
-def rank_data(rank, n, dtype=torch.float32, seed=0):
-    """Deterministic data of rank `rank`: any rank can compute any rank's data."""
-    g = torch.Generator().manual_seed(1000 * seed + rank)
-    if dtype == torch.bool:
-        return torch.randint(0, 2, (n,), generator=g).bool()
-    hi = 4 if dtype in (torch.uint8, torch.int8) else 8
-    values = torch.randint(1, hi, (n,), generator=g)
-    if dtype.is_complex:
-        imag = torch.randint(1, hi, (n,), generator=g)
-        return torch.complex(values.double(), imag.double()).to(dtype)
-    return values.to(dtype)
-
-
-def all_data(size, n, dtype=torch.float32, seed=0):
-    return [rank_data(r, n, dtype, seed) for r in range(size)]
-
+from opref import DTYPES, all_data, rank_data  # noqa: F401 - moved to opref.py
 
 @contextlib.contextmanager
 def raises(exc_type, *fragments):
