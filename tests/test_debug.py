@@ -1,14 +1,12 @@
 """python -m mcr.debug: merging the flight-recorder files of a job's ranks.
 
-Each test plants the files of a made-up job in a temporary directory (the
-file format is the contract with the recorder in the core) and checks the
-report against what was planted, written out by hand: a divergence in the
-operation, the root, the count or type; a rank that made fewer calls; a
-missing rank file; a call pending on one rank and done on the others; files
-whose rings no longer hold the oldest calls; several communicators, two of
-one label; ranks with the same line written once; unusable files (exit 2,
-the file named, no traceback); ``--json``, ``--all``, directory arguments
-and the command itself. No MPI: the recorder's own tests make real files.
+Each case plants the files of a made-up job (the file format is the contract
+with the recorder in the core) and checks the report against what was
+planted, written out by hand: divergences in operation, root, count, type or
+backend; fewer calls; missing files; calls pending on some ranks; rings that
+dropped their oldest calls; several communicators; grouped ranks; unusable
+files (exit 2, the file named, no traceback); ``--json``, ``--all`` and the
+command. No MPI: test_check_jobs.py reads real files.
 """
 
 import json
@@ -21,6 +19,7 @@ import pytest
 from mcr import debug
 
 SUM4 = "Allreduce float32[4] SUM"
+IALL = "Iallreduce float32[4] SUM"
 SRC = os.path.dirname(os.path.dirname(os.path.abspath(debug.__file__)))
 
 
@@ -39,12 +38,19 @@ def done(first, last, desc=SUM4, **kw):
     return [call(s, desc, **kw) for s in range(first, last + 1)]
 
 
+def pending(seq, age, desc=SUM4, **kw):
+    return call(seq, desc, "pending", age, **kw)
+
+
+def world(size, next_seq, first_seq=1):
+    return {"world": {"members": list(range(size)), "next_seq": next_seq, "first_seq": first_seq}}
+
+
 def plant(directory, rank, size, calls, comms=None, reason="exit", message="", **extra):
     """Write rank's file; comms default: world with next_seq after its last call."""
     if comms is None:
         seqs = [c["seq"] for c in calls if c["seq"] is not None]
-        comms = {"world": {"members": list(range(size)), "next_seq": max(seqs, default=0) + 1,
-                           "first_seq": min(seqs, default=None)}}
+        comms = world(size, max(seqs, default=0) + 1, min(seqs, default=None))
     record = {"version": 1, "rank": rank, "size": size, "host": f"node{rank // 8}",
               "pid": 1000 + rank, "time": 1764620000.5, "reason": reason, "message": message,
               "comms": comms, "calls": calls, **extra}
@@ -53,14 +59,10 @@ def plant(directory, rank, size, calls, comms=None, reason="exit", message="", *
     return path
 
 
-def world(size, next_seq, first_seq=1):
-    return {"world": {"members": list(range(size)), "next_seq": next_seq, "first_seq": first_seq}}
-
-
 def run_cli(*args):
     """``python -m mcr.debug args``: (status, stdout, stderr)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [SRC,
-                                                                    os.environ.get("PYTHONPATH")])))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        filter(None, [SRC, os.environ.get("PYTHONPATH")])))
     proc = subprocess.run([sys.executable, "-m", "mcr.debug", *map(str, args)], env=env,
                           capture_output=True, text=True, timeout=60)
     return proc.returncode, proc.stdout, proc.stderr
@@ -70,218 +72,218 @@ def lines(text):
     return text.splitlines()
 
 
-# ---------------------------------------------------------------------------
-# Divergences
-
-def test_op_divergence_is_the_issue_example(tmp_path):
-    plant(tmp_path, 0, 2, done(1, 16) + [call(17, state="pending", age=31.2),
-                                         call(None, "Irecv", "pending", 40.0, peer=1, tag=5)],
-          reason="timeout", message="Allreduce on world did not complete in 30 s")
-    plant(tmp_path, 1, 2, done(1, 16) + [call(17, "Bcast float32[4]", "pending", 30.9, root=0)])
-    report = debug.merge([tmp_path])
-    assert report.status == 1
-    assert report.text() == "\n".join([
-        "mcr.debug: 2 files, ranks 0-1 of 2 (reasons: rank 0 timeout, rank 1 exit)",
-        "  rank 0 timeout: Allreduce on world did not complete in 30 s",
-        "communicator world (ranks 0-1): ranks diverge at call #17",
-        "  rank 0: Allreduce float32[4] SUM  [mpi, blocking] pending for 31.2 s",
-        "  rank 1: Bcast float32[4] root=0   [mpi, blocking] pending for 30.9 s",
-        "  (calls #1-#16 agree)",
-        "pending point-to-point:",
-        "  rank 0: Irecv from 1 tag 5, 16 bytes, pending for 40.0 s",
-        ""])
-    comm, = report.comms
-    assert (comm.divergence.seq, comm.incomplete, comm.compared_from, comm.agreed_to) == (
-        17, None, 1, 16)
+TIMEOUT30 = {"reason": "timeout", "message": "Allreduce on world did not complete in 30 s"}
+TP = {"members": [0, 1, 2], "next_seq": 2, "first_seq": 1}
 
 
-def test_root_divergence(tmp_path):
-    bcast = "Bcast float32[4]"
-    for rank, root, age in ((0, 0, 5.0), (1, 1, 7.5), (2, 0, 6.0)):
-        plant(tmp_path, rank, 3, done(1, 2) + [call(3, bcast, "pending", age, root=root)])
-    assert lines(debug.merge([tmp_path]).text())[1:] == [
-        "communicator world (ranks 0-2): ranks diverge at call #3",
-        "  ranks 0,2: Bcast float32[4] root=0  [mpi, blocking] pending for 5.0-6.0 s",
-        "  rank 1:    Bcast float32[4] root=1  [mpi, blocking] pending for 7.5 s",
-        "  (calls #1-#2 agree)"]
+def several_communicators():
+    # world agrees; 'tp' labels two groups made by one split, {0,1} (diverges at #2)
+    # and {2,3} (agrees)
+    for rank in range(4):
+        second = (pending(2, 4.0, f"Allgather float32[{2 + rank}]", comm="tp") if rank < 2
+                  else call(2, "Allgather float32[2]", comm="tp"))
+        yield rank, 4, done(1, 2) + [call(1, "Allgather float32[2]", comm="tp"), second], {
+            "comms": {"world": world(4, 3)["world"],
+                      "tp": {"members": [0, 1] if rank < 2 else [2, 3], "next_seq": 3,
+                             "first_seq": 1}}}
 
 
-@pytest.mark.parametrize("other", ["Allreduce float32[8] SUM", "Allreduce float64[4] SUM",
-                                   "Allreduce float32[4] MAX"])
-def test_desc_divergence(tmp_path, other):
-    plant(tmp_path, 0, 2, done(1, 4) + [call(5, state="pending", age=3.0)])
-    plant(tmp_path, 1, 2, done(1, 4) + [call(5, other, state="pending", age=3.0)])
-    assert lines(debug.merge([tmp_path]).text())[1:] == [
-        "communicator world (ranks 0-1): ranks diverge at call #5",
-        "  rank 0: Allreduce float32[4] SUM  [mpi, blocking] pending for 3.0 s",
-        f"  rank 1: {other}  [mpi, blocking] pending for 3.0 s",
-        "  (calls #1-#4 agree)"]
-
-
-def test_backend_divergence(tmp_path):
-    plant(tmp_path, 0, 2, [call(1, state="pending", age=2.0)])
-    plant(tmp_path, 1, 2, [call(1, state="pending", age=2.0, backend="gloo")])
-    assert lines(debug.merge([tmp_path]).text())[1:] == [
-        "communicator world (ranks 0-1): ranks diverge at call #1",
-        "  rank 0: Allreduce float32[4] SUM  [mpi, blocking] pending for 2.0 s",
-        "  rank 1: Allreduce float32[4] SUM  [gloo, blocking] pending for 2.0 s"]
-
-
-def test_rank_with_fewer_calls(tmp_path):
-    # rank 1 skipped the Bcast #6 everyone else made: it stopped at #5
-    bcast = "Bcast float32[2]"
-    for rank in (0, 2):
-        plant(tmp_path, rank, 3, done(1, 5) + [call(6, bcast, "pending", 9.0, root=0)],
-              reason="timeout", message="Bcast on world did not complete in 8 s")
-    plant(tmp_path, 1, 3, done(1, 5))
-    report = debug.merge([tmp_path])
-    assert report.status == 1
-    assert lines(report.text()) == [
-        "mcr.debug: 3 files, ranks 0-2 of 3 (reasons: ranks 0,2 timeout, rank 1 exit)",
-        "  ranks 0,2 timeout: Bcast on world did not complete in 8 s",
-        "communicator world (ranks 0-2): ranks diverge at call #6",
-        "  ranks 0,2: Bcast float32[2] root=0  [mpi, blocking] pending for 9.0 s",
-        "  rank 1:    no call #6 (its last on this communicator: #5 Allreduce float32[4] SUM "
-        "[mpi, blocking], done)",
-        "  (calls #1-#5 agree)"]
+def check_fewer_calls(report):
     at = {a.rank: a for a in report.comms[0].divergence.ranks}
-    assert (at[1].kind, at[1].last_seq, at[0].kind) == ("none", 5, "call")
+    return (at[1].kind, at[1].last_seq, at[0].kind) == ("none", 5, "call")
 
 
-def test_rank_without_collectives(tmp_path):
-    plant(tmp_path, 0, 2, [call(1, state="pending", age=1.5)])
-    plant(tmp_path, 1, 2, [], comms=world(2, next_seq=1, first_seq=None))
-    assert lines(debug.merge([tmp_path]).text())[1:] == [
-        "communicator world (ranks 0-1): ranks diverge at call #1",
-        "  rank 0: Allreduce float32[4] SUM  [mpi, blocking] pending for 1.5 s",
-        "  rank 1: no call #1 (no collective on this communicator)"]
+# name: (files planted: (rank, size, calls[, plant's keywords]), the report's lines
+# (after its first unless given), a check of the report or None)
+REPORTS = {
+    "the_issue_example": (
+        [(0, 2, done(1, 16) + [pending(17, 31.2), pending(None, 40.0, "Irecv", peer=1, tag=5)],
+          TIMEOUT30), (1, 2, done(1, 16) + [pending(17, 30.9, "Bcast float32[4]", root=0)])],
+        ["mcr.debug: 2 files, ranks 0-1 of 2 (reasons: rank 0 timeout, rank 1 exit)",
+         "  rank 0 timeout: Allreduce on world did not complete in 30 s",
+         "communicator world (ranks 0-1): ranks diverge at call #17",
+         "  rank 0: Allreduce float32[4] SUM  [mpi, blocking] pending for 31.2 s",
+         "  rank 1: Bcast float32[4] root=0   [mpi, blocking] pending for 30.9 s",
+         "  (calls #1-#16 agree)",
+         "pending point-to-point:",
+         "  rank 0: Irecv from 1 tag 5, 16 bytes, pending for 40.0 s"],
+        lambda r: (r.comms[0].divergence.seq, r.comms[0].incomplete, r.comms[0].compared_from,
+                   r.comms[0].agreed_to) == (17, None, 1, 16)),
+    "root": (
+        [(rank, 3, done(1, 2) + [pending(3, age, "Bcast float32[4]", root=root)])
+         for rank, root, age in ((0, 0, 5.0), (1, 1, 7.5), (2, 0, 6.0))],
+        ["communicator world (ranks 0-2): ranks diverge at call #3",
+         "  ranks 0,2: Bcast float32[4] root=0  [mpi, blocking] pending for 5.0-6.0 s",
+         "  rank 1:    Bcast float32[4] root=1  [mpi, blocking] pending for 7.5 s",
+         "  (calls #1-#2 agree)"], None),
+    **{kind: (
+        [(0, 2, done(1, 4) + [pending(5, 3.0)]), (1, 2, done(1, 4) + [pending(5, 3.0, other)])],
+        ["communicator world (ranks 0-1): ranks diverge at call #5",
+         "  rank 0: Allreduce float32[4] SUM  [mpi, blocking] pending for 3.0 s",
+         f"  rank 1: {other}  [mpi, blocking] pending for 3.0 s",
+         "  (calls #1-#4 agree)"], None)
+       for kind, other in (("count", "Allreduce float32[8] SUM"),
+                           ("element_type", "Allreduce float64[4] SUM"),
+                           ("reduction_op", "Allreduce float32[4] MAX"))},
+    "backend": (
+        [(0, 2, [pending(1, 2.0)]), (1, 2, [pending(1, 2.0, backend="gloo")])],
+        ["communicator world (ranks 0-1): ranks diverge at call #1",
+         "  rank 0: Allreduce float32[4] SUM  [mpi, blocking] pending for 2.0 s",
+         "  rank 1: Allreduce float32[4] SUM  [gloo, blocking] pending for 2.0 s"], None),
+    "rank_with_fewer_calls": (      # rank 1 skipped the Bcast #6 the others made
+        [(rank, 3, done(1, 5) + [pending(6, 9.0, "Bcast float32[2]", root=0)],
+          {"reason": "timeout", "message": "Bcast on world did not complete in 8 s"})
+         for rank in (0, 2)] + [(1, 3, done(1, 5))],
+        ["mcr.debug: 3 files, ranks 0-2 of 3 (reasons: ranks 0,2 timeout, rank 1 exit)",
+         "  ranks 0,2 timeout: Bcast on world did not complete in 8 s",
+         "communicator world (ranks 0-2): ranks diverge at call #6",
+         "  ranks 0,2: Bcast float32[2] root=0  [mpi, blocking] pending for 9.0 s",
+         "  rank 1:    no call #6 (its last on this communicator: #5 Allreduce float32[4] SUM "
+         "[mpi, blocking], done)",
+         "  (calls #1-#5 agree)"], check_fewer_calls),
+    "rank_without_collectives": (
+        [(0, 2, [pending(1, 1.5)]), (1, 2, [], {"comms": world(2, next_seq=1, first_seq=None)})],
+        ["communicator world (ranks 0-1): ranks diverge at call #1",
+         "  rank 0: Allreduce float32[4] SUM  [mpi, blocking] pending for 1.5 s",
+         "  rank 1: no call #1 (no collective on this communicator)"], None),
+    "rank_whose_file_lacks_the_communicator": (  # rank 1's 'tp' has other members
+        [(rank, 3, [pending(1, 3.0, "Barrier", comm="tp")], {"comms": {"tp": TP}})
+         for rank in (0, 2)]
+        + [(1, 3, [call(1, "Barrier", comm="tp")], {"comms": {"tp": dict(TP, members=[1])}})],
+        ["communicator tp (ranks 0-2): ranks diverge at call #1",
+         "  ranks 0,2: Barrier  [mpi, blocking] pending for 3.0 s",
+         "  rank 1:    its file has no communicator of this label and these members",
+         "communicator tp (rank 1): call #1 agrees, all completed"],
+        lambda r: [(c.label, c.members, c.ok) for c in r.comms] == [
+            ("tp", [0, 1, 2], False), ("tp", [1], True)]),
+    "missing_rank_file": (
+        [(rank, 4, done(1, 2) + [pending(3, 20.0)], {"reason": "timeout"}) for rank in range(3)],
+        ["mcr.debug: 3 files, ranks 0-2 of 4, no file for rank 3 (reasons: ranks 0-2 timeout)",
+         "communicator world (ranks 0-3): call #3 did not complete (pending on ranks 0-2)",
+         "  ranks 0-2: Allreduce float32[4] SUM  [mpi, blocking] pending for 20.0 s",
+         "  rank 3:    no file",
+         "  (calls #1-#2 agree)"], lambda r: r.missing == [3]),
+    "missing_rank_file_with_all_agreeing": (
+        [(rank, 4, done(1, 2)) for rank in (0, 1, 3)],
+        ["communicator world (ranks 0-3): no file for rank 2; calls #1-#2 agree on ranks "
+         "0-1,3, all completed"], None),
+    "pending_on_one_rank_done_on_the_others": (
+        [(0, 4, done(1, 2) + [pending(3, 12.0)], {"reason": "timeout"})]
+        + [(rank, 4, done(1, 3)) for rank in (1, 2, 3)],
+        ["communicator world (ranks 0-3): call #3 did not complete (pending on rank 0)",
+         "  rank 0:    Allreduce float32[4] SUM  [mpi, blocking] pending for 12.0 s",
+         "  ranks 1-3: Allreduce float32[4] SUM  [mpi, blocking] done",
+         "  (calls #1-#2 agree)"],
+        lambda r: (r.comms[0].incomplete.seq, r.comms[0].divergence) == (3, None)),
+    "incomplete_before_a_divergence": (  # an Iallreduce never waited for on rank 1
+        [(0, 2, done(1, 1) + [call(2, IALL, form="nonblocking"), pending(3, 4.0)]),
+         (1, 2, done(1, 1) + [pending(2, 6.0, IALL, form="nonblocking"),
+                              call(3, "Barrier", "failed", 5.0)])],
+        ["communicator world (ranks 0-1): call #2 did not complete (pending on rank 1)",
+         "  rank 0: Iallreduce float32[4] SUM  [mpi, nonblocking] done",
+         "  rank 1: Iallreduce float32[4] SUM  [mpi, nonblocking] pending for 6.0 s",
+         "communicator world (ranks 0-1): ranks diverge at call #3",
+         "  rank 0: Allreduce float32[4] SUM  [mpi, blocking] pending for 4.0 s",
+         "  rank 1: Barrier                   [mpi, blocking] failed after 5.0 s",
+         "  (call #1 agrees)"], None),
+    # Dup, Split, ... and Free are numbered among the collectives; a failed call
+    # shows how long it ran until it failed (its duration), not its age at the dump
+    "constructor_against_a_collective": (
+        [(rank, 3, [call(1, "Dup", nbytes=0),
+                    call(2, "Split", "failed", 40.0, nbytes=0, duration=5.0)])
+         for rank in (0, 1)] + [(2, 3, [call(1, "Dup", nbytes=0), pending(2, 39.5)])],
+        ["communicator world (ranks 0-2): ranks diverge at call #2",
+         "  ranks 0-1: Split                     [mpi, blocking] failed after 5.0 s",
+         "  rank 2:    Allreduce float32[4] SUM  [mpi, blocking] pending for 39.5 s",
+         "  (call #1 agrees)"], None),
+    "all_agree": (
+        [(rank, 2, done(1, 3)) for rank in range(2)],
+        ["mcr.debug: 2 files, ranks 0-1 of 2 (reasons: ranks 0-1 exit)",
+         "communicator world (ranks 0-1): calls #1-#3 agree, all completed"],
+        lambda r: r.ok),
+    "pending_point_to_point_only": (
+        [(0, 2, done(1, 2) + [pending(None, 3.0, "Isend", peer=1, tag=0, nbytes=64)]),
+         (1, 2, done(1, 2) + [pending(None, 9.0, "Irecv"),
+                              pending(None, 2.0, "Recv", peer=0, tag=7)])],
+        ["communicator world (ranks 0-1): calls #1-#2 agree, all completed",
+         "pending point-to-point:",
+         "  rank 0: Isend to 1 tag 0, 64 bytes, pending for 3.0 s",
+         "  rank 1: Irecv from any, 16 bytes, pending for 9.0 s (and 1 more)"],
+        lambda r: [len(r.pending[rank]) for rank in (0, 1)] == [1, 2]),
+    "ring_truncation": (
+        [(0, 2, done(10, 19) + [pending(20, 2.0)], {"comms": world(2, 21, 10)}),
+         (1, 2, done(15, 19) + [pending(20, 2.0, "Barrier")], {"comms": world(2, 21, 15)})],
+        ["communicator world (ranks 0-1): ranks diverge at call #20",
+         "  rank 0: Allreduce float32[4] SUM  [mpi, blocking] pending for 2.0 s",
+         "  rank 1: Barrier                   [mpi, blocking] pending for 2.0 s",
+         "  (calls #10-#19 agree; calls before #15 are not in every file)"],
+        lambda r: (r.comms[0].compared_from, r.comms[0].complete_from,
+                   r.comms[0].divergence.seq) == (10, 15, 20)),
+    "ring_keeps_an_old_pending_call": (  # rank 0's ring: Iallreduce #3, #18-#20
+        [(0, 2, [pending(3, 50.0, IALL, form="nonblocking")] + done(18, 20),
+          {"comms": world(2, 21, 3)}), (1, 2, done(18, 20), {"comms": world(2, 21, 18)})],
+        ["communicator world (ranks 0-1): call #3 did not complete (pending on rank 0)",
+         "  rank 0: Iallreduce float32[4] SUM  [mpi, nonblocking] pending for 50.0 s",
+         "  rank 1: call #3 completed, no longer in its file",
+         "  (calls before #18 are not in every file)"], None),
+    "rank_stopped_before_the_others_rings_begin": (
+        [(0, 2, done(10, 20), {"comms": world(2, 21, 10)}), (1, 2, done(1, 3))],
+        ["communicator world (ranks 0-1): ranks diverge at call #4",
+         "  rank 0: call #4 completed, no longer in its file",
+         "  rank 1: no call #4 (its last on this communicator: #3 Allreduce float32[4] SUM "
+         "[mpi, blocking], done)",
+         "  (calls #1-#3 agree; calls before #10 are not in every file)"], None),
+    "every_ring_past_the_first_calls": (
+        [(rank, 2, done(41, 50), {"comms": world(2, 51, 41)}) for rank in range(2)],
+        ["communicator world (ranks 0-1): calls #41-#50 agree, all completed "
+         "(calls before #41 are no longer in any file)"], None),
+    "several_communicators": (
+        list(several_communicators()),
+        ["communicator tp (ranks 0-1): ranks diverge at call #2",
+         "  rank 0: Allgather float32[2]  [mpi, blocking] pending for 4.0 s",
+         "  rank 1: Allgather float32[3]  [mpi, blocking] pending for 4.0 s",
+         "  (call #1 agrees)",
+         "communicator world (ranks 0-3): calls #1-#2 agree, all completed",
+         "communicator tp (ranks 2-3): calls #1-#2 agree, all completed"],
+        lambda r: [(c.label, c.members, c.ok) for c in r.comms] == [
+            ("tp", [0, 1], False), ("world", [0, 1, 2, 3], True), ("tp", [2, 3], True)]),
+    "64_ranks_grouped": (
+        [(rank, 64, done(1, 7) + [pending(8, 30.0, "Barrier") if rank == 37
+                                  else pending(8, 30.0 + rank / 100)],
+          {} if rank % 2 else TIMEOUT30) for rank in range(64)],
+        ["mcr.debug: 64 files, ranks 0-63 of 64 (reasons: ranks 0,2,4,6,8,10,12,14,16,18,20,"
+         "22,24,26,28,30,32,34,36,38,40,42,44,46,48,50,52,54,56,58,60,62 timeout, ranks 1,3,5,"
+         "7,9,11,13,15,17,19,21,23,25,27,29,31,33,35,37,39,41,43,45,47,49,51,53,55,57,59,61,63 "
+         "exit)",
+         "  ranks 0,2,4,6,8,10,12,14,16,18,20,22,24,26,28,30,32,34,36,38,40,42,44,46,48,50,52,"
+         "54,56,58,60,62 timeout: Allreduce on world did not complete in 30 s",
+         "communicator world (ranks 0-63): ranks diverge at call #8",
+         "  ranks 0-36,38-63: Allreduce float32[4] SUM  [mpi, blocking] pending for 30.0-30.6 s",
+         "  rank 37:          Barrier                   [mpi, blocking] pending for 30.0 s",
+         "  (calls #1-#7 agree)"], None),
+}
 
 
-def test_rank_whose_file_lacks_the_communicator(tmp_path):
-    # rank 1's 'tp' has other members: not the communicator ranks 0 and 2 made
-    tp = {"members": [0, 1, 2], "next_seq": 2, "first_seq": 1}
-    for rank in (0, 2):
-        plant(tmp_path, rank, 3, [call(1, "Barrier", "pending", 3.0, comm="tp")],
-              comms={"tp": tp})
-    plant(tmp_path, 1, 3, [call(1, "Barrier", comm="tp")],
-          comms={"tp": dict(tp, members=[1])})
+@pytest.mark.parametrize("name", REPORTS)
+def test_report(tmp_path, name):
+    files, want, check = REPORTS[name]
+    for rank, size, calls, *kw in files:
+        plant(tmp_path, rank, size, calls, **(kw[0] if kw else {}))
     report = debug.merge([tmp_path])
-    assert [(c.label, c.members, c.ok) for c in report.comms] == [
-        ("tp", [0, 1, 2], False), ("tp", [1], True)]
-    assert lines(report.text())[1:4] == [
-        "communicator tp (ranks 0-2): ranks diverge at call #1",
-        "  ranks 0,2: Barrier  [mpi, blocking] pending for 3.0 s",
-        "  rank 1:    its file has no communicator of this label and these members"]
+    assert report.status == (0 if name in ("all_agree", "every_ring_past_the_first_calls")
+                             else 1)
+    assert report.text().endswith("\n")
+    assert lines(report.text())[0 if want[0].startswith("mcr.debug:") else 1:] == want
+    assert check is None or check(report), report
 
 
-# ---------------------------------------------------------------------------
-# Missing files, calls that did not complete
-
-def test_missing_rank_file(tmp_path):
-    for rank in range(3):
-        plant(tmp_path, rank, 4, done(1, 2) + [call(3, state="pending", age=20.0)],
-              reason="timeout")
-    report = debug.merge([tmp_path])
-    assert report.missing == [3]
-    assert lines(report.text()) == [
-        "mcr.debug: 3 files, ranks 0-2 of 4, no file for rank 3 (reasons: ranks 0-2 timeout)",
-        "communicator world (ranks 0-3): call #3 did not complete (pending on ranks 0-2)",
-        "  ranks 0-2: Allreduce float32[4] SUM  [mpi, blocking] pending for 20.0 s",
-        "  rank 3:    no file",
-        "  (calls #1-#2 agree)"]
-
-
-def test_missing_rank_file_with_all_agreeing(tmp_path):
-    for rank in (0, 1, 3):
-        plant(tmp_path, rank, 4, done(1, 2))
-    report = debug.merge([tmp_path])
-    assert report.status == 1
-    assert lines(report.text())[1:] == [
-        "communicator world (ranks 0-3): no file for rank 2; calls #1-#2 agree on ranks 0-1,3, "
-        "all completed"]
-
-
-def test_pending_on_one_rank_done_on_the_others(tmp_path):
-    plant(tmp_path, 0, 4, done(1, 2) + [call(3, state="pending", age=12.0)], reason="timeout")
-    for rank in (1, 2, 3):
-        plant(tmp_path, rank, 4, done(1, 3))
-    report = debug.merge([tmp_path])
-    comm, = report.comms
-    assert (comm.incomplete.seq, comm.divergence) == (3, None)
-    assert lines(report.text())[1:] == [
-        "communicator world (ranks 0-3): call #3 did not complete (pending on rank 0)",
-        "  rank 0:    Allreduce float32[4] SUM  [mpi, blocking] pending for 12.0 s",
-        "  ranks 1-3: Allreduce float32[4] SUM  [mpi, blocking] done",
-        "  (calls #1-#2 agree)"]
-
-
-def test_incomplete_before_a_divergence(tmp_path):
-    # an Iallreduce never waited for on rank 1, then the ranks part at #3
-    iall = "Iallreduce float32[4] SUM"
-    plant(tmp_path, 0, 2, done(1, 1) + [call(2, iall, "done", form="nonblocking"),
-                                        call(3, state="pending", age=4.0)])
-    plant(tmp_path, 1, 2, done(1, 1) + [call(2, iall, "pending", 6.0, form="nonblocking"),
-                                        call(3, "Barrier", "failed", 5.0)])
-    assert lines(debug.merge([tmp_path]).text())[1:] == [
-        "communicator world (ranks 0-1): call #2 did not complete (pending on rank 1)",
-        "  rank 0: Iallreduce float32[4] SUM  [mpi, nonblocking] done",
-        "  rank 1: Iallreduce float32[4] SUM  [mpi, nonblocking] pending for 6.0 s",
-        "communicator world (ranks 0-1): ranks diverge at call #3",
-        "  rank 0: Allreduce float32[4] SUM  [mpi, blocking] pending for 4.0 s",
-        "  rank 1: Barrier                   [mpi, blocking] failed after 5.0 s",
-        "  (call #1 agrees)"]
-
-
-def test_constructor_against_a_collective(tmp_path):
-    # the recorder numbers Dup, Split, ... and Free among the collectives: the
-    # last rank called an Allreduce where the others made a communicator; a
-    # failed call shows how long it ran until it failed (its duration), not its
-    # age at the dump
-    for rank in (0, 1):
-        plant(tmp_path, rank, 3, [call(1, "Dup", nbytes=0),
-                                  call(2, "Split", "failed", 40.0, nbytes=0, duration=5.0)])
-    plant(tmp_path, 2, 3, [call(1, "Dup", nbytes=0), call(2, state="pending", age=39.5)])
-    assert lines(debug.merge([tmp_path]).text())[1:] == [
-        "communicator world (ranks 0-2): ranks diverge at call #2",
-        "  ranks 0-1: Split                     [mpi, blocking] failed after 5.0 s",
-        "  rank 2:    Allreduce float32[4] SUM  [mpi, blocking] pending for 39.5 s",
-        "  (call #1 agrees)"]
-
-
-def test_all_agree(tmp_path):
-    for rank in range(2):
-        plant(tmp_path, rank, 2, done(1, 3))
-    report = debug.merge([tmp_path])
-    assert (report.ok, report.status) == (True, 0)
-    assert report.text() == (
-        "mcr.debug: 2 files, ranks 0-1 of 2 (reasons: ranks 0-1 exit)\n"
-        "communicator world (ranks 0-1): calls #1-#3 agree, all completed\n")
-
-
-def test_pending_point_to_point_only(tmp_path):
-    plant(tmp_path, 0, 2, done(1, 2) + [call(None, "Isend", "pending", 3.0, peer=1, tag=0,
-                                             nbytes=64)])
-    plant(tmp_path, 1, 2, done(1, 2) + [
-        call(None, "Irecv", "pending", 9.0, peer=-1, tag=-1),
-        call(None, "Recv", "pending", 2.0, peer=0, tag=7)])
-    report = debug.merge([tmp_path])
-    assert report.status == 1
-    assert [len(report.pending[r]) for r in (0, 1)] == [1, 2]
-    assert lines(report.text())[1:] == [
-        "communicator world (ranks 0-1): calls #1-#2 agree, all completed",
-        "pending point-to-point:",
-        "  rank 0: Isend to 1 tag 0, 64 bytes, pending for 3.0 s",
-        "  rank 1: Irecv from any, 16 bytes, pending for 9.0 s (and 1 more)"]
-
-
-def test_point_to_point_on_objects(tmp_path):
+def test_point_to_point_on_objects_and_all(tmp_path):
     # mpi4py's recv and probe on pickled objects: a receive that timed out
     # failed (its size unknown: nothing came), shown with how long it waited
     # until then, not with its age at the dump; a probe is "from" its source
     plant(tmp_path, 0, 2, [call(None, "recv from 1 tag 2", "failed", 4.0, duration=3.0,
                                 peer=1, tag=2, nbytes=-1)])
-    plant(tmp_path, 1, 2, [call(None, "probe from 0 tag 2", "pending", 4.5, peer=0, tag=2,
-                                nbytes=-1)])
+    plant(tmp_path, 1, 2, [pending(None, 4.5, "probe from 0 tag 2", peer=0, tag=2, nbytes=-1)])
     status, out, err = run_cli("--all", tmp_path)
     assert (status, err) == (1, "")
     assert lines(out)[1:] == [
@@ -294,110 +296,25 @@ def test_point_to_point_on_objects(tmp_path):
         "    recv from 1 tag 2, failed after 3.0 s",
         "  rank 1 (node0 pid 1001): 1 call",
         "    probe from 0 tag 2, pending for 4.5 s"]
+    # --all with the files named, in any order
+    plant(tmp_path, 0, 2, done(1, 1) + [pending(2, 8.0),
+                                        pending(None, 9.5, "Irecv", peer=1, tag=3)])
+    plant(tmp_path, 1, 2, done(1, 1) + [pending(2, 7.0)])
+    status, out, err = run_cli("--all", tmp_path / "mcr-flight-1.json",
+                               tmp_path / "mcr-flight-0.json")
+    assert (status, err) == (1, "")
+    assert lines(out)[-6:] == [
+        "every call that did not complete, per rank:",
+        "  rank 0 (node0 pid 1000): 2 calls",
+        "    world #2: Allreduce float32[4] SUM  [mpi, blocking] pending for 8.0 s",
+        "    Irecv from 1 tag 3, 16 bytes, pending for 9.5 s",
+        "  rank 1 (node0 pid 1001): 1 call",
+        "    world #2: Allreduce float32[4] SUM  [mpi, blocking] pending for 7.0 s"]
 
-
-# ---------------------------------------------------------------------------
-# Rings that dropped their oldest calls
-
-def test_ring_truncation(tmp_path):
-    plant(tmp_path, 0, 2, done(10, 19) + [call(20, state="pending", age=2.0)],
-          comms=world(2, 21, 10))
-    plant(tmp_path, 1, 2, done(15, 19) + [call(20, "Barrier", "pending", 2.0)],
-          comms=world(2, 21, 15))
-    report = debug.merge([tmp_path])
-    comm, = report.comms
-    assert (comm.compared_from, comm.complete_from, comm.divergence.seq) == (10, 15, 20)
-    assert lines(report.text())[-1] == (
-        "  (calls #10-#19 agree; calls before #15 are not in every file)")
-
-
-def test_ring_keeps_an_old_pending_call(tmp_path):
-    # rank 0's ring holds its pending Iallreduce #3 and #18-#20; rank 1 completed #3
-    iall = "Iallreduce float32[4] SUM"
-    plant(tmp_path, 0, 2, [call(3, iall, "pending", 50.0, form="nonblocking")] + done(18, 20),
-          comms=world(2, 21, 3))
-    plant(tmp_path, 1, 2, done(18, 20), comms=world(2, 21, 18))
-    assert lines(debug.merge([tmp_path]).text())[1:] == [
-        "communicator world (ranks 0-1): call #3 did not complete (pending on rank 0)",
-        "  rank 0: Iallreduce float32[4] SUM  [mpi, nonblocking] pending for 50.0 s",
-        "  rank 1: call #3 completed, no longer in its file",
-        "  (calls before #18 are not in every file)"]
-
-
-def test_rank_stopped_before_the_others_rings_begin(tmp_path):
-    plant(tmp_path, 0, 2, done(10, 20), comms=world(2, 21, 10))
-    plant(tmp_path, 1, 2, done(1, 3))
-    assert lines(debug.merge([tmp_path]).text())[1:] == [
-        "communicator world (ranks 0-1): ranks diverge at call #4",
-        "  rank 0: call #4 completed, no longer in its file",
-        "  rank 1: no call #4 (its last on this communicator: #3 Allreduce float32[4] SUM "
-        "[mpi, blocking], done)",
-        "  (calls #1-#3 agree; calls before #10 are not in every file)"]
-
-
-def test_every_ring_past_the_first_calls(tmp_path):
-    for rank in range(2):
-        plant(tmp_path, rank, 2, done(41, 50), comms=world(2, 51, 41))
-    assert lines(debug.merge([tmp_path]).text())[1:] == [
-        "communicator world (ranks 0-1): calls #41-#50 agree, all completed "
-        "(calls before #41 are no longer in any file)"]
-
-
-# ---------------------------------------------------------------------------
-# Several communicators, grouping
-
-def test_several_communicators(tmp_path):
-    # world agrees; 'tp' is the label of two groups made by one split,
-    # {0,1} (diverges at #2) and {2,3} (agrees)
-    for rank in range(4):
-        pair = [0, 1] if rank < 2 else [2, 3]
-        tp = [call(1, "Allgather float32[2]", comm="tp")]
-        if rank < 2:
-            tp.append(call(2, "Allgather float32[2]" if rank == 0 else "Allgather float32[3]",
-                           "pending", 4.0, comm="tp"))
-        else:
-            tp.append(call(2, "Allgather float32[2]", comm="tp"))
-        plant(tmp_path, rank, 4, done(1, 2) + tp, comms={
-            "world": {"members": [0, 1, 2, 3], "next_seq": 3, "first_seq": 1},
-            "tp": {"members": pair, "next_seq": 3, "first_seq": 1}})
-    report = debug.merge([tmp_path])
-    assert [(c.label, c.members, c.ok) for c in report.comms] == [
-        ("tp", [0, 1], False), ("world", [0, 1, 2, 3], True), ("tp", [2, 3], True)]
-    assert lines(report.text())[1:] == [
-        "communicator tp (ranks 0-1): ranks diverge at call #2",
-        "  rank 0: Allgather float32[2]  [mpi, blocking] pending for 4.0 s",
-        "  rank 1: Allgather float32[3]  [mpi, blocking] pending for 4.0 s",
-        "  (call #1 agrees)",
-        "communicator world (ranks 0-3): calls #1-#2 agree, all completed",
-        "communicator tp (ranks 2-3): calls #1-#2 agree, all completed"]
-
-
-def test_64_ranks_grouped(tmp_path):
-    for rank in range(64):
-        last = call(8, "Barrier", "pending", 30.0) if rank == 37 else call(
-            8, state="pending", age=30.0 + rank / 100)
-        plant(tmp_path, rank, 64, done(1, 7) + [last], reason="exit" if rank % 2 else "timeout",
-              message="" if rank % 2 else "Allreduce on world did not complete in 30 s")
-    report = debug.merge([tmp_path])
-    text = lines(report.text())
-    assert text == [
-        "mcr.debug: 64 files, ranks 0-63 of 64 (reasons: ranks 0,2,4,6,8,10,12,14,16,18,20,22,"
-        "24,26,28,30,32,34,36,38,40,42,44,46,48,50,52,54,56,58,60,62 timeout, ranks 1,3,5,7,9,"
-        "11,13,15,17,19,21,23,25,27,29,31,33,35,37,39,41,43,45,47,49,51,53,55,57,59,61,63 exit)",
-        "  ranks 0,2,4,6,8,10,12,14,16,18,20,22,24,26,28,30,32,34,36,38,40,42,44,46,48,50,52,54,"
-        "56,58,60,62 timeout: Allreduce on world did not complete in 30 s",
-        "communicator world (ranks 0-63): ranks diverge at call #8",
-        "  ranks 0-36,38-63: Allreduce float32[4] SUM  [mpi, blocking] pending for 30.0-30.6 s",
-        "  rank 37:          Barrier                   [mpi, blocking] pending for 30.0 s",
-        "  (calls #1-#7 agree)"]
-
-
-# ---------------------------------------------------------------------------
-# --json, --all and the command
 
 def test_json(tmp_path):
-    plant(tmp_path, 0, 2, done(1, 4) + [call(5, state="pending", age=3.0)], reason="timeout")
-    plant(tmp_path, 1, 2, done(1, 4) + [call(5, "Barrier", "pending", 3.0)])
+    plant(tmp_path, 0, 2, done(1, 4) + [pending(5, 3.0)], reason="timeout")
+    plant(tmp_path, 1, 2, done(1, 4) + [pending(5, 3.0, "Barrier")])
     status, out, err = run_cli("--json", tmp_path)
     assert (status, err) == (1, "")
     data = json.loads(out)
@@ -413,57 +330,28 @@ def test_json(tmp_path):
     assert [c["seq"] for c in data["pending"]["0"]] == [5]
 
 
-def test_all_lists_every_pending_call(tmp_path):
-    plant(tmp_path, 0, 2, done(1, 1) + [call(2, state="pending", age=8.0),
-                                        call(None, "Irecv", "pending", 9.5, peer=1, tag=3)])
-    plant(tmp_path, 1, 2, done(1, 1) + [call(2, state="pending", age=7.0)])
-    status, out, err = run_cli("--all", tmp_path / "mcr-flight-1.json",
-                               tmp_path / "mcr-flight-0.json")
-    assert (status, err) == (1, "")
-    assert lines(out)[-6:] == [
-        "every call that did not complete, per rank:",
-        "  rank 0 (node0 pid 1000): 2 calls",
-        "    world #2: Allreduce float32[4] SUM  [mpi, blocking] pending for 8.0 s",
-        "    Irecv from 1 tag 3, 16 bytes, pending for 9.5 s",
-        "  rank 1 (node0 pid 1001): 1 call",
-        "    world #2: Allreduce float32[4] SUM  [mpi, blocking] pending for 7.0 s"]
-
-
 def test_cli_files_and_directory(tmp_path):
     for rank in range(3):
         plant(tmp_path, rank, 3, done(1, 2))
     (tmp_path / "notes.txt").write_text("not a flight file")
-    status, out, err = run_cli(tmp_path)
-    assert (status, err) == (0, "")
-    assert out == ("mcr.debug: 3 files, ranks 0-2 of 3 (reasons: ranks 0-2 exit)\n"
-                   "communicator world (ranks 0-2): calls #1-#2 agree, all completed\n")
+    assert run_cli(tmp_path) == (
+        0, "mcr.debug: 3 files, ranks 0-2 of 3 (reasons: ranks 0-2 exit)\n"
+           "communicator world (ranks 0-2): calls #1-#2 agree, all completed\n", "")
     status, out, _ = run_cli(tmp_path / "mcr-flight-2.json", tmp_path / "mcr-flight-0.json")
     assert status == 1
-    assert lines(out)[0] == "mcr.debug: 2 files, ranks 0,2 of 3, no file for rank 1 " \
-                            "(reasons: ranks 0,2 exit)"
+    assert lines(out)[0] == ("mcr.debug: 2 files, ranks 0,2 of 3, no file for rank 1 "
+                             "(reasons: ranks 0,2 exit)")
 
 
 def test_import_loads_neither_core_nor_torch():
     code = ("import sys, mcr.debug; print(sorted(m for m in sys.modules if m.startswith("
             "('mcr._core', 'torch', 'mpi4py.MPI'))))")
-    env = dict(os.environ, PYTHONPATH=SRC)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                         text=True, timeout=60, check=True).stdout
+    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=SRC),
+                         capture_output=True, text=True, timeout=60, check=True).stdout
     assert out == "[]\n"
 
 
-# ---------------------------------------------------------------------------
-# Unusable files: exit status 2, the file named
-
-def bad(tmp_path, name, text):
-    path = tmp_path / name
-    path.write_text(text)
-    return path
-
-
-def valid(tmp_path, rank=0, size=2):
-    return plant(tmp_path, rank, size, done(1, 1))
-
+# -- Unusable files: exit status 2, the file named ----------------------------------------
 
 @pytest.mark.parametrize("text, fragment", [
     ("{not json", "not JSON (Expecting property name enclosed in double quotes at line 1 "
@@ -475,34 +363,34 @@ def valid(tmp_path, rank=0, size=2):
     ('{"version": 1, "size": "2"}', "'size' must be an integer, got str '2'"),
 ])
 def test_bad_file(tmp_path, text, fragment):
-    path = bad(tmp_path, "mcr-flight-1.json", text)
-    other = valid(tmp_path)
+    path = tmp_path / "mcr-flight-1.json"
+    path.write_text(text)
+    other = plant(tmp_path, 0, 2, done(1, 1))
     with pytest.raises(debug.FlightFileError) as info:
         debug.merge([other, path])
     assert str(info.value) == f"{path}: {fragment}"
-    status, out, err = run_cli(other, path)
-    assert (status, out, err) == (2, "", f"mcr.debug: {path}: {fragment}\n")
+    assert run_cli(other, path) == (2, "", f"mcr.debug: {path}: {fragment}\n")
 
 
 @pytest.mark.parametrize("change, fragment", [
-    (lambda r: r["calls"][0].update(seq="1"), "calls[0]: 'seq' must be an integer or null, "
-                                              "got str '1'"),
-    (lambda r: r["calls"][0].update(state="running"), "calls[0]: 'state' must be one of "
-                                                      "pending, done, failed, got 'running'"),
+    (lambda r: r["calls"][0].update(seq="1"),
+     "calls[0]: 'seq' must be an integer or null, got str '1'"),
+    (lambda r: r["calls"][0].update(state="running"),
+     "calls[0]: 'state' must be one of pending, done, failed, got 'running'"),
     (lambda r: r["calls"][0].update(age=True), "calls[0]: 'age' must be a number, got bool True"),
     (lambda r: r["calls"][0].pop("desc"), "calls[0]: missing key 'desc'"),
-    (lambda r: r["calls"][0].update(comm="tp"), "calls[0]: communicator 'tp' is not in 'comms' "
-                                                "('world')"),
-    (lambda r: r["calls"].append(dict(r["calls"][0])), "calls[1]: a second call #1 on "
-                                                       "communicator 'world'"),
-    (lambda r: r["comms"]["world"].update(members=[1]), "comms['world']: 'members' [1] does not "
-                                                        "include the file's rank 0"),
-    (lambda r: r["comms"]["world"].update(members=[0, 5]), "comms['world']: 'members' must be "
-                                                           "world ranks 0-1, got [0, 5]"),
+    (lambda r: r["calls"][0].update(comm="tp"),
+     "calls[0]: communicator 'tp' is not in 'comms' ('world')"),
+    (lambda r: r["calls"].append(dict(r["calls"][0])),
+     "calls[1]: a second call #1 on communicator 'world'"),
+    (lambda r: r["comms"]["world"].update(members=[1]),
+     "comms['world']: 'members' [1] does not include the file's rank 0"),
+    (lambda r: r["comms"]["world"].update(members=[0, 5]),
+     "comms['world']: 'members' must be world ranks 0-1, got [0, 5]"),
     (lambda r: r.update(job=5), "'job' must be a string or null, got int 5"),
 ])
 def test_bad_field(tmp_path, change, fragment):
-    path = valid(tmp_path)
+    path = plant(tmp_path, 0, 2, done(1, 1))
     record = json.loads(path.read_text())
     change(record)
     path.write_text(json.dumps(record))
@@ -511,52 +399,22 @@ def test_bad_field(tmp_path, change, fragment):
     assert str(info.value) == f"{path}: {fragment}"
 
 
-def test_mixed_sizes(tmp_path):
+def test_files_of_different_jobs(tmp_path):
     a = plant(tmp_path, 0, 2, done(1, 1))
     b = plant(tmp_path, 1, 4, done(1, 1), comms=world(4, 2))
-    status, out, err = run_cli(tmp_path)
-    assert (status, out) == (2, "")
-    assert err == (f"mcr.debug: files from different jobs (sizes [2, 4]): {a}: size 2; "
-                   f"{b}: size 4\n")
-
-
-def test_two_files_of_one_rank(tmp_path):
-    a = plant(tmp_path, 0, 2, done(1, 1))
-    other = tmp_path / "old"
-    other.mkdir()
-    b = plant(other, 0, 2, done(1, 2))
-    with pytest.raises(debug.FlightFileError) as info:
-        debug.merge([a, b])
-    assert str(info.value) == f"{a} and {b}: both are rank 0 (files of two jobs?)"
-
-
-def test_empty_directory_and_missing_file(tmp_path):
-    status, out, err = run_cli(tmp_path)
-    assert (status, out, err) == (
-        2, "", f"mcr.debug: {tmp_path}: a directory without mcr-flight-*.json files\n")
-    with pytest.raises(debug.FlightFileError, match="^paths: no flight-recorder file given$"):
-        debug.merge([])
-    missing = tmp_path / "mcr-flight-9.json"
-    status, _, err = run_cli(missing)
-    assert (status, err) == (2, f"mcr.debug: {missing}: cannot read it (No such file or "
-                                "directory)\n")
-
-
-def test_no_arguments_is_a_usage_error():
-    status, out, err = run_cli()
-    assert (status, out) == (2, "")
-    assert "usage: python -m mcr.debug" in err and "Traceback" not in err
-
-
-def test_files_of_two_named_jobs(tmp_path):
+    assert run_cli(tmp_path) == (2, "", f"mcr.debug: files from different jobs (sizes "
+                                        f"[2, 4]): {a}: size 2; {b}: size 4\n")
     # a rank of the second run died without writing: its file is the first run's
     a = plant(tmp_path, 0, 2, done(1, 2), job="prterun-node0-4242@1")
     b = plant(tmp_path, 1, 2, done(1, 1), job="prterun-node0-977@1")
-    status, out, err = run_cli(tmp_path)
-    assert (status, out) == (2, "")
-    assert err == ("mcr.debug: files from different jobs (prterun-node0-4242@1, "
-                   f"prterun-node0-977@1): {a}: job prterun-node0-4242@1; "
-                   f"{b}: job prterun-node0-977@1\n")
+    assert run_cli(tmp_path) == (2, "", "mcr.debug: files from different jobs (prterun-node0-"
+                                        f"4242@1, prterun-node0-977@1): {a}: job prterun-node0-"
+                                        f"4242@1; {b}: job prterun-node0-977@1\n")
+    (tmp_path / "old").mkdir()
+    c = plant(tmp_path / "old", 0, 2, done(1, 2))
+    with pytest.raises(debug.FlightFileError) as info:
+        debug.merge([a, c])
+    assert str(info.value) == f"{a} and {c}: both are rank 0 (files of two jobs?)"
 
 
 @pytest.mark.parametrize("other", [None, "absent"])
@@ -566,3 +424,16 @@ def test_files_of_one_named_job_or_of_no_known_job(tmp_path, other):
     plant(tmp_path, 1, 2, done(1, 2), **({} if other == "absent" else {"job": other}))
     report = debug.merge([tmp_path])
     assert report.ranks == [0, 1] and all(c.ok for c in report.comms)
+
+
+def test_no_paths_an_empty_directory_and_a_missing_file(tmp_path):
+    status, out, err = run_cli()
+    assert (status, out) == (2, "")
+    assert "usage: python -m mcr.debug" in err and "Traceback" not in err
+    assert run_cli(tmp_path) == (
+        2, "", f"mcr.debug: {tmp_path}: a directory without mcr-flight-*.json files\n")
+    with pytest.raises(debug.FlightFileError, match="^paths: no flight-recorder file given$"):
+        debug.merge([])
+    missing = tmp_path / "mcr-flight-9.json"
+    assert run_cli(missing)[::2] == (2, f"mcr.debug: {missing}: cannot read it (No such "
+                                        "file or directory)\n")
