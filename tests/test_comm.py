@@ -1,6 +1,6 @@
-"""Communicators: Dup, Split, Create_group, Compare, Free, topologies
-(Create_cart, Create_graph, Create_dist_graph(_adjacent), Sub), and operations
-on sub-communicators, at 1-4 ranks."""
+"""Communicators: Dup, Split, Create_group, Compare, Free, handles, pickling,
+topologies (Create_cart, Create_graph, Create_dist_graph(_adjacent), Sub), and
+operations on the communicators they make, at 1-4 ranks."""
 
 import numpy as np
 import torch
@@ -8,7 +8,8 @@ from mpi4py import MPI as M4
 
 import mcr
 from mpiharness import case, mpi_cases
-from util import assert_comm_works, assert_equal, raises, rank_data
+from opref import cat, data, expect, reduce_ref
+from util import assert_comm_works, raises
 
 
 def world_ranks(sub, comm):
@@ -21,23 +22,18 @@ def world_ranks(sub, comm):
 def split_by_parity_runs_collectives(comm):
     sub = comm.Split(comm.rank % 2, key=-comm.rank)          # reversed order
     assert isinstance(sub, mcr.Comm)
-    members = [r for r in range(comm.size) if r % 2 == comm.rank % 2]
-    assert world_ranks(sub, comm) == sorted(members, reverse=True)
-    data = {r: rank_data(r, 5, torch.float32) for r in members}
-    out = torch.zeros(5)
-    sub.Allreduce(data[comm.rank], out)
-    assert_equal(out, torch.stack(list(data.values())).sum(0))
-    # uneven Allgatherv in sub-rank order
     order = world_ranks(sub, comm)
-    counts = [r % 3 for r in order]
-    mine = rank_data(comm.rank, 3, torch.int64)[:comm.rank % 3]
+    assert order == [r for r in reversed(range(comm.size)) if r % 2 == comm.rank % 2]
+    out = torch.zeros(5)
+    sub.Allreduce(data(comm.rank, 5), out)
+    expect(out, reduce_ref([data(r, 5) for r in order], "SUM"))
+    counts = [r % 3 for r in order]              # uneven Allgatherv in sub-rank order
     gathered = torch.zeros(sum(counts), dtype=torch.int64)
-    sub.Allgatherv(mine, [gathered, counts])
-    assert_equal(gathered, torch.cat([rank_data(r, 3, torch.int64)[:r % 3] for r in order]))
-    req = sub.Ibcast(buf := (rank_data(order[0], 4, torch.float16) if sub.rank == 0
-                             else torch.zeros(4, dtype=torch.float16)), root=0)
-    req.Wait()
-    assert_equal(buf, rank_data(order[0], 4, torch.float16))
+    sub.Allgatherv(data(comm.rank, comm.rank % 3, torch.int64), [gathered, counts])
+    expect(gathered, cat([data(r, r % 3, torch.int64) for r in order]))
+    buf = data(order[0], 4, torch.float16) if sub.rank == 0 else torch.zeros(4, dtype=torch.float16)
+    sub.Ibcast(buf, root=0).Wait()
+    expect(buf, data(order[0], 4, torch.float16))
     sub.Free()
 
 
@@ -45,10 +41,8 @@ def split_by_parity_runs_collectives(comm):
 def dup_is_congruent_and_independent(comm):
     dup = comm.Dup()
     assert isinstance(dup, mcr.Comm)
-    assert comm.Compare(dup) == M4.CONGRUENT
-    assert comm.Compare(comm) == M4.IDENT
-    # messages on the two communicators do not mix
-    right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+    assert comm.Compare(dup) == M4.CONGRUENT and comm.Compare(comm) == M4.IDENT
+    right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size   # do not mix:
     a, b = torch.zeros(2), torch.zeros(2)
     reqs = [dup.Irecv(a, left, 0), comm.Irecv(b, left, 0),
             comm.Isend(torch.full((2,), 1.0), right, 0),
@@ -65,9 +59,8 @@ def create_group_of_the_first_half(comm):
     if comm.rank in half:
         sub = comm.Create_group(group)
         assert isinstance(sub, mcr.Comm) and sub.size == len(half)
-        x = np.full(3, comm.rank, dtype=np.int32)
         y = np.zeros(3, dtype=np.int32)
-        sub.Allreduce(x, y, op=mcr.MAX)
+        sub.Allreduce(np.full(3, comm.rank, dtype=np.int32), y, op=mcr.MAX)
         assert y.tolist() == [max(half)] * 3
         sub.Free()
     group.Free()
@@ -94,10 +87,10 @@ def free_is_idempotent_and_freed_comms_raise(comm):
     dup.Free()
     dup.Free()                                       # idempotent
     assert repr(dup) == "<mcr.Comm null>"
-    with raises(ValueError, "comm:", "null"):
-        dup.Bcast(torch.zeros(1))
-    with raises(ValueError, "comm:", "null"):
-        dup.Iallreduce(torch.ones(1), torch.zeros(1))
+    for call in (lambda: dup.Bcast(torch.zeros(1)),
+                 lambda: dup.Iallreduce(torch.ones(1), torch.zeros(1))):
+        with raises(ValueError, "comm:", "null"):
+            call()
     for predefined in (mcr.COMM_WORLD, mcr.COMM_SELF):
         try:                                         # MPI's error, as mpi4py raises
             predefined.Free()
@@ -166,8 +159,7 @@ def test_pickle_of_predefined_communicators():
 @case
 def split_type_shared(comm):
     sub = comm.Split_type(M4.COMM_TYPE_SHARED)
-    assert isinstance(sub, mcr.Comm)
-    assert sub.size == comm.size                    # one node
+    assert isinstance(sub, mcr.Comm) and sub.size == comm.size      # one node
     out = torch.zeros(1, dtype=torch.int64)
     sub.Allreduce(torch.ones(1, dtype=torch.int64), out)
     assert out.item() == comm.size
@@ -180,39 +172,34 @@ def cartesian_topology_is_an_mcr_comm(comm):
     c = comm.Dup()
     c.backend = "gloo"                  # settings pass to the topology
     ring = c.Create_cart([size], periods=[True])
-    assert isinstance(ring, mcr.Cartcomm) and isinstance(ring, mcr.Comm)
-    assert isinstance(ring, M4.Cartcomm)
+    assert all(isinstance(ring, cls) for cls in (mcr.Cartcomm, mcr.Comm, M4.Cartcomm))
     assert ring.backend == "gloo" and ring.Get_topo() == ([size], [1], [rank])
     left, right = ring.Shift(0, 1)
     assert (left, right) == ((rank - 1) % size, (rank + 1) % size)
-    # mcr's buffer methods, on each backend: a ring shift of each rank's data
-    for backend in ("mpi", "gloo"):
+    for backend in ("mpi", "gloo"):     # mcr's buffer methods, on each backend
         got = torch.zeros(5, dtype=torch.float64)
-        ring.Sendrecv(rank_data(rank, 5, torch.float64), right, recvbuf=got, source=left,
+        ring.Sendrecv(data(rank, 5, torch.float64), right, recvbuf=got, source=left,
                       backend=backend)
-        assert_equal(got, rank_data(left, 5, torch.float64))
+        expect(got, data(left, 5, torch.float64))
         total = torch.zeros(3, dtype=torch.int32)
-        ring.Allreduce(rank_data(rank, 3, torch.int32), total, backend=backend)
-        assert_equal(total, sum(rank_data(r, 3, torch.int32) for r in range(size)))
+        ring.Allreduce(data(rank, 3, torch.int32), total, backend=backend)
+        expect(total, reduce_ref([data(r, 3, torch.int32) for r in range(size)], "SUM"))
     # a neighbourhood collective, on the default backend (Gloo): the left
     # neighbour's block, then the right one's (all of them: test_neighbor)
-    mine = rank_data(rank, 4)
     both = torch.zeros(8)
-    ring.Neighbor_allgather(mine, both)
-    assert_equal(both, torch.cat([rank_data(left, 4), rank_data(right, 4)]))
+    ring.Neighbor_allgather(data(rank, 4), both)
+    expect(both, cat([data(left, 4), data(right, 4)]))
     dup = ring.Dup()
-    assert type(dup) is mcr.Cartcomm and dup.Get_topo() == ring.Get_topo()
-    assert dup.backend == "gloo"
-    assert_comm_works(dup)
     copies = [ring.Dup_with_info(M4.INFO_NULL), ring.Clone()]
     for started in (ring.Idup(), ring.Idup_with_info(M4.INFO_NULL)):
         started[1].Wait()
         copies.append(started[0])
-    for copy in copies:
+    for copy in [dup] + copies:
         assert type(copy) is mcr.Cartcomm and copy.Get_topo() == ring.Get_topo()
         assert copy.backend == "gloo"
         assert_comm_works(copy)
-        copy.Free()
+        if copy is not dup:
+            copy.Free()
     sub = ring.Sub([True])
     assert type(sub) is mcr.Cartcomm and sub.size == size and sub.backend == "gloo"
     assert_comm_works(sub)
@@ -227,7 +214,7 @@ def cartesian_topology_is_an_mcr_comm(comm):
         assert type(rows) is mcr.Cartcomm and rows.size == 2
         x = torch.zeros(2)
         rows.Allreduce(torch.full((2,), float(rank)), x)
-        assert_equal(x, torch.full((2,), float(2 * (2 * row) + 1)))
+        expect(x, torch.full((2,), float(2 * (2 * row) + 1)))
         rows.Free()
         grid.Free()
     line = c.Create_cart([max(size - 1, 1)])
@@ -244,8 +231,7 @@ def cartesian_topology_is_an_mcr_comm(comm):
 def graph_topologies_are_mcr_comms(comm):
     size, rank = comm.size, comm.rank
     left, right = (rank - 1) % size, (rank + 1) % size
-    # every process's edge to its right neighbour, as an adjacency list and as
-    # distributed graphs made both ways
+    # every process's edge to its right neighbour: an adjacency list, distributed graphs
     graph = comm.Create_graph([i + 1 for i in range(size)], [(i + 1) % size for i in range(size)])
     assert type(graph) is mcr.Graphcomm and isinstance(graph, M4.Graphcomm)
     assert graph.Get_neighbors(rank) == [right]
@@ -256,8 +242,8 @@ def graph_topologies_are_mcr_comms(comm):
         sources, destinations, _ = g.Get_dist_neighbors()
         assert sources == [left] and destinations == [right]
         got = torch.zeros(3, dtype=torch.int64)
-        g.Neighbor_alltoall(rank_data(rank, 3, torch.int64), got)
-        assert_equal(got, rank_data(left, 3, torch.int64))
+        g.Neighbor_alltoall(data(rank, 3, torch.int64), got)
+        expect(got, data(left, 3, torch.int64))
     for g in (graph, adjacent, made):
         assert_comm_works(g)
         g.Free()
@@ -266,16 +252,14 @@ def graph_topologies_are_mcr_comms(comm):
 @case
 def bad_grids_are_refused_before_communicating(comm):
     size = comm.size
-    with raises(ValueError, "dims: a grid of", f"= {size + 1} processes", f"of {size}"):
-        comm.Create_cart([size + 1])
-    with raises(ValueError, "dims: dimension 1 is 0"):
-        comm.Create_cart([1, 0])
-    with raises(ValueError, "dims: dimension 0 is -2"):
-        comm.Create_cart([-2])
-    with raises(TypeError, "dims: expected a sequence of integers, got int"):
-        comm.Create_cart(size)
-    with raises(TypeError, "dims: expected a sequence of integers, got list"):
-        comm.Create_cart(["2"])
+    for dims, exc, fragments in [
+            ([size + 1], ValueError, ("dims: a grid of", f"= {size + 1} processes", f"of {size}")),
+            ([1, 0], ValueError, ("dims: dimension 1 is 0",)),
+            ([-2], ValueError, ("dims: dimension 0 is -2",)),
+            (size, TypeError, ("dims: expected a sequence of integers, got int",)),
+            (["2"], TypeError, ("dims: expected a sequence of integers, got list",))]:
+        with raises(exc, *fragments):
+            comm.Create_cart(dims)
     assert_comm_works(comm)
 
 
