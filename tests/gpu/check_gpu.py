@@ -1,48 +1,26 @@
-"""GPU checks for mcr: the MPI backend on CUDA tensors, CUDA stream semantics,
-the NCCL backend, and requests that mix MPI and NCCL.
+"""GPU checks for mcr: the operation matrix on CUDA tensors, and what only a GPU has.
+
+The makers of tests/opmatrix.py run on the device's buffers on MPI and NCCL;
+besides: CUDA buffer kinds, stream semantics, MPI and NCCL requests mixed,
+wrong-device errors, mcr.tune, the logger and compression, checked mode,
+torch.distributed and the workloads on the device.
 
     python tests/gpu/check_gpu.py                # on a machine with a CUDA device
-    python tests/gpu/check_gpu.py --device cpu   # dry run: the same checks on CPU
-                                                 # tensors, Gloo in place of NCCL
+    python tests/gpu/check_gpu.py --device cpu   # dry run: CPU tensors, Gloo for NCCL
     python tests/gpu/check_gpu.py --logdir $OUT/gpu-logs   # keep every case's log
 
-Without a CUDA device (and without ``--device cpu``) it prints
-``check_gpu: skipped: no CUDA device`` and exits 0.
-
-Started without ``--phase``, the script runs each part as its own job under
-``mpiexec``, started by :mod:`mcr.launch` (``MCR_MPIEXEC`` overrides its
-choice of mpiexec; this parent process does not initialize MPI), each with a
-time limit, all within ``--budget`` seconds:
-
-``mpi``         2 processes sharing cuda:0, MPI backend, the MPI library's own
-                CUDA-awareness (the PyPI Open MPI is not CUDA-aware, so mcr
-                stages CUDA buffers through pinned host memory);
-``mpi-aware0``  the same with ``MCR_CUDA_AWARE=0`` (smaller sizes);
-``nccl1``       1 process, NCCL (it refuses two ranks on one GPU): every
-                collective, a CPU tensor refused, MPI and NCCL mixed;
-``mixed2``      2 processes: MPI over both, NCCL over each process alone,
-                requests of both completed together;
-``nccl2``       2 processes on cuda:0 and cuda:1, only with two CUDA devices;
-``tune``        1 process: ``mcr.tune`` times NCCL against MPI on CUDA tensors
-                (4 B to 1 MiB, four collectives), then ``backend="auto"`` runs
-                each Allreduce size on the backend the table chose.
-``ext``         1 process: the logger, compression and fusion on CUDA tensors.
-``workloads``   1 process (2 with two CUDA devices): ``mcr.bench.workloads``'s
-                MoE, DLRM and DDP transformer steps on CUDA tensors, on mcr
-                groups (auto and NCCL) and on torch's NCCL; losses must agree.
-``torch``       1 process (2 with two CUDA devices): ``init_process_group("mcr")``,
-                torch.distributed calls on CUDA tensors, and DDP on "mcr" groups
-                running NCCL and MPI, with the losses of torch's own NCCL.
-
-Every result is compared with what torch computes from the whole data on the
-CPU (every process can compute every process's input), never with mcr. Rank 0
-prints one PASS/FAIL line per operation (all modes, dtypes, buffer kinds and
-sizes of it), with its time; ``--logdir`` keeps every case, and each job's
-stderr. Exit status: 0 when every check passed (or there is no CUDA device),
-1 when one failed, 2 when the checks could not be started.
+Without a CUDA device (nor ``--device cpu``) it prints ``check_gpu: skipped: no
+CUDA device`` and exits 0. This process does not initialize MPI: it runs each
+of :func:`phases` as a job under ``mpiexec`` (:mod:`mcr.launch`), each with a
+time limit, all within ``--budget`` seconds. Results are compared with
+torch/numpy on the whole data on the CPU (:mod:`opref`), never with mcr. Rank 0
+prints a PASS/FAIL line per group of checks; ``--logdir`` keeps every case and
+each job's stderr. Exit status: 0 when every check passed (or there is no CUDA
+device), 1 when one failed, 2 when the checks could not be started.
 """
 
 import argparse
+import collections
 import contextlib
 import functools
 import json
@@ -54,7 +32,7 @@ import tempfile
 import threading
 import time
 import traceback
-import zlib
+import types
 
 try:
     import torch
@@ -65,45 +43,43 @@ except ImportError as _exc:          # mcr needs torch: nothing to check without
 from mcr import launch
 
 HERE = os.path.abspath(__file__)
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))   # tests/: opmatrix, opref
+opmatrix = opref = None        # imported by child() only: they initialize MPI
 DTYPES = ("float32", "float16", "bfloat16", "int64")
-MODES = ("blocking", "nonblocking", "persistent")
-SENTINEL = -3
+KINDS = ("tensor", "cai", "dlpack")
+FORMS = ("blocking", "nonblocking", "persistent")
+# also run with large messages (the matrix's are a few elements)
+LARGE = ("Bcast", "Gatherv", "Allgatherv", "Alltoallv", "Allreduce", "Reduce_scatter", "Scan")
 SLEEP_CYCLES = 200_000_000           # torch.cuda._sleep: ~0.1 s at 2 GHz
 
 
-# =============================================================================
-# The parent: start each phase under mpiexec, collect, summarize
-# =============================================================================
+# == The parent: start each phase under mpiexec, collect, summarize =========================
 
-class Phase:
-    def __init__(self, name, nprocs, limit, what, env=None, skip=None):
-        self.name, self.nprocs, self.limit, self.what = name, nprocs, limit, what
-        self.env = env or {}
-        self.skip = skip                 # reason not to run it, or None
+Phase = collections.namedtuple("Phase", "name nprocs limit what env skip",
+                               defaults=({}, None))      # skip: why not run it, or None
 
 
 def phases(device, ndev):
     other = "gloo" if device == "cpu" else "nccl"
-    two = None if device == "cpu" or ndev >= 2 else \
-        f"needs 2 CUDA devices, found {ndev}"
-    return [
-        Phase("mpi", 2, 120, "MPI backend on 2 processes, the library's CUDA-awareness"),
-        Phase("mpi-aware0", 2, 80, "MPI backend on 2 processes, MCR_CUDA_AWARE=0",
+    two = device == "cpu" or ndev >= 2
+    n = 2 if two else 1
+    return [  # the PyPI Open MPI is not CUDA-aware: mcr stages through pinned memory
+        Phase("mpi", 2, 120, "MPI on 2 processes sharing cuda:0, the library's CUDA-awareness"),
+        Phase("mpi-aware0", 2, 80, "MPI on 2 processes, MCR_CUDA_AWARE=0",
               env={"MCR_CUDA_AWARE": "0"}),
-        Phase("nccl1", 1, 80, f"{other} backend on 1 process, mixed with MPI"),
+        Phase("nccl1", 1, 80, f"{other} on 1 process (NCCL refuses two ranks on one GPU), "
+              "mixed with MPI"),
         Phase("mixed2", 2, 60, f"MPI on 2 processes with {other} on each process alone"),
-        Phase("nccl2", 2, 90, f"{other} backend on 2 processes (one device each)", skip=two),
-        Phase("tune", 1, 90, f"mcr.tune of {other} against MPI, and backend='auto'"),
-        Phase("ext", 1, 60, f"the logger, compression and fusion on {other} and MPI"),
-        Phase("workloads", 2 if device == "cpu" or ndev >= 2 else 1, 150,
-              f"the MoE, DLRM and DDP transformer steps on mcr groups and on torch's "
-              f"own {other}, losses compared"),
-        Phase("check", 2 if device == "cpu" or ndev >= 2 else 1, 60,
-              f"checked mode and timeouts on {other} and MPI with {device} tensors"),
-        Phase("torch", 2 if device == "cpu" or ndev >= 2 else 1, 120,
-              f"DDP and torch.distributed calls on the 'mcr' backend ({other} and MPI) "
-              f"against torch's own {other}"),
-    ]
+        Phase("nccl2", 2, 90, f"{other} on 2 processes (one device each)",
+              skip=None if two else f"needs 2 CUDA devices, found {ndev}"),
+        Phase("tune", 1, 90, f"mcr.tune of {other} against MPI (4 B to 1 MiB, four "
+              "collectives), then backend='auto' running where the table says"),
+        Phase("ext", 1, 60, f"the logger and compression on {other} and MPI"),
+        Phase("workloads", n, 150, "the MoE, DLRM and DDP transformer steps on mcr groups "
+              f"and on torch's own {other}, losses compared"),
+        Phase("check", n, 60, f"checked mode and timeouts on {other} and MPI, {device} tensors"),
+        Phase("torch", n, 120, f"DDP and torch.distributed on the 'mcr' backend ({other} and "
+              f"MPI) against torch's own {other}")]
 
 
 def threads_per_process(nprocs):
@@ -119,32 +95,26 @@ def pump(stream):
         sys.stdout.flush()
 
 
-def tail(path, lines):
-    try:
-        with open(path, errors="replace") as f:
-            return f.readlines()[-lines:]
-    except OSError:
-        return []
+def say(text, file=sys.stdout):
+    print(f"check_gpu: {text}", file=file, flush=True)
 
 
 def run_phase(ph, args, mpiexec, logdir, limit):
     """Run one phase; return (status, summary dict or None, seconds)."""
-    summary = os.path.join(logdir, f"{ph.name}.json")
-    errlog = os.path.join(logdir, f"{ph.name}.stderr")
-    caselog = os.path.join(logdir, f"{ph.name}.cases")
+    summary, errlog, caselog = (os.path.join(logdir, ph.name + ext)
+                                for ext in (".json", ".stderr", ".cases"))
     for path in (summary, caselog):
         with contextlib.suppress(OSError):
             os.remove(path)
-    env = dict(os.environ)
-    env.pop("MCR_BACKEND", None)             # the MPI checks run on the default backend
-    env.pop("MCR_DEMO_NPROCS", None)
+    env = {k: v for k, v in os.environ.items()     # the MPI checks run on the default backend
+           if k not in ("MCR_BACKEND", "MCR_DEMO_NPROCS")}
     env.update(ph.env, PYTHONUNBUFFERED="1")
     env.setdefault("OMP_NUM_THREADS", str(threads_per_process(ph.nprocs)))
     env.setdefault("MCR_BACKEND_TIMEOUT", "60")  # a stuck Gloo/NCCL call fails, not hangs
     argv = [sys.executable, "-u", HERE, "--phase", ph.name, "--device", args.device,
             "--summary", summary, "--caselog", caselog,
             "--hang-after", str(max(int(limit) - 8, 5))]
-    print(f"check_gpu: phase {ph.name}: {ph.what} (limit {limit:.0f} s)", flush=True)
+    say(f"phase {ph.name}: {ph.what} (limit {limit:.0f} s)")
     t0 = time.monotonic()
     with open(errlog, "w") as err:
         err.write(" ".join(launch.command(ph.nprocs, mpiexec) + argv) + "\n")
@@ -155,84 +125,72 @@ def run_phase(ph, args, mpiexec, logdir, limit):
             reader.start()
             rc = job.wait(timeout=limit)
         reader.join(5)
-    seconds = time.monotonic() - t0
-    result = None
-    with contextlib.suppress(OSError, ValueError):
-        with open(summary) as f:
-            result = json.load(f)
+    seconds, result = time.monotonic() - t0, None
+    with contextlib.suppress(OSError, ValueError), open(summary) as f:
+        result = json.load(f)
     if rc is None:
         status = "TIMEOUT"
-        print(f"check_gpu: phase {ph.name} did not finish in {limit:.0f} s; killed it",
-              flush=True)
+        say(f"phase {ph.name} did not finish in {limit:.0f} s; killed it")
     elif result is None:
         status = "ERROR"
-        print(f"check_gpu: phase {ph.name} ended with exit status {rc} without a summary",
-              flush=True)
-    elif result["failed"] or rc != 0:
-        status = "FAIL"
+        say(f"phase {ph.name} ended with exit status {rc} without a summary")
     else:
-        status = "PASS"
+        status = "FAIL" if result["failed"] or rc != 0 else "PASS"
     if status != "PASS" and (result is None or rc != 0):
-        lines = tail(errlog, 30)
-        if lines:
-            print(f"check_gpu: last lines of {errlog}:", flush=True)
-            for line in lines:
+        with contextlib.suppress(OSError), open(errlog, errors="replace") as f:
+            say(f"last lines of {errlog}:")
+            for line in f.readlines()[-30:]:
                 print(f"    {line.rstrip()[:300]}", flush=True)
     return status, result, seconds
 
 
 def parent(args):
     if torch is None:
-        print(f"check_gpu: torch cannot be imported ({_TORCH_ERROR}); mcr needs it",
-              file=sys.stderr)
+        say(f"torch cannot be imported ({_TORCH_ERROR}); mcr needs it", sys.stderr)
         return 2
     if args.device != "cpu" and not torch.cuda.is_available():
-        print(f"check_gpu: skipped: no CUDA device (torch {torch.__version__}, "
-              f"CUDA build {torch.version.cuda})", flush=True)
+        say(f"skipped: no CUDA device (torch {torch.__version__}, "
+            f"CUDA build {torch.version.cuda})")
         return 0
-    device = "cpu" if args.device == "cpu" else "cuda"
-    args.device = device
+    device = args.device = "cpu" if args.device == "cpu" else "cuda"
     ndev = torch.cuda.device_count() if device == "cuda" else 0
     try:
         mpiexec = launch.find_mpiexec()
     except launch.MpiexecNotFoundError as exc:
-        print(f"check_gpu: {exc}", file=sys.stderr)
+        say(exc, sys.stderr)
         return 2
     logdir = args.logdir or tempfile.mkdtemp(prefix="mcr-gpu-check-")
     os.makedirs(logdir, exist_ok=True)
     start = time.monotonic()
-    deadline = start + args.budget
     what = (f"{ndev} CUDA device(s), torch {torch.__version__} (CUDA {torch.version.cuda})"
             if device == "cuda" else f"DRY RUN on CPU tensors, torch {torch.__version__}")
-    print(f"check_gpu: {what}; budget {args.budget:.0f} s; logs in {logdir}", flush=True)
+    say(f"{what}; budget {args.budget:.0f} s; logs in {logdir}")
     chosen = set(args.phases.split(",")) if args.phases else None
     rows, failures = [], []
     for ph in phases(device, ndev):
+        # ending a job that overran takes some seconds more (SIGTERM, then SIGKILL)
+        remaining = start + args.budget - time.monotonic() - 15
         if chosen is not None and ph.name not in chosen:
             continue
         if ph.skip:
-            print(f"check_gpu: phase {ph.name}: SKIP ({ph.skip})", flush=True)
+            say(f"phase {ph.name}: SKIP ({ph.skip})")
             rows.append((ph.name, "SKIP", ph.skip, 0.0))
-            continue
-        # ending a job that overran takes some seconds more (SIGTERM, then SIGKILL)
-        remaining = deadline - time.monotonic() - 15
-        if remaining < 20:
+        elif remaining < 20:
             rows.append((ph.name, "NOT RUN", "time budget spent", 0.0))
             failures.append(f"{ph.name}: not run, the time budget was spent")
-            continue
-        status, result, seconds = run_phase(ph, args, mpiexec, logdir,
-                                            min(ph.limit, remaining))
-        if result is not None:
-            detail = f"{result['passed']} checks passed, {len(result['failed'])} failed"
-            failures += [f"{ph.name}: {f}" for f in result["failed"]]
         else:
+            status, result, seconds = run_phase(ph, args, mpiexec, logdir,
+                                                min(ph.limit, remaining))
             detail = "no summary"
-        if status in ("TIMEOUT", "ERROR"):
-            failures.append(f"{ph.name}: {status.lower()} (see {ph.name}.stderr, "
-                            f"{ph.name}.cases in {logdir})")
-        rows.append((ph.name, status, detail, seconds))
+            if result is not None:
+                detail = f"{result['passed']} checks passed, {len(result['failed'])} failed"
+                failures += [f"{ph.name}: {f}" for f in result["failed"]]
+            if status in ("TIMEOUT", "ERROR"):
+                failures.append(f"{ph.name}: {status.lower()} (see {ph.name}.stderr, "
+                                f"{ph.name}.cases in {logdir})")
+            rows.append((ph.name, status, detail, seconds))
     total = time.monotonic() - start
-    print("check_gpu: summary", flush=True)
+    say("summary")
     for name, status, detail, seconds in rows:
         print(f"  {name:<11} {status:<7} {detail:<40} {seconds:6.1f} s")
     for f in failures[:15]:
@@ -240,17 +198,14 @@ def parent(args):
     if len(failures) > 15:
         print(f"  ... {len(failures) - 15} more in {logdir}")
     if failures:
-        print(f"check_gpu: RESULT FAIL ({len(failures)} failure(s)) in {total:.0f} s; "
-              f"logs in {logdir}", flush=True)
+        say(f"RESULT FAIL ({len(failures)} failure(s)) in {total:.0f} s; logs in {logdir}")
         return 1
-    dry = " (dry run on CPU)" if device == "cpu" else ""
-    print(f"check_gpu: RESULT PASS in {total:.0f} s{dry}; logs in {logdir}", flush=True)
+    say(f"RESULT PASS in {total:.0f} s{' (dry run on CPU)' * (device == 'cpu')}; "
+        f"logs in {logdir}")
     return 0
 
 
-# =============================================================================
-# The checks, run by every process of a phase
-# =============================================================================
+# == The checks, run by every process of a phase =========================================
 
 class CheckFailed(AssertionError):
     """A result differs from what torch computes."""
@@ -260,69 +215,36 @@ class Note(Exception):
     """Not a failure: a limitation worth reporting (printed as NOTE)."""
 
 
-def make_data(key, n, dtype):
-    """The same input on every process: seeded by `key`."""
-    g = torch.Generator().manual_seed(zlib.crc32(repr(key).encode()))
-    if dtype.is_floating_point:
-        return (torch.randn(n, generator=g) * 8).to(dtype)
-    return torch.randint(-1000, 1000, (n,), generator=g, dtype=torch.int64).to(dtype)
-
-
-def fold(op, xs):
-    """MPI's predefined reduction `op` of `xs` in rank order, in their dtype."""
-    acc = xs[0].clone()
-    for x in xs[1:]:
-        if op == "SUM":
-            acc = acc + x
-        elif op == "MAX":
-            acc = acc.maximum(x)
-        elif op == "BAND":
-            acc = acc & x
-        else:
-            raise ValueError(op)
-    return acc
-
-
-def vcounts(n, size):
-    """Uneven block sizes (zero for n=1 on rank 0)."""
-    return [max(n - 1 + i % 3, 0) for i in range(size)]
-
-
-def gapped(counts):
-    """Displacements leaving a one-element gap between blocks."""
-    return [sum(counts[:i]) + i for i in range(len(counts))]
-
-
-def packed(counts):
-    return [sum(counts[:i]) for i in range(len(counts))]
-
-
-def a2a_count(n, size, src, dst):
-    return max(n // size - 1 + (src + 2 * dst) % 3, 0)
+def ensure(ok, message):
+    if not ok:
+        raise CheckFailed(message)
 
 
 def compare(got, expected, what):
-    if got.dtype != expected.dtype or got.shape != expected.shape:
-        raise CheckFailed(f"{what}: got {got.dtype} {tuple(got.shape)}, expected "
-                          f"{expected.dtype} {tuple(expected.shape)}")
-    if torch.equal(got, expected):
-        return
-    bad = (got != expected).nonzero().flatten()
-    i = int(bad[0])
-    raise CheckFailed(f"{what}: {bad.numel()} of {got.numel()} elements differ, first at "
-                      f"[{i}]: got {got[i].item()}, expected {expected[i].item()}")
+    """`got` (on any device) equals `expected` (on the host): dtype, shape, values."""
+    got = got.cpu()
+    ensure(got.dtype == expected.dtype and got.shape == expected.shape,
+           f"{what}: got {got.dtype} {tuple(got.shape)}, expected {expected.dtype} "
+           f"{tuple(expected.shape)}")
+    if not torch.equal(got, expected):
+        bad = (got != expected).nonzero().flatten()
+        i = int(bad[0])
+        raise CheckFailed(f"{what}: {bad.numel()} of {got.numel()} elements differ, first "
+                          f"at [{i}]: got {got[i].item()}, expected {expected[i].item()}")
+
+
+def ones(n, times=1):
+    return torch.full((n,), float(times))
 
 
 class CudaArray:
-    """A CUDA buffer seen only through __cuda_array_interface__ (as CuPy or Numba
-    arrays are)."""
+    """A CUDA buffer seen only through __cuda_array_interface__ (as CuPy or
+    Numba arrays are)."""
 
     def __init__(self, t):
         self._t = t
 
-    @property
-    def __cuda_array_interface__(self):
-        return self._t.__cuda_array_interface__
+    __cuda_array_interface__ = property(lambda self: self._t.__cuda_array_interface__)
 
 
 class DLPackArray:
@@ -338,726 +260,362 @@ class DLPackArray:
         return self._t.__dlpack_device__()
 
 
-class Ctx:
-    """Where the checks run: a communicator, a backend, a device, and what the
-    checks need from the device (streams are no-ops on the CPU dry run)."""
+def tensors(x, fn):
+    """`x` (an argument list) with `fn` applied to every tensor in it."""
+    if isinstance(x, (list, tuple)):
+        return type(x)(tensors(a, fn) for a in x)
+    return fn(x) if isinstance(x, torch.Tensor) else x
 
-    def __init__(self, MPI, comm, backend, device):
-        self.MPI, self.comm = MPI, comm
-        self.backend = backend                   # None: the communicator's default (MPI)
+
+class AsKind:
+    """`comm` whose methods get every tensor argument as buffer `kind`: "cai"
+    (only through __cuda_array_interface__; a numpy view on the dry run) or
+    "dlpack" (only through DLPack)."""
+
+    def __init__(self, comm, kind):
+        self.comm, self.kind = comm, kind
+
+    def __getattr__(self, name):
+        method = getattr(self.comm, name)
+        return lambda *args, **kw: method(*tensors(args, self.wrap), **kw)
+
+    def wrap(self, t):
+        if self.kind == "dlpack":
+            return DLPackArray(t)
+        return CudaArray(t) if t.is_cuda else t.numpy()
+
+
+def refused_cai(kind, bfloat16, text):
+    """mcr refusing bfloat16 through __cuda_array_interface__ (it has no type
+    string for it that torch reads, "<V2"): a limitation, not a failure
+    (torch's bare message would be)."""
+    return kind == "cai" and bfloat16 and "TypeError" in text and \
+        "cannot be read through __cuda_array_interface__" in text
+
+
+class Ctx:
+    """Where checks run: a communicator, a backend (None: the communicator's
+    default, MPI; `staged`: on the dry run, host buffers staged as CUDA ones
+    are) and a device."""
+
+    def __init__(self, MPI, comm, backend, device, staged=False):
+        self.MPI, self.comm, self.backend, self.device = MPI, comm, backend, device
         self.name = backend or "mpi"
+        self.matrix_backend = "staged" if staged else self.name     # opmatrix.BACKENDS
         self.kw = {} if backend is None else {"backend": backend}
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
-        self.device = device
         self.cuda = device.type == "cuda"
+        self.big = 1 << 20 if self.cuda else 1 << 16
 
-    # -- buffers --------------------------------------------------------------
+    def free(self):
+        self.comm.Free()
+        return f"{self.name} sub-communicator released"
 
-    def data(self, key, n, dtype):
-        return make_data(key, n, dtype)
+    def as_kind(self, kind):
+        return self.comm if kind == "tensor" else AsKind(self.comm, kind)
 
-    def sentinel(self, n, dtype):
-        return torch.full((n,), SENTINEL, dtype=dtype)
-
-    def fresh(self, n, dtype):
-        return torch.full((n,), SENTINEL, dtype=dtype, device=self.device)
+    def kind_name(self, kind):
+        return {"cai": "__cuda_array_interface__" if self.cuda else "numpy",
+                "dlpack": "__dlpack__"}.get(kind, kind)
 
     def dev(self, host):
         return host.to(self.device) if self.cuda else host.clone()
 
-    def put(self, dst, host):
-        """Write `host` into `dst`, ordered on the current stream (the last step
-        is a device-to-device copy that the host does not wait for)."""
-        dst.copy_(host.to(self.device) if self.cuda else host)
+    def fresh(self, n, dtype=None):
+        return self.dev(opref.sentinel(n, dtype or torch.float32))
 
-    def expect(self, actual, expected, what):
-        """`actual`, read on the current stream, equals `expected` (on the host)."""
-        compare(actual.cpu() if self.cuda else actual.clone(), expected, what)
+    def data(self, key, n, seed=0):
+        return opref.data(key, n, torch.float32, None, seed)
 
-    def wrap(self, t, kind):
-        if kind == "tensor":
-            return t
-        if kind == "dlpack":
-            return DLPackArray(t)
-        return CudaArray(t) if self.cuda else t.numpy()     # "cai"; numpy on the dry run
-
-    # -- streams --------------------------------------------------------------
-
-    def new_stream(self):
-        return torch.cuda.Stream(device=self.device) if self.cuda else None
-
-    def use(self, stream):
-        return torch.cuda.stream(stream) if self.cuda else contextlib.nullcontext()
-
-    def sleep(self):
-        if self.cuda:
-            torch.cuda._sleep(SLEEP_CYCLES)
-
-    def busy(self, stream):
-        return self.cuda and not stream.query()
-
-    def sync(self, stream):
-        if self.cuda:
-            stream.synchronize()
-
-    def host_async(self, t):
-        """A copy of `t` to pinned host memory, queued on the current stream."""
-        if not self.cuda:
-            return t.clone()
-        h = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-        h.copy_(t, non_blocking=True)
-        return h
+    def operands(self, n, seed, dtype=None):
+        """Every process's data: this process's on the device, and their SUM."""
+        xs = opref.operands(self.size, n, dtype or torch.float32, None, seed)
+        return self.dev(xs[self.rank]), opref.reduce_ref(xs, "SUM")
 
 
-def nonblocking_name(name):
-    return "I" + name[0].lower() + name[1:]
+# -- the operation matrix on the device ------------------------------------------------
+
+@contextlib.contextmanager
+def longer(n):
+    """The matrix's messages about `n` elements long (0: as they are). Its
+    makers have no length argument: opmatrix.N and opmatrix.vcounts are
+    scaled meanwhile (Bcast, the reductions, the v-collectives)."""
+    saved = opmatrix.N, opmatrix.vcounts
+    if n:
+        opmatrix.N = n
+        opmatrix.vcounts = lambda size: [c * (n // 4) for c in opref.vcounts(size)]
+    try:
+        yield
+    finally:
+        opmatrix.N, opmatrix.vcounts = saved
 
 
-def run_mode(t, mode, name, args, kw, fill, verify):
-    """Call comm.<name> (blocking), I<name> + Wait, or <name>_init + Start/Wait
-    twice (new inputs written on the stream before the second Start).
-    fill(round) writes the inputs and returns the expected result."""
-    kw = dict(kw, **t.kw)
-    expected = fill(0)
-    if mode == "blocking":
-        getattr(t.comm, name)(*args, **kw)
-        verify(expected)
-    elif mode == "nonblocking":
-        req = getattr(t.comm, nonblocking_name(name))(*args, **kw)
-        req.Wait()
-        verify(expected)
-    else:
-        req = getattr(t.comm, name + "_init")(*args, **kw)
-        try:
-            for rnd in range(2):
-                if rnd:
-                    expected = fill(1)
-                req.Start()
-                req.Wait()
-                verify(expected)
-        finally:
-            with contextlib.suppress(Exception):
-                req.Free()
+def long_alltoallv(comm, dtype, n):
+    """A maker of Alltoallv with uneven counts of about n / size (those of the
+    matrix's maker do not scale), packed send and gapped receive layouts."""
+    rank, size = comm.rank, comm.size
+    scounts = [max(n // size - 1 + (rank + 2 * j) % 3, 0) for j in range(size)]
+    rcounts = [max(n // size - 1 + (i + 2 * rank) % 3, 0) for i in range(size)]
+    sdispls, _ = opref.layout(scounts, "packed")
+    rdispls, rlength = opref.layout(rcounts, "gaps")
+
+    def make(seed):
+        send = opref.cat([opref.pair_block(rank, j, scounts[j], dtype, seed) for j in range(size)])
+        incoming = [opref.pair_block(i, rank, rcounts[i], dtype, seed) for i in range(size)]
+        want = opref.place(opref.sentinel(rlength, dtype), incoming, rdispls)
+        return (([send, scounts, sdispls], [opref.sentinel(rlength, dtype), rcounts, rdispls]),
+                lambda a: opref.expect(a[1][0], want))
+    return make
 
 
-# -- the operations: each writes inputs, calls mcr, compares with torch --------
+def matrix_case(t, method, form, kind, n=0):
+    """Every variant of collective `method` in `form` on `t` with `kind` buffers
+    on the device, checked on the host; with `n`, messages about n elements
+    long (the reductions: SUM only)."""
+    def on_device(make):              # opmatrix's makers have no device argument
+        def make_there(seed):
+            args, check = make(seed)
+            return (tensors(args, lambda x: x.to(t.device)),
+                    lambda a: check(tensors(a, lambda x: x.cpu())))
+        return make_there
 
-def op_allreduce(t, dtype, n, kind, mode, op="SUM", in_place=False):
-    P, r = t.size, t.rank
-    send, recv = t.fresh(n, dtype), t.fresh(n, dtype)
-
-    def fill(rnd):
-        xs = [t.data(("allreduce", op, in_place, rnd, i), n, dtype) for i in range(P)]
-        if in_place:
-            t.put(recv, xs[r])
-        else:
-            t.put(send, xs[r])
-            t.put(recv, t.sentinel(n, dtype))
-        return fold(op, xs)
-    sendspec = t.MPI.IN_PLACE if in_place else t.wrap(send, kind)
-    run_mode(t, mode, "Allreduce", (sendspec, t.wrap(recv, kind)),
-             {"op": getattr(t.MPI, op)}, fill, lambda e: t.expect(recv, e, "recvbuf"))
-
-
-def op_bcast(t, dtype, n, kind, mode):
-    root = t.size - 1
-    buf = t.fresh(n, dtype)
-
-    def fill(rnd):
-        x = t.data(("bcast", rnd), n, dtype)
-        t.put(buf, x if t.rank == root else t.sentinel(n, dtype))
-        return x
-    run_mode(t, mode, "Bcast", (t.wrap(buf, kind),), {"root": root}, fill,
-             lambda e: t.expect(buf, e, "buf"))
-
-
-def op_gather(t, dtype, n, kind, mode):
-    P, r, root = t.size, t.rank, t.size - 1
-    send = t.fresh(n, dtype)
-    recv = t.fresh(n * P, dtype) if r == root else None
-
-    def fill(rnd):
-        xs = [t.data(("gather", rnd, i), n, dtype) for i in range(P)]
-        t.put(send, xs[r])
-        if recv is not None:
-            t.put(recv, t.sentinel(n * P, dtype))
-        return torch.cat(xs)
-    run_mode(t, mode, "Gather",
-             (t.wrap(send, kind), None if recv is None else t.wrap(recv, kind)),
-             {"root": root}, fill, lambda e: recv is None or t.expect(recv, e, "recvbuf"))
+    def run():
+        dtypes = [getattr(torch, d) for d in DTYPES
+                  if not (d == "bfloat16" and kind == "cai" and not t.cuda)]  # not in numpy
+        op, found = opmatrix.OPERATIONS[method], opmatrix.Findings()
+        with longer(n):
+            if n and method == "Alltoallv":
+                variants = [(f"on {opmatrix.name(d)} n={n}", long_alltoallv(t.comm, d, n))
+                            for d in dtypes]
+            else:
+                variants = [(what, make) for what, make in op.variants(t.comm, dtypes)
+                            if not (n and op.reduction and not what.startswith("SUM "))]
+            for turn, (what, make) in enumerate(variants):
+                opmatrix.run(t.as_kind(kind), found, what, t.matrix_backend, form, method,
+                             on_device(make), turn)
+        notes = [f for f in found if refused_cai(kind, "bfloat16" in f, f)]
+        fails = [short(f) for f in found if f not in notes]
+        ensure(not fails, f"{len(fails)} of {len(variants)} variants failed:\n" + "\n".join(fails))
+        if notes:
+            raise Note(f"bfloat16 through __cuda_array_interface__ refused: {short(notes[0])}")
+    return run
 
 
-def op_gatherv(t, dtype, n, kind, mode):
-    P, r, root = t.size, t.rank, t.size - 1
-    counts = vcounts(n, P)
-    displs = gapped(counts)
-    total = sum(counts) + P
-    send = t.fresh(counts[r], dtype)
-    recv = t.fresh(total, dtype) if r == root else None
+def p2p_case(t, kind, dtype, n, form):
+    """A ring: each process sends the next one `n` elements and receives from
+    the previous (blocking: even ranks send first); statuses checked;
+    persistent requests started twice, new data written on the stream between."""
+    def run():
+        MPI, r, kw, comm = t.MPI, t.rank, t.kw, t.as_kind(kind)
+        dest, source, tag = (r + 1) % t.size, (r - 1) % t.size, 7
+        send, recv, st = t.fresh(n, dtype), t.fresh(n, dtype), MPI.Status()
 
-    def fill(rnd):
-        xs = [t.data(("gatherv", rnd, i), counts[i], dtype) for i in range(P)]
-        t.put(send, xs[r])
-        exp = t.sentinel(total, dtype)
-        for i in range(P):
-            exp[displs[i]:displs[i] + counts[i]] = xs[i]
-        if recv is not None:
-            t.put(recv, t.sentinel(total, dtype))
-        return exp
-    spec = None if recv is None else [t.wrap(recv, kind), counts, displs]
-    run_mode(t, mode, "Gatherv", (t.wrap(send, kind), spec), {"root": root}, fill,
-             lambda e: recv is None or t.expect(recv, e, "recvbuf"))
-
-
-def op_scatter(t, dtype, n, kind, mode):
-    P, r, root = t.size, t.rank, t.size - 1
-    send = t.fresh(n * P, dtype) if r == root else None
-    recv = t.fresh(n, dtype)
-
-    def fill(rnd):
-        whole = t.data(("scatter", rnd), n * P, dtype)
-        if send is not None:
-            t.put(send, whole)
-        t.put(recv, t.sentinel(n, dtype))
-        return whole[r * n:(r + 1) * n].clone()
-    run_mode(t, mode, "Scatter",
-             (None if send is None else t.wrap(send, kind), t.wrap(recv, kind)),
-             {"root": root}, fill, lambda e: t.expect(recv, e, "recvbuf"))
-
-
-def op_scatterv(t, dtype, n, kind, mode):
-    P, r, root = t.size, t.rank, t.size - 1
-    counts = vcounts(n, P)
-    displs = gapped(counts)
-    total = sum(counts) + P
-    send = t.fresh(total, dtype) if r == root else None
-    recv = t.fresh(counts[r], dtype)
-
-    def fill(rnd):
-        whole = t.data(("scatterv", rnd), total, dtype)
-        if send is not None:
-            t.put(send, whole)
-        t.put(recv, t.sentinel(counts[r], dtype))
-        return whole[displs[r]:displs[r] + counts[r]].clone()
-    spec = None if send is None else [t.wrap(send, kind), counts, displs]
-    run_mode(t, mode, "Scatterv", (spec, t.wrap(recv, kind)), {"root": root}, fill,
-             lambda e: t.expect(recv, e, "recvbuf"))
-
-
-def op_allgather(t, dtype, n, kind, mode):
-    P, r = t.size, t.rank
-    send, recv = t.fresh(n, dtype), t.fresh(n * P, dtype)
-
-    def fill(rnd):
-        xs = [t.data(("allgather", rnd, i), n, dtype) for i in range(P)]
-        t.put(send, xs[r])
-        t.put(recv, t.sentinel(n * P, dtype))
-        return torch.cat(xs)
-    run_mode(t, mode, "Allgather", (t.wrap(send, kind), t.wrap(recv, kind)), {}, fill,
-             lambda e: t.expect(recv, e, "recvbuf"))
-
-
-def op_allgatherv(t, dtype, n, kind, mode):
-    P, r = t.size, t.rank
-    counts = vcounts(n, P)
-    displs = gapped(counts)
-    total = sum(counts) + P
-    send, recv = t.fresh(counts[r], dtype), t.fresh(total, dtype)
-
-    def fill(rnd):
-        xs = [t.data(("allgatherv", rnd, i), counts[i], dtype) for i in range(P)]
-        t.put(send, xs[r])
-        t.put(recv, t.sentinel(total, dtype))
-        exp = t.sentinel(total, dtype)
-        for i in range(P):
-            exp[displs[i]:displs[i] + counts[i]] = xs[i]
-        return exp
-    run_mode(t, mode, "Allgatherv", (t.wrap(send, kind), [t.wrap(recv, kind), counts, displs]),
-             {}, fill, lambda e: t.expect(recv, e, "recvbuf"))
-
-
-def op_alltoall(t, dtype, n, kind, mode):
-    P, r = t.size, t.rank
-    send, recv = t.fresh(n * P, dtype), t.fresh(n * P, dtype)
-
-    def fill(rnd):
-        t.put(send, torch.cat([t.data(("alltoall", rnd, r, j), n, dtype) for j in range(P)]))
-        t.put(recv, t.sentinel(n * P, dtype))
-        return torch.cat([t.data(("alltoall", rnd, i, r), n, dtype) for i in range(P)])
-    run_mode(t, mode, "Alltoall", (t.wrap(send, kind), t.wrap(recv, kind)), {}, fill,
-             lambda e: t.expect(recv, e, "recvbuf"))
-
-
-def op_alltoallv(t, dtype, n, kind, mode):
-    P, r = t.size, t.rank
-    scounts = [a2a_count(n, P, r, j) for j in range(P)]
-    rcounts = [a2a_count(n, P, i, r) for i in range(P)]
-    sdispls, rdispls = packed(scounts), gapped(rcounts)
-    rtotal = sum(rcounts) + P
-    send, recv = t.fresh(sum(scounts), dtype), t.fresh(rtotal, dtype)
-
-    def fill(rnd):
-        t.put(send, torch.cat([t.data(("alltoallv", rnd, r, j), scounts[j], dtype)
-                               for j in range(P)]))
-        t.put(recv, t.sentinel(rtotal, dtype))
-        exp = t.sentinel(rtotal, dtype)
-        for i in range(P):
-            exp[rdispls[i]:rdispls[i] + rcounts[i]] = t.data(("alltoallv", rnd, i, r),
-                                                             rcounts[i], dtype)
-        return exp
-    run_mode(t, mode, "Alltoallv", ([t.wrap(send, kind), scounts, sdispls],
-                                    [t.wrap(recv, kind), rcounts, rdispls]),
-             {}, fill, lambda e: t.expect(recv, e, "recvbuf"))
-
-
-def op_reduce(t, dtype, n, kind, mode):
-    P, r, root = t.size, t.rank, t.size - 1
-    send = t.fresh(n, dtype)
-    recv = t.fresh(n, dtype) if r == root else None
-
-    def fill(rnd):
-        xs = [t.data(("reduce", rnd, i), n, dtype) for i in range(P)]
-        t.put(send, xs[r])
-        if recv is not None:
-            t.put(recv, t.sentinel(n, dtype))
-        return fold("SUM", xs)
-    run_mode(t, mode, "Reduce",
-             (t.wrap(send, kind), None if recv is None else t.wrap(recv, kind)),
-             {"op": t.MPI.SUM, "root": root}, fill,
-             lambda e: recv is None or t.expect(recv, e, "recvbuf"))
-
-
-def op_reduce_scatter(t, dtype, n, kind, mode):
-    P, r = t.size, t.rank
-    counts = vcounts(n, P)
-    total = sum(counts)
-    start = sum(counts[:r])
-    send, recv = t.fresh(total, dtype), t.fresh(counts[r], dtype)
-
-    def fill(rnd):
-        xs = [t.data(("reduce_scatter", rnd, i), total, dtype) for i in range(P)]
-        t.put(send, xs[r])
-        t.put(recv, t.sentinel(counts[r], dtype))
-        return fold("SUM", xs)[start:start + counts[r]].clone()
-    run_mode(t, mode, "Reduce_scatter", (t.wrap(send, kind), t.wrap(recv, kind), counts),
-             {"op": t.MPI.SUM}, fill, lambda e: t.expect(recv, e, "recvbuf"))
-
-
-def op_reduce_scatter_block(t, dtype, n, kind, mode):
-    P, r = t.size, t.rank
-    send, recv = t.fresh(n * P, dtype), t.fresh(n, dtype)
-
-    def fill(rnd):
-        xs = [t.data(("reduce_scatter_block", rnd, i), n * P, dtype) for i in range(P)]
-        t.put(send, xs[r])
-        t.put(recv, t.sentinel(n, dtype))
-        return fold("SUM", xs)[r * n:(r + 1) * n].clone()
-    run_mode(t, mode, "Reduce_scatter_block", (t.wrap(send, kind), t.wrap(recv, kind)),
-             {"op": t.MPI.SUM}, fill, lambda e: t.expect(recv, e, "recvbuf"))
-
-
-def op_scan(t, dtype, n, kind, mode, exclusive=False):
-    P, r = t.size, t.rank
-    send, recv = t.fresh(n, dtype), t.fresh(n, dtype)
-    name = "Exscan" if exclusive else "Scan"
-
-    def fill(rnd):
-        xs = [t.data((name, rnd, i), n, dtype) for i in range(P)]
-        t.put(send, xs[r])
-        t.put(recv, t.sentinel(n, dtype))
-        if exclusive:
-            return fold("SUM", xs[:r]) if r > 0 else None    # rank 0: undefined
-        return fold("SUM", xs[:r + 1])
-    run_mode(t, mode, name, (t.wrap(send, kind), t.wrap(recv, kind)), {"op": t.MPI.SUM},
-             fill, lambda e: e is None or t.expect(recv, e, "recvbuf"))
-
-
-def op_barrier(t, dtype, n, kind, mode):
-    run_mode(t, mode, "Barrier", (), {}, lambda rnd: None, lambda e: None)
-
-
-def op_p2p(t, dtype, n, kind, mode):
-    """A ring: each process sends to the next and receives from the previous."""
-    P, r = t.size, t.rank
-    dest, source, tag = (r + 1) % P, (r - 1) % P, 7
-    send, recv = t.fresh(n, dtype), t.fresh(n, dtype)
-    s, rv, kw, comm, MPI = t.wrap(send, kind), t.wrap(recv, kind), t.kw, t.comm, t.MPI
-
-    def fill(rnd):
-        t.put(send, t.data(("p2p", rnd, r), n, dtype))
-        t.put(recv, t.sentinel(n, dtype))
-        return t.data(("p2p", rnd, source), n, dtype)
-
-    def check_status(st):
-        if st.Get_source() != source or st.Get_tag() != tag or st.Get_count() != n:
-            raise CheckFailed(f"status: source {st.Get_source()}, tag {st.Get_tag()}, count "
-                              f"{st.Get_count()}; expected {source}, {tag}, {n}")
-    expected = fill(0)
-    if mode == "blocking":
-        st = MPI.Status()
-        if P == 1:
-            req = comm.Isend(s, dest, tag, **kw)
-            comm.Recv(rv, source, tag, st, **kw)
-            req.Wait()
-        elif r % 2 == 0:                  # even first send, odd first receive
-            comm.Send(s, dest, tag, **kw)
-            comm.Recv(rv, source, tag, st, **kw)
-        else:
-            comm.Recv(rv, source, tag, st, **kw)
-            comm.Send(s, dest, tag, **kw)
-        t.expect(recv, expected, "recv buf")
-        check_status(st)
-    elif mode == "nonblocking":
-        reqs = [comm.Irecv(rv, source, tag, **kw), comm.Isend(s, dest, tag, **kw)]
-        statuses = [MPI.Status(), MPI.Status()]
-        MPI.Request.Waitall(reqs, statuses)
-        t.expect(recv, expected, "recv buf")
-        check_status(statuses[0])
-    else:
-        reqs = [comm.Recv_init(rv, source, tag, **kw), comm.Send_init(s, dest, tag, **kw)]
-        try:
-            for rnd in range(2):
-                if rnd:
-                    expected = fill(1)
+        def fill(seed):
+            send.copy_(t.dev(opref.data(r, n, dtype, None, seed)))
+            recv.copy_(t.fresh(n, dtype))
+            return opref.data(source, n, dtype, None, seed)
+        if form == "persistent":
+            reqs = [comm.Recv_init(recv, source, tag, **kw), comm.Send_init(send, dest, tag, **kw)]
+            for seed in (0, 1):
+                want = fill(seed)
                 MPI.Prequest.Startall(reqs)
                 MPI.Request.Waitall(reqs)
-                t.expect(recv, expected, f"recv buf (start {rnd + 1})")
-        finally:
+                compare(recv, want, f"recv buf (start {seed + 1})")
             for q in reqs:
-                with contextlib.suppress(Exception):
-                    q.Free()
-
-
-# (title, function, options): the core set is what the MPI phases run in full
-CORE_OPS = [
-    ("Allreduce", op_allreduce, {}),
-    ("Allreduce IN_PLACE", functools.partial(op_allreduce, in_place=True), {"kinds": ("tensor",)}),
-    ("Bcast", op_bcast, {}),
-    ("Allgatherv", op_allgatherv, {}),
-    ("Alltoallv", op_alltoallv, {}),
-    ("Gatherv", op_gatherv, {}),
-    ("Reduce_scatter", op_reduce_scatter, {}),
-    ("Scan", op_scan, {}),
-    ("Send/Recv", op_p2p, {"p2p": True}),
-]
-EXTRA_OPS = [
-    ("Barrier", op_barrier, {"dtypeless": True}),
-    ("Allreduce MAX", functools.partial(op_allreduce, op="MAX"), {}),
-    ("Allreduce BAND", functools.partial(op_allreduce, op="BAND"), {"dtypes": ("int64",)}),
-    ("Gather", op_gather, {}),
-    ("Scatter", op_scatter, {}),
-    ("Scatterv", op_scatterv, {}),
-    ("Allgather", op_allgather, {}),
-    ("Alltoall", op_alltoall, {}),
-    ("Reduce", op_reduce, {}),
-    ("Reduce_scatter_block", op_reduce_scatter_block, {}),
-    ("Exscan", functools.partial(op_scan, exclusive=True), {}),
-]
-
-
-def guarded(func, t, dtype, n, kind, mode):
-    try:
-        func(t, dtype, n, kind, mode)
-    except (TypeError, ValueError, BufferError) as exc:
-        # __cuda_array_interface__ has no bfloat16 type string that torch reads
-        # ("<V2"): mcr's own refusal, naming the interface, is a limitation,
-        # not a failure (torch's bare message would be)
-        if (kind == "cai" and dtype == torch.bfloat16 and t.cuda and isinstance(exc, TypeError)
-                and "cannot be read through __cuda_array_interface__" in str(exc)):
-            raise Note(f"bfloat16 through __cuda_array_interface__ refused: "
-                       f"{type(exc).__name__}: {exc}") from None
-        raise
-
-
-def op_cases(t, func, opts, modes, dtypes, kinds):
-    """(label, callable) for every mode x dtype x buffer kind x size."""
-    cases = []
-    for mode in modes:
-        if opts.get("dtypeless"):
-            cases.append((mode, functools.partial(func, t, None, 0, "tensor", mode)))
-            continue
-        for dname in opts.get("dtypes", dtypes):
-            dtype = getattr(torch, dname)
-            for kind, sizes in kinds:
-                if kind not in opts.get("kinds", (kind,)):
-                    continue
-                if kind == "cai" and not t.cuda and dname == "bfloat16":
-                    continue                 # numpy has no bfloat16
-                shown = "numpy" if kind == "cai" and not t.cuda else kind
-                for n in sizes:
-                    cases.append((f"{mode} {dname} {shown} n={n}",
-                                  functools.partial(guarded, func, t, dtype, n, kind, mode)))
-    return cases
-
-
-def run_ops(rep, t, ops, dtypes, kinds, modes=MODES):
-    for title, func, opts in ops:
-        if opts.get("p2p") and t.size == 1 and t.backend is not None:
-            rep.say(f"SKIP {t.name} {title}: send to self is not supported on {t.name}")
-            continue
-        rep.group(f"{t.name} {title}", op_cases(t, func, opts, modes, dtypes, kinds))
-
-
-def matrix(t, dtypes, kinds):
-    """The cases of each operation, in words."""
-    names = {"cai": "__cuda_array_interface__" if t.cuda else "numpy", "dlpack": "__dlpack__"}
-    sizes = "; ".join(f"{names.get(k, k)} n={','.join(map(str, ns))}" for k, ns in kinds)
-    return f"{'/'.join(MODES)} x {'/'.join(dtypes)} x {sizes}"
-
-
-def big(t):
-    return 1 << 20 if t.cuda else 1 << 16
-
-
-def full_kinds(t):
-    return (("tensor", (1, 1000, big(t))), ("cai", (1000,)), ("dlpack", (1000,)))
-
-
-def quick_kinds(t):
-    return (("tensor", (1, 1000)), ("cai", (1000,)), ("dlpack", (1000,)))
-
-
-# -- stream semantics ------------------------------------------------------------
-
-def stream_cases(t):
-    """DESIGN.md: the communication waits for work queued on the caller's
-    current stream; Wait() makes the caller's current stream wait for the result."""
-    n = big(t)
-    P, r = t.size, t.rank
-    f32 = torch.float32
-    expected = torch.full((n,), float(sum(i + 2 for i in range(P))), dtype=f32)
-    comm, kw = t.comm, t.kw
-
-    def start(stream):
-        with t.use(stream):
-            x = torch.ones(n, dtype=f32, device=t.device)
-            y = torch.full((n,), -1.0, dtype=f32, device=t.device)
-        t.sync(stream)
-        return x, y
-
-    def queued(stream, x):
-        """Queue a long kernel and then the write of the send buffer."""
-        t.sleep()
-        x.add_(r + 1)
-        return t.busy(stream)
-
-    def verdict(busy):
-        if t.cuda and not busy:
-            raise Note("the queued kernel had already finished when mcr was called: "
-                       "inconclusive (raise SLEEP_CYCLES)")
-        return "kernel still running at the call" if t.cuda else "dry run"
-
-    def blocking():
-        s = t.new_stream()
-        x, y = start(s)
-        with t.use(s):
-            busy = queued(s, x)
-            comm.Allreduce(x, y, **kw)
-            h = t.host_async(y)          # no host synchronization before this
-        t.sync(s)
-        compare(h, expected, "recvbuf read on the caller's stream")
-        return verdict(busy)
-
-    def nonblocking():
-        s = t.new_stream()
-        x, y = start(s)
-        with t.use(s):
-            busy = queued(s, x)
-            req = comm.Iallreduce(x, y, **kw)
+                q.Free()
+            return
+        want = fill(0)
+        if form == "nonblocking":
+            MPI.Request.Waitall([comm.Irecv(recv, source, tag, **kw),
+                                 comm.Isend(send, dest, tag, **kw)], [st, MPI.Status()])
+        elif t.size == 1:
+            req = comm.Isend(send, dest, tag, **kw)
+            comm.Recv(recv, source, tag, st, **kw)
             req.Wait()
-            h = t.host_async(y)
-        t.sync(s)
-        compare(h, expected, "recvbuf read on the caller's stream after Wait")
-        return verdict(busy)
+        else:
+            for sends in ((True, False) if r % 2 == 0 else (False, True)):
+                if sends:
+                    comm.Send(send, dest, tag, **kw)
+                else:
+                    comm.Recv(recv, source, tag, st, **kw)
+        compare(recv, want, "recv buf")
+        ensure((st.Get_source(), st.Get_tag(), st.Get_count()) == (source, tag, n),
+               f"status: source {st.Get_source()}, tag {st.Get_tag()}, count "
+               f"{st.Get_count()}; expected {source}, {tag}, {n}")
 
-    def persistent():
-        s = t.new_stream()
-        x, y = start(s)
-        req = comm.Allreduce_init(x, y, **kw)
+    def noting():
         try:
-            with t.use(s):
-                busy = queued(s, x)
-                req.Start()
-                req.Wait()
-                h = t.host_async(y)
-            t.sync(s)
-        finally:
-            with contextlib.suppress(Exception):
-                req.Free()
-        compare(h, expected, "recvbuf read on the caller's stream after Start/Wait")
-        return verdict(busy)
+            run()
+        except TypeError as exc:
+            if refused_cai(kind, dtype == torch.bfloat16 and t.cuda, repr(exc)):
+                raise Note(f"bfloat16 through __cuda_array_interface__ refused: {exc}") from None
+            raise
+    return noting
 
-    def wait_on_other_stream():
-        # posted on s1, which then stays busy; waited on s2: the result must be
-        # ordered on s2 (a copy-back queued on s1 would land after s2 reads)
-        s1, s2 = t.new_stream(), t.new_stream()
-        x, y = start(s1)
-        with t.use(s1):
-            busy = queued(s1, x)
+
+def run_matrix(rep, t, quick):
+    """Every collective of the matrix on `t`, in every form, with each kind of
+    buffer, and large messages unless `quick`; then Send/Recv in a ring."""
+    kinds = "/".join(t.kind_name(k) for k in KINDS)
+    rep.section(f"{t.name}: the operation matrix, {'/'.join(FORMS)} x {'/'.join(DTYPES)} x "
+                f"{kinds}" + ("" if quick else f"; n={t.big} for {', '.join(LARGE)}"))
+    for method in opmatrix.OPERATIONS:
+        large = [("tensor", t.big)] if method in LARGE and not quick else []
+        rep.group(f"{t.name} {method}", [
+            (f"{form} {t.kind_name(kind)}{f' n={n}' * bool(n)}",
+             matrix_case(t, method, form, kind, n))
+            for kind, n in [(k, 0) for k in KINDS] + large for form in FORMS])
+    if t.size == 1 and t.backend is not None:
+        rep.say(f"SKIP {t.name} Send/Recv: send to self is not supported on {t.name}")
+        return
+    sizes = {"tensor": (1, 1000) if quick else (1, 1000, t.big), "cai": (1000,),
+             "dlpack": (1000,)}
+    rep.group(f"{t.name} Send/Recv", [
+        (f"{form} {d} {t.kind_name(kind)} n={n}", p2p_case(t, kind, getattr(torch, d), n, form))
+        for form in FORMS for d in DTYPES for kind in KINDS for n in sizes[kind]
+        if not (kind == "cai" and d == "bfloat16" and not t.cuda)])
+
+
+# -- stream semantics, backends mixed, wrong devices ------------------------------------
+
+def stream_case(t, how):
+    """DESIGN.md: the communication waits for work queued on the caller's current
+    stream (here a long kernel, then the write of the send buffer); Wait() makes
+    the caller's current stream wait for the result. `how`: blocking,
+    nonblocking, persistent (made before the write), or elsewhere (Iallreduce
+    waited on another stream while the posting one is kept busy: a copy-back
+    queued on the posting stream would land after the read)."""
+    n, comm, kw, cuda = t.big, t.comm, t.kw, t.cuda
+
+    def on(stream):
+        return torch.cuda.stream(stream) if cuda else contextlib.nullcontext()
+
+    def sleep():
+        if cuda:
+            torch.cuda._sleep(SLEEP_CYCLES)
+    s, s2 = [torch.cuda.Stream(device=t.device) if cuda else None for _ in range(2)]
+    with on(s):
+        x, y = t.dev(ones(n)), t.dev(ones(n, -1))
+    if cuda:
+        s.synchronize()
+    req = comm.Allreduce_init(x, y, **kw) if how == "persistent" else None
+    with on(s):
+        sleep()
+        x.add_(t.rank + 1)
+        busy = cuda and not s.query()
+        if how == "blocking":
+            comm.Allreduce(x, y, **kw)
+        elif how == "persistent":
+            req.Start()
+        else:
             req = comm.Iallreduce(x, y, **kw)
-            t.sleep()
-        with t.use(s2):
+        if how == "elsewhere":
+            sleep()
+    with on(s2 if how == "elsewhere" else s):
+        if req is not None:
             req.Wait()
-            h = t.host_async(y)
-        t.sync(s2)
-        late = t.busy(s1)
-        t.sync(s1)
-        compare(h, expected, "recvbuf read on the stream current at Wait")
-        if t.cuda and not late:
-            raise Note("the posting stream was idle when the result was read: inconclusive")
-        return verdict(busy)
-
-    return [("Allreduce after queued writes", blocking),
-            ("Iallreduce after queued writes + Wait", nonblocking),
-            ("Allreduce_init Start after queued writes", persistent),
-            ("Wait orders the stream current at Wait", wait_on_other_stream)]
-
-
-def run_streams(rep, t):
-    for title, fn in stream_cases(t):
-        rep.group(f"{t.name} {title}", [("", fn)])
+        if cuda:                  # no host synchronization before this copy
+            h = torch.empty(n, pin_memory=True)
+            h.copy_(y, non_blocking=True)
+            (s2 if how == "elsewhere" else s).synchronize()
+            late = not s.query()
+            s.synchronize()
+    if how == "persistent":
+        req.Free()
+    compare(h if cuda else y, ones(n, sum(r + 2 for r in range(t.size))),
+            "recvbuf read on the stream current at Wait")
+    if cuda and how == "elsewhere" and not late:
+        raise Note("the posting stream was idle when the result was read: inconclusive")
+    if cuda and not busy:
+        raise Note("the queued kernel had already finished when mcr was called: "
+                   "inconclusive (raise SLEEP_CYCLES)")
+    return "kernel still running at the call" if cuda else "dry run"
 
 
-# -- backends mixed --------------------------------------------------------------
+STREAM_CASES = {"blocking": "Allreduce after queued writes",
+                "nonblocking": "Iallreduce after queued writes + Wait",
+                "persistent": "Allreduce_init Start after queued writes",
+                "elsewhere": "Wait orders the stream current at Wait"}
+
 
 def mixed_cases(tm, tb):
-    """tm: MPI on CUDA buffers; tb: the other backend (NCCL, Gloo on the dry run)."""
-    MPI = tm.MPI
-    f32 = torch.float32
-    n = 1 << 16
-
-    def allreduce(t, key):
-        xs = [t.data((key, i), n, f32) for i in range(t.size)]
-        return t.dev(xs[t.rank]), t.fresh(n, f32), fold("SUM", xs)
-
-    def allgatherv(t, key):
-        counts = vcounts(n, t.size)
-        displs = gapped(counts)
-        total = sum(counts) + t.size
-        xs = [t.data((key, i), counts[i], f32) for i in range(t.size)]
-        exp = t.sentinel(total, f32)
-        for i in range(t.size):
-            exp[displs[i]:displs[i] + counts[i]] = xs[i]
-        return t.dev(xs[t.rank]), t.fresh(total, f32), exp, (counts, displs)
+    """Requests of MPI (tm) and of the other backend (tb: NCCL; Gloo on the dry
+    run) on the device's buffers, completed together."""
+    MPI, n = tm.MPI, 1 << 16
 
     def post_all():
-        """Four requests: MPI Iallreduce, backend Iallreduce, MPI Ibcast,
-        backend Iallgatherv (composed: it unpacks at completion)."""
-        a = allreduce(tm, "mix-mpi")
-        b = allreduce(tb, "mix-other")
-        c = tm.dev(tm.data(("mix-bcast",), n, f32)) if tm.rank == 0 else tm.fresh(n, f32)
-        c_exp = tm.data(("mix-bcast",), n, f32)
-        d = allgatherv(tb, "mix-agv")
-        reqs = [tm.comm.Iallreduce(a[0], a[1], **tm.kw),
-                tb.comm.Iallreduce(b[0], b[1], **tb.kw),
+        """MPI Iallreduce, backend Iallreduce, MPI Ibcast, backend Iallgatherv
+        (composed: it unpacks at completion); the inputs kept alive."""
+        (xa, wa), (xb, wb) = tm.operands(n, 1), tb.operands(n, 2)
+        ya, yb, wc = tm.fresh(n), tb.fresh(n), tm.data(0, n, seed=3)
+        c = tm.dev(wc) if tm.rank == 0 else tm.fresh(n)
+        counts = [k * (n // 4) for k in opref.vcounts(tb.size)]
+        displs, length = opref.layout(counts, "gaps")
+        blocks = [tb.data(r, counts[r], seed=4) for r in range(tb.size)]
+        xd, yd = tb.dev(blocks[tb.rank]), tb.fresh(length)
+        wd = opref.place(opref.sentinel(length, torch.float32), blocks, displs)
+        reqs = [tm.comm.Iallreduce(xa, ya, **tm.kw), tb.comm.Iallreduce(xb, yb, **tb.kw),
                 tm.comm.Ibcast(c, root=0, **tm.kw),
-                tb.comm.Iallgatherv(d[0], [d[1], d[3][0], d[3][1]], **tb.kw)]
-
-        def verify():
-            tm.expect(a[1], a[2], "MPI Iallreduce recvbuf")
-            tb.expect(b[1], b[2], f"{tb.name} Iallreduce recvbuf")
-            tm.expect(c, c_exp, "MPI Ibcast buf")
-            tb.expect(d[1], d[2], f"{tb.name} Iallgatherv recvbuf")
-        return reqs, verify
+                tb.comm.Iallgatherv(xd, [yd, counts, displs], **tb.kw)]
+        return reqs, [(ya, wa, "MPI Iallreduce recvbuf"),
+                      (yb, wb, f"{tb.name} Iallreduce recvbuf"), (c, wc, "MPI Ibcast buf"),
+                      (yd, wd, f"{tb.name} Iallgatherv recvbuf")], (xa, xb, xd)
 
     def blocking_other_during_mpi():
-        x, y, exp = allreduce(tm, "mix1-mpi")
+        (x, want), y = tm.operands(n, 5), tm.fresh(n)
         req = tm.comm.Iallreduce(x, y, **tm.kw)
-        a, b, exp_b = allreduce(tb, "mix1-other")
-        tb.comm.Allreduce(a, b, **tb.kw)
+        (xb, wb), yb = tb.operands(n, 6), tb.fresh(n)
+        tb.comm.Allreduce(xb, yb, **tb.kw)
         req.Wait()
-        tm.expect(y, exp, "MPI Iallreduce recvbuf")
-        tb.expect(b, exp_b, f"{tb.name} Allreduce recvbuf")
+        compare(y, want, "MPI Iallreduce recvbuf")
+        compare(yb, wb, f"{tb.name} Allreduce recvbuf")
 
-    def waitall():
-        reqs, verify = post_all()
-        statuses = [MPI.Status() for _ in reqs]
-        MPI.Request.Waitall(reqs, statuses)
-        verify()
-
-    def testall():
-        reqs, verify = post_all()
-        deadline = time.monotonic() + 30
-        while not MPI.Request.Testall(reqs):
-            if time.monotonic() > deadline:
-                raise CheckFailed("Testall still False after 30 s")
-        verify()
-
-    def waitany():
-        reqs, verify = post_all()
-        seen = []
-        while True:
-            i = MPI.Request.Waitany(reqs)
-            if i == MPI.UNDEFINED:
-                break
-            if i in seen or len(seen) > len(reqs):
-                raise CheckFailed(f"Waitany returned {i} again (seen {seen})")
-            seen.append(i)
-        if sorted(seen) != list(range(len(reqs))):
-            raise CheckFailed(f"Waitany completed {sorted(seen)}, expected all of 0..3")
-        verify()
-
-    def waitsome():
-        reqs, verify = post_all()
-        seen = []
-        while True:
-            got = MPI.Request.Waitsome(reqs)
-            if got is None:
-                break
-            if not got or set(got) & set(seen):
-                raise CheckFailed(f"Waitsome returned {got} (seen {seen})")
-            seen += got
-        if sorted(seen) != list(range(len(reqs))):
-            raise CheckFailed(f"Waitsome completed {sorted(seen)}, expected all of 0..3")
-        verify()
-
-    return [(f"MPI Iallreduce, {tb.name} Allreduce, MPI Wait", blocking_other_during_mpi),
-            (f"Waitall over MPI + {tb.name} requests", waitall),
-            (f"Testall loop over MPI + {tb.name} requests", testall),
-            (f"Waitany loop over MPI + {tb.name} requests", waitany),
-            (f"Waitsome loop over MPI + {tb.name} requests", waitsome)]
-
-
-def run_mixed(rep, tm, tb):
-    for title, fn in mixed_cases(tm, tb):
-        rep.group(title, [("", fn)])
-
-
-# -- errors ------------------------------------------------------------------------
-
-def expect_error(fn, words):
-    try:
-        fn()
-    except Exception as exc:         # any type: the text is what is checked
-        text = f"{type(exc).__name__}: {exc}"
-        missing = [w for w in words if w not in str(exc)]
-        if missing:
-            raise CheckFailed(f"the error does not name {missing}: {text}") from None
-        return text
-    raise CheckFailed("no error raised")
+    def completed(how):
+        reqs, results, _inputs = post_all()
+        if how == "Waitall":
+            MPI.Request.Waitall(reqs, [MPI.Status() for _ in reqs])
+        elif how == "Testall":
+            deadline = time.monotonic() + 30
+            while not MPI.Request.Testall(reqs):
+                ensure(time.monotonic() < deadline, "Testall still False after 30 s")
+        else:                                   # Waitany or Waitsome, in a loop
+            seen = []
+            while (got := getattr(MPI.Request, how)(reqs)) not in (None, MPI.UNDEFINED):
+                got = [got] if how == "Waitany" else got
+                ensure(got and not set(got) & set(seen) and len(seen) <= len(reqs),
+                       f"{how} returned {got} (seen {seen})")
+                seen += got
+            ensure(sorted(seen) == list(range(len(reqs))),
+                   f"{how} completed {sorted(seen)}, expected all of 0..3")
+        for got, want, what in results:
+            compare(got, want, what)
+    return [(f"MPI Iallreduce, {tb.name} Allreduce, MPI Wait", blocking_other_during_mpi)] + [
+        (f"{how}{' loop' * (how != 'Waitall')} over MPI + {tb.name} requests",
+         functools.partial(completed, how)) for how in ("Waitall", "Testall", "Waitany",
+                                                        "Waitsome")]
 
 
 def wrong_device_cases(t):
     """A buffer the backend cannot serve is refused, naming the backend, and the
     communicator stays usable."""
-    def cpu_tensor_on_backend():
-        x, y = torch.ones(4), torch.empty(4)
-        return expect_error(lambda: t.comm.Allreduce(x, y, backend="nccl"), ["nccl"])
-
-    def cuda_tensor_on_gloo():
-        x, y = torch.ones(4, device=t.device), torch.empty(4, device=t.device)
-        return expect_error(lambda: t.comm.Allreduce(x, y, backend="gloo"), ["gloo"])
+    def refused(backend, device):
+        x, y = torch.ones(4, device=device), torch.empty(4, device=device)
+        try:
+            t.comm.Allreduce(x, y, backend=backend)
+        except Exception as exc:         # any type: the text is what is checked
+            text = f"{type(exc).__name__}: {exc}"
+            ensure(backend in str(exc), f"the error does not name {backend}: {text}")
+            return text
+        raise CheckFailed("no error raised")
 
     def still_usable():
-        x = t.dev(torch.ones(8))
-        y = t.fresh(8, torch.float32)
-        t.comm.Allreduce(x, y, **t.kw)
-        t.expect(y, torch.full((8,), float(t.size)), "recvbuf after the refused call")
-    cases = [("CPU tensor with backend='nccl'", cpu_tensor_on_backend)]
-    if t.cuda:
-        cases.append(("CUDA tensor with backend='gloo'", cuda_tensor_on_gloo))
-    cases.append((f"{t.name} works after the refused calls", still_usable))
-    return cases
+        y = t.fresh(8)
+        t.comm.Allreduce(t.dev(ones(8)), y, **t.kw)
+        compare(y, ones(8, t.size), "recvbuf after the refused call")
+    return ([("CPU tensor with backend='nccl'", functools.partial(refused, "nccl", "cpu"))]
+            + [("CUDA tensor with backend='gloo'",
+                functools.partial(refused, "gloo", t.device))] * t.cuda
+            + [(f"{t.name} works after the refused calls", still_usable)])
 
 
 # -- reporting ------------------------------------------------------------------------
@@ -1072,31 +630,29 @@ class Reporter:
     one line per group and writes every case to the case log."""
 
     def __init__(self, hc, phase, caselog):
-        self.hc, self.phase = hc, phase
-        self.rank = hc.Get_rank()
-        self.passed = 0
-        self.failed = []
-        self.notes = []
+        self.hc, self.phase, self.rank = hc, phase, hc.Get_rank()
+        self.passed, self.failed, self.notes = 0, [], []
         self.log = open(caselog, "a") if caselog and self.rank == 0 else None
-        self.t0 = time.monotonic()
+        self.t0, self.current = time.monotonic(), None
 
     def section(self, title=None):
         """Start a section (None: end the last one); prints the time of the last."""
         now = time.monotonic()
-        if getattr(self, "current", None):
+        if self.current:
             self.say(f"-- {now - self.since:.1f} s")
         self.current, self.since = title, now
         if title:
             self.say(f"== {title}")
 
-    def say(self, text):
+    def say(self, text, log=True):
         if self.rank == 0:
             print(f"[{self.phase}] {text}", flush=True)
-            self.write(text)
+            if log:
+                self.write([text])
 
-    def write(self, text):
+    def write(self, lines):
         if self.log is not None:
-            self.log.write(text + "\n")
+            self.log.write("".join(line + "\n" for line in lines))
             self.log.flush()
 
     def group(self, title, cases):
@@ -1106,16 +662,15 @@ class Reporter:
             c0 = time.monotonic()
             try:
                 info = fn()
-                if isinstance(info, str):
-                    infos.append(info)
+                infos += [info] if isinstance(info, str) else []
                 outcome = "ok"
             except Note as exc:
                 notes.append(f"{label}: {exc}" if label else str(exc))
                 outcome = f"note: {exc}"
             except Exception as exc:             # reported, never fatal
-                fails.append(short(f"{label}: {type(exc).__name__}: {exc}" if label
-                                   else f"{type(exc).__name__}: {exc}"))
-                outcome = f"FAIL: {type(exc).__name__}: {exc}\n" + traceback.format_exc()
+                text = f"{type(exc).__name__}: {exc}"
+                fails.append(short(f"{label}: {text}" if label else text))
+                outcome = f"FAIL: {text}\n" + traceback.format_exc()
             lines.append(f"    {label or title}: {outcome} ({time.monotonic() - c0:.3f} s)")
         everyone = self.hc.allgather((fails, notes, lines))
         seconds = time.monotonic() - t0
@@ -1123,29 +678,22 @@ class Reporter:
             return
         allfails = [f"rank {r}: {f}" for r, (fs, _, _) in enumerate(everyone) for f in fs]
         allnotes = list(dict.fromkeys(n for _, ns, _ in everyone for n in ns))
-        self.write(f"== {title}")
-        for r, (_, _, ls) in enumerate(everyone):
-            for line in ls:
-                self.write(f"  rank {r}{line}")
+        self.write([f"== {title}"] + [f"  rank {r}{line}" for r, (_, _, ls)
+                                      in enumerate(everyone) for line in ls])
         count = len(cases)
-        what = f"{count} cases" if count > 1 else ""
         if allfails:
             self.failed.append(f"{title}: {allfails[0]}")
             bad = len({f.split(": ", 2)[1] for f in allfails})
-            print(f"[{self.phase}] FAIL {title:<40} {bad} of {count} failed {seconds:6.2f} s",
-                  flush=True)
-            for f in allfails[:2]:
-                print(f"[{self.phase}]        {short(f, 200)}", flush=True)
-            if len(allfails) > 2:
-                print(f"[{self.phase}]        ... {len(allfails) - 2} more in the case log",
-                      flush=True)
+            shown = [f"FAIL {title:<40} {bad} of {count} failed {seconds:6.2f} s"]
+            shown += [f"       {short(f, 200)}" for f in allfails[:2]]
+            shown += [f"       ... {len(allfails) - 2} more in the case log"] * (len(allfails) > 2)
         else:
             self.passed += 1
+            what = f"{count} cases" if count > 1 else ""
             info = f"  ({short(infos[0], 160)})" if infos and count == 1 else ""
-            print(f"[{self.phase}] PASS {title:<40} {what:>9} {seconds:6.2f} s{info}",
-                  flush=True)
-        for n in allnotes[:2]:
-            print(f"[{self.phase}] NOTE {short(n, 200)}", flush=True)
+            shown = [f"PASS {title:<40} {what:>9} {seconds:6.2f} s{info}"]
+        for line in shown + [f"NOTE {short(n, 200)}" for n in allnotes[:2]]:
+            self.say(line, log=False)
         self.notes += allnotes
 
     def finish(self, path):
@@ -1153,78 +701,69 @@ class Reporter:
         seconds = time.monotonic() - self.t0
         if self.rank != 0:
             return
-        print(f"[{self.phase}] done: {self.passed} passed, {len(self.failed)} failed, "
-              f"{len(self.notes)} notes, {seconds:.1f} s", flush=True)
+        self.say(f"done: {self.passed} passed, {len(self.failed)} failed, "
+                 f"{len(self.notes)} notes, {seconds:.1f} s", log=False)
         if path:
             with open(path, "w") as f:
                 json.dump({"phase": self.phase, "passed": self.passed, "failed": self.failed,
                            "notes": self.notes, "seconds": seconds}, f, indent=1)
 
 
-# -- the phases ------------------------------------------------------------------------
+# -- the phases: each runs on every process of its job, with `env` (see child) ------------
 
-def describe(rep, mcr, t, ordinal):
+def describe(rep, env):
     from mcr import _core, device as mdev
-    version = mcr.build_info()["mpi_library_version"].splitlines()[0].split(",")[0]
-    if t.cuda:
-        where = f"{torch.cuda.get_device_name(ordinal)} (cuda:{ordinal})"
-    else:
-        where = "CPU (dry run)"
-    rep.say(f"torch {torch.__version__} (CUDA {torch.version.cuda}), {where}, "
-            f"{t.size} process(es), mcr {mcr.__version__}, {' '.join(version.split())}")
-    aware = _core._mpi_cuda_aware()
+    t, ordinal, aware = env.t, env.ordinal, _core._mpi_cuda_aware()
+    version = env.mcr.build_info()["mpi_library_version"].splitlines()[0].split(",")[0]
+    where = f"{torch.cuda.get_device_name(ordinal)} (cuda:{ordinal})" if t.cuda else \
+        "CPU (dry run)"
+    rep.say(f"torch {torch.__version__} (CUDA {torch.version.cuda}), {where}, {t.size} "
+            f"process(es), mcr {env.mcr.__version__}, {' '.join(version.split())}")
     meaning = {1: "aware", 0: "not aware", -1: "cannot tell"}.get(aware, "?")
-    reads = mdev.interface(ordinal).mpi_reads_device if t.cuda else None
-    how = ("" if reads is None else
-           "; CUDA buffers go to MPI directly" if reads else
-           "; CUDA buffers are staged through pinned host memory")
+    how = {None: "", True: "; CUDA buffers go to MPI directly",
+           False: "; CUDA buffers are staged through pinned host memory"}[
+        mdev.interface(ordinal).mpi_reads_device if t.cuda else None]
     rep.say(f"MCR_CUDA_AWARE={os.environ.get('MCR_CUDA_AWARE', '(unset)')}, "
             f"mcr._core._mpi_cuda_aware() = {aware} ({meaning}), "
             f"mcr.device.mpi_cuda_aware() = {mdev.mpi_cuda_aware()}{how}")
-    return aware
 
 
-def awareness_case(t, ordinal, aware):
-    from mcr import device as mdev
-
-    def check():
-        setting = os.environ.get("MCR_CUDA_AWARE", "").strip()
-        if aware not in (-1, 0, 1):
-            raise CheckFailed(f"_mpi_cuda_aware() returned {aware!r}, expected -1, 0 or 1")
-        want = (setting.lower() not in ("0", "no", "false", "off")) if setting else aware == 1
-        if mdev.mpi_cuda_aware() != want:
-            raise CheckFailed(f"mcr.device.mpi_cuda_aware() is {mdev.mpi_cuda_aware()}, "
-                              f"expected {want} (MCR_CUDA_AWARE={setting or 'unset'}, "
-                              f"library says {aware})")
-        if t.cuda and mdev.interface(ordinal).mpi_reads_device != want:
-            raise CheckFailed(f"interface({ordinal}).mpi_reads_device is "
-                              f"{mdev.interface(ordinal).mpi_reads_device}, expected {want}")
-        return f"MPI given device memory directly: {want}"
-    return check
+def awareness(t, ordinal):
+    from mcr import _core, device as mdev
+    aware, setting = _core._mpi_cuda_aware(), os.environ.get("MCR_CUDA_AWARE", "").strip()
+    ensure(aware in (-1, 0, 1), f"_mpi_cuda_aware() returned {aware!r}, expected -1, 0 or 1")
+    want = (setting.lower() not in ("0", "no", "false", "off")) if setting else aware == 1
+    ensure(mdev.mpi_cuda_aware() == want,
+           f"mcr.device.mpi_cuda_aware() is {mdev.mpi_cuda_aware()}, expected {want} "
+           f"(MCR_CUDA_AWARE={setting or 'unset'}, library says {aware})")
+    if t.cuda:
+        reads = mdev.interface(ordinal).mpi_reads_device
+        ensure(reads == want, f"interface({ordinal}).mpi_reads_device is {reads}, "
+                              f"expected {want}")
+    return f"MPI given device memory directly: {want}"
 
 
 def phase_mpi(rep, env):
-    """Section a (and b for MPI): the MPI backend on CUDA buffers at 2 processes."""
-    MPI, mcr, ordinal, device = env["MPI"], env["mcr"], env["ordinal"], env["device"]
-    t = Ctx(MPI, MPI.COMM_WORLD, None, device)
+    """The MPI backend on the device's buffers at 2 processes ("mpi-aware0":
+    with MCR_CUDA_AWARE=0, no large messages)."""
+    staged = not env.t.cuda and env.phase == "mpi"
+    t = Ctx(env.MPI, env.MPI.COMM_WORLD, None, env.device, staged=staged)
     if not t.cuda:
         # the dry run stages host buffers exactly as CUDA ones are staged
         from mcr import _core
-        _core._set_host_staging(env["phase"] == "mpi")
-        rep.say(f"host buffers staged through a copy: {env['phase'] == 'mpi'}")
-    aware = describe(rep, mcr, t, ordinal)
-    rep.group("CUDA-awareness setting", [("", awareness_case(t, ordinal, aware))])
-    quick = env["phase"] != "mpi"
-    kinds = quick_kinds(t) if quick else full_kinds(t)
-    rep.section(f"MPI: core operations, {matrix(t, DTYPES, kinds)}")
-    run_ops(rep, t, CORE_OPS, DTYPES, kinds)
-    if not quick:
-        rep.section("MPI: the other operations, float32/bfloat16 tensors n=1000")
-        run_ops(rep, t, EXTRA_OPS, ("float32", "bfloat16"), (("tensor", (1000,)),))
-    rep.section("MPI: stream semantics")
-    run_streams(rep, t)
-    rep.group("mpi: tensor fusion (mcr.Fusion)", fusion_cases(t))
-    rep.group("mpi: neighborhood collectives of a ring", neighbor_cases(t))
+        _core._set_host_staging(staged)
+        rep.say(f"host buffers staged through a copy: {staged}")
+    rep.group("CUDA-awareness setting", [("", functools.partial(awareness, t, env.ordinal))])
+    run_matrix(rep, t, quick=env.phase != "mpi")
+    device_extras(rep, t)
+
+
+def device_extras(rep, t):
+    rep.section(f"{t.name}: stream semantics")
+    for how, title in STREAM_CASES.items():
+        rep.group(f"{t.name} {title}", [("", functools.partial(stream_case, t, how))])
+    rep.group(f"{t.name}: tensor fusion (mcr.Fusion)", fusion_cases(t))
+    rep.group(f"{t.name}: neighborhood collectives of a ring", neighbor_cases(t))
 
 
 def fusion_cases(t):
@@ -1234,174 +773,128 @@ def fusion_cases(t):
     calls, n = 40, 300
 
     def allreduce(dtype):
-        xs = [[t.data(("fusion", i, r), n, dtype) for r in range(t.size)]
-              for i in range(calls)]
+        xs = [opref.operands(t.size, n, dtype, None, i) for i in range(calls)]
         ys = [t.fresh(n, dtype) for _ in range(calls)]
         with mcr.Fusion(t.comm, bucket_bytes=8 * n * 4, backend=t.backend, trace=True) as f:
-            reqs = [f.Iallreduce(t.dev(x[t.rank]), y) for x, y in zip(xs, ys)]
-            mcr.Request.Waitall(reqs)
+            mcr.Request.Waitall([f.Iallreduce(t.dev(x[t.rank]), y) for x, y in zip(xs, ys)])
             buckets = len(f.trace)
         for i, (x, y) in enumerate(zip(xs, ys)):
-            t.expect(y, fold("SUM", x), f"Iallreduce call {i}")
+            compare(y, opref.reduce_ref(x, "SUM"), f"Iallreduce call {i}")
         return f"{calls} calls in {buckets} buckets"
 
     def bcast_allgather():
         with mcr.Fusion(t.comm, backend=t.backend) as f:
-            xs = [t.data(("fusion-bcast", i), n, torch.float32) for i in range(calls)]
-            bufs = [t.dev(x) if t.rank == 0 else t.fresh(n, torch.float32) for x in xs]
-            gs = [[t.data(("fusion-gather", i, r), n, torch.int64) for r in range(t.size)]
-                  for i in range(calls)]
+            xs = [t.data(0, n, seed=i) for i in range(calls)]
+            bufs = [t.dev(x) if t.rank == 0 else t.fresh(n) for x in xs]
+            gs = [opref.operands(t.size, n, torch.int64, None, i) for i in range(calls)]
             outs = [t.fresh(n * t.size, torch.int64) for _ in range(calls)]
             reqs = [f.Ibcast(b, 0) for b in bufs]
             reqs += [f.Iallgather(t.dev(g[t.rank]), o) for g, o in zip(gs, outs)]
             mcr.Request.Waitall(reqs)
-        for i, (x, b) in enumerate(zip(xs, bufs)):
-            t.expect(b, x, f"Ibcast call {i}")
-        for i, (g, o) in enumerate(zip(gs, outs)):
-            t.expect(o, torch.cat(g), f"Iallgather call {i}")
-
-    return [("Iallreduce float32", functools.partial(allreduce, torch.float32)),
-            ("Iallreduce bfloat16", functools.partial(allreduce, torch.bfloat16)),
-            ("Iallreduce int64", functools.partial(allreduce, torch.int64)),
-            ("Ibcast and Iallgather", bcast_allgather)]
+        for i, (x, b, g, o) in enumerate(zip(xs, bufs, gs, outs)):
+            compare(b, x, f"Ibcast call {i}")
+            compare(o, torch.cat(g), f"Iallgather call {i}")
+    return [(f"Iallreduce {d}", functools.partial(allreduce, getattr(torch, d)))
+            for d in ("float32", "bfloat16", "int64")] + [
+        ("Ibcast and Iallgather", bcast_allgather)]
 
 
 def neighbor_cases(t):
     """The neighborhood collectives of a periodic ring on this context's
     backend and device (on MPI, CUDA tensors go through host copies; on
     NCCL, rounds of Alltoallv): every form, against the ring's definition."""
-    n = 1000
-    left, right = (t.rank - 1) % t.size, (t.rank + 1) % t.size
+    n, left, right = 1000, (t.rank - 1) % t.size, (t.rank + 1) % t.size
 
     def blocks(r):           # what process r sends its left, then its right neighbour
-        return [t.data(("ngh", r, k), n, torch.float32) for k in (0, 1)]
-
+        return [t.data(r, n, seed=k) for k in (0, 1)]
     # slot 0 (from the left) holds what the left one sent right, and the
     # other way round (MPI 4.0: so also with 1 or 2 processes)
     expected = torch.cat([blocks(left)[1], blocks(right)[0]])
 
     def case(form):
-        def run():
-            ring = t.comm.Create_cart([t.size], periods=[True])
-            try:
-                x, y = t.dev(torch.cat(blocks(t.rank))), t.fresh(2 * n, torch.float32)
-                if form == "blocking":
-                    ring.Neighbor_alltoall(x, y, **t.kw)
-                elif form == "nonblocking":
-                    ring.Ineighbor_alltoall(x, y, **t.kw).Wait()
-                else:
-                    req = ring.Neighbor_alltoall_init(x, y, **t.kw)
-                    req.Start()
-                    req.Wait()
-                    req.Free()
-                t.expect(y, expected, f"Neighbor_alltoall ({form})")
-                g = t.fresh(2 * n, torch.float32)
-                ring.Neighbor_allgather(t.dev(blocks(t.rank)[0]), g, **t.kw)
-                t.expect(g, torch.cat([blocks(left)[0], blocks(right)[0]]),
-                         "Neighbor_allgather")
-            finally:
-                ring.Free()
-        return run
-
-    return [(form, case(form)) for form in MODES]
+        ring = t.comm.Create_cart([t.size], periods=[True])
+        try:
+            x, y = t.dev(torch.cat(blocks(t.rank))), t.fresh(2 * n)
+            if form == "blocking":
+                ring.Neighbor_alltoall(x, y, **t.kw)
+            elif form == "nonblocking":
+                ring.Ineighbor_alltoall(x, y, **t.kw).Wait()
+            else:
+                req = ring.Neighbor_alltoall_init(x, y, **t.kw)
+                req.Start()
+                req.Wait()
+                req.Free()
+            compare(y, expected, f"Neighbor_alltoall ({form})")
+            g = t.fresh(2 * n)
+            ring.Neighbor_allgather(t.dev(blocks(t.rank)[0]), g, **t.kw)
+            compare(g, torch.cat([blocks(left)[0], blocks(right)[0]]), "Neighbor_allgather")
+        finally:
+            ring.Free()
+    return [(form, functools.partial(case, form)) for form in FORMS]
 
 
-def backend_checks(rep, env, t, tm, quick):
-    """Section c/d on one backend communicator `t`, mixed with MPI on `tm`."""
+def phase_nccl(rep, env):
+    """The other backend on 1 process (nccl1) or 2 (nccl2, no large messages:
+    one device each), mixed with MPI."""
+    comm = env.MPI.COMM_WORLD.Dup()              # freed at the end: releases the backend
+    t = Ctx(env.MPI, comm, env.other, env.device)
+
     def starts():
-        x = t.dev(torch.ones(4))
-        y = t.fresh(4, torch.float32)
-        t.comm.Allreduce(x, y, **t.kw)
-        t.expect(y, torch.full((4,), float(t.size)), "recvbuf")
-    before = rep.failed[:]
+        y = t.fresh(4)
+        t.comm.Allreduce(t.dev(ones(4)), y, **t.kw)
+        compare(y, ones(4, t.size), "recvbuf")
     rep.group(f"{t.name} starts (its first call)", [("", starts)])
-    if rep.failed != before:
+    if rep.failed:
         rep.say(f"SKIP the other {t.name} checks: the backend does not start")
-        return
-    rep.group("a buffer on the wrong device is refused", wrong_device_cases(t))
-    kinds = quick_kinds(t) if quick else full_kinds(t)
-    rep.section(f"{t.name}: every collective, {matrix(t, DTYPES, kinds)}")
-    run_ops(rep, t, CORE_OPS + EXTRA_OPS, DTYPES, kinds)
-    rep.section(f"{t.name}: stream semantics")
-    run_streams(rep, t)
-    rep.group(f"{t.name}: tensor fusion (mcr.Fusion)", fusion_cases(t))
-    rep.group(f"{t.name}: neighborhood collectives of a ring", neighbor_cases(t))
-    rep.section(f"{t.name} mixed with MPI (MPI on {'CUDA' if t.cuda else 'host'} buffers)")
-    run_mixed(rep, tm, t)
-
-
-def free_case(comm, name):
-    def free():
-        comm.Free()
-        return f"{name} sub-communicator released"
-    return [("", free)]
-
-
-def phase_nccl1(rep, env):
-    MPI, mcr, device = env["MPI"], env["mcr"], env["device"]
-    tm = Ctx(MPI, MPI.COMM_WORLD, None, device)
-    describe(rep, mcr, tm, env["ordinal"])
-    comm = MPI.COMM_WORLD.Dup()              # freed at the end: releases the backend
-    t = Ctx(MPI, comm, env["other"], device)
-    backend_checks(rep, env, t, tm, quick=False)
-    rep.group(f"Comm.Free with a {t.name} sub-communicator", free_case(comm, t.name))
+    else:
+        rep.group("a buffer on the wrong device is refused", wrong_device_cases(t))
+        run_matrix(rep, t, quick=env.phase == "nccl2")
+        device_extras(rep, t)
+        mixed(rep, env.t, t, f"{t.name} mixed with MPI (MPI on "
+              f"{'CUDA' if t.cuda else 'host'} buffers)")
+    if t.cuda and torch.cuda.device_count() >= 2 and t.size == 2:
+        rep.group("MPI: buffers on a device other than the current one",
+                  other_device_cases(env.t, env.ordinal))
+    rep.group(f"Comm.Free with a {t.name} sub-communicator", [("", t.free)])
 
 
 def phase_mixed2(rep, env):
-    MPI, mcr, device = env["MPI"], env["mcr"], env["device"]
-    world = MPI.COMM_WORLD
-    tm = Ctx(MPI, world, None, device)
-    describe(rep, mcr, tm, env["ordinal"])
+    world = env.MPI.COMM_WORLD
     alone = world.Split(world.Get_rank())     # the backend on each process alone
-    tb = Ctx(MPI, alone, env["other"], device)
-    rep.section(f"MPI over {world.Get_size()} processes mixed with {tb.name} over 1")
-    run_mixed(rep, tm, tb)
-    rep.group(f"Comm.Free with a {tb.name} sub-communicator", free_case(alone, tb.name))
+    tb = Ctx(env.MPI, alone, env.other, env.device)
+    mixed(rep, env.t, tb, f"MPI over {world.Get_size()} processes mixed with {tb.name} over 1")
+    rep.group(f"Comm.Free with a {tb.name} sub-communicator", [("", tb.free)])
+
+
+def mixed(rep, tm, tb, title):
+    rep.section(title)
+    for what, fn in mixed_cases(tm, tb):
+        rep.group(what, [("", fn)])
 
 
 def other_device_cases(t, ordinal):
     """Buffers on this process's device while another device is current."""
     other = 1 - ordinal
-    n = 1000
 
     def run(kind):
-        xs = [t.data(("otherdev", i), n, torch.float32) for i in range(t.size)]
-        x, y = t.dev(xs[t.rank]), t.fresh(n, torch.float32)
+        (x, want), y = t.operands(1000, 7), t.fresh(1000)
         with torch.cuda.device(other):
-            t.comm.Allreduce(t.wrap(x, kind), t.wrap(y, kind), **t.kw)
-        t.expect(y, fold("SUM", xs), f"recvbuf on cuda:{ordinal}")
+            t.as_kind(kind).Allreduce(x, y, **t.kw)
+        compare(y, want, f"recvbuf on cuda:{ordinal}")
     return [(f"{kind} on cuda:{ordinal} while cuda:{other} is current",
-             functools.partial(run, kind)) for kind in ("tensor", "cai", "dlpack")]
-
-
-def phase_nccl2(rep, env):
-    MPI, mcr, device = env["MPI"], env["mcr"], env["device"]
-    tm = Ctx(MPI, MPI.COMM_WORLD, None, device)
-    describe(rep, mcr, tm, env["ordinal"])
-    comm = MPI.COMM_WORLD.Dup()
-    t = Ctx(MPI, comm, env["other"], device)
-    backend_checks(rep, env, t, tm, quick=True)
-    if t.cuda and torch.cuda.device_count() >= 2 and t.size == 2:
-        rep.group("MPI: buffers on a device other than the current one",
-                  other_device_cases(tm, env["ordinal"]))
-    rep.group(f"Comm.Free with a {t.name} sub-communicator", free_case(comm, t.name))
+             functools.partial(run, kind)) for kind in KINDS]
 
 
 TUNE_OPS = ("allreduce", "bcast", "allgather", "alltoall")
 
 
 def phase_tune(rep, env):
-    """mcr.tune on this phase's process: the other backend (NCCL; Gloo on the
-    dry run) against MPI on the device's buffers, then backend="auto" running
-    each call where the table says."""
+    """mcr.tune on this phase's process: the other backend against MPI on the
+    device's buffers, then backend="auto" running each call where the table says."""
     import mcr.hooks
     from mcr import tuning
     from mcr.tune import worker
-    MPI, mcr, device = env["MPI"], env["mcr"], env["device"]
-    world = MPI.COMM_WORLD
-    tm = Ctx(MPI, world, None, device)
-    describe(rep, mcr, tm, env["ordinal"])
-    kind, other = ("cuda" if tm.cuda else "cpu"), env["other"]
+    world, other, tm, kind = env.MPI.COMM_WORLD, env.other, env.t, env.device.type
     folder = world.bcast(tempfile.mkdtemp(prefix="mcr-gpu-tune-") if tm.rank == 0 else None)
     path = os.path.join(folder, "tuning.json")
 
@@ -1409,20 +902,16 @@ def phase_tune(rep, env):
         status = worker.main(["--devices", kind, "--backends", f"mpi,{other}",
                               "--ops", ",".join(TUNE_OPS), "-m", "4:1048576", "--rounds", "1",
                               "--time-budget", "30", "--out", path])
-        if status:
-            raise AssertionError(f"mcr.tune exited with status {status}")
+        ensure(not status, f"mcr.tune exited with status {status}")
         table = tuning.Table.load(path)
-        for name in TUNE_OPS:
-            op = name.capitalize()
+        for op in (name.capitalize() for name in TUNE_OPS):
             entries = [e for e in table.entries if (e.op, e.device) == (op, kind)]
-            if len(entries) != 19:                   # 4 B to 1 MiB
-                raise AssertionError(f"{op}: {len(entries)} entries, expected 19")
+            ensure(len(entries) == 19, f"{op}: {len(entries)} entries, expected 19")  # 4 B..1 MiB
             for e in entries:
-                if set(e.latency_us) != {"mpi", other}:
-                    raise AssertionError(f"{op} {e.bytes} B: measured {sorted(e.latency_us)}")
+                ensure(set(e.latency_us) == {"mpi", other},
+                       f"{op} {e.bytes} B: measured {sorted(e.latency_us)}")
         chosen = {(e.op, e.backend) for e in table.entries}
         return "chosen: " + ", ".join(f"{op} {b}" for op, b in sorted(chosen))
-    rep.group(f"mcr.tune: {other} against MPI on {kind} buffers", [("", tune)])
 
     def auto_follows_table():
         # as measured, and with Allreduce above 1 KiB sent to the other backend
@@ -1434,29 +923,27 @@ def phase_tune(rep, env):
         edited = os.path.join(folder, f"edited-{tm.rank}.json")
         table.save(edited)
         os.environ["MCR_TUNING"] = edited
-        comm = world.Dup()
+        comm, seen = world.Dup(), []
         comm.backend = "auto"
-        seen = []
         try:
             for e in (x for x in table.entries if x.op == "Allreduce"):
                 n = max(1, e.bytes // 4)
                 choice = comm.choose("Allreduce", 4 * n, kind)
-                if choice.backend != e.backend:
-                    raise AssertionError(f"choose at {4 * n} B: {choice.backend}, table "
-                                         f"{e.backend}")
-                xs = [tm.data(("tune", r, n), n, torch.float32) for r in range(tm.size)]
-                y = tm.fresh(n, torch.float32)
+                ensure(choice.backend == e.backend,
+                       f"choose at {4 * n} B: {choice.backend}, table {e.backend}")
+                (x, want), y = tm.operands(n, n), tm.fresh(n)
                 with mcr.hooks.installed(lambda call: seen.append(call.backend)):
-                    comm.Allreduce(tm.dev(xs[tm.rank]), y)
-                if seen[-1] != e.backend:
-                    raise AssertionError(f"auto ran {4 * n} B on {seen[-1]}, table {e.backend}")
-                tm.expect(y, fold("SUM", xs), f"Allreduce of {4 * n} B under auto")
+                    comm.Allreduce(x, y)
+                ensure(seen[-1] == e.backend, f"auto ran {4 * n} B on {seen[-1]}, "
+                                              f"table {e.backend}")
+                compare(y, want, f"Allreduce of {4 * n} B under auto")
         finally:
             comm.Free()
             del os.environ["MCR_TUNING"]
-        if set(seen) != {"mpi", other}:
-            raise AssertionError(f"auto ran on {sorted(set(seen))}, not on mpi and {other}")
+        ensure(set(seen) == {"mpi", other},
+               f"auto ran on {sorted(set(seen))}, not on mpi and {other}")
         return f"{len(seen)} sizes, on " + ", ".join(sorted(set(seen)))
+    rep.group(f"mcr.tune: {other} against MPI on {kind} buffers", [("", tune)])
     rep.group("backend='auto' runs where the table says", [("", auto_follows_table)])
     world.Barrier()
     if tm.rank == 0:
@@ -1464,134 +951,110 @@ def phase_tune(rep, env):
 
 
 def phase_ext(rep, env):
-    """Issue 12 on the device's buffers: the logger times calls on CUDA
-    tensors with events (no device synchronization), compression encodes and
-    decodes on the device, fusion packs device tensors; on the other backend
-    and on MPI."""
+    """Issue 12 on the device's buffers, on the other backend and on MPI: the
+    logger times calls on CUDA tensors with events (no device
+    synchronization); compression encodes and decodes on the device."""
     import mcr.log
-    MPI, mcr, device = env["MPI"], env["mcr"], env["device"]
-    world = MPI.COMM_WORLD
-    tm = Ctx(MPI, world, None, device)
-    describe(rep, mcr, tm, env["ordinal"])
-    comm = world.Dup()
-    kind, other = ("cuda" if tm.cuda else "cpu"), env["other"]
-    n = 1 << 16
+    tm, kind, n, backends = env.t, env.device.type, 1 << 16, ("mpi", env.other)
+    comm = env.MPI.COMM_WORLD.Dup()
 
     def logged():
         mcr.log.reset()
         mcr.log.start(records=True)
-        xs = [tm.data(("log", r), n, torch.float32) for r in range(tm.size)]
+        x, total = tm.operands(n, 8)
         try:
-            for backend in ("mpi", other):
-                y = tm.fresh(n, torch.float32)
-                comm.Allreduce(tm.dev(xs[tm.rank]), y, backend=backend)
-                tm.expect(y, fold("SUM", xs), f"Allreduce on {backend} while logging")
-                z = tm.fresh(n, torch.float32)
-                comm.Iallreduce(tm.dev(xs[tm.rank]), z, backend=backend).Wait()
-                tm.expect(z, fold("SUM", xs), f"Iallreduce on {backend} while logging")
-            records = mcr.log.records()
-            rows = mcr.log.summary()["rows"]
+            for backend in backends:
+                for call in ("Allreduce", "Iallreduce"):
+                    y = tm.fresh(n)
+                    req = getattr(comm, call)(x, y, backend=backend)
+                    if req is not None:
+                        req.Wait()
+                    compare(y, total, f"{call} on {backend} while logging")
+            records, rows = mcr.log.records(), mcr.log.summary()["rows"]
         finally:
             mcr.log.stop()
             mcr.log.reset()
-        where = f"cuda:{env['ordinal']}" if tm.cuda else "cpu"
+        where = f"cuda:{env.ordinal}" if tm.cuda else "cpu"
         got = [(r["op"], r["form"], r["backend"], r["device"], r["bytes"]) for r in records]
-        want = [(op, form, b, where, 4 * n) for b in ("mpi", other)
-                for op, form in (("Allreduce", "blocking"), ("Allreduce", "nonblocking"))]
-        if got != want:
-            raise CheckFailed(f"records {got}, expected {want}")
-        if any(r["duration_us"] <= 0 for r in records):
-            raise CheckFailed(f"durations {[r['duration_us'] for r in records]}")
-        if sum(r["calls"] for r in rows) != 4:
-            raise CheckFailed(f"summary rows {rows}")
+        want = [("Allreduce", form, b, where, 4 * n) for b in backends
+                for form in ("blocking", "nonblocking")]
+        ensure(got == want, f"records {got}, expected {want}")
+        ensure(all(r["duration_us"] > 0 for r in records),
+               f"durations {[r['duration_us'] for r in records]}")
+        ensure(sum(r["calls"] for r in rows) == 4, f"summary rows {rows}")
         return "durations (us): " + ", ".join(f"{r['duration_us']:.1f}" for r in records)
 
     def compressed():
-        xs = [tm.data(("fp16", r), n, torch.float32) for r in range(tm.size)]
+        # random floats: a value the cast rounds shows that it was compressed
+        xs = [torch.randn(n, generator=torch.Generator().manual_seed(r)) * 8
+              for r in range(tm.size)]
         out = []
-        for backend in ("mpi", other):
+        for backend in backends:
             for spec, cast in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
-                y = tm.fresh(n, torch.float32)
+                y = tm.fresh(n)
                 comm.Allreduce(tm.dev(xs[tm.rank]), y, backend=backend, compress=spec)
                 acc = xs[0].to(cast).float()
                 for x in xs[1:]:
                     acc = acc + x.to(cast).float()
-                tm.expect(y, acc.to(cast).float(), f"Allreduce compress={spec} on {backend}")
-                g = tm.fresh(n * tm.size, torch.float32)
+                compare(y, acc.to(cast).float(), f"Allreduce compress={spec} on {backend}")
+                g = tm.fresh(n * tm.size)
                 comm.Iallgather(tm.dev(xs[tm.rank]), g, backend=backend, compress=spec).Wait()
-                tm.expect(g, torch.cat([x.to(cast).float() for x in xs]),
-                          f"Iallgather compress={spec} on {backend}")
+                compare(g, torch.cat([x.to(cast).float() for x in xs]),
+                        f"Iallgather compress={spec} on {backend}")
                 out.append(f"{spec} on {backend}")
         return ", ".join(out)
-
-    rep.group(f"mcr.log on {kind} tensors" + (" (CUDA events)" if tm.cuda else ""),
-              [("", logged)])
+    rep.group(f"mcr.log on {kind} tensors" + " (CUDA events)" * tm.cuda, [("", logged)])
     rep.group(f"compression on {kind} tensors", [("", compressed)])
     comm.Free()
 
 
 def phase_check(rep, env):
-    """Issue 14 on the device: a planted count mismatch raises MismatchError on
-    every rank in checked mode; a receive nobody sends raises TimeoutError at
-    the timeout and completes once sent; on the other backend and on MPI."""
-    MPI, mcr, device, other = env["MPI"], env["mcr"], env["device"], env["other"]
-    world = MPI.COMM_WORLD
-    tm = Ctx(MPI, world, None, device)
-    kind = "cuda" if tm.cuda else "cpu"
+    """Issue 14 on the device, on the other backend and on MPI: a planted count
+    mismatch raises MismatchError on every rank in checked mode; a receive
+    nobody sends raises TimeoutError at the timeout and completes once sent."""
+    MPI, mcr, tm = env.MPI, env.mcr, env.t
+    r, size = tm.rank, tm.size
 
     def mismatch(backend):
-        def case():
-            comm = world.Dup()
-            comm.checked = True
-            n = 5 if tm.rank == tm.size - 1 and tm.size > 1 else 4
-            x = tm.dev(torch.ones(n))
-            try:
-                comm.Allreduce(MPI.IN_PLACE, x, backend=backend)
-            except mcr.MismatchError as exc:
-                if tm.size == 1 or "different counts" not in str(exc):
-                    raise CheckFailed(f"unexpected: {exc}")
-                message = str(exc)
-            else:
-                if tm.size > 1:
-                    raise CheckFailed("no MismatchError")
-                message = "one process: nothing to mismatch"
-            y = tm.dev(torch.ones(4))
-            comm.Allreduce(MPI.IN_PLACE, y, backend=backend)
-            tm.expect(y, torch.full((4,), float(tm.size)), f"Allreduce on {backend} after")
-            comm.Free()
-            return message
-        return case
+        comm = MPI.COMM_WORLD.Dup()
+        comm.checked = True
+        x = tm.dev(ones(5 if r == size - 1 and size > 1 else 4))
+        try:
+            comm.Allreduce(MPI.IN_PLACE, x, backend=backend)
+            ensure(size == 1, "no MismatchError")
+            message = "one process: nothing to mismatch"
+        except mcr.MismatchError as exc:
+            ensure(size > 1 and "different counts" in str(exc), f"unexpected: {exc}")
+            message = str(exc)
+        y = tm.dev(ones(4))
+        comm.Allreduce(MPI.IN_PLACE, y, backend=backend)
+        compare(y, ones(4, size), f"Allreduce on {backend} after")
+        comm.Free()
+        return message
 
     def timeout(backend):
-        def case():
-            comm = world.Dup()
-            comm.timeout = 2.0
-            peer = (tm.rank + 1) % tm.size
-            y = tm.fresh(4, torch.float32)
-            req = comm.Irecv(y, source=(tm.rank - 1) % tm.size, tag=5, backend=backend)
-            t0 = time.monotonic()
-            try:
-                req.Wait()
-            except mcr.TimeoutError as exc:
-                took = time.monotonic() - t0
-                if not 1.8 <= took < 30 or "Recv" not in str(exc):
-                    raise CheckFailed(f"after {took:.1f} s: {exc}")
-            else:
-                raise CheckFailed("no TimeoutError")
-            comm.Barrier()
-            comm.Send(tm.dev(torch.full((4,), float(tm.rank))), dest=peer, tag=5,
-                      backend=backend)
+        comm = MPI.COMM_WORLD.Dup()
+        comm.timeout = 2.0
+        y = tm.fresh(4)
+        req = comm.Irecv(y, source=(r - 1) % size, tag=5, backend=backend)
+        t0 = time.monotonic()
+        try:
             req.Wait()
-            tm.expect(y, torch.full((4,), float((tm.rank - 1) % tm.size)),
-                      f"Recv on {backend} after the timeout")
-            comm.Free()
-            return f"TimeoutError after {took:.1f} s, then received"
-        return case
-
-    rep.group(f"checked mode on {kind} tensors",
-              [(b, mismatch(b)) for b in ("mpi", other)])
-    rep.group(f"timeouts on {kind} tensors", [(b, timeout(b)) for b in ("mpi", other)
-                                              if b != "nccl" or tm.size > 1])
+            raise CheckFailed("no TimeoutError")
+        except mcr.TimeoutError as exc:
+            took = time.monotonic() - t0
+            ensure(1.8 <= took < 30 and "Recv" in str(exc), f"after {took:.1f} s: {exc}")
+        comm.Barrier()
+        comm.Send(tm.dev(ones(4, r)), dest=(r + 1) % size, tag=5, backend=backend)
+        req.Wait()
+        compare(y, ones(4, (r - 1) % size), f"Recv on {backend} after the timeout")
+        comm.Free()
+        return f"TimeoutError after {took:.1f} s, then received"
+    backends = ("mpi", env.other)
+    rep.group(f"checked mode on {env.device.type} tensors",
+              [(b, functools.partial(mismatch, b)) for b in backends])
+    rep.group(f"timeouts on {env.device.type} tensors", [
+        (b, functools.partial(timeout, b)) for b in backends if b != "nccl" or size > 1])
 
 
 def phase_torch(rep, env):
@@ -1600,75 +1063,67 @@ def phase_torch(rep, env):
     torch's own group of the other backend; the losses must agree."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
-    mcr, device, other, ordinal = env["mcr"], env["device"], env["other"], env["ordinal"]
+    device, other, cuda = env.device, env.other, env.t.cuda
     # no MASTER_ADDR: rank and size from MPI; torch takes a device_id on CUDA only
-    dist.init_process_group("mcr", device_id=device if device.type == "cuda" else None)
+    dist.init_process_group("mcr", device_id=device if cuda else None)
     rank, size = dist.get_rank(), dist.get_world_size()
     groups = {f"mcr-{b}": dist.new_group(backend="mcr",
-                                         pg_options=mcr.distributed.Options(backend=b))
+                                         pg_options=env.mcr.distributed.Options(backend=b))
               for b in (other, "mpi")}
     groups[f"torch-{other}"] = dist.new_group(backend=other)
-    kind = "cuda" if device.type == "cuda" else "cpu"
 
-    def calls(name):
-        def run():
-            g = groups[name]
-            x = torch.arange(6, dtype=torch.float32, device=device) + rank
-            dist.all_reduce(x, group=g)
-            want = sum(torch.arange(6.0) + r for r in range(size))
-            if not torch.equal(x.cpu(), want):
-                raise CheckFailed(f"all_reduce gave {x.cpu().tolist()}, expected {want.tolist()}")
-            rows = [(rank + q) % 3 + 1 for q in range(size)]          # uneven splits
-            back = [(q + rank) % 3 + 1 for q in range(size)]
-            send = torch.cat([torch.full((n, 2), float(10 * rank + q), device=device)
-                              for q, n in enumerate(rows)])
-            recv = torch.empty(sum(back), 2, device=device)
-            dist.all_to_all_single(recv, send, back, rows, group=g, async_op=True).wait()
-            want = torch.cat([torch.full((n, 2), float(10 * q + rank)) for q, n in enumerate(back)])
-            if not torch.equal(recv.cpu(), want):
-                raise CheckFailed(f"all_to_all_single gave {recv.cpu().tolist()}")
-            out = torch.empty(size * 3, device=device)
-            dist.all_gather_into_tensor(out, torch.full((3,), float(rank), device=device), group=g)
-            if not torch.equal(out.cpu(), torch.arange(size, dtype=torch.float32).repeat_interleave(3)):
-                raise CheckFailed(f"all_gather_into_tensor gave {out.cpu().tolist()}")
-            return "all_reduce, all_to_all_single (uneven), all_gather_into_tensor"
-        return run
+    def full(shape, value, where=device):
+        return torch.full(shape, float(value), device=where)
 
+    def calls(g):
+        x = torch.arange(6, dtype=torch.float32, device=device) + rank
+        dist.all_reduce(x, group=g)
+        compare(x, sum(torch.arange(6.0) + r for r in range(size)), "all_reduce")
+        rows = [(rank + q) % 3 + 1 for q in range(size)]          # uneven splits
+        back = [(q + rank) % 3 + 1 for q in range(size)]
+        send = torch.cat([full((n, 2), 10 * rank + q) for q, n in enumerate(rows)])
+        recv = torch.empty(sum(back), 2, device=device)
+        dist.all_to_all_single(recv, send, back, rows, group=g, async_op=True).wait()
+        compare(recv, torch.cat([full((n, 2), 10 * q + rank, "cpu") for q, n in enumerate(back)]),
+                "all_to_all_single")
+        out = torch.empty(size * 3, device=device)
+        dist.all_gather_into_tensor(out, full((3,), rank), group=g)
+        compare(out, torch.arange(size, dtype=torch.float32).repeat_interleave(3),
+                "all_gather_into_tensor")
+        return "all_reduce, all_to_all_single (uneven), all_gather_into_tensor"
     losses = {}
 
     def ddp(name):
-        def run():
-            torch.manual_seed(0)
-            model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(),
-                                        torch.nn.Linear(64, 4)).to(device)
-            wrapped = DistributedDataParallel(
-                model, process_group=groups[name], bucket_cap_mb=0.01,
-                device_ids=[ordinal] if device.type == "cuda" else None)
-            opt = torch.optim.SGD(wrapped.parameters(), lr=0.05)
-            gen = torch.Generator().manual_seed(3)
-            xs, ys = torch.randn(10, size, 16, 32, generator=gen), torch.randn(10, size, 16, 4, generator=gen)
-            got = []
-            for step in range(10):
-                opt.zero_grad()
-                loss = torch.nn.functional.mse_loss(wrapped(xs[step, rank].to(device)),
-                                                    ys[step, rank].to(device))
-                loss.backward()
-                opt.step()
-                got.append(loss.item())
-            losses[name] = got
-            return f"loss {got[0]:.4f} -> {got[-1]:.4f}"
-        return run
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(),
+                                    torch.nn.Linear(64, 4)).to(device)
+        wrapped = DistributedDataParallel(model, process_group=groups[name], bucket_cap_mb=0.01,
+                                          device_ids=[env.ordinal] if cuda else None)
+        opt = torch.optim.SGD(wrapped.parameters(), lr=0.05)
+        gen = torch.Generator().manual_seed(3)
+        xs, ys = torch.randn(10, size, 16, 32, generator=gen), \
+            torch.randn(10, size, 16, 4, generator=gen)
+        got = losses[name] = []
+        for step in range(10):
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(wrapped(xs[step, rank].to(device)),
+                                                ys[step, rank].to(device))
+            loss.backward()
+            opt.step()
+            got.append(loss.item())
+        return f"loss {got[0]:.4f} -> {got[-1]:.4f}"
 
     def same():
         ref = torch.tensor(losses[f"torch-{other}"])
         for name, got in losses.items():
-            if not torch.allclose(torch.tensor(got), ref, rtol=1e-4, atol=1e-5):
-                raise CheckFailed(f"{name} losses {got} differ from torch-{other}'s {ref.tolist()}")
+            ensure(torch.allclose(torch.tensor(got), ref, rtol=1e-4, atol=1e-5),
+                   f"{name} losses {got} differ from torch-{other}'s {ref.tolist()}")
         return f"{len(losses)} runs agree"
-
-    rep.group(f"torch.distributed on 'mcr' groups, {kind} tensors",
-              [(name, calls(name)) for name in groups if name.startswith("mcr")])
-    rep.group(f"DDP on {kind} tensors", [(name, ddp(name)) for name in groups])
+    rep.group(f"torch.distributed on 'mcr' groups, {device.type} tensors",
+              [(name, functools.partial(calls, g)) for name, g in groups.items()
+               if name.startswith("mcr")])
+    rep.group(f"DDP on {device.type} tensors",
+              [(name, functools.partial(ddp, name)) for name in groups])
     rep.group("DDP losses equal torch's own backend", [("", same)])
     dist.destroy_process_group()
 
@@ -1679,36 +1134,32 @@ def phase_workloads(rep, env):
     backend, with steps/s, and the losses of every step compared."""
     from mcr.bench import workloads as bench
     from mcr.workloads import common
-    other = env["other"]
-    variants = "mcr-cuda,mcr-nccl,nccl" if env["device"].type == "cuda" else f"mcr,mcr-mpi,{other}"
+    variants = "mcr-cuda,mcr-nccl,nccl" if env.t.cuda else f"mcr,mcr-mpi,{env.other}"
     args = bench.parse_args(["--variants", variants, "--steps", "3", "--rounds", "1"])
     groups = common.groups(args.variants)
 
     def run(workload):
-        def case():
-            row = bench._bench(workload, args, groups)
-            if not row["agree"]:
-                raise CheckFailed(f"losses differ by up to {row['max_abs_diff_warmup']:.2e}: "
-                                  f"{row['losses']}")
-            return ", ".join(f"{v} {s:.1f} steps/s" for v, s in row["steps_per_s"].items())
-        return case
-
-    rep.group(f"workloads ({variants})", [(w, run(w)) for w in args.workloads])
+        row = bench._bench(workload, args, groups)
+        ensure(row["agree"], f"losses differ by up to {row['max_abs_diff_warmup']:.2e}: "
+                             f"{row['losses']}")
+        return ", ".join(f"{v} {s:.1f} steps/s" for v, s in row["steps_per_s"].items())
+    rep.group(f"workloads ({variants})", [(w, functools.partial(run, w)) for w in args.workloads])
     torch.distributed.destroy_process_group()   # torch's Gloo threads may abort at exit
 
 
-PHASES = {"check": phase_check, "workloads": phase_workloads, "torch": phase_torch, "mpi": phase_mpi, "mpi-aware0": phase_mpi, "nccl1": phase_nccl1,
-          "mixed2": phase_mixed2, "nccl2": phase_nccl2, "tune": phase_tune, "ext": phase_ext}
+PHASES = {"mpi": phase_mpi, "mpi-aware0": phase_mpi, "nccl1": phase_nccl,
+          "mixed2": phase_mixed2, "nccl2": phase_nccl, "tune": phase_tune, "ext": phase_ext,
+          "workloads": phase_workloads, "check": phase_check, "torch": phase_torch}
 
 
 def child(args):
     import faulthandler
+    global opmatrix, opref
     # a hung collective: every process prints where it is, then exits
     faulthandler.dump_traceback_later(args.hang_after, exit=True)
     from mpi4py import MPI as M4
     hc = M4.COMM_WORLD.Dup()                  # the harness's own traffic
-    rank = hc.Get_rank()
-    cuda = args.device == "cuda"
+    rank, cuda = hc.Get_rank(), args.device == "cuda"
     ordinal = (rank if args.phase == "nccl2" else 0) if cuda else -1
     if cuda:
         torch.cuda.set_device(ordinal)
@@ -1716,10 +1167,14 @@ def child(args):
     rep = Reporter(hc, args.phase, args.caselog)
     try:
         import mcr
+        import opmatrix
+        import opref
         from mcr import MPI
-        env = {"phase": args.phase, "MPI": MPI, "mcr": mcr, "ordinal": ordinal,
-               "device": torch.device("cuda", ordinal) if cuda else torch.device("cpu"),
-               "other": "nccl" if cuda else "gloo"}
+        device = torch.device("cuda", ordinal) if cuda else torch.device("cpu")
+        env = types.SimpleNamespace(phase=args.phase, MPI=MPI, mcr=mcr, ordinal=ordinal,
+                                    device=device, other="nccl" if cuda else "gloo",
+                                    t=Ctx(MPI, MPI.COMM_WORLD, None, device))
+        describe(rep, env)
         PHASES[args.phase](rep, env)
     except BaseException:
         # outside any case: the other processes may be waiting in a collective
@@ -1751,9 +1206,7 @@ def main():
     parser.add_argument("--caselog", help=argparse.SUPPRESS)
     parser.add_argument("--hang-after", type=float, default=100, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.phase:
-        return child(args)
-    return parent(args)
+    return child(args) if args.phase else parent(args)
 
 
 if __name__ == "__main__":
