@@ -1,19 +1,15 @@
 """The backend registry and how a call picks its backend.
 
-- ``mcr.backends.names()`` and ``get(name)``: what each registered backend
-  declares (devices, native operations, reductions), checked against the Comm
-  methods and torch's dtypes; bad names.
-- ``backend=`` on every Comm buffer method (the list is read from the methods'
-  embedded signatures, so a new method cannot be missed): bad names and types
-  are rejected before any communication; every valid spelling (None, "mpi",
-  "auto", "gloo") runs blocking, non-blocking and persistent forms with the
-  right results; "nccl" on host buffers fails clearly, naming nccl.
-- The Comm's default backend: the ``backend`` property, ``$MCR_BACKEND`` at
-  import (in fresh processes), and inheritance by Dup/Split/Split_type/Create/
-  Create_group. Which backend ran is observed through a user-defined op, which
-  only MPI runs (the error names the backend that was chosen).
-
-In-process tests for what is local; MPI cases (1-4 ranks) for the rest.
+- ``mcr.backends.names()``/``get(name)``: what each backend declares (devices,
+  native operations, reductions), checked against the Comm methods and torch's
+  dtypes; bad names.
+- ``backend=`` on every Comm buffer method (read from their signatures): bad
+  values rejected before communicating; the spellings None and "auto" run every
+  collective form right ("mpi" and "gloo": the operation matrix), every spelling
+  every point-to-point form; "nccl" refuses host buffers, naming nccl.
+- The default backend: the ``backend`` property, ``$MCR_BACKEND`` at import (in
+  fresh processes), inheritance by Dup/Split/Split_type/Create/Create_group; a
+  user-defined op (only MPI runs it) shows which backend ran.
 """
 
 import os
@@ -30,12 +26,13 @@ import mcr.backends
 from mcr import MPI
 from mcr.backends.base import Backend
 from mpiharness import case, mpi_cases, run_script
-from util import Failures, assert_comm_works, assert_equal, raises, rank_data
+from opmatrix import FORMS, OPERATIONS, Findings, nonblocking, run
+from opref import OPS, rank_data
+from util import Failures, assert_comm_works, assert_equal, raises
 
 # what each backend must declare: where its buffers live
 DEVICES = {"mpi": {"cpu", "cuda"}, "gloo": {"cpu"}, "nccl": {"cuda"}}
 HELPER_MODULES = ("base", "compose", "message", "store", "torchpg")
-OP_NAMES = ("SUM", "PROD", "MAX", "MIN", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR")
 # bad values of backend=: (value, exception, message fragments)
 BAD_BACKENDS = [
     ("bogus", ValueError, ["backend:", "unknown backend 'bogus'", "'auto'"]),
@@ -66,27 +63,23 @@ def buffer_methods():
 
 def test_names_lists_the_backend_modules_mpi_first():
     names = mcr.backends.names()
-    assert isinstance(names, tuple)
-    assert names[0] == "mpi"
-    assert set(names) == set(DEVICES)
-    assert len(set(names)) == len(names)
-    assert not set(names) & set(HELPER_MODULES)
+    assert isinstance(names, tuple) and names[0] == "mpi" and len(set(names)) == len(names)
+    assert set(names) == set(DEVICES) and not set(names) & set(HELPER_MODULES)
     assert mcr.backends.names() == names                # stable
 
 
 @pytest.mark.parametrize("name", sorted(DEVICES))
 def test_each_backend_declares_itself(name):
     backend = mcr.backends.get(name)
-    assert isinstance(backend, Backend)
+    assert isinstance(backend, Backend) and backend.name == name
     assert backend is mcr.backends.get(name)             # one object per backend
-    assert backend.name == name
     assert set(backend.devices) == DEVICES[name]
     # native operations are Comm methods; reductions name MPI ops and torch dtypes
     assert backend.native, name
     for op in backend.native:
         assert callable(getattr(mcr.Comm, op, None)), (name, op)
     for op, types in backend.reductions.items():
-        assert op in OP_NAMES, (name, op)
+        assert op in OPS, (name, op)
         for tname in types:
             assert isinstance(getattr(torch, tname, None), torch.dtype), (name, op, tname)
 
@@ -124,12 +117,9 @@ DEVICE_ERRORS = [
 @pytest.mark.parametrize("name, device, fragments", DEVICE_ERRORS)
 def test_device_errors_name_the_backend_and_the_memory(name, device, fragments):
     err = mcr.backends.get(name).device_error("buf", device)
-    if fragments is None:
-        assert err is None
-    else:
-        assert isinstance(err, ValueError)
-        for fragment in fragments:
-            assert fragment in str(err), (fragment, str(err))
+    assert err is None if fragments is None else isinstance(err, ValueError), err
+    for fragment in fragments or ():
+        assert fragment in str(err), (fragment, str(err))
 
 
 @pytest.mark.parametrize("value, exc, fragments", BAD_BACKENDS)
@@ -142,8 +132,7 @@ def test_get_rejects_what_is_not_a_backend(value, exc, fragments):
 
 
 def test_get_auto_is_a_clear_error():
-    # "auto" is a valid backend= value but no Backend object: asking the
-    # registry for it must say so, not fail importing a module
+    # a valid backend= value but no Backend: say so, do not fail importing a module
     with raises(ValueError, "auto"):
         mcr.backends.get("auto")
 
@@ -199,19 +188,17 @@ SHOW_DEFAULTS = """
 """
 
 
-@pytest.mark.parametrize("value, expected", [("gloo", "gloo"), ("auto", "auto"),
-                                             ("nccl", "nccl"), ("mpi", "mpi"), ("", "mpi")])
-def test_mcr_backend_sets_every_communicators_default(value, expected):
+# $MCR_BACKEND: the default of every communicator, or None: import fails, naming it
+@pytest.mark.parametrize("value, expected", [
+    ("gloo", "gloo"), ("auto", "auto"), ("nccl", "nccl"), ("mpi", "mpi"), ("", "mpi"),
+    ("bogus", None), ("Gloo", None), ("mpi,gloo", None)])
+def test_mcr_backend_at_import(value, expected):
     code, out = run_python(SHOW_DEFAULTS, MCR_BACKEND=value)
-    assert code == 0, out
-    assert out.split() == [expected] * 4, out
-
-
-@pytest.mark.parametrize("value", ["bogus", "Gloo", "mpi,gloo"])
-def test_bad_mcr_backend_fails_at_import(value):
-    code, out = run_python("import mcr", MCR_BACKEND=value)
-    assert code != 0, out
-    assert "ValueError" in out and "MCR_BACKEND" in out and repr(value) in out, out
+    if expected is None:
+        assert code != 0 and "ValueError" in out and "MCR_BACKEND" in out, out
+        assert repr(value) in out, out
+    else:
+        assert code == 0 and out.split() == [expected] * 4, out
 
 
 ROUTED_BY_ENV = """
@@ -219,8 +206,7 @@ ROUTED_BY_ENV = """
     from mcr import MPI
     comm = mcr.COMM_WORLD
     assert comm.backend == "gloo", comm.backend
-    x = torch.full((3,), float(comm.rank + 1))
-    y = torch.zeros(3)
+    x, y = torch.full((3,), float(comm.rank + 1)), torch.zeros(3)
     comm.Allreduce(x, y)                                   # on gloo
     assert y.tolist() == [float(sum(range(1, comm.size + 1)))] * 3, y
     op = MPI.Op.Create(lambda a, b, t: None, commute=True)
@@ -242,202 +228,40 @@ def test_mcr_backend_routes_calls_without_backend(monkeypatch):
     assert "routed 0" in out and "routed 1" in out, out
 
 
-# -- every buffer method, as a table -----------------------------------------------------------
-#
-# COLLECTIVES[name](comm) gives (args, kwargs, outputs, expected): the
-# arguments of `name`, `I<name>` and `<name>_init`, the tensors they write on
-# this rank and what those must hold afterwards (computed with torch on every
-# rank's data). Results are small integers in float32: every order is exact.
+# -- every buffer method ------------------------------------------------------------------
 
 N = 2
-
-
-def data(rank, n, seed=0):
-    return rank_data(rank, n, torch.float32, seed)
-
-
-def uneven(size):
-    return [i % 2 + 1 for i in range(size)]
-
-
-def bcast(comm):
-    root = comm.size - 1
-    buf = data(root, N) if comm.rank == root else torch.zeros(N)
-    return (buf,), {"root": root}, [buf], [data(root, N)]
-
-
-def gather(comm):
-    root = comm.size - 1
-    here = comm.rank == root
-    out = torch.zeros(N * comm.size) if here else None
-    expected = torch.cat([data(r, N) for r in range(comm.size)])
-    return ((data(comm.rank, N), out), {"root": root}, [out] if here else [],
-            [expected] if here else [])
-
-
-def gatherv(comm):
-    root, counts = 0, uneven(comm.size)
-    here = comm.rank == root
-    out = torch.zeros(sum(counts)) if here else None
-    expected = torch.cat([data(r, counts[r], 1) for r in range(comm.size)])
-    return ((data(comm.rank, counts[comm.rank], 1), [out, counts] if here else None),
-            {"root": root}, [out] if here else [], [expected] if here else [])
-
-
-def scatter(comm):
-    root = 0
-    whole = data(root, N * comm.size, 2)
-    out = torch.zeros(N)
-    return ((whole if comm.rank == root else None, out), {"root": root}, [out],
-            [whole[comm.rank * N:(comm.rank + 1) * N]])
-
-
-def scatterv(comm):
-    root, counts = comm.size - 1, uneven(comm.size)
-    whole = data(root, sum(counts), 3)
-    start = sum(counts[:comm.rank])
-    out = torch.zeros(counts[comm.rank])
-    send = [whole, counts] if comm.rank == root else None
-    return (send, out), {"root": root}, [out], [whole[start:start + counts[comm.rank]]]
-
-
-def allgather(comm):
-    out = torch.zeros(N * comm.size)
-    return ((data(comm.rank, N), out), {}, [out],
-            [torch.cat([data(r, N) for r in range(comm.size)])])
-
-
-def allgatherv(comm):
-    counts = uneven(comm.size)
-    out = torch.zeros(sum(counts))
-    return ((data(comm.rank, counts[comm.rank], 4), [out, counts]), {}, [out],
-            [torch.cat([data(r, counts[r], 4) for r in range(comm.size)])])
-
-
-def alltoall(comm):
-    size, rank = comm.size, comm.rank
-    out = torch.zeros(N * size)
-    expected = torch.cat([data(r, N * size, 5)[rank * N:(rank + 1) * N] for r in range(size)])
-    return (data(rank, N * size, 5), out), {}, [out], [expected]
-
-
-def alltoallv(comm):
-    size, rank = comm.size, comm.rank
-
-    def count(src, dst):
-        return (src + dst) % 2 + 1
-
-    def sent(src):
-        return data(src, sum(count(src, d) for d in range(size)), 6)
-
-    def block(src, dst):
-        start = sum(count(src, d) for d in range(dst))
-        return sent(src)[start:start + count(src, dst)]
-
-    rcounts = [count(src, rank) for src in range(size)]
-    out = torch.zeros(sum(rcounts))
-    scounts = [count(rank, dst) for dst in range(size)]
-    return (([sent(rank), scounts], [out, rcounts]), {}, [out],
-            [torch.cat([block(src, rank) for src in range(size)])])
-
-
-def reduce(comm):
-    root = comm.size - 1
-    here = comm.rank == root
-    out = torch.zeros(N) if here else None
-    expected = torch.stack([data(r, N, 7) for r in range(comm.size)]).sum(0)
-    return ((data(comm.rank, N, 7), out), {"op": mcr.SUM, "root": root},
-            [out] if here else [], [expected] if here else [])
-
-
-def allreduce(comm):
-    out = torch.zeros(N)
-    return ((data(comm.rank, N, 8), out), {"op": mcr.MAX}, [out],
-            [torch.stack([data(r, N, 8) for r in range(comm.size)]).amax(0)])
-
-
-def reduce_scatter_block(comm):
-    size, rank = comm.size, comm.rank
-    out = torch.zeros(N)
-    total = torch.stack([data(r, N * size, 9) for r in range(size)]).sum(0)
-    return ((data(rank, N * size, 9), out), {"op": mcr.SUM}, [out],
-            [total[rank * N:(rank + 1) * N]])
-
-
-def reduce_scatter(comm):
-    size, rank = comm.size, comm.rank
-    counts = uneven(size)
-    out = torch.zeros(counts[rank])
-    total = torch.stack([data(r, sum(counts), 10) for r in range(size)]).sum(0)
-    start = sum(counts[:rank])
-    return ((data(rank, sum(counts), 10), out, counts), {"op": mcr.SUM}, [out],
-            [total[start:start + counts[rank]]])
-
-
-def scan(comm):
-    out = torch.zeros(N)
-    return ((data(comm.rank, N, 11), out), {"op": mcr.SUM}, [out],
-            [torch.stack([data(r, N, 11) for r in range(comm.rank + 1)]).sum(0)])
-
-
-def exscan(comm):
-    out = torch.zeros(N)
-    if comm.rank == 0:                          # undefined on rank 0
-        return (data(0, N, 12), out), {"op": mcr.SUM}, [], []
-    return ((data(comm.rank, N, 12), out), {"op": mcr.SUM}, [out],
-            [torch.stack([data(r, N, 12) for r in range(comm.rank)]).sum(0)])
-
-
-def barrier(comm):
-    return (), {}, [], []
-
-
-COLLECTIVES = {
-    "Barrier": barrier, "Bcast": bcast, "Gather": gather, "Gatherv": gatherv,
-    "Scatter": scatter, "Scatterv": scatterv, "Allgather": allgather,
-    "Allgatherv": allgatherv, "Alltoall": alltoall, "Alltoallv": alltoallv,
-    "Reduce": reduce, "Allreduce": allreduce,
-    "Reduce_scatter_block": reduce_scatter_block, "Reduce_scatter": reduce_scatter,
-    "Scan": scan, "Exscan": exscan,
-}
-COLLECTIVE_FORMS = {form: name for name in COLLECTIVES
-                    for form in (name, "I" + name[0].lower() + name[1:], name + "_init")}
-
-# point-to-point, with PROC_NULL peers: they run anywhere and communicate nothing
-P2P_NULL = {
-    "Send": lambda comm: (torch.ones(N), mcr.PROC_NULL),
-    "Isend": lambda comm: (torch.ones(N), mcr.PROC_NULL),
-    "Send_init": lambda comm: (torch.ones(N), mcr.PROC_NULL),
-    "Recv": lambda comm: (torch.zeros(N), mcr.PROC_NULL),
-    "Irecv": lambda comm: (torch.zeros(N), mcr.PROC_NULL),
-    "Recv_init": lambda comm: (torch.zeros(N), mcr.PROC_NULL),
-    "Sendrecv": lambda comm: (torch.ones(N), mcr.PROC_NULL, 0, torch.zeros(N),
-                              mcr.PROC_NULL),
-    "Sendrecv_replace": lambda comm: (torch.ones(N), mcr.PROC_NULL, 0, mcr.PROC_NULL),
-    "Probe": lambda comm: (mcr.PROC_NULL,),
-    "Iprobe": lambda comm: (mcr.PROC_NULL,),
-    "Isendrecv": lambda comm: (torch.ones(N), mcr.PROC_NULL, 0, torch.zeros(N),
-                               mcr.PROC_NULL),
-    "Isendrecv_replace": lambda comm: (torch.ones(N), mcr.PROC_NULL, 0, mcr.PROC_NULL),
-}
-for _mode in ("Bsend", "Ssend", "Rsend"):
+NULL = mcr.PROC_NULL
+# point-to-point with PROC_NULL peers: they run anywhere and move nothing
+SEND, RECV = (torch.ones(N), NULL), (torch.zeros(N), NULL)
+P2P_NULL = {"Probe": (NULL,), "Iprobe": (NULL,),
+            "Sendrecv": (torch.ones(N), NULL, 0, torch.zeros(N), NULL),
+            "Sendrecv_replace": (torch.ones(N), NULL, 0, NULL)}
+P2P_NULL.update({"I" + k.lower(): v for k, v in P2P_NULL.items() if k.startswith("Sendrecv")})
+for _mode, _args in (("Send", SEND), ("Bsend", SEND), ("Ssend", SEND), ("Rsend", SEND),
+                     ("Recv", RECV)):
     for _form in (_mode, "I" + _mode.lower(), _mode + "_init"):
-        P2P_NULL[_form] = P2P_NULL["Send"]
+        P2P_NULL[_form] = _args
+COLLECTIVE_FORMS = {form: name for name in OPERATIONS
+                    for form in (name, nonblocking(name), name + "_init")}
 # backend="mpi" only (a datatype per process): other backends refuse them
-MPI_ONLY = {form: lambda comm: ([torch.ones(N), [MPI.FLOAT] * comm.size],
-                                [torch.zeros(comm.size), [1] * comm.size,
-                                 [4 * i for i in range(comm.size)], [MPI.FLOAT] * comm.size])
-            for form in ("Alltoallw", "Ialltoallw", "Alltoallw_init")}
-ALL_METHODS = sorted(set(COLLECTIVE_FORMS) | set(P2P_NULL) | set(MPI_ONLY))
+ALLTOALLW = ("Alltoallw", "Ialltoallw", "Alltoallw_init")
+ALL_METHODS = sorted(set(COLLECTIVE_FORMS) | set(P2P_NULL) | set(ALLTOALLW))
+
+
+def first_variant(comm, method):
+    """(label, make) of collective `method`: the matrix's first float32 variant."""
+    return next(OPERATIONS[method].variants(comm, [torch.float32]))
 
 
 def call_args(comm, method):
     if method in P2P_NULL:
-        return P2P_NULL[method](comm), {}
-    if method in MPI_ONLY:
-        return MPI_ONLY[method](comm), {}
-    args, kwargs, _, _ = COLLECTIVES[COLLECTIVE_FORMS[method]](comm)
-    return args, kwargs
+        return P2P_NULL[method]
+    if method in ALLTOALLW:
+        return ([torch.ones(N), [MPI.FLOAT] * comm.size],
+                [torch.zeros(comm.size), [1] * comm.size, [4 * i for i in range(comm.size)],
+                 [MPI.FLOAT] * comm.size])
+    return first_variant(comm, COLLECTIVE_FORMS[method])[1](0)[0]
 
 
 def complete(result):
@@ -453,36 +277,37 @@ def complete(result):
 @case
 def every_method_rejects_bad_backends_before_communicating(comm):
     for method in ALL_METHODS:
-        args, kwargs = call_args(comm, method)
+        args = call_args(comm, method)
         for value, exc, fragments in BAD_BACKENDS:
             with raises(exc, *fragments):
-                getattr(comm, method)(*args, backend=value, **kwargs)
+                getattr(comm, method)(*args, backend=value)
         # the list of available backends comes from the registry
-        with raises(ValueError, *[n for n in mcr.backends.names()]):
-            getattr(comm, method)(*args, backend="nope", **kwargs)
+        with raises(ValueError, *mcr.backends.names()):
+            getattr(comm, method)(*args, backend="nope")
     assert_comm_works(comm)
 
 
 def collective_forms(comm, backend, failures):
     """Every collective, blocking, non-blocking and persistent, on `backend`."""
-    for method, name in COLLECTIVE_FORMS.items():
-        label = f"{method}(backend={backend!r})"
-        args, kwargs, outputs, expected = COLLECTIVES[name](comm)
-        try:
-            complete(getattr(comm, method)(*args, backend=backend, **kwargs))
-        except Exception as exc:  # noqa: BLE001 - recorded; raised the same on every rank
-            failures.error(label, exc)
-            continue
-        for got, want in zip(outputs, expected):
-            failures.check(label, got, want)
+    found = Findings()
+    for method in OPERATIONS:
+        what, make = first_variant(comm, method)
+        for turn, form in enumerate(FORMS):
+            run(comm, found, what, backend, form, method, make, turn)
+    failures.found += found
 
 
 @case
-def every_collective_form_runs_with_each_backend_spelling(comm):
+def every_collective_form_runs_with_the_default_and_auto_spellings(comm):
+    # "mpi" and "gloo" spelled out: the operation matrix (tests/test_ops.py)
     failures = Failures(comm)
-    for backend in GOOD_BACKENDS:
+    for backend in (None, "auto"):
         collective_forms(comm, backend, failures)
     failures.done()
+
+
+def data(rank, n, seed=0):
+    return rank_data(rank, n, torch.float32, seed)
 
 
 def ring_messages(comm, backend, failures):
@@ -492,26 +317,24 @@ def ring_messages(comm, backend, failures):
     right, left = (rank + 1) % size, (rank - 1) % size
     for k, (send, recv) in enumerate([("Isend", "Recv"), ("Send", "Irecv"),
                                       ("Send_init", "Recv_init")]):
-        out = torch.zeros(N)
-        tag = 10 + k
+        out, tag, mine = torch.zeros(N), 10 + k, data(rank, N, k)
         if recv == "Recv":
-            sreq = comm.Isend(data(rank, N, k), right, tag, backend=backend)
+            sreq = comm.Isend(mine, right, tag, backend=backend)
             comm.Recv(out, left, tag, backend=backend)
             sreq.Wait()
         elif recv == "Irecv":
             rreq = comm.Irecv(out, left, tag, backend=backend)
-            comm.Send(data(rank, N, k), right, tag, backend=backend)
+            comm.Send(mine, right, tag, backend=backend)
             rreq.Wait()
         else:
-            rreq = comm.Recv_init(out, left, tag, backend=backend)
-            sreq = comm.Send_init(data(rank, N, k), right, tag, backend=backend)
-            mcr.Prequest.Startall([rreq, sreq])
-            mcr.Request.Waitall([rreq, sreq])
-            rreq.Free()
-            sreq.Free()
+            reqs = [comm.Recv_init(out, left, tag, backend=backend),
+                    comm.Send_init(mine, right, tag, backend=backend)]
+            mcr.Prequest.Startall(reqs)
+            mcr.Request.Waitall(reqs)
+            for r in reqs:
+                r.Free()
         failures.check(f"{send} -> {recv} (backend={backend!r})", out, data(left, N, k))
-    out = torch.zeros(N)
-    status = mcr.Status()
+    out, status = torch.zeros(N), mcr.Status()
     comm.Sendrecv(data(rank, N, 5), right, 20, out, left, 20, status, backend=backend)
     failures.check(f"Sendrecv (backend={backend!r})", out, data(left, N, 5))
     assert (status.source, status.tag, status.Get_count()) == (left, 20, N), backend
@@ -532,8 +355,7 @@ def ring_messages(comm, backend, failures):
 def point_to_point_forms_run_with_each_backend_spelling(comm):
     failures = Failures(comm)
     for backend in GOOD_BACKENDS:
-        for method in P2P_NULL:                          # PROC_NULL: nothing moves
-            args, _ = call_args(comm, method)
+        for method, args in P2P_NULL.items():
             result = getattr(comm, method)(*args, backend=backend)
             if method in ("Probe", "Iprobe"):
                 assert result is True, (method, backend, result)
@@ -559,11 +381,10 @@ def nccl_refusal(exc):
 def nccl_refuses_host_buffers_clearly(comm):
     failures = []
     for method in ALL_METHODS:
-        args, kwargs = call_args(comm, method)
         if method in ("Probe", "Iprobe") or "arrier" in method:
             continue                                     # no buffer to refuse
         try:
-            complete(getattr(comm, method)(*args, backend="nccl", **kwargs))
+            complete(getattr(comm, method)(*call_args(comm, method), backend="nccl"))
         except Exception as exc:  # noqa: BLE001 - the kind is what is checked
             if not nccl_refusal(exc):
                 failures.append(f"{method}: {type(exc).__name__}: {exc}")
@@ -610,8 +431,7 @@ def derived_communicators_inherit_the_default_backend(comm):
         assert child.backend == "gloo", (how, child.backend)
         assert default_runs_on(child, "gloo"), how
         # the default does give the right result, and backend= still overrides it
-        x = torch.full((3,), float(comm.rank + 1))
-        y = torch.zeros(3)
+        x, y = torch.full((3,), float(comm.rank + 1)), torch.zeros(3)
         child.Allreduce(x, y)
         members = child.allgather(comm.rank)
         assert_equal(y, torch.full((3,), float(sum(r + 1 for r in members))))

@@ -1,14 +1,17 @@
-"""Compressed collectives (mcr.compress): codecs on their own, then every
-operation in every form on real MPI processes, on MPI and Gloo.
+"""Compressed collectives (mcr.compress): the codecs alone, then the
+operations in every form on MPI and Gloo, on real MPI processes.
 
-Expected values are computed here with torch (and zfpy) on the whole data:
-fp16/bf16 results are exact (each input cast, reduced in rank order in the
-buffer's type, cast again), zfp results within the bound the docs state.
-The messages are parsed by the core (``run`` with ``msg=None`` parses its
-arguments on a private communicator through the core's own parser).
+Expected values are computed here with torch (and zfpy) on the whole data,
+through Q(x), what a codec makes of x (a cast there and back; a user codec's
+own functions): moved data arrives as Q(x), except what a root keeps (its own
+block under IN_PLACE, Bcast's buffer); a reduction gives Q(fold(Q(x_0), ...,
+Q(x_{n-1}))) in rank order in the buffer's type (Reduce_scatter(_block): not
+rounded again); zfp results are within the bound the docs state.
 """
 
+import collections
 import importlib.util
+import itertools
 import sys
 
 import pytest
@@ -18,70 +21,105 @@ from mpi4py import MPI
 import mcr
 from mcr import compress
 from mpiharness import case, mpi_cases, run_script
+from opmatrix import Findings, no_check, nonblocking, refill
+from opref import OPS, cat, expect, layout, place, sentinel, vcounts
 from util import assert_comm_works, raises
 
 BACKENDS = ("mpi", "gloo")
-FORMS = compress.FORMS
 HAVE_ZFP = importlib.util.find_spec("zfpy") is not None
 CASTS = {"fp16": torch.float16, "bf16": torch.bfloat16}
+F32, F64 = torch.float32, torch.float64
 
 
-def data(rank, n, dtype=torch.float32, seed=0):
-    """Rank `rank`'s values: normal, of varied scale, not representable in fp16."""
-    g = torch.Generator().manual_seed(7919 * seed + rank)
+def data(key, n, dtype=F32, seed=0):
+    """Values of varied scale, not representable in fp16."""
+    g = torch.Generator().manual_seed(7919 * seed + key)
     return (torch.randn(n, generator=g, dtype=torch.float64) * 10).to(dtype)
 
 
 def cast(x, name):
-    """Q(x) of a cast codec, computed independently."""
     return x.to(CASTS[name]).to(x.dtype)
 
 
-def folded(values, name, op="SUM"):
+def folded(values, q, op="SUM"):
     """fold(Q(x_0), ..., Q(x_{n-1})) in rank order, in the values' own type."""
-    acc = cast(values[0], name)
+    fold = {"SUM": torch.add, "MAX": torch.maximum, "MIN": torch.minimum}[op]
+    acc = q(values[0])
     for v in values[1:]:
-        q = cast(v, name)
-        acc = acc + q if op == "SUM" else torch.maximum(acc, q) if op == "MAX" \
-            else torch.minimum(acc, q)
+        acc = fold(acc, q(v))
     return acc
 
 
-def reduced(values, name, op="SUM"):
-    """Q(fold(Q(x_0), ..., Q(x_{n-1}))) in rank order, as documented."""
-    return cast(folded(values, name, op), name)
+def reduced(values, q, op="SUM"):
+    """Q(fold(Q(x_0), ..., Q(x_{n-1})))."""
+    return q(folded(values, q, op))
 
 
 def zfp_bound(rate):
     return 2.0 ** (7 - rate)
 
 
-def start_wait(req, form, before=None):
-    """Complete what `run` returned for `form` (a persistent request twice,
-    calling `before()` before each start)."""
-    if form == "blocking":
-        assert req is None
-    elif form == "nonblocking":
-        req.Wait()
-    else:
-        for _ in range(2):
-            if before is not None:
-                before()
-            req.Start()
-            req.Wait()
-        req.Free()
+def _half(x):
+    return x.to(torch.float16)
 
 
-def method(op, form):
-    if form == "nonblocking":
-        return "I" + op[0].lower() + op[1:]
-    return op + "_init" if form == "persistent" else op
+def _unhalf(payload, like):
+    return payload.view(torch.float16)
 
 
-def run(comm, op, form, args, spec, backend, before=None):
-    """`op` in `form` through the communicator's method with ``compress=spec``."""
-    req = getattr(comm, method(op, form))(*args, backend=backend, compress=spec)
-    start_wait(req, form, before)
+def _nonzeros(x):
+    """A codec whose size depends on the values: fp16 of the first k values,
+    k being the count of leading nonzeros."""
+    k = int((x != 0).cumprod(0).sum()) if x.numel() else 0
+    return x[:k].to(torch.float16)
+
+
+def _fill(payload, like):
+    out = torch.zeros_like(like)
+    head = payload.view(torch.float16)
+    out[:head.numel()] = head.to(like.dtype)
+    return out
+
+
+def q16(x):
+    return cast(x, "fp16")
+
+
+# codec: (compress= spec, Q)
+CODECS = {"fp16": ("fp16", q16), "bf16": ("bf16", lambda x: cast(x, "bf16")),
+          "half": ((_half, _unhalf), q16),
+          "nonzeros": ((_nonzeros, _fill), lambda x: _fill(_nonzeros(x).view(torch.uint8), x))}
+
+
+def run(comm, found, what, method, form, make, spec, backend):
+    """`method` in `form` on `backend` with ``compress=spec``; `make(seed)`
+    gives (args, check). A persistent request starts twice, new data written
+    into its buffers before each start. Return the arguments."""
+    label = f"{what} [{backend} {form}]"
+    args, check = make(0)
+    with found.check(label):
+        if form == "persistent":
+            req = getattr(comm, method + "_init")(*args, backend=backend, compress=spec)
+            for seed in (1, 2):
+                new_args, check = make(seed)
+                refill(args, new_args)
+                req.Start()
+                req.Wait()
+                with found.check(f"{label} start {seed}"):
+                    check(args)
+            req.Free()
+        else:
+            call = method if form == "blocking" else nonblocking(method)
+            req = getattr(comm, call)(*args, backend=backend, compress=spec)
+            assert (req is None) == (form == "blocking"), req
+            if req is not None:
+                req.Wait()
+            check(args)
+    return args
+
+
+def fixed(args):
+    return lambda seed: (args, no_check)
 
 
 # -- codecs, without MPI ----------------------------------------------------------------
@@ -111,34 +149,30 @@ def test_bad_codecs(spec, exc, fragment):
 
 
 @pytest.mark.parametrize("name", ["fp16", "bf16"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", [F32, F64])
 def test_cast_round_trip(name, dtype):
-    c = compress.codec(name)
-    x = data(0, 101, dtype)
+    c, x, out = compress.codec(name), data(0, 101, dtype), torch.empty(101, dtype=dtype)
     payload = compress._encoded(c, x)
     assert payload.dtype == torch.uint8 and payload.numel() == 2 * 101
-    out = torch.empty_like(x)
     c.decode(payload, out)
     assert torch.equal(out, cast(x, name))
 
 
 def test_fp16_overflow_is_inf():
-    c = compress.codec("fp16")
-    out = torch.empty(2)
+    c, out = compress.codec("fp16"), torch.empty(2)
     c.decode(compress._encoded(c, torch.tensor([1e5, -7e4])), out)
     assert out.isinf().all()
 
 
 @pytest.mark.skipif(not HAVE_ZFP, reason="zfpy is not installed")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", [F32, F64])
 @pytest.mark.parametrize("rate", [3, 4.5, 8, 12.3, 16, 32, 64])
 def test_zfp_wire_size_and_bound(dtype, rate):
     c = compress.codec(f"zfp:rate={rate}")
     for n in (0, 1, 3, 4, 5, 100, 1001, 4099):
-        x = data(n, n, dtype)
+        x, out = data(n, n, dtype), torch.empty(n, dtype=dtype)
         payload = compress._encoded(c, x)        # checks the size against wire_nbytes
         assert payload.numel() == c.wire_nbytes(n, dtype)
-        out = torch.empty_like(x)
         c.decode(payload, out)
         if n and 8 <= rate <= 32:
             assert (out - x).abs().max() <= zfp_bound(rate) * x.abs().max()
@@ -163,210 +197,155 @@ def test_user_codec_checks_its_results():
         short.decode(torch.zeros(12, dtype=torch.uint8), torch.zeros(3))
 
 
-# -- operations on MPI and Gloo -------------------------------------------------------
+# -- every operation, exact results ---------------------------------------------------
+#
+# A maker(comm, variant, gen, q, root) gives (args, check) of its operation;
+# gen(key, n) is the data of a rank (or a pair of ranks), q is Q.
 
 
-@case
-def allreduce_cast_exact(comm):
-    size, rank = comm.size, comm.rank
-    for backend in BACKENDS:
-        for form in FORMS:
-            for name, dtype, n, op in (("fp16", torch.float32, 37, "SUM"),
-                                       ("bf16", torch.float64, 5, "SUM"),
-                                       ("fp16", torch.float64, 1000, "MAX"),
-                                       ("bf16", torch.float32, 2, "MIN")):
-                x = data(rank, n, dtype)
-                y = torch.full((n,), -1.0, dtype=dtype)
-                run(comm, "Allreduce", form, (x, y, getattr(mcr, op)), name, backend)
-                expected = reduced([data(r, n, dtype) for r in range(size)], name, op)
-                assert torch.equal(y, expected), (backend, form, name, op, y, expected)
-                assert torch.equal(x, data(rank, n, dtype))            # sendbuf untouched
-            # in place
-            z = data(rank, 9)
-            run(comm, "Allreduce", form, (mcr.IN_PLACE, z, mcr.SUM), "fp16", backend,
-                before=lambda: z.copy_(data(rank, 9)))
-            assert torch.equal(z, reduced([data(r, 9) for r in range(size)], "fp16"))
+def reduction(comm, v, gen, q, root):
+    """Allreduce, Reduce, Reduce_scatter_block, Reduce_scatter (uneven counts,
+    rank 0's empty); the input must stay as it was."""
+    rank, size, op = comm.rank, comm.size, OPS[v.op]
+    counts = {"Reduce_scatter_block": [v.n] * size, "Reduce_scatter":
+              [0 if i == 0 and size > 1 else 1 + i % 3 for i in range(size)]}.get(v.method)
+    xs = [gen(r, sum(counts) if counts else v.n) for r in range(size)]
+    if counts:
+        start = sum(counts[:rank])
+        want = folded(xs, q, v.op)[start:start + counts[rank]]
+    else:
+        want = reduced(xs, q, v.op)
+    tail = {"Reduce": (op, root), "Reduce_scatter": (counts, op)}.get(v.method, (op,))
+    if v.method == "Reduce" and rank != root:
+        return (xs[rank], None) + tail, no_check
+    if v.in_place:      # the input is the whole receive buffer, the result at its start
+        return (mcr.IN_PLACE, xs[rank]) + tail, lambda a: expect(a[1][:len(want)], want)
+    return ((xs[rank].clone(), sentinel(len(want), v.dtype)) + tail,
+            lambda a: (expect(a[1], want), expect(a[0], xs[rank])))
 
 
-@case
-def reduce_and_reduce_scatter_cast_exact(comm):
-    # Reduce: the root gets Allreduce's bits; Reduce_scatter(_block): each
-    # rank's block is fold(Q(x_0), ..., Q(x_{n-1})), rounded once
-    size, rank = comm.size, comm.rank
-    root = size - 1
-    counts = [(0 if i == 0 and size > 1 else 1 + i % 3) for i in range(size)]
-    start = sum(counts[:rank])
-    for backend in BACKENDS:
-        for form in FORMS:
-            for name, dtype, op in (("fp16", torch.float32, "SUM"),
-                                    ("bf16", torch.float64, "MAX")):
-                where = (backend, form, name, op)
-                xs = [data(r, 37, dtype) for r in range(size)]
-                y = torch.full((37,), -1.0, dtype=dtype) if rank == root else None
-                run(comm, "Reduce", form, (xs[rank], y, getattr(mcr, op), root), name, backend)
-                if rank == root:
-                    assert torch.equal(y, reduced(xs, name, op)), where
-                xs = [data(r, 4 * size, dtype, seed=1) for r in range(size)]
-                y = torch.full((4,), -1.0, dtype=dtype)
-                run(comm, "Reduce_scatter_block", form, (xs[rank], y, getattr(mcr, op)), name,
-                    backend)
-                assert torch.equal(y, folded(xs, name, op)[4 * rank:4 * rank + 4]), where
-                assert torch.equal(xs[rank], data(rank, 4 * size, dtype, seed=1))
-                xs = [data(r, sum(counts), dtype, seed=2) for r in range(size)]
-                y = torch.full((counts[rank],), -1.0, dtype=dtype)
-                run(comm, "Reduce_scatter", form, (xs[rank], y, counts, getattr(mcr, op)),
-                    name, backend)
-                assert torch.equal(y, folded(xs, name, op)[start:start + counts[rank]]), where
-            # in place: the input is the whole receive buffer, the result its first block
-            z = data(rank, 3 * size)
-            run(comm, "Reduce_scatter_block", form, (mcr.IN_PLACE, z, mcr.SUM), "fp16",
-                backend, before=lambda: z.copy_(data(rank, 3 * size)))
-            want = folded([data(r, 3 * size) for r in range(size)], "fp16")
-            assert torch.equal(z[:3], want[3 * rank:3 * rank + 3]), (backend, form)
-            w = data(rank, 11)
-            run(comm, "Reduce", form, (mcr.IN_PLACE if rank == root else w,
-                                       w if rank == root else None, mcr.SUM, root),
-                "bf16", backend, before=lambda: w.copy_(data(rank, 11)))
-            if rank == root:
-                assert torch.equal(w, reduced([data(r, 11) for r in range(size)], "bf16"))
+def gathering(comm, v, gen, q, root):
+    """Gather(v), Allgather(v), the vector ones with gaps between the blocks:
+    Q of every block, the root's own too, but for Gather's IN_PLACE."""
+    rank, size, rooted = comm.rank, comm.size, not v.method.startswith("All")
+    vector = v.method.endswith("v")
+    counts = vcounts(size) if vector else [v.n] * size
+    displs, length = layout(counts, "gaps" if vector else "packed")
+    blocks = [gen(r, c) for r, c in enumerate(counts)]
+    if rooted and rank != root:
+        return (blocks[rank], None, root), no_check
+    recv = sentinel(length, v.dtype)
+    keep = rooted and v.in_place
+    want = place(recv, [b if keep and r == rank else q(b) for r, b in enumerate(blocks)], displs)
+    if v.in_place:
+        recv = place(recv, [blocks[rank]], [displs[rank]])
+    send = mcr.IN_PLACE if v.in_place else blocks[rank]
+    args = (send, [recv, counts, displs] if vector else recv) + ((root,) if rooted else ())
+    return args, lambda a: expect(a[1][0] if vector else a[1], want)
 
 
-@case
-def gather_and_scatter_cast_exact(comm):
-    # Gather(v): the root gets Q(block) of every rank, its own too;
-    # Scatter(v): each rank gets Q(its block), the root too; in place, the
-    # root's own block stays as it is
-    size, rank = comm.size, comm.rank
-    root = size - 1
-    here = rank == root
-    counts = [1 + (2 * i) % 5 for i in range(size)]
-    displs = [sum(counts[:i]) + i for i in range(size)]        # a gap after each block
-    total = displs[-1] + counts[-1] + 1
-    for backend in BACKENDS:
-        for form in FORMS:
-            for name, dtype in (("fp16", torch.float32), ("bf16", torch.float64)):
-                where = (backend, form, name)
-                xs = [data(r, 6, dtype) for r in range(size)]
-                out = torch.full((6 * size,), -1.0, dtype=dtype) if here else None
-                run(comm, "Gather", form, (xs[rank], out, root), name, backend)
-                if here:
-                    assert torch.equal(out, torch.cat([cast(v, name) for v in xs])), where
-                vs = [data(r, counts[r], dtype, seed=3) for r in range(size)]
-                out = torch.full((total,), -1.0, dtype=dtype) if here else None
-                run(comm, "Gatherv", form, (vs[rank], [out, counts, displs] if here else None,
-                                            root), name, backend)
-                if here:
-                    want = torch.full((total,), -1.0, dtype=dtype)
-                    for r in range(size):
-                        want[displs[r]:displs[r] + counts[r]] = cast(vs[r], name)
-                    assert torch.equal(out, want), where
-                whole = data(root, 5 * size, dtype, seed=4)
-                y = torch.full((5,), -1.0, dtype=dtype)
-                run(comm, "Scatter", form, (whole if here else None, y, root), name, backend)
-                assert torch.equal(y, cast(whole[5 * rank:5 * rank + 5], name)), where
-                whole = data(root, total, dtype, seed=5)
-                y = torch.full((counts[rank],), -1.0, dtype=dtype)
-                run(comm, "Scatterv", form, ([whole, counts, displs] if here else None, y, root),
-                    name, backend)
-                mine = whole[displs[rank]:displs[rank] + counts[rank]]
-                assert torch.equal(y, cast(mine, name)), where
-            buf = torch.full((4 * size,), -1.0)
-            buf[4 * root:4 * root + 4] = data(root, 4)
-            run(comm, "Gather", form, (mcr.IN_PLACE if here else data(rank, 4),
-                                       buf if here else None, root), "fp16", backend)
-            if here:
-                want = torch.cat([data(r, 4) if r == root else cast(data(r, 4), "fp16")
-                                  for r in range(size)])
-                assert torch.equal(buf, want), (backend, form)
-            whole = data(root, 4 * size, seed=6)
-            mine = whole[4 * rank:4 * rank + 4].clone() if here else torch.zeros(4)
-            run(comm, "Scatter", form, (whole if here else None, mcr.IN_PLACE if here else mine,
-                                        root), "fp16", backend)
-            want = whole[4 * rank:4 * rank + 4] if here else cast(whole[4 * rank:4 * rank + 4],
-                                                                   "fp16")
-            assert torch.equal(mine, want), (backend, form)
+def scattering(comm, v, gen, q, root):
+    """Scatter(v): each rank gets Q(its block), the root too, but for IN_PLACE
+    (its block stays in the send buffer)."""
+    rank, size, vector = comm.rank, comm.size, v.method.endswith("v")
+    counts = vcounts(size) if vector else [v.n] * size
+    displs, length = layout(counts, "gaps" if vector else "packed")
+    blocks = [gen(r, c) for r, c in enumerate(counts)]
+    whole = place(sentinel(length, v.dtype), blocks, displs)
+    recv, want = sentinel(counts[rank], v.dtype), q(blocks[rank])
+    if rank != root:
+        return (None, recv, root), lambda a: expect(a[1], want)
+    if v.in_place:
+        return (whole.clone(), mcr.IN_PLACE, root), lambda a: expect(a[0], whole)
+    return ([whole, counts, displs] if vector else whole, recv, root), \
+        lambda a: expect(a[1], want)
 
 
-@case
-def allgather_cast_exact(comm):
-    size, rank = comm.size, comm.rank
-    counts = [r % 3 + 1 for r in range(size)]
-    displs = [sum(counts[:r]) + r for r in range(size)]            # gaps between blocks
-    for backend in BACKENDS:
-        for form in FORMS:
-            x = data(rank, 4, torch.float64)
-            out = torch.zeros(4 * size, dtype=torch.float64)
-            run(comm, "Allgather", form, (x, out), "bf16", backend)
-            expected = torch.cat([cast(data(r, 4, torch.float64), "bf16") for r in range(size)])
-            assert torch.equal(out, expected), (backend, form)
-
-            mine = data(rank, counts[rank])
-            out = torch.full((displs[-1] + counts[-1] + 1,), 5.0)
-            run(comm, "Allgatherv", form, (mine, [out, counts, displs]), "fp16", backend)
-            expected = torch.full_like(out, 5.0)
-            for r in range(size):
-                expected[displs[r]:displs[r] + counts[r]] = cast(data(r, counts[r]), "fp16")
-            assert torch.equal(out, expected), (backend, form, out, expected)
-
-            out = torch.zeros(3 * size)
-            out[3 * rank:3 * rank + 3] = data(rank, 3)
-            run(comm, "Allgather", form, (mcr.IN_PLACE, out), "fp16", backend,
-                before=lambda: out[3 * rank:3 * rank + 3].copy_(data(rank, 3)))
-            assert torch.equal(out, torch.cat([cast(data(r, 3), "fp16") for r in range(size)]))
+def bcast(comm, v, gen, q, root):
+    """The root's buffer stays as it is, the others get Q of it."""
+    x = gen(root, v.n)
+    if comm.rank == root:
+        return (x.clone(), root), lambda a: expect(a[0], x)
+    return (sentinel(v.n, v.dtype), root), lambda a: expect(a[0], q(x))
 
 
-@case
-def bcast_cast_exact(comm):
-    size, rank = comm.size, comm.rank
-    root = size - 1
-    for backend in BACKENDS:
-        for form in FORMS:
-            buf = data(root, 50) if rank == root else torch.zeros(50)
-            run(comm, "Bcast", form, (buf, root), "fp16", backend, before=buf.zero_
-                if rank != root else None)
-            expected = data(root, 50) if rank == root else cast(data(root, 50), "fp16")
-            assert torch.equal(buf, expected), (backend, form)
+def alltoall(comm, v, gen, q, root):
+    """Alltoall(v); Alltoallv as the MoE exchange: a count for each pair, some
+    empty, gaps between the received blocks."""
+    rank, size, vector = comm.rank, comm.size, v.method.endswith("v")
+
+    def count(src, dst):
+        return (src + 2 * dst) % 4 if vector else v.n
+    outgoing = [gen(100 * rank + d, count(rank, d)) for d in range(size)]
+    incoming = [gen(100 * s + rank, count(s, rank)) for s in range(size)]
+    scounts, rcounts = [len(b) for b in outgoing], [len(b) for b in incoming]
+    rdispls, rlength = layout(rcounts, "gaps" if vector else "packed")
+    want = place(sentinel(rlength, v.dtype), [q(b) for b in incoming], rdispls)
+    if not vector:
+        send = mcr.IN_PLACE if v.in_place else cat(outgoing)
+        recv = cat(outgoing) if v.in_place else sentinel(rlength, v.dtype)
+        return (send, recv), lambda a: expect(a[1], want)
+    return (([cat(outgoing), scounts, layout(scounts, "packed")[0]],
+             [sentinel(rlength, v.dtype), rcounts, rdispls]), lambda a: expect(a[1][0], want))
 
 
-def a2a_block(src, dst, n, dtype=torch.float32):
-    return data(100 * src + dst, n, dtype)
+MAKERS = {"Allreduce": reduction, "Reduce": reduction, "Reduce_scatter_block": reduction,
+          "Reduce_scatter": reduction, "Gather": gathering, "Gatherv": gathering,
+          "Allgather": gathering, "Allgatherv": gathering, "Scatter": scattering,
+          "Scatterv": scattering, "Bcast": bcast, "Alltoall": alltoall, "Alltoallv": alltoall}
+# n: elements per block (the vector operations have their own counts); root
+# -1: the last rank
+V = collections.namedtuple("V", "method codec dtype n op root in_place",
+                           defaults=(None, None, -1, False))
+VARIANTS = [
+    V("Allreduce", "fp16", F32, 37, "SUM"), V("Allreduce", "bf16", F64, 5, "SUM"),
+    V("Allreduce", "fp16", F64, 1000, "MAX"), V("Allreduce", "bf16", F32, 2, "MIN"),
+    V("Allreduce", "fp16", F32, 9, "SUM", in_place=True),
+    V("Reduce", "fp16", F32, 37, "SUM"), V("Reduce", "bf16", F64, 37, "MAX"),
+    V("Reduce", "bf16", F32, 11, "SUM", in_place=True),
+    V("Reduce_scatter_block", "fp16", F32, 4, "SUM"),
+    V("Reduce_scatter_block", "bf16", F64, 4, "MAX"),
+    V("Reduce_scatter_block", "fp16", F32, 3, "SUM", in_place=True),
+    V("Reduce_scatter", "fp16", F32, op="SUM"), V("Reduce_scatter", "bf16", F64, op="MAX"),
+    V("Gather", "fp16", F32, 6), V("Gather", "bf16", F64, 6),
+    V("Gather", "fp16", F32, 4, in_place=True),
+    V("Gatherv", "fp16", F32), V("Gatherv", "bf16", F64),
+    V("Scatter", "fp16", F32, 5), V("Scatter", "bf16", F64, 5),
+    V("Scatter", "fp16", F32, 4, in_place=True),
+    V("Scatterv", "fp16", F32), V("Scatterv", "bf16", F64),
+    V("Allgather", "bf16", F64, 4), V("Allgather", "fp16", F32, 3, in_place=True),
+    V("Allgatherv", "fp16", F32), V("Bcast", "fp16", F32, 50),
+    V("Alltoall", "fp16", F32, 3), V("Alltoall", "bf16", F32, 2, in_place=True),
+    V("Alltoallv", "bf16", F64),
+    # user codecs (a zero in each rank's data: "nonzeros" sends a size of its own)
+    V("Allgather", "nonzeros", F32, 8), V("Bcast", "nonzeros", F32, 8, root=0),
+    V("Gather", "nonzeros", F32, 8, root=0), V("Scatter", "nonzeros", F32, 8, root=0),
+    V("Allreduce", "half", F32, 8, "SUM"), V("Reduce", "half", F32, 8, "SUM", 0),
+    V("Reduce_scatter_block", "half", F32, 8, "SUM"),
+]
 
 
-@case
-def alltoall_cast_exact(comm):
-    size, rank = comm.size, comm.rank
-    for backend in BACKENDS:
-        for form in FORMS:
-            x = torch.cat([a2a_block(rank, d, 3) for d in range(size)])
-            out = torch.zeros(3 * size)
-            run(comm, "Alltoall", form, (x, out), "fp16", backend)
-            expected = torch.cat([cast(a2a_block(s, rank, 3), "fp16") for s in range(size)])
-            assert torch.equal(out, expected), (backend, form)
+def variant_maker(comm, v):
+    """make(seed) of variant `v`."""
+    def make(seed):
+        def gen(key, n):
+            x = data(key, n, v.dtype, seed)
+            if v.codec not in CASTS and n > 2:
+                x[2 + key % (n - 2)] = 0
+            return x
+        return MAKERS[v.method](comm, v, gen, CODECS[v.codec][1], v.root % comm.size)
+    return make
 
-            # the MoE exchange: a different count for each pair, some empty
-            def count(s, d):
-                return (s + 2 * d) % 4
-            scounts = [count(rank, d) for d in range(size)]
-            rcounts = [count(s, rank) for s in range(size)]
-            sdispls = [sum(scounts[:d]) for d in range(size)]
-            rdispls = [sum(rcounts[:s]) + 1 for s in range(size)]
-            x = torch.cat([a2a_block(rank, d, scounts[d], torch.float64) for d in range(size)])
-            out = torch.zeros(sum(rcounts) + 1, dtype=torch.float64)
-            run(comm, "Alltoallv", form, ([x, scounts, sdispls], [out, rcounts, rdispls]),
-                "bf16", backend)
-            expected = torch.zeros_like(out)
-            for s in range(size):
-                expected[rdispls[s]:rdispls[s] + rcounts[s]] = \
-                    cast(a2a_block(s, rank, rcounts[s], torch.float64), "bf16")
-            assert torch.equal(out, expected), (backend, form, out, expected)
 
-            def fill(out):
-                return out.copy_(torch.cat([a2a_block(rank, d, 2) for d in range(size)]))
-            out = fill(torch.zeros(2 * size))
-            run(comm, "Alltoall", form, (mcr.IN_PLACE, out), "bf16", backend,
-                before=lambda: fill(out))
-            assert torch.equal(out, torch.cat([cast(a2a_block(s, rank, 2), "bf16")
-                                               for s in range(size)]))
+@case.matrix(backend=BACKENDS, form=compress.FORMS)
+def every_operation_exact(comm, backend, form):
+    found = Findings()
+    for v in VARIANTS:
+        what = (f"{v.method} {v.codec} on {v.dtype} n={v.n} op={v.op} root={v.root}"
+                f"{' IN_PLACE' * v.in_place}")
+        run(comm, found, what, v.method, form, variant_maker(comm, v), CODECS[v.codec][0],
+            backend)
+    found.report()
 
 
 @case
@@ -374,102 +353,28 @@ def zfp_within_bound(comm):
     if not HAVE_ZFP:
         return
     import zfpy
-    size, rank = comm.size, comm.rank
-    rate = 12
-    bound = zfp_bound(rate)
-    for backend in BACKENDS:
-        for form in ("blocking", "persistent"):
-            for dtype in (torch.float32, torch.float64):
-                n = 1003
-                x = data(rank, n, dtype)
-                y = torch.zeros(n, dtype=dtype)
-                run(comm, "Allreduce", form, (x, y, mcr.SUM), f"zfp:rate={rate}", backend)
-                inputs = [data(r, n, dtype) for r in range(size)]
-                exact = sum(v.double() for v in inputs)
-                scale = sum(v.abs().max().item() for v in inputs) + exact.abs().max().item()
-                err = (y.double() - exact).abs().max().item()
-                assert err <= 1.01 * bound * scale, (backend, form, dtype, err, bound * scale)
-                # every rank holds the same bits
-                everyone = torch.zeros(n * size, dtype=dtype)
-                comm.Allgather(y, everyone)
-                assert all(torch.equal(everyone[i * n:(i + 1) * n], y) for i in range(size))
-
-            # Allgather: each block is zfp's own rounding of it
-            x = data(rank, 77, torch.float64)
-            out = torch.zeros(77 * size, dtype=torch.float64)
-            run(comm, "Allgather", form, (x, out), f"zfp:rate={rate}", backend)
-            expected = torch.cat([torch.from_numpy(zfpy.decompress_numpy(zfpy.compress_numpy(
-                data(r, 77, torch.float64).numpy(), rate=rate))) for r in range(size)])
-            assert torch.equal(out, expected), (backend, form)
-
-
-def _half(x):
-    return x.to(torch.float16)
-
-
-def _unhalf(payload, like):
-    return payload.view(torch.float16)
-
-
-def _nonzeros(x):
-    """A codec whose size depends on the values: fp16 of the first k values,
-    k being the count of leading nonzeros."""
-    k = int((x != 0).cumprod(0).sum()) if x.numel() else 0
-    return x[:k].to(torch.float16)
-
-
-def _fill(payload, like):
-    out = torch.zeros_like(like)
-    head = payload.view(torch.float16)
-    out[:head.numel()] = head.to(like.dtype)
-    return out
-
-
-@case
-def user_codec_sizes_exchanged(comm):
-    size, rank = comm.size, comm.rank
-    pair = (_nonzeros, _fill)
-
-    def truncated(x):
-        return _fill(_nonzeros(x).view(torch.uint8), x)
-
-    for backend in BACKENDS:
-        for form in FORMS:
-            x = data(rank, 8)
-            x[rank + 2:rank + 3] = 0               # a different payload size on each rank
-            out = torch.zeros(8 * size)
-            run(comm, "Allgather", form, (x, out), pair, backend)
-            xs = [data(r, 8) for r in range(size)]
-            for r, v in enumerate(xs):
-                v[r + 2:r + 3] = 0
-            assert torch.equal(out, torch.cat([truncated(v) for v in xs])), (backend, form)
-
-            y = torch.zeros(8)
-            run(comm, "Allreduce", form, (x, y, mcr.SUM), (_half, _unhalf), backend)
-            assert torch.equal(y, reduced(xs, "fp16"))
-
-            buf = x.clone()
-            run(comm, "Bcast", form, (buf, 0), pair, backend)
-            assert torch.equal(buf, x if rank == 0 else truncated(xs[0]))
-
-            out = torch.zeros(8 * size) if rank == 0 else None
-            run(comm, "Gather", form, (x, out, 0), pair, backend)
-            if rank == 0:
-                assert torch.equal(out, torch.cat([truncated(v) for v in xs]))
-            y = torch.zeros(8)
-            run(comm, "Scatter", form, (torch.cat(xs) if rank == 0 else None, y, 0), pair,
-                backend)
-            assert torch.equal(y, truncated(xs[rank]))
-
-            y = torch.zeros(8) if rank == 0 else None
-            run(comm, "Reduce", form, (x, y, mcr.SUM, 0), (_half, _unhalf), backend)
-            if rank == 0:
-                assert torch.equal(y, reduced(xs, "fp16"))
-            xs8 = [torch.cat([v] * size) for v in xs]
-            y = torch.zeros(8)
-            run(comm, "Reduce_scatter_block", form, (xs8[rank], y, mcr.SUM), (_half, _unhalf),
-                backend)
-            assert torch.equal(y, folded(xs8, "fp16")[8 * rank:8 * rank + 8])
+    size, rank, rate, n, found = comm.size, comm.rank, 12, 1003, Findings()
+    spec, bound = f"zfp:rate={rate}", zfp_bound(rate)
+    for backend, form in itertools.product(BACKENDS, ("blocking", "persistent")):
+        for dtype in (F32, F64):
+            inputs = [data(r, n, dtype) for r in range(size)]
+            exact = sum(v.double() for v in inputs)
+            scale = sum(v.abs().max().item() for v in inputs) + exact.abs().max().item()
+            _, y, _ = run(comm, found, f"zfp Allreduce on {dtype}", "Allreduce", form,
+                          fixed((inputs[rank], torch.zeros(n, dtype=dtype), mcr.SUM)), spec,
+                          backend)
+            err = (y.double() - exact).abs().max().item()
+            assert err <= 1.01 * bound * scale, (backend, form, dtype, err, bound * scale)
+            everyone = torch.zeros(n * size, dtype=dtype)          # the same bits everywhere
+            comm.Allgather(y, everyone)
+            assert all(torch.equal(everyone[i * n:(i + 1) * n], y) for i in range(size))
+        # Allgather: each block is zfp's own rounding of it
+        args = (data(rank, 77, F64), torch.zeros(77 * size, dtype=F64))
+        run(comm, found, "zfp Allgather", "Allgather", form, fixed(args), spec, backend)
+        expected = torch.cat([torch.from_numpy(zfpy.decompress_numpy(zfpy.compress_numpy(
+            data(r, 77, F64).numpy(), rate=rate))) for r in range(size)])
+        assert torch.equal(args[1], expected), (backend, form)
+    found.report()
 
 
 @case
@@ -479,42 +384,39 @@ def stages_posted_in_order(comm):
     order everywhere."""
     size, rank = comm.size, comm.rank
     for backend in BACKENDS:
-        xs, ys, reqs = [], [], []
+        ys, reqs = [], []
         for i in range(4):
             spec = "fp16" if i % 2 else (_half, _unhalf)       # 2 and 4 stages
-            x = data(rank, 10 + i, seed=i)
-            y = torch.zeros(10 + i)
-            reqs.append(comm.Iallreduce(x, y, mcr.SUM, backend=backend, compress=spec))
-            xs.append(x)
-            ys.append(y)
-        order = list(range(4)) if rank % 2 else list(reversed(range(4)))
-        for i in order:
+            ys.append(torch.zeros(10 + i))
+            reqs.append(comm.Iallreduce(data(rank, 10 + i, seed=i), ys[i], mcr.SUM,
+                                        backend=backend, compress=spec))
+        for i in range(4) if rank % 2 else reversed(range(4)):
             reqs[i].Wait()
-        for i in range(4):
-            assert torch.equal(ys[i], reduced([data(r, 10 + i, seed=i) for r in range(size)],
-                                              "fp16")), (backend, i)
-        # Waitall and Test across them
+        for i, y in enumerate(ys):
+            xs = [data(r, 10 + i, seed=i) for r in range(size)]
+            assert torch.equal(y, reduced(xs, q16)), (backend, i)
+        # Test too
         y = torch.zeros(6)
-        r1 = comm.Iallreduce(data(rank, 6), y, mcr.MAX, backend=backend, compress="bf16")
-        while not r1.Test():
+        req = comm.Iallreduce(data(rank, 6), y, mcr.MAX, backend=backend, compress="bf16")
+        while not req.Test():
             pass
-        assert torch.equal(y, reduced([data(r, 6) for r in range(size)], "bf16", "MAX"))
+        assert torch.equal(y, reduced([data(r, 6) for r in range(size)], CODECS["bf16"][1],
+                                      "MAX"))
 
 
 @case
 def bytes_on_the_wire(comm):
     # the logger records them, one record per call (per start), the private
     # communicators' own traffic not
-    size, rank = comm.size, comm.rank
+    size, rank, found = comm.size, comm.rank, Findings()
     for backend in BACKENDS:
         mcr.log.reset()
         mcr.log.start(records=True)
-        run(comm, "Allgather", "blocking", (data(rank, 10), torch.zeros(10 * size)), "fp16",
-            backend)
-        run(comm, "Allreduce", "persistent", (data(rank, 8 * size), torch.zeros(8 * size),
-                                              mcr.SUM), "bf16", backend)
-        buf = torch.zeros(5)
-        run(comm, "Bcast", "nonblocking", (buf, 0), "fp16", backend)
+        run(comm, found, "", "Allgather", "blocking",
+            fixed((data(rank, 10), torch.zeros(10 * size))), "fp16", backend)
+        run(comm, found, "", "Allreduce", "persistent",
+            fixed((data(rank, 8 * size), torch.zeros(8 * size), mcr.SUM)), "bf16", backend)
+        run(comm, found, "", "Bcast", "nonblocking", fixed((torch.zeros(5), 0)), "fp16", backend)
         records = mcr.log.records()
         mcr.log.stop()
         mcr.log.reset()
@@ -527,8 +429,9 @@ def bytes_on_the_wire(comm):
         for start in (start1, start2):
             assert start["bytes"] == 32 * size
             assert start["wire_bytes"] == 2 * 2 * 8 * (size - 1), start
-        assert bcast["bytes"] == 20 and bcast["wire_bytes"] == (10 * (size - 1) if rank == 0
-                                                                 else 0)
+        assert bcast["bytes"] == 20
+        assert bcast["wire_bytes"] == (10 * (size - 1) if rank == 0 else 0)
+    found.report()
 
 
 @case
@@ -565,10 +468,9 @@ def communicator_default(comm):
     assert dup.compress is None
     dup.compress = "fp16"
     assert dup.compress == "fp16"
-    xs = [data(r, 7) / 3 for r in range(size)]
-    y = torch.zeros(7)
+    xs, y = [data(r, 7) / 3 for r in range(size)], torch.zeros(7)
     dup.Allreduce(xs[rank], y)
-    assert torch.equal(y, reduced(xs, "fp16"))
+    assert torch.equal(y, reduced(xs, q16))
     ints = [(torch.arange(7) % 3 + r + 1).float() for r in range(size)]   # exact sums
     dup.Allreduce(ints[rank], y, compress=False)
     assert torch.equal(y, sum(ints))
@@ -589,16 +491,16 @@ def communicator_default(comm):
 
 @case
 def private_comms_freed_with_comm(comm):
-    dup = comm.Dup()
+    dup, found = comm.Dup(), Findings()
     for backend in BACKENDS:
-        y = torch.zeros(3)
-        run(dup, "Allreduce", "nonblocking", (torch.ones(3), y, mcr.SUM), "fp16", backend)
+        _, y, _ = run(dup, found, "", "Allreduce", "nonblocking",
+                      fixed((torch.ones(3), torch.zeros(3), mcr.SUM)), "fp16", backend)
         assert torch.equal(y, torch.full((3,), float(comm.size)))
-    privates = [c for g in (compress.private_comms(dup, b) for b in BACKENDS)
-                for c in g.comms]
+    privates = [c for b in BACKENDS for c in compress.private_comms(dup, b).comms]
     assert len(privates) == 4
     dup.Free()
     assert all(c == MPI.COMM_NULL for c in privates)
+    found.report()
     assert_comm_works(comm)
 
 
@@ -613,8 +515,8 @@ def test_benchmark_tiny():
                                "--codecs", "fp16,bf16", "--ops", "Allreduce,Alltoall",
                                "--rounds", "1", "--iters", "2"], timeout=120)
     assert code == 0, out
-    rows = [line.split() for line in out.splitlines() if line.startswith(("Allreduce",
-                                                                          "Alltoall"))]
+    rows = [line.split() for line in out.splitlines()
+            if line.startswith(("Allreduce", "Alltoall"))]
     assert len(rows) == 2 * 2 * 3, out
     for op, size, spec, wire, t, speed, err in rows:
         assert float(t) > 0

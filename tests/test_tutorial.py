@@ -1,18 +1,12 @@
 """Programs in the style of mpi4py's tutorial, unchanged under either import.
 
-Each program is written as an mpi4py user writes it: ``MPI`` is the module
-(``from mpi4py import MPI`` or ``from mcr import MPI``), ``comm`` is
-``MPI.COMM_WORLD`` and ``np`` is numpy. Each case runs its program twice, with
-``mcr.MPI`` on mcr's COMM_WORLD and with ``mpi4py.MPI`` on mpi4py's, and checks
-that the two give identical results which also equal values computed
-independently with numpy on the whole data. The ``*_torch`` cases run the same
-programs under mcr with ``np=torch``: the functions the programs call
-(``arange``, ``empty``, ``zeros``, ``full``, ...) exist under the same names
-in torch, so the buffers become tensors; their results must equal the numpy
-ones.
-
-A program returns a dict of its results on the calling process (what it
-received, what the calls returned), so the expected values are per rank.
+Each program is written as an mpi4py user writes it (``MPI`` the module,
+``comm`` its COMM_WORLD, ``np`` numpy) and returns a dict of its results on
+this process. ``tutorial`` runs it with ``mcr.MPI`` and with ``mpi4py.MPI``:
+identical results, equal to values computed independently with numpy.
+``tutorial_torch`` runs it under mcr with ``np=torch`` (``arange``, ``empty``,
+``zeros``, ``full``, ... exist in torch too, so the buffers are tensors): the
+same results as on numpy arrays.
 """
 
 import math
@@ -23,9 +17,6 @@ from mpi4py import MPI as MPI4PY
 
 from mcr import MPI as MCR
 from mpiharness import case, mpi_cases
-
-
-# -- the programs ------------------------------------------------------------------------
 
 
 def point_to_point(MPI, comm, np=numpy):
@@ -75,17 +66,13 @@ def point_to_point(MPI, comm, np=numpy):
 
 
 def expected_point_to_point(size, rank):
-    results = {}
+    left = (rank - 1) % size
+    results = {"probed": numpy.full(left + 1, 1.5 * left), "probed_from": left}
     if size > 1 and rank == 1:
-        results["explicit"] = numpy.arange(1000, dtype=numpy.int32)
-        results["automatic"] = numpy.arange(100, dtype=numpy.float64)
         partial = numpy.full(20, -1, dtype=numpy.int32)
         partial[:10] = 3 * numpy.arange(10)
-        results["partial"] = partial
-        results["partial_count"] = 10
-    left = (rank - 1) % size
-    results["probed"] = numpy.full(left + 1, 1.5 * left)
-    results["probed_from"] = left
+        results.update(explicit=numpy.arange(1000, dtype=numpy.int32), partial=partial,
+                       automatic=numpy.arange(100, dtype=numpy.float64), partial_count=10)
     return results
 
 
@@ -158,21 +145,16 @@ def nonblocking(MPI, comm, np=numpy):
 
 def expected_nonblocking(size, rank):
     right, left = (rank + 1) % size, (rank - 1) % size
-    results = {}
+    four = numpy.arange(4, dtype=numpy.int64)
+    results = {"waitall": True, "from_left": four + 10 * left, "from_right": four + 10 * right,
+               "sources": [left, right], "tags": [1, 2], "counts": [4, 4],
+               "waitany": list(range(6)),
+               "waitany_data": [[left + 0.25 * i] * 3 for i in range(3)],
+               "waitsome": list(range(4)),
+               "waitsome_data": [[float(-left)] * 3, list(range(10 * left, 10 * left + 4))],
+               "testall": 2 * (four + 10 * right), "testany_after": (MPI4PY.UNDEFINED, True)}
     if size > 1 and rank == 1:
         results["pair"] = numpy.arange(50, dtype=numpy.float32)
-    results["waitall"] = True
-    results["from_left"] = numpy.arange(4, dtype=numpy.int64) + 10 * left
-    results["from_right"] = numpy.arange(4, dtype=numpy.int64) + 10 * right
-    results["sources"] = [left, right]
-    results["tags"] = [1, 2]
-    results["counts"] = [4, 4]
-    results["waitany"] = list(range(6))
-    results["waitany_data"] = [[left + 0.25 * i] * 3 for i in range(3)]
-    results["waitsome"] = list(range(4))
-    results["waitsome_data"] = [[float(-left)] * 3, list(range(10 * left, 10 * left + 4))]
-    results["testall"] = 2 * (numpy.arange(4, dtype=numpy.int64) + 10 * right)
-    results["testany_after"] = (MPI4PY.UNDEFINED, True)
     return results
 
 
@@ -275,8 +257,7 @@ def compute_pi(MPI, comm, np=numpy):
 
 
 class Close(float):
-    """An expected float that a result may differ from by rounding (the order
-    in which MPI adds the shares is its own)."""
+    """An expected float a result may differ from by rounding (MPI's order of sums)."""
 
 
 def expected_compute_pi(size, rank):
@@ -430,21 +411,17 @@ def python_objects(MPI, comm):
 
 
 def expected_python_objects(size, rank):
-    left = (rank - 1) % size
-    results = {}
+    results = {"bcast": {"key1": [7, 2.72, 2 + 3j], "key2": ("abc", "xyz")},
+               "bcast_array": numpy.arange(4), "scatter": (rank + 1) ** 2,
+               "gather": [(r + 1) ** 2 for r in range(size)] if rank == 0 else None,
+               "allgather": [{"rank": r} for r in range(size)],
+               "alltoall": [10 * r + rank for r in range(size)],
+               "reduce": math.factorial(size) if rank == size - 1 else None,
+               "allreduce": size * (size - 1) // 2,
+               "allreduce_max": max((7 * r) % 5 for r in range(size)),
+               "sendrecv": ("from", (rank - 1) % size)}
     if size > 1 and rank == 1:
-        results["send_recv"] = {"a": 7, "b": 3.14}
-        results["isend_irecv"] = {"list": [1, 2, 3]}
-    results["bcast"] = {"key1": [7, 2.72, 2 + 3j], "key2": ("abc", "xyz")}
-    results["bcast_array"] = numpy.arange(4)
-    results["scatter"] = (rank + 1) ** 2
-    results["gather"] = [(r + 1) ** 2 for r in range(size)] if rank == 0 else None
-    results["allgather"] = [{"rank": r} for r in range(size)]
-    results["alltoall"] = [10 * r + rank for r in range(size)]
-    results["reduce"] = math.factorial(size) if rank == size - 1 else None
-    results["allreduce"] = size * (size - 1) // 2
-    results["allreduce_max"] = max((7 * r) % 5 for r in range(size))
-    results["sendrecv"] = ("from", left)
+        results.update(send_recv={"a": 7, "b": 3.14}, isend_irecv={"list": [1, 2, 3]})
     return results
 
 
@@ -460,7 +437,6 @@ def sub_communicators(MPI, comm, np=numpy):
     results["dup_sum"] = total
     dup.Free()
     results["dup_freed"] = dup == MPI.COMM_NULL
-
     parity = comm.Split(rank % 2, key=-rank)
     results["parity_rank_size"] = (parity.Get_rank(), parity.Get_size())
     members = np.empty(parity.Get_size(), dtype=np.int32)
@@ -471,7 +447,6 @@ def sub_communicators(MPI, comm, np=numpy):
     results["parity_bcast"] = word
     results["parity_compare"] = parity.Compare(comm)
     parity.Free()
-
     others = comm.Split(MPI.UNDEFINED if rank == 0 else 1, key=rank)
     results["left_out"] = others == MPI.COMM_NULL
     if others != MPI.COMM_NULL:
@@ -479,7 +454,6 @@ def sub_communicators(MPI, comm, np=numpy):
         others.Allreduce(np.full((1,), rank, dtype=np.int64), biggest, op=MPI.MAX)
         results["others_max"] = biggest
         others.Free()
-
     first_half = list(range((size + 1) // 2))
     group = comm.Get_group().Incl(first_half)
     if rank in first_half:
@@ -493,7 +467,6 @@ def sub_communicators(MPI, comm, np=numpy):
     if created != MPI.COMM_NULL:
         created.Free()
     group.Free()
-
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
     results["node_size"] = node.Get_size()
     node.Free()
@@ -592,149 +565,40 @@ def assert_same(actual, expected, where="results", exact=True):
 
 
 def as_numpy(results):
-    """The results of a torch run, with each tensor as a numpy array (a torch
-    run must not have produced numpy arrays)."""
+    """The results of a torch run with each tensor as a numpy array (a torch
+    run must not have made numpy arrays)."""
     if isinstance(results, dict):
         return {key: as_numpy(value) for key, value in results.items()}
     if isinstance(results, (list, tuple)):
         return type(results)(as_numpy(value) for value in results)
     assert not isinstance(results, numpy.ndarray), "the torch run made a numpy array"
-    if isinstance(results, torch.Tensor):
-        return results.numpy()
-    return results
+    return results.numpy() if isinstance(results, torch.Tensor) else results
 
 
-def run_both(program, expected, comm):
-    """Run `program` with mcr.MPI and with mpi4py.MPI: identical results, equal
-    to `expected(size, rank)`."""
+PROGRAMS = {point_to_point: expected_point_to_point, nonblocking: expected_nonblocking,
+            broadcast: expected_broadcast, scatter_gather: expected_scatter_gather,
+            matvec: expected_matvec, compute_pi: expected_compute_pi,
+            sendrecv_ring: expected_sendrecv_ring, persistent: expected_persistent,
+            vector_collectives: expected_vector_collectives,
+            python_objects: expected_python_objects,
+            sub_communicators: expected_sub_communicators, topologies: expected_topologies}
+
+
+@case.matrix(program=tuple(PROGRAMS))
+def tutorial(comm, program):
     assert comm is MCR.COMM_WORLD
     mine = program(MCR, MCR.COMM_WORLD)
-    theirs = program(MPI4PY, MPI4PY.COMM_WORLD)
-    assert_same(mine, theirs, "mcr vs mpi4py")
-    assert_same(mine, expected(comm.size, comm.rank), "mcr vs numpy", exact=False)
+    assert_same(mine, program(MPI4PY, MPI4PY.COMM_WORLD), "mcr vs mpi4py")
+    assert_same(mine, PROGRAMS[program](comm.size, comm.rank), "mcr vs numpy", exact=False)
 
 
-def run_torch(program, expected, comm):
-    """Run `program` with mcr.MPI on torch tensors: equal to `expected`, and to
-    the numpy run of mcr."""
+# python_objects: the pickle-based methods, no buffers
+@case.matrix(program=tuple(p for p in PROGRAMS if p is not python_objects))
+def tutorial_torch(comm, program):
     on_tensors = as_numpy(program(MCR, MCR.COMM_WORLD, np=torch))
     assert_same(on_tensors, program(MCR, MCR.COMM_WORLD), "torch vs numpy")
-    assert_same(on_tensors, expected(comm.size, comm.rank), "torch vs expected", exact=False)
-
-
-@case
-def tutorial_point_to_point(comm):
-    run_both(point_to_point, expected_point_to_point, comm)
-
-
-@case
-def tutorial_point_to_point_torch(comm):
-    run_torch(point_to_point, expected_point_to_point, comm)
-
-
-@case
-def tutorial_nonblocking(comm):
-    run_both(nonblocking, expected_nonblocking, comm)
-
-
-@case
-def tutorial_nonblocking_torch(comm):
-    run_torch(nonblocking, expected_nonblocking, comm)
-
-
-@case
-def tutorial_broadcast(comm):
-    run_both(broadcast, expected_broadcast, comm)
-
-
-@case
-def tutorial_broadcast_torch(comm):
-    run_torch(broadcast, expected_broadcast, comm)
-
-
-@case
-def tutorial_scatter_gather(comm):
-    run_both(scatter_gather, expected_scatter_gather, comm)
-
-
-@case
-def tutorial_scatter_gather_torch(comm):
-    run_torch(scatter_gather, expected_scatter_gather, comm)
-
-
-@case
-def tutorial_matvec(comm):
-    run_both(matvec, expected_matvec, comm)
-
-
-@case
-def tutorial_matvec_torch(comm):
-    run_torch(matvec, expected_matvec, comm)
-
-
-@case
-def tutorial_compute_pi(comm):
-    run_both(compute_pi, expected_compute_pi, comm)
-
-
-@case
-def tutorial_compute_pi_torch(comm):
-    run_torch(compute_pi, expected_compute_pi, comm)
-
-
-@case
-def tutorial_sendrecv_ring(comm):
-    run_both(sendrecv_ring, expected_sendrecv_ring, comm)
-
-
-@case
-def tutorial_sendrecv_ring_torch(comm):
-    run_torch(sendrecv_ring, expected_sendrecv_ring, comm)
-
-
-@case
-def tutorial_persistent(comm):
-    run_both(persistent, expected_persistent, comm)
-
-
-@case
-def tutorial_persistent_torch(comm):
-    run_torch(persistent, expected_persistent, comm)
-
-
-@case
-def tutorial_vector_collectives(comm):
-    run_both(vector_collectives, expected_vector_collectives, comm)
-
-
-@case
-def tutorial_vector_collectives_torch(comm):
-    run_torch(vector_collectives, expected_vector_collectives, comm)
-
-
-@case
-def tutorial_python_objects(comm):
-    run_both(python_objects, expected_python_objects, comm)
-
-
-@case
-def tutorial_sub_communicators(comm):
-    run_both(sub_communicators, expected_sub_communicators, comm)
-
-
-@case
-def tutorial_sub_communicators_torch(comm):
-    run_torch(sub_communicators, expected_sub_communicators, comm)
-
-
-@case
-def tutorial_topologies(comm):
-    run_both(topologies, expected_topologies, comm)
-
-
-@case
-def tutorial_topologies_torch(comm):
-    run_torch(topologies, expected_topologies, comm)
+    assert_same(on_tensors, PROGRAMS[program](comm.size, comm.rank), "torch vs expected",
+                exact=False)
 
 
 test_mpi = mpi_cases(__name__)
