@@ -1,12 +1,9 @@
 """The torch.distributed backend "mcr" (mcr.distributed).
 
-The MPI cases run at 1-4 ranks in one job that calls
-``init_process_group("mcr")`` with no MASTER_ADDR set (the job's environment
-has none): every torch.distributed operation is checked against values
-computed here with torch on every rank's data, on an "mcr" group running MPI
-and on one running Gloo, and DDP and a ZeRO-style step are checked against the
-same training on torch's own Gloo group. The single-process tests check what
-``import mcr`` does and does not do.
+MPI cases (1-4 ranks, one job, ``init_process_group("mcr")`` with no
+MASTER_ADDR): torch.distributed's API on "mcr" groups running MPI and Gloo
+against torch on every rank's data; DDP and a ZeRO-style step against torch's
+own Gloo group. Single-process tests: what ``import mcr`` does and does not do.
 """
 
 import os
@@ -19,12 +16,17 @@ from datetime import timedelta
 import pytest
 import torch
 import torch.distributed as dist
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 import mcr
 from mpiharness import case, mpi_cases, run_script, world_sizes
-from util import rank_data, raises
+from opref import rank_data, reduce_ref
+from util import raises
 
 BACKENDS = ("mpi", "gloo")
+REDUCTIONS = [(name, dtype) for name in ("SUM", "PRODUCT", "MAX", "MIN")
+              for dtype in (torch.float32, torch.int64, torch.float64)] + [
+    ("AVG", torch.float64), ("BXOR", torch.int32)]
 _groups = {}
 
 
@@ -41,6 +43,10 @@ def group(backend):
     return _groups[backend]
 
 
+def full(n, value):
+    return torch.full((n,), float(value))
+
+
 @case
 def init_takes_ranks_from_mpi(comm):
     group("mpi")
@@ -53,75 +59,61 @@ def init_takes_ranks_from_mpi(comm):
     assert group("gloo").comm.backend == "gloo"
 
 
-@case.quick
-def reductions_match_torch(comm):
+@case.matrix(backend=BACKENDS, quick=lambda backend: True)
+def reductions_match_torch(comm, backend):
     size, rank = comm.size, comm.rank
-    ops = {dist.ReduceOp.SUM: lambda x: x.sum(0), dist.ReduceOp.PRODUCT: lambda x: x.prod(0),
-           dist.ReduceOp.MAX: lambda x: x.max(0).values, dist.ReduceOp.MIN: lambda x: x.min(0).values}
-    for backend in BACKENDS:
-        g = group(backend)
-        for dtype in (torch.float32, torch.int64, torch.float64):
-            everyone = torch.stack([rank_data(r, 6, dtype) for r in range(size)])
-            for op, reduce in ops.items():
-                t = rank_data(rank, 6, dtype)
-                dist.all_reduce(t, op=op, group=g)
-                assert torch.equal(t, reduce(everyone)), (backend, dtype, op, t)
-                t = rank_data(rank, 6, dtype)
-                dist.reduce(t, dst=size - 1, op=op, group=g)
-                expected = reduce(everyone) if rank == size - 1 else rank_data(rank, 6, dtype)
-                assert torch.equal(t, expected), (backend, dtype, op, t)
-        t = rank_data(rank, 5, torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.AVG, group=g)
-        expected = torch.stack([rank_data(r, 5, torch.float64) for r in range(size)]).mean(0)
-        assert torch.allclose(t, expected), (backend, t, expected)
-        t = rank_data(rank, 5, torch.int32)
-        dist.all_reduce(t, op=dist.ReduceOp.BXOR, group=g)
-        expected = rank_data(0, 5, torch.int32)
-        for r in range(1, size):
-            expected = expected ^ rank_data(r, 5, torch.int32)
-        assert torch.equal(t, expected), (backend, t)
+    g = group(backend)
+    for name, dtype in REDUCTIONS:
+        everyone = [rank_data(r, 6, dtype) for r in range(size)]
+        want = torch.stack(everyone).mean(0) if name == "AVG" else \
+            reduce_ref(everyone, {"PRODUCT": "PROD"}.get(name, name))
+        same = torch.allclose if name == "AVG" else torch.equal
+        op = getattr(dist.ReduceOp, name)
+        t = rank_data(rank, 6, dtype)
+        dist.all_reduce(t, op=op, group=g)
+        assert same(t, want), (name, dtype, t, want)
+        t = rank_data(rank, 6, dtype)
+        dist.reduce(t, dst=size - 1, op=op, group=g)
+        assert same(t, want if rank == size - 1 else everyone[rank]), (name, t)
 
 
-@case.quick
-def gathers_and_scatters_match_torch(comm):
+@case.matrix(backend=BACKENDS, quick=lambda backend: True)
+def gathers_and_scatters_match_torch(comm, backend):
     size, rank = comm.size, comm.rank
-    for backend in BACKENDS:
-        g = group(backend)
-        everyone = [rank_data(r, 4) for r in range(size)]
-        t = rank_data(rank, 4)
-        dist.broadcast(t, src=size - 1, group=g)
-        assert torch.equal(t, everyone[-1])
-        out = [torch.empty(4) for _ in range(size)]
-        dist.all_gather(out, rank_data(rank, 4), group=g)
-        assert all(torch.equal(o, e) for o, e in zip(out, everyone)), backend
-        flat = torch.empty(size, 4)
-        dist.all_gather_into_tensor(flat, rank_data(rank, 4), group=g)
-        assert torch.equal(flat, torch.stack(everyone)), backend
-        # uneven all_gather: rank r contributes r + 1 elements
-        out = [torch.empty(r + 1) for r in range(size)]
-        dist.all_gather(out, rank_data(rank, rank + 1), group=g)
-        assert all(torch.equal(o, rank_data(r, r + 1)) for r, o in enumerate(out)), backend
-        root = size // 2
-        got = [torch.empty(4) for _ in range(size)] if rank == root else None
-        dist.gather(rank_data(rank, 4), got, dst=root, group=g)
-        if rank == root:
-            assert all(torch.equal(o, e) for o, e in zip(got, everyone)), backend
-        out = torch.empty(3)
-        blocks = [rank_data(100 + r, 3) for r in range(size)] if rank == root else None
-        dist.scatter(out, blocks, src=root, group=g)
-        assert torch.equal(out, rank_data(100 + rank, 3)), backend
-        # reduce_scatter: block q of rank r is rank_data(10 * r + q)
-        out = torch.empty(3)
-        dist.reduce_scatter(out, [rank_data(10 * rank + q, 3) for q in range(size)], group=g)
-        assert torch.equal(out, sum(rank_data(10 * r + rank, 3) for r in range(size))), backend
-        out = torch.empty(2)
-        whole = torch.cat([rank_data(10 * rank + q, 2) for q in range(size)])
-        dist.reduce_scatter_tensor(out, whole, group=g)
-        assert torch.equal(out, sum(rank_data(10 * r + rank, 2) for r in range(size))), backend
+    g, root = group(backend), size // 2
+    everyone = [rank_data(r, 4) for r in range(size)]
+    t = rank_data(rank, 4)
+    dist.broadcast(t, src=size - 1, group=g)
+    assert torch.equal(t, everyone[-1])
+    out = [torch.empty(4) for _ in range(size)]
+    dist.all_gather(out, rank_data(rank, 4), group=g)
+    assert all(map(torch.equal, out, everyone))
+    flat = torch.empty(size, 4)
+    dist.all_gather_into_tensor(flat, rank_data(rank, 4), group=g)
+    assert torch.equal(flat, torch.stack(everyone))
+    # uneven all_gather: rank r contributes r + 1 elements
+    out = [torch.empty(r + 1) for r in range(size)]
+    dist.all_gather(out, rank_data(rank, rank + 1), group=g)
+    assert all(torch.equal(o, rank_data(r, r + 1)) for r, o in enumerate(out))
+    got = [torch.empty(4) for _ in range(size)] if rank == root else None
+    dist.gather(rank_data(rank, 4), got, dst=root, group=g)
+    assert rank != root or all(map(torch.equal, got, everyone))
+    out = torch.empty(3)
+    blocks = [rank_data(100 + r, 3) for r in range(size)] if rank == root else None
+    dist.scatter(out, blocks, src=root, group=g)
+    assert torch.equal(out, rank_data(100 + rank, 3))
+    # reduce_scatter: block q of rank r is rank_data(10 * r + q)
+    out = torch.empty(3)
+    dist.reduce_scatter(out, [rank_data(10 * rank + q, 3) for q in range(size)], group=g)
+    assert torch.equal(out, sum(rank_data(10 * r + rank, 3) for r in range(size)))
+    out = torch.empty(2)
+    whole = torch.cat([rank_data(10 * rank + q, 2) for q in range(size)])
+    dist.reduce_scatter_tensor(out, whole, group=g)
+    assert torch.equal(out, sum(rank_data(10 * r + rank, 2) for r in range(size)))
 
 
-@case.quick
-def all_to_all_uneven_matches_torch(comm):
+@case.matrix(backend=BACKENDS, quick=lambda backend: True)
+def all_to_all_uneven_matches_torch(comm, backend):
     size, rank = comm.size, comm.rank
 
     def rows(src, dst):            # rows rank src sends to rank dst: uneven, some empty
@@ -130,58 +122,49 @@ def all_to_all_uneven_matches_torch(comm):
     def block(src, dst, dtype):
         return torch.full((rows(src, dst), 5), float(100 * src + dst)).to(dtype)
 
-    for backend in BACKENDS:
-        g = group(backend)
-        for dtype in (torch.float32, torch.bfloat16, torch.int64):
-            send = torch.cat([block(rank, q, dtype) for q in range(size)])
-            recv_splits = [rows(q, rank) for q in range(size)]
-            out = torch.empty(sum(recv_splits), 5, dtype=dtype)
-            work = dist.all_to_all_single(out, send, recv_splits,
-                                          [rows(rank, q) for q in range(size)],
-                                          group=g, async_op=True)
-            work.wait()
-            expected = torch.cat([block(q, rank, dtype) for q in range(size)])
-            assert torch.equal(out, expected), (backend, dtype, out)
-        out = torch.empty(size * 2)
-        dist.all_to_all_single(out, torch.arange(size * 2.0) + 10 * rank, group=g)
-        expected = torch.cat([torch.arange(2 * rank, 2 * rank + 2.0) + 10 * q
-                              for q in range(size)])
-        assert torch.equal(out, expected), (backend, out)
-        outs = [torch.empty(q + 1) for q in range(size)]
-        dist.all_to_all(outs, [torch.full((rank + 1,), float(rank * 10 + q))
-                               for q in range(size)], group=g)
-        assert all(torch.equal(o, torch.full((q + 1,), float(q * 10 + rank)))
-                   for q, o in enumerate(outs)), (backend, outs)
+    g = group(backend)
+    for dtype in (torch.float32, torch.bfloat16, torch.int64):
+        send = torch.cat([block(rank, q, dtype) for q in range(size)])
+        recv_splits = [rows(q, rank) for q in range(size)]
+        out = torch.empty(sum(recv_splits), 5, dtype=dtype)
+        dist.all_to_all_single(out, send, recv_splits, [rows(rank, q) for q in range(size)],
+                               group=g, async_op=True).wait()
+        expected = torch.cat([block(q, rank, dtype) for q in range(size)])
+        assert torch.equal(out, expected), (dtype, out)
+    out = torch.empty(size * 2)
+    dist.all_to_all_single(out, torch.arange(size * 2.0) + 10 * rank, group=g)
+    expected = torch.cat([torch.arange(2 * rank, 2 * rank + 2.0) + 10 * q for q in range(size)])
+    assert torch.equal(out, expected), out
+    outs = [torch.empty(q + 1) for q in range(size)]
+    dist.all_to_all(outs, [full(rank + 1, rank * 10 + q) for q in range(size)], group=g)
+    assert all(torch.equal(o, full(q + 1, q * 10 + rank)) for q, o in enumerate(outs)), outs
 
 
-@case.quick
-def point_to_point_and_batches(comm):
+@case.matrix(backend=BACKENDS, quick=lambda backend: True)
+def point_to_point_and_batches(comm, backend):
     size, rank = comm.size, comm.rank
-    for backend in BACKENDS:
-        g = group(backend)
-        if size > 1:
-            t = torch.empty(4)
-            if rank == 0:
-                dist.send(rank_data(0, 4), dst=1, group=g)
-                source = dist.recv(t, tag=7, group=g)      # from any source
-                assert source == 1 and torch.equal(t, rank_data(1, 4)), (backend, source)
-            elif rank == 1:
-                dist.recv(t, src=0, group=g)
-                assert torch.equal(t, rank_data(0, 4)), backend
-                dist.send(rank_data(1, 4), dst=0, tag=7, group=g)
-        right, left = (rank + 1) % size, (rank - 1) % size
-        got = torch.empty(3)
-        works = dist.batch_isend_irecv([dist.P2POp(dist.irecv, got, left, group=g),
-                                        dist.P2POp(dist.isend, rank_data(rank, 3), right,
-                                                   group=g)])
-        for work in works:
-            work.wait()
-        assert torch.equal(got, rank_data(left, 3)), backend
-        send = dist.isend(rank_data(rank, 2), right, group=g, tag=3)
-        recv = dist.irecv(got := torch.empty(2), left, group=g, tag=3)
-        recv.wait()
-        send.wait()
-        assert torch.equal(got, rank_data(left, 2)), backend
+    right, left = (rank + 1) % size, (rank - 1) % size
+    g = group(backend)
+    t = torch.empty(4)
+    if size > 1 and rank == 0:
+        dist.send(rank_data(0, 4), dst=1, group=g)
+        source = dist.recv(t, tag=7, group=g)      # from any source
+        assert source == 1 and torch.equal(t, rank_data(1, 4)), source
+    elif size > 1 and rank == 1:
+        dist.recv(t, src=0, group=g)
+        assert torch.equal(t, rank_data(0, 4))
+        dist.send(rank_data(1, 4), dst=0, tag=7, group=g)
+    got = torch.empty(3)
+    for work in dist.batch_isend_irecv([
+            dist.P2POp(dist.irecv, got, left, group=g),
+            dist.P2POp(dist.isend, rank_data(rank, 3), right, group=g)]):
+        work.wait()
+    assert torch.equal(got, rank_data(left, 3))
+    send = dist.isend(rank_data(rank, 2), right, group=g, tag=3)
+    recv = dist.irecv(got := torch.empty(2), left, group=g, tag=3)
+    recv.wait()
+    send.wait()
+    assert torch.equal(got, rank_data(left, 2))
 
 
 @case
@@ -193,40 +176,36 @@ def works_behave_as_torch(comm):
     assert isinstance(work, dist.Work)
     future = work.get_future()
     assert work.is_completed() and work.is_success() and work.exception() is None
-    assert torch.equal(future.wait()[0], torch.full((3,), float(size)))
+    assert torch.equal(future.wait()[0], full(3, size))
     assert future.wait()[0] is t and work.result() == [t]
     # a chained callback, as DDP's communication hooks use
-    t = torch.ones(2)
-    doubled = dist.all_reduce(t, group=g, async_op=True).get_future().then(
+    doubled = dist.all_reduce(torch.ones(2), group=g, async_op=True).get_future().then(
         lambda f: f.value()[0] * 2)
-    assert torch.equal(doubled.wait(), torch.full((2,), 2.0 * size))
+    assert torch.equal(doubled.wait(), full(2, 2 * size))
     # is_completed drives progress: polling alone completes a posted barrier
     work = dist.barrier(group=g, async_op=True)
     while not work.is_completed():
         pass
     assert work.wait() is True
     # async ops on two backends in flight at once complete in any order
-    a, b = torch.full((2,), 1.0), torch.full((2,), 2.0)
+    a, b = full(2, 1), full(2, 2)
     wa = dist.all_reduce(a, group=group("gloo"), async_op=True)
-    wb = dist.all_reduce(b, group=g, async_op=True)
-    wb.wait()
+    dist.all_reduce(b, group=g, async_op=True).wait()
     wa.wait()
-    assert torch.equal(a, torch.full((2,), float(size))) and torch.equal(
-        b, torch.full((2,), 2.0 * size))
+    assert torch.equal(a, full(2, size)) and torch.equal(b, full(2, 2 * size))
     # wait(timeout) gives up on a receive nobody has sent yet, which stays pending
     if size > 1:
-        import datetime
         got = torch.zeros(2)
         if rank == 0:
             work = dist.irecv(got, src=1, tag=99, group=g)
             with raises(RuntimeError, "recv: not completed within 0.05 s"):
-                work.wait(timeout=datetime.timedelta(seconds=0.05))
+                work.wait(timeout=timedelta(seconds=0.05))
             assert not work.is_completed()
         dist.barrier(group=g)
         if rank == 1:
-            dist.send(torch.full((2,), 5.0), dst=0, tag=99, group=g)
+            dist.send(full(2, 5), dst=0, tag=99, group=g)
         if rank == 0:
-            assert work.wait() and torch.equal(got, torch.full((2,), 5.0))
+            assert work.wait() and torch.equal(got, full(2, 5))
     objects = [None] * size
     dist.all_gather_object(objects, {"rank": rank}, group=g)
     assert objects == [{"rank": r} for r in range(size)]
@@ -251,29 +230,28 @@ def subgroups(comm):
     if rank in evens:
         assert isinstance(g, mcr.distributed.ProcessGroupMCR)
         assert dist.get_rank(g) == evens.index(rank) and dist.get_world_size(g) == len(evens)
-        t = torch.full((2,), float(rank))
+        t = full(2, rank)
         dist.all_reduce(t, group=g)
-        assert torch.equal(t, torch.full((2,), float(sum(evens))))
-        t = torch.full((2,), float(rank))
+        assert torch.equal(t, full(2, sum(evens)))
+        t = full(2, rank)
         dist.broadcast(t, src=evens[-1], group=g)       # a global rank, as torch takes it
-        assert torch.equal(t, torch.full((2,), float(evens[-1])))
+        assert torch.equal(t, full(2, evens[-1]))
     else:
         assert g == dist.GroupMember.NON_GROUP_MEMBER
-    mine = dist.new_subgroups(group_size=1)[0]
-    t = torch.full((1,), float(rank))
-    dist.all_reduce(t, group=mine)
+    t = full(1, rank)
+    dist.all_reduce(t, group=dist.new_subgroups(group_size=1)[0])
     assert t.item() == rank
     # an mcr group over all ranks whose default backend is changed later
     g = dist.new_group(backend="mcr")
     g.comm.backend = "gloo"
-    t = torch.full((2,), 1.0)
+    t = full(2, 1)
     dist.all_reduce(t, group=g)
-    assert torch.equal(t, torch.full((2,), float(size)))
+    assert torch.equal(t, full(2, size))
 
 
 @case
 def unsupported_and_bad_calls_raise_clearly(comm):
-    size, rank = comm.size, comm.rank
+    size = comm.size
     g = group("mpi")
     with raises(TypeError, "AVG", "torch.int64"):
         dist.all_reduce(torch.ones(2, dtype=torch.int64), op=dist.ReduceOp.AVG, group=g)
@@ -296,11 +274,15 @@ def unsupported_and_bad_calls_raise_clearly(comm):
         dist.new_group(backend="mcr", pg_options={"backend": "gloo"})
     with raises(ValueError, "unknown backend"):
         mcr.distributed.Options(backend="nope")
-    # the group still works after every refusal
     t = torch.ones(2)
-    dist.all_reduce(t, group=g)
-    assert torch.equal(t, torch.full((2,), float(size)))
-    del rank
+    dist.all_reduce(t, group=g)          # the group still works after every refusal
+    assert torch.equal(t, full(2, size))
+
+
+def batches(steps, size, n, d_in, d_out, seed):
+    data = torch.Generator().manual_seed(seed)
+    return (torch.randn(steps, size, n, d_in, generator=data),
+            torch.randn(steps, size, n, d_out, generator=data))
 
 
 def train_ddp(g, size, rank, steps=8):
@@ -312,9 +294,7 @@ def train_ddp(g, size, rank, steps=8):
     # tiny buckets: several allreduces per step, as in a large model
     ddp = DistributedDataParallel(model, process_group=g, bucket_cap_mb=0.0005)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
-    data = torch.Generator().manual_seed(1)
-    x = torch.randn(steps, size, 6, 12, generator=data)
-    y = torch.randn(steps, size, 6, 3, generator=data)
+    x, y = batches(steps, size, 6, 12, 3, seed=1)
     losses = []
     for step in range(steps):
         optimizer.zero_grad()
@@ -322,29 +302,7 @@ def train_ddp(g, size, rank, steps=8):
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
-    return losses, torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-
-
-def trains_as_torch_gloo(train, size, rank):
-    """Run `train` on torch's own Gloo group, then on each mcr group: the losses
-    and the parameters must agree. Returns torch's parameters."""
-    reference, ref_params = train(group("torch-gloo"), size, rank)
-    for backend in BACKENDS:
-        losses, params = train(group(backend), size, rank)
-        assert torch.allclose(torch.tensor(losses), torch.tensor(reference), rtol=1e-5,
-                              atol=1e-6), (backend, losses, reference)
-        assert torch.allclose(params, ref_params, rtol=1e-5, atol=1e-6), backend
-    return ref_params
-
-
-@case
-def ddp_matches_gloo(comm):
-    size, rank = comm.size, comm.rank
-    ref_weights = trains_as_torch_gloo(train_ddp, size, rank)
-    # the weights are the same everywhere (DDP's point)
-    everyone = [torch.empty_like(ref_weights) for _ in range(size)]
-    dist.all_gather(everyone, ref_weights, group=group("mpi"))
-    assert all(torch.equal(w, ref_weights) for w in everyone)
+    return losses, parameters_to_vector(model.parameters()).detach()
 
 
 def train_zero(g, size, rank, steps=6):
@@ -354,86 +312,91 @@ def train_zero(g, size, rank, steps=6):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(10, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
     params = list(model.parameters())
-    flat = torch.cat([p.detach().reshape(-1) for p in params])
-    per = -(-flat.numel() // size)
-    flat = torch.cat([flat, flat.new_zeros(per * size - flat.numel())])
-    shard = flat[rank * per:(rank + 1) * per].clone()
-    data = torch.Generator().manual_seed(2)
-    x, y = torch.randn(steps, size, 5, 10, generator=data), torch.randn(steps, size, 5, 2,
-                                                                         generator=data)
+    n = sum(p.numel() for p in params)
+    per = -(-n // size)
+
+    def padded(flat):
+        return torch.nn.functional.pad(flat, (0, per * size - n))
+    shard = padded(parameters_to_vector(params).detach())[rank * per:(rank + 1) * per].clone()
+    x, y = batches(steps, size, 5, 10, 2, seed=2)
     losses = []
     for step in range(steps):
-        full = torch.empty(per * size)
-        dist.all_gather_into_tensor(full, shard, group=g)
-        offset = 0
+        whole = torch.empty(per * size)
+        dist.all_gather_into_tensor(whole, shard, group=g)
+        vector_to_parameters(whole[:n], params)
         for p in params:
-            p.data.copy_(full[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
             p.grad = None
         loss = torch.nn.functional.mse_loss(model(x[step, rank]), y[step, rank])
         loss.backward()
-        grads = torch.cat([p.grad.reshape(-1) for p in params])
-        grads = torch.cat([grads, grads.new_zeros(per * size - grads.numel())])
         mine = torch.empty(per)
-        dist.reduce_scatter_tensor(mine, grads, group=g)
+        dist.reduce_scatter_tensor(mine, padded(parameters_to_vector(p.grad for p in params)),
+                                   group=g)
         shard -= 0.1 * mine / size
         losses.append(loss.item())
     return losses, shard
 
 
-@case
-def zero_step_matches_gloo(comm):
-    trains_as_torch_gloo(train_zero, comm.size, comm.rank)
+@case.matrix(train=(train_ddp, train_zero))
+def training_matches_torch_gloo(comm, train):
+    """`train` on torch's own Gloo group, then on each mcr group: the same
+    losses and parameters."""
+    size, rank = comm.size, comm.rank
+    reference, ref_params = train(group("torch-gloo"), size, rank)
+    for backend in BACKENDS:
+        losses, params = train(group(backend), size, rank)
+        assert torch.allclose(torch.tensor(losses), torch.tensor(reference), rtol=1e-5,
+                              atol=1e-6), (backend, losses, reference)
+        assert torch.allclose(params, ref_params, rtol=1e-5, atol=1e-6), backend
+    if train is train_ddp:     # the weights are the same everywhere (DDP's point)
+        everyone = [torch.empty_like(ref_params) for _ in range(size)]
+        dist.all_gather(everyone, ref_params, group=group("mpi"))
+        assert all(torch.equal(w, ref_params) for w in everyone)
 
 
 @case
 def groups_are_found_by_name_and_destroyed(comm):
     """torch looks groups up by name (destroy_process_group, functional
     collectives): every "mcr" group has the name torch gave it."""
+    from torch.distributed.distributed_c10d import _resolve_process_group
     group("mpi")
     sub = dist.new_group(list(range(comm.size)))
     assert dist.group.WORLD.group_name and sub.group_name != dist.group.WORLD.group_name
-    from torch.distributed.distributed_c10d import _resolve_process_group
     assert _resolve_process_group(sub.group_name) is sub
     assert dist.get_process_group_ranks(sub) == list(range(comm.size))
     t = torch.ones(3)
     dist.all_reduce(t, group=sub)
     dist.destroy_process_group(sub)
-    assert torch.equal(t, torch.full((3,), float(comm.size)))
+    assert torch.equal(t, full(3, comm.size))
     with raises(ValueError, "(destroyed)", "not initialized"):
         dist.all_reduce(t, group=sub)
 
 
 @case
 def all_gather_coalesced_lays_out_rank_then_tensor(comm):
-    size, rank = comm.size, comm.rank
-    g = group("mpi")
     shapes = [(2,), (3, 2), (1,)]
-    inputs = [torch.full(shape, float(10 * rank + i)) for i, shape in enumerate(shapes)]
-    outputs = [[torch.empty(shape) for shape in shapes] for _ in range(size)]
-    dist.all_gather_coalesced(outputs, inputs, group=g)
-    for r in range(size):
+    inputs = [torch.full(shape, float(10 * comm.rank + i)) for i, shape in enumerate(shapes)]
+    outputs = [[torch.empty(shape) for shape in shapes] for _ in range(comm.size)]
+    dist.all_gather_coalesced(outputs, inputs, group=group("mpi"))
+    for r in range(comm.size):
         for i, shape in enumerate(shapes):
             assert torch.equal(outputs[r][i], torch.full(shape, float(10 * r + i))), (r, i)
 
 
-@case
-def sparse_all_reduce_sums_as_dense(comm):
+@case.matrix(backend=BACKENDS)
+def sparse_all_reduce_sums_as_dense(comm, backend):
     size, rank = comm.size, comm.rank
-    for backend in BACKENDS:
-        g = group(backend)
-        for dense_dims in (0, 2):
-            shape = (size + 2,) + (3,) * dense_dims
-            def data(r):
-                dense = torch.zeros(shape, dtype=torch.float64)
-                dense[r % shape[0]] = r + 1.0            # overlapping rows between ranks
-                dense[(r + 1) % shape[0]] = -2.0 * r
-                return dense
-            sparse = data(rank).to_sparse(1)
-            dist.all_reduce(sparse, group=g)
-            assert sparse.is_sparse
-            expected = sum(data(r) for r in range(size))
-            assert torch.equal(sparse.to_dense(), expected), (backend, dense_dims)
+    for dense_dims in (0, 2):
+        shape = (size + 2,) + (3,) * dense_dims
+
+        def data(r):
+            dense = torch.zeros(shape, dtype=torch.float64)
+            dense[r % shape[0]] = r + 1.0            # overlapping rows between ranks
+            dense[(r + 1) % shape[0]] = -2.0 * r
+            return dense
+        sparse = data(rank).to_sparse(1)
+        dist.all_reduce(sparse, group=group(backend))
+        assert sparse.is_sparse
+        assert torch.equal(sparse.to_dense(), sum(data(r) for r in range(size))), dense_dims
 
 
 @case
@@ -465,16 +428,13 @@ def monitored_barrier_names_the_missing_ranks(comm):
         return
     for absent, wait_all in (([size - 1], False), (list(range(1, size)), True)):
         if rank not in absent:
-            if rank == 0:
-                # Gloo's wording: "Ranks" with wait_all_ranks, even for one
-                who = ("Ranks " if wait_all else "Rank ") + ", ".join(map(str, absent))
-                with raises(RuntimeError, f"{who} failed to pass monitoredBarrier in 300 ms"):
-                    dist.monitored_barrier(group=g, timeout=timedelta(seconds=0.3),
-                                           wait_all_ranks=wait_all)
-            else:
-                with raises(RuntimeError, f"Rank {rank} successfully reached monitoredBarrier"):
-                    dist.monitored_barrier(group=g, timeout=timedelta(seconds=0.3),
-                                           wait_all_ranks=wait_all)
+            # Gloo's wording: "Ranks" with wait_all_ranks, even for one
+            who = ("Ranks " if wait_all else "Rank ") + ", ".join(map(str, absent))
+            message = f"{who} failed to pass monitoredBarrier in 300 ms" if rank == 0 else \
+                f"Rank {rank} successfully reached monitoredBarrier"
+            with raises(RuntimeError, message):
+                dist.monitored_barrier(group=g, timeout=timedelta(seconds=0.3),
+                                       wait_all_ranks=wait_all)
         comm.Barrier()
     dist.monitored_barrier(group=g, timeout=timedelta(seconds=30))   # usable again
     t = torch.ones(1)
@@ -491,34 +451,7 @@ def _with_mcr(env):
     """``env`` whose Python finds the mcr this test imported (the source tree
     built in place, or the installed package)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(mcr.__file__)))
-    env = dict(env)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-    return env
-
-
-def _python(code, env=None):
-    full = _with_mcr(os.environ if env is None else env)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, env=full)
-
-
-def test_import_registers_without_torch_or_mpi():
-    result = _python(
-        "import sys, mcr\n"
-        "assert 'torch' not in sys.modules and 'mpi4py.MPI' not in sys.modules\n"
-        "import torch.distributed as dist\n"
-        "assert 'mcr' in dist.Backend.backend_list, dist.Backend.backend_list\n"
-        "assert 'mpi4py.MPI' not in sys.modules\n"
-        "assert dist.Backend('mcr') == 'mcr'\n"
-        "print('ok')\n")
-    assert result.returncode == 0 and "ok" in result.stdout, result.stderr
-
-
-def test_import_after_torch_registers():
-    result = _python("import torch.distributed as dist, mcr, sys\n"
-                     "assert 'mcr' in dist.Backend.backend_list\n"
-                     "assert 'mpi4py.MPI' not in sys.modules\nprint('ok')\n")
-    assert result.returncode == 0 and "ok" in result.stdout, result.stderr
+    return dict(env, PYTHONPATH=os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")])))
 
 
 def _outside_mpi_env(**set_vars):
@@ -526,14 +459,39 @@ def _outside_mpi_env(**set_vars):
     env = {k: v for k, v in os.environ.items()
            if k not in launch.LAUNCHER_VARS
            and k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
-    env.update(set_vars)
-    return env
+    return _with_mcr(dict(env, **set_vars))
+
+
+def _python(code, env=None, ok=True):
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120, env=env or _with_mcr(os.environ))
+    assert not ok or (result.returncode == 0 and "ok" in result.stdout), result.stderr
+    return result
+
+
+def _job(tmp_path, nprocs, code):
+    script = tmp_path / "job.py"
+    script.write_text(code)
+    returncode, out = run_script(nprocs, [str(script)], timeout=120)
+    assert returncode == 0, out
+    return out
+
+
+@pytest.mark.parametrize("first", [
+    # mcr first: no torch, no MPI; registered when torch.distributed comes
+    "import sys, mcr\nassert 'torch' not in sys.modules and 'mpi4py.MPI' not in sys.modules\n"
+    "import torch.distributed as dist\n",
+    "import torch.distributed as dist, mcr, sys\n"])
+def test_import_registers_without_mpi(first):
+    _python(first + "assert 'mcr' in dist.Backend.backend_list, dist.Backend.backend_list\n"
+            "assert 'mpi4py.MPI' not in sys.modules and dist.Backend('mcr') == 'mcr'\n"
+            "print('ok')\n")
 
 
 def test_outside_mpi_without_master_addr_torch_error_unchanged():
     """A process that says it has peers (RANK set) and no MASTER_ADDR gets torch's error."""
     result = _python("import mcr, torch.distributed as dist\n"
-                     "dist.init_process_group('gloo')\n", _outside_mpi_env(RANK="1"))
+                     "dist.init_process_group('gloo')\n", _outside_mpi_env(RANK="1"), ok=False)
     assert result.returncode != 0
     assert "environment variable WORLD_SIZE expected" in result.stderr, result.stderr
 
@@ -541,34 +499,29 @@ def test_outside_mpi_without_master_addr_torch_error_unchanged():
 def test_one_process_without_mpiexec_is_a_world_of_one():
     """python prog.py: init_process_group("mcr") is MPI's singleton, as
     ``from mcr import MPI`` is."""
-    result = _python(
-        "import mcr, torch, torch.distributed as dist\n"
-        "dist.init_process_group('mcr')\n"
-        "assert (dist.get_rank(), dist.get_world_size()) == (0, 1)\n"
-        "t = torch.arange(4.0); dist.all_reduce(t)\n"
-        "assert t.tolist() == [0.0, 1.0, 2.0, 3.0]\n"
-        "dist.barrier(); dist.monitored_barrier()\n"
-        "dist.destroy_process_group(); print('ok')\n", _outside_mpi_env())
-    assert result.returncode == 0 and "ok" in result.stdout, result.stderr
+    _python("import mcr, torch, torch.distributed as dist\n"
+            "dist.init_process_group('mcr')\n"
+            "assert (dist.get_rank(), dist.get_world_size()) == (0, 1)\n"
+            "t = torch.arange(4.0); dist.all_reduce(t)\n"
+            "assert t.tolist() == [0.0, 1.0, 2.0, 3.0]\n"
+            "dist.barrier(); dist.monitored_barrier()\n"
+            "dist.destroy_process_group(); print('ok')\n", _outside_mpi_env())
 
 
 def test_torch_ranks_that_are_not_mpi_ranks_are_refused():
     """Two processes started as torchrun would (env://, no mpiexec): each is
     MPI's rank 0 of 1, so the 'mcr' group refuses, naming both views."""
-    from mcr import launch
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     code = ("import mcr, torch.distributed as dist\n"
             "try:\n    dist.init_process_group('mcr')\n"
             "except RuntimeError as exc:\n    print('refused:', exc)\n")
-    procs = []
-    for rank in range(2):
-        env = {k: v for k, v in os.environ.items() if k not in launch.LAUNCHER_VARS}
-        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                   WORLD_SIZE="2")
-        procs.append(subprocess.Popen([sys.executable, "-c", code], env=_with_mcr(env), text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    procs = [subprocess.Popen([sys.executable, "-c", code], text=True, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, env=_outside_mpi_env(
+                                  MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                                  RANK=str(rank), WORLD_SIZE="2"))
+             for rank in range(2)]
     outs = [p.communicate(timeout=120)[0] for p in procs]
     assert "refused:" in outs[1] and "torch says rank 1 of 2, MPI says rank 0 of 1" in outs[1], outs
     assert "start the processes with mpiexec" in outs[1]
@@ -577,8 +530,7 @@ def test_torch_ranks_that_are_not_mpi_ranks_are_refused():
 @pytest.mark.parametrize("nprocs", world_sizes([2]))
 def test_plain_gloo_init_under_mpiexec(nprocs, tmp_path):
     """import mcr also lets torch's own Gloo start under mpiexec with nothing set."""
-    script = tmp_path / "gloo.py"
-    script.write_text(
+    out = _job(tmp_path, nprocs, (
         "import os, torch, mcr, torch.distributed as dist\n"
         "assert 'MASTER_ADDR' not in os.environ\n"
         "mine = int(os.environ.get('OMPI_COMM_WORLD_RANK') or os.environ['PMI_RANK'])\n"
@@ -593,46 +545,15 @@ def test_plain_gloo_init_under_mpiexec(nprocs, tmp_path):
         "assert dist.get_backend() == 'gloo' and t.tolist() == [3.0, 3.0], t\n"
         "print('gloo ok', dist.get_rank())\n"
         # before exit: torch's Gloo threads can abort at interpreter shutdown
-        "dist.destroy_process_group()\n")
-    code, out = run_script(nprocs, [str(script)], timeout=120)
-    assert code == 0, out
+        "dist.destroy_process_group()\n"))
     assert out.count("wrong rank refused") == nprocs and out.count("gloo ok") == nprocs, out
-
-
-def test_bench_torchdist_tiny():
-    """python -m mcr.bench.torchdist starts its own job and prints one checked
-    row per operation and size, with the ratios to torch's Gloo."""
-    from mcr import launch
-    env = _with_mcr({k: v for k, v in os.environ.items() if k not in launch.LAUNCHER_VARS})
-    proc = subprocess.run([sys.executable, "-m", "mcr.bench.torchdist", "-n", "2", "--ops",
-                           "all_reduce,all_to_all_single", "--sizes", "4,4096", "--rounds",
-                           "1", "--time", "0.005", "--timeout", "150"],
-                          capture_output=True, text=True, timeout=180, env=env)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = [line.split() for line in proc.stdout.splitlines()
-            if line.startswith(("all_reduce", "all_to_all_single"))]
-    assert [(r[0], r[1]) for r in rows] == [("all_reduce", "4"), ("all_reduce", "4096"),
-                                            ("all_to_all_single", "4"),
-                                            ("all_to_all_single", "4096")], proc.stdout
-    for row in rows:
-        assert len(row) == 8 and all(float(x) > 0 for x in row[2:6]), row
-        assert row[6].endswith("x") and row[7].endswith("x"), row
-
-
-def test_bench_torchdist_rejects_bad_options():
-    from mcr.bench.torchdist import parse_args
-    with pytest.raises(SystemExit):
-        parse_args(["--ops", "all_reduce,nope"])
-    with pytest.raises(SystemExit):
-        parse_args(["--sizes", "2"])
 
 
 @pytest.mark.parametrize("nprocs", world_sizes([2]))
 def test_init_times_out_when_a_rank_never_calls_it(nprocs, tmp_path):
     """Without MASTER_ADDR the rendezvous runs over MPI; init_process_group's
     timeout bounds it there as it bounds torch's own store rendezvous."""
-    script = tmp_path / "late.py"
-    script.write_text(
+    out = _job(tmp_path, nprocs, (
         "import datetime, time, mcr, torch.distributed as dist\n"
         "from mpi4py import MPI\n"
         "world = MPI.COMM_WORLD\n"
@@ -650,9 +571,28 @@ def test_init_times_out_when_a_rank_never_calls_it(nprocs, tmp_path):
         "    world.recv(source=0)\n"
         "    world.Ibarrier().Wait()      # the barrier rank 0 left pending\n"
         "    world.send('done', dest=0)\n"
-        "print('exit', world.rank, flush=True)\n")
-    code, out = run_script(nprocs, [str(script)], timeout=120)
-    assert code == 0, out
+        "print('exit', world.rank, flush=True)\n"))
     assert "timed out: init_process_group: timed out after 3 s (its timeout) waiting for " \
         "every rank of the MPI job (2) to call it; rank 0 has" in out, out
     assert out.count("exit") == 2, out
+
+
+def test_bench_torchdist_tiny():
+    """python -m mcr.bench.torchdist starts its own job and prints one checked
+    row per operation and size, with the ratios to torch's Gloo."""
+    from mcr.bench.torchdist import parse_args
+    for bad in (["--ops", "all_reduce,nope"], ["--sizes", "2"]):
+        with pytest.raises(SystemExit):
+            parse_args(bad)
+    proc = subprocess.run([sys.executable, "-m", "mcr.bench.torchdist", "-n", "2", "--ops",
+                           "all_reduce,all_to_all_single", "--sizes", "4,4096", "--rounds",
+                           "1", "--time", "0.005", "--timeout", "150"],
+                          capture_output=True, text=True, timeout=180, env=_outside_mpi_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [line.split() for line in proc.stdout.splitlines()
+            if line.startswith(("all_reduce", "all_to_all_single"))]
+    assert [(r[0], r[1]) for r in rows] == [(op, n) for op in ("all_reduce", "all_to_all_single")
+                                            for n in ("4", "4096")], proc.stdout
+    for row in rows:
+        assert len(row) == 8 and all(float(x) > 0 for x in row[2:6]), row
+        assert row[6].endswith("x") and row[7].endswith("x"), row

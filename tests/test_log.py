@@ -1,15 +1,11 @@
 """The communication logger (mcr.log).
 
-MPI cases, at 1-4 ranks on MPI and Gloo: each makes real calls with the
-logger on and checks the records against what the calls were (operation,
-form, backend, sizes computed from the tensors with nccl-tests' rule, root,
-peer, tag), that every form is timed from its post to the completion the
-program saw (a Wait after a sleep), that the totals count every call, that
-auto says why, that the cross-rank table finds the slow ranks, and that the
-results are still right. Job tests run ``MCR_LOG`` end to end (the table at
-exit, the JSON log, the trace, ``python -m mcr.log summary/plot``, the
-overhead benchmark); unit tests cover the configuration, the report and the
-output formats without MPI.
+MPI cases (1-4 ranks, MPI and Gloo) make real calls with the logger on and
+check the records against the calls (operation, form, backend, sizes by
+nccl-tests' rule, root, peer, tag, timing up to the completion the program
+saw), the totals, auto's reason, the straggler table and the results. Job
+tests run ``MCR_LOG`` end to end (table, JSON, trace, ``python -m mcr.log``);
+unit tests cover the configuration, the report and the formats without MPI.
 """
 
 import json
@@ -30,7 +26,8 @@ from mcr import launch
 from mcr.log import output, report
 from mcr.log.config import Config
 from mpiharness import case, mpi_cases, mpi_env, run_script
-from util import assert_comm_works, rank_data, raises
+from opref import rank_data
+from util import assert_comm_works, raises
 
 BACKENDS = ("mpi", "gloo")
 
@@ -44,8 +41,7 @@ class logging_on:
         return self
 
     def __exit__(self, *exc):
-        self.records = mcr.log.records()
-        self.rows = mcr.log.summary()["rows"]
+        self.records, self.rows = mcr.log.records(), mcr.log.summary()["rows"]
         mcr.log.stop()
         mcr.log.reset()
 
@@ -54,84 +50,81 @@ def fields(records, *names):
     return [tuple(r[n] for n in names) for r in records]
 
 
-@case
-def every_form_on_every_backend(comm):
+def has(record, **want):
+    assert {k: record[k] for k in want} == want, record
+
+
+def calls(rows):
+    """The summary rows as {(op, backend, bytes): calls}."""
+    return {(r["op"], r["backend"], r["bytes"]): r["calls"] for r in rows}
+
+
+@case.matrix(backend=BACKENDS)
+def every_form(comm, backend):
     size, rank = comm.size, comm.rank
-    x = rank_data(rank, 6, torch.float64)
-    total = sum(rank_data(r, 6, torch.float64) for r in range(size))
-    for backend in BACKENDS:
-        with logging_on() as log:
-            y = torch.zeros(6, dtype=torch.float64)
-            comm.Allreduce(x, y, backend=backend)
-            assert torch.equal(y, total)
-            ys = [torch.zeros(6, dtype=torch.float64) for _ in range(3)]
-            reqs = [comm.Iallreduce(x, yk, backend=backend) for yk in ys]
-            reqs[0].Wait()
-            while not reqs[1].Test():
-                pass
-            mcr.Request.Waitall(reqs[2:])
-            for yk in ys:
-                assert torch.equal(yk, total)
-            b = x.clone() if rank == 0 else torch.zeros(6, dtype=torch.float64)
-            preq = comm.Bcast_init(b, 0, backend=backend)
-            for _ in range(2):
-                preq.Start()
-                preq.Wait()
-            preq.Free()
-            assert torch.equal(b, rank_data(0, 6, torch.float64))
-        expected = [("Allreduce", "blocking")] + [("Allreduce", "nonblocking")] * 3 \
-            + [("Bcast", "persistent")] * 2
-        assert fields(log.records, "op", "form") == expected, (backend, log.records)
-        for r in log.records:
-            assert r["backend"] == backend and r["bytes"] == 48 and r["count"] == 6
-            assert r["dtype"] == "float64" and r["procs"] == size and r["rank"] == rank
-            assert r["wire_bytes"] == 48 and r["why"] is None and r["device"] == "cpu"
-            assert r["end"] >= r["start"] and r["duration_us"] >= 0
-            assert r["peer"] == (0 if r["op"] == "Bcast" else None) and r["tag"] is None
-        rows = {(r["op"], r["backend"], r["bytes"]): r["calls"] for r in log.rows}
-        assert rows == {("Allreduce", backend, 48): 4, ("Bcast", backend, 48): 2}, log.rows
+    f8 = torch.float64
+    x = rank_data(rank, 6, f8)
+    total = sum(rank_data(r, 6, f8) for r in range(size))
+    with logging_on() as log:
+        ys = [torch.zeros(6, dtype=f8) for _ in range(4)]
+        comm.Allreduce(x, ys[0], backend=backend)
+        reqs = [comm.Iallreduce(x, y, backend=backend) for y in ys[1:]]
+        reqs[0].Wait()
+        while not reqs[1].Test():
+            pass
+        mcr.Request.Waitall(reqs[2:])
+        b = x.clone() if rank == 0 else torch.zeros(6, dtype=f8)
+        preq = comm.Bcast_init(b, 0, backend=backend)
+        for _ in range(2):
+            preq.Start()
+            preq.Wait()
+        preq.Free()
+    assert all(torch.equal(y, total) for y in ys) and torch.equal(b, rank_data(0, 6, f8))
+    assert fields(log.records, "op", "form") == [("Allreduce", "blocking")] + [
+        ("Allreduce", "nonblocking")] * 3 + [("Bcast", "persistent")] * 2, log.records
+    for r in log.records:
+        has(r, backend=backend, bytes=48, count=6, dtype="float64", procs=size, rank=rank,
+            wire_bytes=48, why=None, device="cpu", tag=None,
+            peer=0 if r["op"] == "Bcast" else None)
+        assert r["end"] >= r["start"] and r["duration_us"] >= 0
+    assert calls(log.rows) == {("Allreduce", backend, 48): 4, ("Bcast", backend, 48): 2}
 
 
-@case
-def nonblocking_runs_to_the_completion_seen(comm):
+@case.matrix(backend=BACKENDS)
+def nonblocking_runs_to_the_completion_seen(comm, backend):
     # the record ends when Wait reports completion, not when the data arrived
     x, y = torch.ones(4), torch.zeros(4)
-    for backend in BACKENDS:
-        with logging_on() as log:
-            req = comm.Iallreduce(x, y, backend=backend)
-            time.sleep(0.05)
-            req.Wait()
-            reqs = [comm.Ibcast(x, 0, backend=backend)]
-            time.sleep(0.05)
-            assert mcr.Request.Waitany(reqs) == 0
-        assert [r["form"] for r in log.records] == ["nonblocking"] * 2
-        for r in log.records:
-            assert r["duration_us"] >= 45e3, (backend, r)
-        assert torch.equal(y, torch.full((4,), float(comm.size)))
+    with logging_on() as log:
+        req = comm.Iallreduce(x, y, backend=backend)
+        time.sleep(0.05)
+        req.Wait()
+        reqs = [comm.Ibcast(x, 0, backend=backend)]
+        time.sleep(0.05)
+        assert mcr.Request.Waitany(reqs) == 0
+    assert [r["form"] for r in log.records] == ["nonblocking"] * 2
+    assert all(r["duration_us"] >= 45e3 for r in log.records), log.records
+    assert torch.equal(y, torch.full((4,), float(comm.size)))
 
 
 @case
 def freed_and_stopped_are_not_recorded(comm):
     x, y = torch.ones(2), torch.zeros(2)
     with logging_on() as log:
-        req = comm.Isend(x, mcr.PROC_NULL, 0)
-        req.Free()                   # never reported complete: no record
+        comm.Isend(x, mcr.PROC_NULL, 0).Free()     # never reported complete: no record
         comm.Barrier()
         mcr.log.stop()
         comm.Allreduce(x, y)         # logger off
         mcr.log.start(records=True)
         comm.Bcast(x, 0)
     assert [r["op"] for r in log.records] == ["Barrier", "Bcast"], log.records
-    assert log.records[0]["bytes"] == 0
-    assert not mcr.log.active()
+    assert log.records[0]["bytes"] == 0 and not mcr.log.active()
 
 
 @case
 def sizes_follow_nccl_tests(comm):
     # the size of each operation, computed here from the tensors
     size, rank = comm.size, comm.rank
-    n = 3
-    f4 = torch.float32
+    n, counts = 3, [k + 1 for k in range(size)]
     x = rank_data(rank, n)
     with logging_on() as log:
         comm.Allgather(x, torch.zeros(n * size))
@@ -140,26 +133,21 @@ def sizes_follow_nccl_tests(comm):
         comm.Scatter(torch.ones(n * size) if rank == size - 1 else None, torch.zeros(n),
                      size - 1)
         comm.Reduce_scatter_block(torch.ones(n * size), torch.zeros(n))
-        counts = [k + 1 for k in range(size)]
         comm.Allgatherv(torch.ones(rank + 1), [torch.zeros(sum(counts)), counts])
         comm.Gatherv(torch.ones(rank + 1),
                      [torch.zeros(sum(counts)), counts] if rank == 0 else None, 0)
         comm.Reduce(x.to(torch.int32), torch.zeros(n, dtype=torch.int32), mcr.MAX, 0)
         comm.Scan(x, torch.zeros(n))
-    e = torch.tensor([], dtype=f4).element_size()
-    expected = [
+    e = torch.tensor([], dtype=torch.float32).element_size()
+    assert fields(log.records, "op", "bytes", "peer") == [
         ("Allgather", n * size * e, None), ("Alltoall", n * size * e, None),
         ("Gather", n * size * e, 0), ("Scatter", n * size * e, size - 1),
-        ("Reduce_scatter_block", n * size * e, None),
-        ("Allgatherv", sum(counts) * e, None),
+        ("Reduce_scatter_block", n * size * e, None), ("Allgatherv", sum(counts) * e, None),
         ("Gatherv", (sum(counts) if rank == 0 else rank + 1) * e, 0),
-        ("Reduce", n * 4, 0), ("Scan", n * e, None)]
-    assert fields(log.records, "op", "bytes", "peer") == expected, log.records
-    assert log.records[7]["dtype"] == "int32" and log.records[7]["count"] == n
-    by_op = {r["op"]: r for r in log.rows}
-    factor = (size - 1) / size
-    ar = by_op["Allgather"]
-    assert ar["busbw_GBps"] == pytest.approx(ar["algbw_GBps"] * factor)
+        ("Reduce", n * 4, 0), ("Scan", n * e, None)], log.records
+    has(log.records[7], dtype="int32", count=n)
+    (ag,) = [r for r in log.rows if r["op"] == "Allgather"]
+    assert ag["busbw_GBps"] == pytest.approx(ag["algbw_GBps"] * (size - 1) / size)
 
 
 @case
@@ -168,16 +156,14 @@ def point_to_point_peers_and_tags(comm):
     right, left = (rank + 1) % size, (rank - 1) % size
     out = torch.zeros(5, dtype=torch.int64)
     with logging_on() as log:
-        for backend in BACKENDS:
-            if size == 1 and backend == "gloo":
-                continue             # a Gloo pair cannot send to itself
+        # a Gloo pair cannot send to itself
+        for backend in BACKENDS[:1] if size == 1 else BACKENDS:
             req = comm.Isend(torch.arange(5) + rank, right, 7, backend=backend)
             comm.Recv(out, left, 7, backend=backend)
             req.Wait()
             assert torch.equal(out, torch.arange(5) + left)
     for r in log.records:
-        assert r["bytes"] == 40 and r["dtype"] == "int64" and r["tag"] == 7
-        assert r["peer"] == (right if r["op"] == "Send" else left), r
+        has(r, bytes=40, dtype="int64", tag=7, peer=right if r["op"] == "Send" else left)
     assert {r["op"] for r in log.records} == {"Send", "Recv"}
 
 
@@ -189,31 +175,30 @@ def auto_says_why(comm):
         comm.Send(x, mcr.PROC_NULL, 1, backend="auto")
     ar, send = log.records
     choice = comm.choose("Allreduce", 32)
-    assert ar["backend"] == choice.backend and ar["why"] == choice.reason, (ar, choice)
-    assert send["backend"] == "mpi" and send["why"] is None
+    has(ar, backend=choice.backend, why=choice.reason)
+    has(send, backend="mpi", why=None)
 
 
 @case
 def stragglers_show_who_waited(comm):
-    size, rank = comm.size, comm.rank
     mcr.log.reset()
     mcr.log.start()
     for _ in range(3):
-        if rank == 0:
+        if comm.rank == 0:
             time.sleep(0.03)         # rank 0 arrives late: the others wait for it
         comm.Barrier()
     table = mcr.log.summary(stragglers=True)
     mcr.log.stop()
     mcr.log.reset()
     (row,) = [r for r in table["stragglers"] if r["op"] == "Barrier"]
-    assert row["ranks"] == size
-    if size > 1:
+    assert row["ranks"] == comm.size
+    if comm.size > 1:
         assert row["slowest_rank"] != 0 and row["max_avg_us"] >= 25e3, row
         assert row["min_avg_us"] < row["max_avg_us"]
 
 
-@case
-def neighborhood_collectives_are_logged(comm):
+@case.matrix(backend=BACKENDS)
+def neighborhood_collectives_are_logged(comm, backend):
     # every form on a ring, on MPI and Gloo: a record per call (per Start of a
     # persistent one), sized as the collectives are (what an allgather
     # receives, what an alltoall sends, computed here from the tensors); the
@@ -226,50 +211,48 @@ def neighborhood_collectives_are_logged(comm):
     def mine(r, slot):
         return rank_data(r, n, f8, seed=slot)
 
-    for backend in BACKENDS:
-        with logging_on() as log:
-            got = torch.zeros(2 * n, dtype=f8)
-            ring.Neighbor_allgather(mine(rank, 0), got, backend=backend)
-            assert torch.equal(got, torch.cat([mine(left, 0), mine(right, 0)]))
-            # slot 0 goes towards the negative direction, and arrives in the
-            # slot of the positive neighbour (MPI 4.0)
-            got = torch.zeros(2 * n, dtype=f8)
-            req = ring.Ineighbor_alltoall(torch.cat([mine(rank, 0), mine(rank, 1)]), got,
-                                          backend=backend)
-            time.sleep(0.02)
-            req.Wait()
-            assert torch.equal(got, torch.cat([mine(left, 1), mine(right, 0)]))
-            # one element to the left, two to the right: two come from the left
-            out = torch.zeros(3, dtype=torch.int32)
-            preq = ring.Neighbor_alltoallv_init(
-                [torch.tensor([rank, rank + 10, rank + 20], dtype=torch.int32), [1, 2], [0, 1]],
-                [out, [2, 1], [0, 2]], backend=backend)
-            for _ in range(2):
-                preq.Start()
-                preq.Wait()
-            preq.Free()
-            assert out.tolist() == [left + 10, left + 20, right]
-        assert fields(log.records, "op", "form", "backend", "bytes", "count", "dtype") == [
-            ("Neighbor_allgather", "blocking", backend, 2 * n * 8, 2 * n, "float64"),
-            ("Neighbor_alltoall", "nonblocking", backend, 2 * n * 8, 2 * n, "float64"),
-            ("Neighbor_alltoallv", "persistent", backend, 12, 3, "int32"),
-            ("Neighbor_alltoallv", "persistent", backend, 12, 3, "int32")], log.records
-        for r in log.records:
-            assert r["peer"] is None and r["tag"] is None and r["procs"] == size
-            assert r["device"] == "cpu" and r["end"] >= r["start"]
-        assert log.records[1]["duration_us"] >= 15e3, log.records[1]
-        rows = {(r["op"], r["backend"], r["bytes"]): r["calls"] for r in log.rows}
-        assert rows == {("Neighbor_allgather", backend, 48): 1,
-                        ("Neighbor_alltoall", backend, 48): 1,
-                        ("Neighbor_alltoallv", backend, 12): 2}, log.rows
-    # Neighbor_alltoallw (MPI datatypes; on MPI only): its elements are not counted
     with logging_on() as log:
-        got = np.zeros(2, np.float32)
-        ring.Neighbor_alltoallw([np.array([rank, rank + 0.5], np.float32), [1, 1], [0, 4],
-                                 [MPI4.FLOAT] * 2], [got, [1, 1], [0, 4], [MPI4.FLOAT] * 2])
-        assert got.tolist() == [left + 0.5, right]
-    assert fields(log.records, "op", "backend", "bytes", "dtype") == [
-        ("Neighbor_alltoallw", "mpi", 0, "derived")], log.records
+        got = torch.zeros(2 * n, dtype=f8)
+        ring.Neighbor_allgather(mine(rank, 0), got, backend=backend)
+        assert torch.equal(got, torch.cat([mine(left, 0), mine(right, 0)]))
+        # slot 0 goes towards the negative direction, and arrives in the
+        # slot of the positive neighbour (MPI 4.0)
+        got = torch.zeros(2 * n, dtype=f8)
+        req = ring.Ineighbor_alltoall(torch.cat([mine(rank, 0), mine(rank, 1)]), got,
+                                      backend=backend)
+        time.sleep(0.02)
+        req.Wait()
+        assert torch.equal(got, torch.cat([mine(left, 1), mine(right, 0)]))
+        # one element to the left, two to the right: two come from the left
+        out = torch.zeros(3, dtype=torch.int32)
+        preq = ring.Neighbor_alltoallv_init(
+            [torch.tensor([rank, rank + 10, rank + 20], dtype=torch.int32), [1, 2], [0, 1]],
+            [out, [2, 1], [0, 2]], backend=backend)
+        for _ in range(2):
+            preq.Start()
+            preq.Wait()
+        preq.Free()
+        assert out.tolist() == [left + 10, left + 20, right]
+    assert fields(log.records, "op", "form", "backend", "bytes", "count", "dtype") == [
+        ("Neighbor_allgather", "blocking", backend, 2 * n * 8, 2 * n, "float64"),
+        ("Neighbor_alltoall", "nonblocking", backend, 2 * n * 8, 2 * n, "float64")] + [
+        ("Neighbor_alltoallv", "persistent", backend, 12, 3, "int32")] * 2, log.records
+    for r in log.records:
+        has(r, peer=None, tag=None, procs=size, device="cpu")
+        assert r["end"] >= r["start"]
+    assert log.records[1]["duration_us"] >= 15e3, log.records[1]
+    assert calls(log.rows) == {("Neighbor_allgather", backend, 48): 1,
+                               ("Neighbor_alltoall", backend, 48): 1,
+                               ("Neighbor_alltoallv", backend, 12): 2}, log.rows
+    if backend == "mpi":
+        # Neighbor_alltoallw (MPI datatypes; on MPI only): its elements are not counted
+        with logging_on() as log:
+            got = np.zeros(2, np.float32)
+            ring.Neighbor_alltoallw([np.array([rank, rank + 0.5], np.float32), [1, 1], [0, 4],
+                                     [MPI4.FLOAT] * 2], [got, [1, 1], [0, 4], [MPI4.FLOAT] * 2])
+            assert got.tolist() == [left + 0.5, right]
+        assert fields(log.records, "op", "backend", "bytes", "dtype") == [
+            ("Neighbor_alltoallw", "mpi", 0, "derived")], log.records
     ring.Free()
 
 
@@ -306,15 +289,20 @@ assert torch.equal(y, torch.full((256,), float(comm.size)))
 """
 
 
+def run_logged(args, mcr_log):
+    """The output of `python args...` on 2 ranks with MCR_LOG=`mcr_log`."""
+    result = launch.run(2, [sys.executable] + args, timeout=120,
+                        env=dict(mpi_env(), MCR_LOG=mcr_log), stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT, text=True)
+    assert result.returncode == 0, result.stdout
+    return result.stdout
+
+
 def test_mcr_log_env_writes_table_json_and_trace(tmp_path):
     script = tmp_path / "prog.py"
     script.write_text(PROGRAM)
     jpath, tpath = tmp_path / "calls.jsonl", tmp_path / "trace.json"
-    env = dict(mpi_env(), MCR_LOG=f"summary:stragglers,json:{jpath},trace:{tpath}")
-    result = launch.run(2, [sys.executable, str(script)], timeout=120, env=env,
-                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert result.returncode == 0, result.stdout
-    out = result.stdout
+    out = run_logged([str(script)], f"summary:stragglers,json:{jpath},trace:{tpath}")
     assert "mcr communication summary (rank 0 of 2)" in out, out
     assert "mcr stragglers" in out and "busbw GB/s" in out
     assert out.count("mcr communication summary") == 1     # rank 0 only
@@ -325,29 +313,26 @@ def test_mcr_log_env_writes_table_json_and_trace(tmp_path):
     assert len(records) == 2 * 8
     for rank in (0, 1):
         mine = [r for r in records if r["rank"] == rank]
-        assert [(r["op"], r["form"], r["backend"]) for r in mine] == \
-            [("Allreduce", "blocking", "mpi")] * 5 + [("Allgather", "nonblocking", "mpi")] * 2 \
-            + [("Allreduce", "blocking", "gloo")]
+        assert fields(mine, "op", "form", "backend") == [("Allreduce", "blocking", "mpi")] * 5 \
+            + [("Allgather", "nonblocking", "mpi")] * 2 + [("Allreduce", "blocking", "gloo")]
         assert mine[5]["bytes"] == 256 * 4 * 2
 
-    trace = json.loads(tpath.read_text())
-    events = trace["traceEvents"]
-    names = {(e["pid"], e["args"]["name"]) for e in events if e["name"] == "thread_name"}
-    # the two Iallgathers overlap (both are posted, then waited for together)
-    assert names == {(rank, name) for rank in (0, 1)
-                     for name in ("gloo", "mpi", "mpi requests", "mpi requests 2")}, names
-    complete = [e for e in events if e["ph"] == "X"]
-    assert len(complete) == 16 and {e["ph"] for e in events} == {"M", "X"}
-    assert all(e["ts"] >= 0 and e["dur"] >= 0 for e in complete)
+    events = json.loads(tpath.read_text())["traceEvents"]
     thread = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
               if e["name"] == "thread_name"}
+    # the two Iallgathers overlap (both are posted, then waited for together)
+    assert {(pid, name) for (pid, _), name in thread.items()} == {
+        (rank, name) for rank in (0, 1)
+        for name in ("gloo", "mpi", "mpi requests", "mpi requests 2")}, thread
+    complete = [e for e in events if e["ph"] == "X"]
+    assert len(complete) == 16 and {e["ph"] for e in events} == {"M", "X"}
     for e in complete:
+        assert e["ts"] >= 0 and e["dur"] >= 0, e
         form = e["args"]["record"]["form"]
         expect = "mpi requests" if form == "nonblocking" else e["cat"]
         assert thread[e["pid"], e["tid"]].startswith(expect), (e, thread)
-    from_trace = output.read_json(str(tpath))
     key = lambda r: (r["rank"], r["start"])                          # noqa: E731
-    assert sorted(from_trace, key=key) == sorted(records, key=key)
+    assert sorted(output.read_json(str(tpath)), key=key) == sorted(records, key=key)
 
     summ = subprocess.run([sys.executable, "-m", "mcr.log", "summary", str(jpath)],
                           capture_output=True, text=True, timeout=60)
@@ -360,19 +345,14 @@ def test_mcr_log_env_writes_table_json_and_trace(tmp_path):
 
 
 def test_summary_per_rank():
-    env = dict(mpi_env(), MCR_LOG="summary:ranks")
-    result = launch.run(2, [sys.executable, "-c", "import mcr, torch\n"
-                            "mcr.COMM_WORLD.Bcast(torch.ones(3), 0)\n"], timeout=120,
-                        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert result.returncode == 0, result.stdout
-    assert "(rank 0 of 2)" in result.stdout and "(rank 1 of 2)" in result.stdout
-    assert result.stdout.count("Bcast") == 2
+    out = run_logged(["-c", "import mcr, torch\nmcr.COMM_WORLD.Bcast(torch.ones(3), 0)\n"],
+                     "summary:ranks")
+    assert "(rank 0 of 2)" in out and "(rank 1 of 2)" in out and out.count("Bcast") == 2
 
 
 def test_bad_mcr_log_fails_import_without_mpi():
-    env = dict(os.environ, MCR_LOG="summary,jsn:x")
-    proc = subprocess.run([sys.executable, "-c", "import mcr"], env=env, capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-c", "import mcr"], capture_output=True, text=True,
+                          env=dict(os.environ, MCR_LOG="summary,jsn:x"), timeout=60)
     assert proc.returncode != 0
     assert "MCR_LOG: 'jsn:x' is not understood" in proc.stderr, proc.stderr
 
@@ -380,8 +360,7 @@ def test_bad_mcr_log_fails_import_without_mpi():
 def test_overhead_benchmark_runs():
     code, out = run_script(1, ["-m", "mcr.log", "overhead", "--iters", "20", "--rounds", "1"],
                            timeout=120)
-    assert code == 0, out
-    assert "Allreduce 4 B" in out and "+summary" in out
+    assert code == 0 and "Allreduce 4 B" in out and "+summary" in out, out
 
 
 # -- without MPI ---------------------------------------------------------------------------
@@ -397,12 +376,10 @@ def test_config_parse():
 
 
 def test_bus_factors_are_nccl_tests():
-    assert report.bus_factor("Allreduce", 4) == pytest.approx(2 * 3 / 4)
-    assert report.bus_factor("Allgather", 8) == pytest.approx(7 / 8)
-    assert report.bus_factor("Reduce_scatter_block", 2) == pytest.approx(0.5)
-    assert report.bus_factor("Alltoall", 4) == pytest.approx(0.75)
-    assert report.bus_factor("Bcast", 4) == 1.0 and report.bus_factor("Send", 2) == 1.0
-    assert report.bus_factor("Allreduce", 1) == 0.0
+    for op, procs, factor in (("Allreduce", 4, 2 * 3 / 4), ("Allgather", 8, 7 / 8),
+                              ("Reduce_scatter_block", 2, 0.5), ("Alltoall", 4, 0.75),
+                              ("Bcast", 4, 1.0), ("Send", 2, 1.0), ("Allreduce", 1, 0.0)):
+        assert report.bus_factor(op, procs) == pytest.approx(factor, abs=0), (op, procs)
 
 
 def test_rows_and_tables():
@@ -448,26 +425,20 @@ def test_trace_puts_overlapping_requests_on_separate_threads(tmp_path):
     assert {e["ph"] for e in events} == {"M", "X"}
     names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
              if e["name"] == "thread_name"}
-    assert sorted(names.values()) == sorted(
-        ["gloo", "gloo requests", "mpi", "mpi requests", "mpi requests 2",
-         "gloo", "mpi"]), names
+    assert sorted(names.values()) == sorted(["gloo", "gloo requests", "mpi", "mpi requests",
+                                             "mpi requests 2", "gloo", "mpi"]), names
     calls = [e for e in events if e["ph"] == "X"]
-    assert [e["name"] for e in calls] == ["Allreduce", "Ialltoall", "Iallreduce",
-                                          "Iallreduce", "Bcast_init", "Iallreduce",
-                                          "Allreduce"]
-    placed = [names[e["pid"], e["tid"]] for e in calls]
-    assert placed == ["mpi", "mpi requests", "mpi requests 2", "mpi requests 2",
-                      "mpi requests", "gloo requests", "gloo"]
+    assert [e["name"] for e in calls] == ["Allreduce", "Ialltoall", "Iallreduce", "Iallreduce",
+                                          "Bcast_init", "Iallreduce", "Allreduce"]
+    assert [names[e["pid"], e["tid"]] for e in calls] == [
+        "mpi", "mpi requests", "mpi requests 2", "mpi requests 2", "mpi requests",
+        "gloo requests", "gloo"]
     # no two calls of one thread overlap (checked pairwise, from the records)
-    by_thread: dict = {}
-    for e, r in zip(calls, records):
-        by_thread.setdefault((e["pid"], e["tid"]), []).append(r)
-    for rs in by_thread.values():
-        for a in rs:
-            for b in rs:
-                if a is not b:
-                    assert a["start"] + a["duration_us"] / 1e6 <= b["start"] or \
-                        b["start"] + b["duration_us"] / 1e6 <= a["start"], (a, b)
+    placed = [((e["pid"], e["tid"]), r["start"], r["start"] + r["duration_us"] / 1e6)
+              for e, r in zip(calls, records)]
+    for i, (thread, start, end) in enumerate(placed):
+        for other, start2, end2 in placed[i + 1:]:
+            assert thread != other or end <= start2 or end2 <= start, (thread, start, start2)
     assert calls[1]["ts"] == pytest.approx(10) and calls[1]["dur"] == 100
     # the file round-trips to the records
     path = tmp_path / "t.json"
