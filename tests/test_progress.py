@@ -1,19 +1,14 @@
 """Staged operations (mcr.stages: compressed collectives, composed
-non-blocking neighborhood collectives, and a Fusion's open buckets) under
-MPI's progress rule and in call order, at 1-4 ranks.
+non-blocking neighborhood collectives, a Fusion's open buckets) under MPI's
+progress rule and in call order, at 1-4 ranks.
 
-Each progress case is a correct MPI program that deadlocks if a process
-blocked in some other call does not post the later stages of an operation it
-started: rank 0 starts the operation, then blocks in a call that the last
-rank satisfies only after its own Wait on the operation has returned. A
-deadlock kills the job (the harness's timeout) and fails every case.
-
-The order cases post several staged operations and other collectives on the
-same communicators, and the ranks test them in different orders: stages
-posted in test order would pair different operations across ranks (wrong
-data, MPI errors or a hang). A randomized case mixes both.
-
-Expected values are computed here with torch from every rank's data.
+A progress case is a correct MPI program that deadlocks (the harness's
+timeout) unless a process blocked in another call posts the later stages of
+an operation it started: rank 0 starts the operation, then blocks in a call
+that the last rank satisfies only after its own Wait on it has returned. The
+order cases post staged operations and other collectives on the same
+communicators, tested in a different order on every rank: stages posted in
+test order would pair different operations across ranks.
 """
 
 import random
@@ -22,78 +17,75 @@ import time
 import torch
 
 import mcr
+import mcr.hooks
 from mcr import stages
 from mpiharness import case, mpi_cases
 from util import assert_equal, raises
 
-
-def ring(comm):
-    """A periodic ring: composed on Gloo, and on MPI at 1-2 ranks (Open MPI's order)."""
-    return comm.Create_cart([comm.size], periods=[True])
+KINDS = ("compressed", "compressed-gloo", "neighbor-gloo", "neighbor-mpi", "fused-mpi",
+         "fused-gloo")
 
 
-def ring_expected(comm):
-    """What Neighbor_alltoall of [10 r, 10 r + 1] gives on a ring: from the
-    left neighbour its block sent right, from the right one its block sent left."""
-    left, right = (comm.rank - 1) % comm.size, (comm.rank + 1) % comm.size
-    return torch.tensor([10.0 * left + 1, 10.0 * right])
+def summed(comm, n, times=1):
+    """Allreduce of full(n, times * (rank + 1)), computed here."""
+    return torch.full((n,), float(times * comm.size * (comm.size + 1) // 2))
+
+
+def same_everywhere(comm, value):
+    values = comm.allgather(value)
+    assert all(v == values[0] for v in values), values
+    return values[0]
+
+
+def spin(req):
+    while not req.Test():
+        pass
 
 
 class Ctx:
-    """What the operations of a case run on: a ring, and a Fusion of `comm`
-    per backend (its buckets' collectives on `comm` itself, as the case's
-    own collectives)."""
+    """A periodic ring (composed on Gloo, and on MPI at 1-2 ranks: Open MPI's
+    order), and a Fusion of `comm` per backend (its buckets' collectives on
+    `comm` itself, as the case's own collectives)."""
 
     def __init__(self, comm):
-        self.topo = ring(comm)
+        self.topo = comm.Create_cart([comm.size], periods=[True])
         self.fusion = {b: mcr.Fusion(comm, backend=b, trace=True) for b in ("mpi", "gloo")}
 
     def close(self, comm):
         for f in self.fusion.values():
-            traces = comm.allgather(f.trace)
-            assert all(t == traces[0] for t in traces), traces   # the same buckets
+            same_everywhere(comm, f.trace)          # the same buckets
             f.close()
         self.topo.Free()
 
 
 def start(comm, kind, ctx):
     """Start a staged operation of `kind`; (request, check of its result)."""
-    if kind.startswith("fused"):
-        x = torch.full((3,), float(comm.rank + 1))
-        y = torch.zeros(3)
-        want = torch.full((3,), float(comm.size * (comm.size + 1) // 2))
-        return ctx.fusion[kind.split("-")[1]].Iallreduce(x, y), lambda: assert_equal(y, want)
+    if kind.startswith("neighbor"):
+        # from the left neighbour its block sent right, from the right one its block sent left
+        left, right = (comm.rank - 1) % comm.size, (comm.rank + 1) % comm.size
+        r, want = torch.zeros(2), torch.tensor([10.0 * left + 1, 10.0 * right])
+        req = ctx.topo.Ineighbor_alltoall(torch.tensor([10.0 * comm.rank, 10.0 * comm.rank + 1]),
+                                          r, backend=kind[len("neighbor-"):])
+        return req, lambda: assert_equal(r, want)
     if kind == "compressed":
         # small integers: exact in bf16, and their sums too
-        x = torch.arange(6, dtype=torch.float32) + comm.rank
-        y = torch.zeros(6)
-        want = sum(torch.arange(6, dtype=torch.float32) + r for r in range(comm.size))
-        return comm.Iallreduce(x, y, compress="bf16"), lambda: assert_equal(y, want)
-    if kind == "compressed-gloo":
-        x = torch.full((5,), float(comm.rank + 1))
-        y = torch.zeros(5)
-        want = torch.full((5,), float(comm.size * (comm.size + 1) // 2))
-        return (comm.Iallreduce(x, y, compress="fp16", backend="gloo"),
+        y, want = torch.zeros(6), sum(torch.arange(6.0) + r for r in range(comm.size))
+        return (comm.Iallreduce(torch.arange(6.0) + comm.rank, y, compress="bf16"),
                 lambda: assert_equal(y, want))
-    backend = kind.split("-")[1]
-    s = torch.tensor([10.0 * comm.rank, 10.0 * comm.rank + 1])
-    r = torch.zeros(2)
-    want = ring_expected(comm)
-    return ctx.topo.Ineighbor_alltoall(s, r, backend=backend), lambda: assert_equal(r, want)
-
-
-KINDS = ("compressed", "compressed-gloo", "neighbor-gloo", "neighbor-mpi", "fused-mpi",
-         "fused-gloo")
+    n = 3 if kind.startswith("fused") else 5
+    x, y = torch.full((n,), float(comm.rank + 1)), torch.zeros(n)
+    req = ctx.fusion[kind[len("fused-"):]].Iallreduce(x, y) if kind.startswith("fused") \
+        else comm.Iallreduce(x, y, compress="fp16", backend="gloo")
+    return req, lambda: assert_equal(y, summed(comm, n))
 
 
 def blocked_until_last_waits(comm, block, unblock):
-    """For every kind: rank 0 (and the others but the last) start it and
-    `block()`; the last rank waits for it first, then `unblock()`s."""
+    """For every kind: the ranks but the last start it and `block()`; the last
+    rank waits for it first, then `unblock()`s."""
     ctx = Ctx(comm)
-    last = comm.size - 1
     for kind in KINDS:
         req, check = start(comm, kind, ctx)
-        if comm.rank != last:
+        if comm.rank != comm.size - 1:
             block()
             req.Wait()
         else:
@@ -113,129 +105,92 @@ def a_blocking_collective_drives_stages(comm):
     assert_equal(x, torch.full((2,), float(comm.size ** len(KINDS))))
 
 
-@case
-def blocking_point_to_point_drives_stages(comm):
-    last = comm.size - 1
-    got = torch.zeros(1)
-    for how in ("Recv", "Wait", "Waitall", "Waitany", "Waitsome", "Test", "Probe"):
-        def block():
-            if comm.rank != 0 or comm.size == 1:
-                return
-            if how == "Recv":
-                comm.Recv(got, source=last, tag=8)
-                return
-            if how == "Probe":
-                comm.Probe(source=last, tag=8)
-                comm.Recv(got, source=last, tag=8)
-                return
-            q = comm.Irecv(got, source=last, tag=8)
-            if how == "Wait":
-                q.Wait()
-            elif how == "Test":
-                while not q.Test():
-                    pass
-            else:
-                getattr(mcr.Request, how)([q])
+@case.matrix(how=("Recv", "Probe", "Wait", "Test", "Waitall", "Waitany", "Waitsome"))
+def blocking_point_to_point_drives_stages(comm, how):
+    # rank 0 blocks receiving the last rank's message (no one blocks at 1 rank)
+    last, got = comm.size - 1, torch.zeros(1)
+    blocking = comm.rank == 0 and last > 0
 
-        def unblock():
-            if comm.size > 1:
-                comm.Send(torch.ones(1), dest=0, tag=8)
+    def irecv():
+        return comm.Irecv(got, source=last, tag=8)
 
-        blocked_until_last_waits(comm, block, unblock)
+    block = {"Recv": lambda: comm.Recv(got, source=last, tag=8),
+             "Probe": lambda: (comm.Probe(source=last, tag=8), comm.Recv(got, source=last, tag=8)),
+             "Wait": lambda: irecv().Wait(), "Test": lambda: spin(irecv())}.get(
+        how, lambda: getattr(mcr.Request, how)([irecv()]))
+    blocked_until_last_waits(comm, lambda: blocking and block(),
+                             lambda: last > 0 and comm.Send(torch.ones(1), dest=0, tag=8))
 
 
 @case
 def mpi4py_methods_drive_stages(comm):
-    last = comm.size - 1
-
-    def recv():
-        if comm.rank == 0 and comm.size > 1:
-            assert comm.recv(source=last, tag=9) == {"from": last}
-
-    def send():
-        if comm.size > 1:
-            comm.send({"from": last}, dest=0, tag=9)
-
-    blocked_until_last_waits(comm, recv, send)
+    last, got, made = comm.size - 1, [], []
+    blocking = comm.rank == 0 and last > 0
+    blocked_until_last_waits(comm, lambda: blocking and got.append(comm.recv(source=last, tag=9)),
+                             lambda: last > 0 and comm.send({"from": last}, 0, 9))
+    assert got == ([{"from": last}] * len(KINDS) if blocking else [])
     blocked_until_last_waits(comm, lambda: comm.bcast(None, root=last),
                              lambda: comm.bcast("x", root=last))
-    made = []
     blocked_until_last_waits(comm, lambda: made.append(comm.Dup()),
                              lambda: made.append(comm.Dup()))
     for dup in made:
         dup.Free()
 
 
-@case
-def fused_calls_progress_while_any_rank_blocks(comm):
-    """A Fusion's open bucket while ranks block elsewhere. Rank 0 decides
-    where buckets end: blocked, it posts its open buckets first (the others
-    wait for them); the others, blocked while rank 0 waits, post theirs as
-    rank 0's decisions come. Blocked in a Recv, a Probe, a Test loop, and a
-    collective on another communicator."""
-    other = comm.Dup()
-    got = torch.zeros(1)
-    v = torch.ones(1)
-    for backend in ("mpi", "gloo"):
-        with mcr.Fusion(comm, backend=backend, trace=True) as f:
-            for waiter in (comm.size - 1, 0):
-                for how in ("Recv", "Probe", "Test loop", "Allreduce elsewhere"):
-                    x = torch.full((4,), float(comm.rank + 1))
-                    y, y2 = torch.zeros(4), torch.zeros(4)
-                    reqs = [f.Iallreduce(x, y), f.Iallreduce(2 * x, y2)]
-                    if comm.rank != waiter:
-                        if how == "Allreduce elsewhere":
-                            other.Allreduce(mcr.IN_PLACE, v)
-                        elif how == "Test loop":
-                            q = comm.Irecv(got, source=waiter, tag=5)
-                            while not q.Test():
-                                pass
-                        else:
-                            if how == "Probe":
-                                comm.Probe(source=waiter, tag=5)
-                            comm.Recv(got, source=waiter, tag=5)
-                        mcr.Request.Waitall(reqs)
-                    else:
-                        time.sleep(0.05)   # (the others are in their blocking call by now)
-                        mcr.Request.Waitall(reqs)
-                        if how == "Allreduce elsewhere":
-                            other.Allreduce(mcr.IN_PLACE, v)
-                        else:
-                            for r in range(comm.size):
-                                if r != waiter:
-                                    comm.Send(torch.ones(1), dest=r, tag=5)
-                    total = comm.size * (comm.size + 1) // 2
-                    assert_equal(y, torch.full((4,), float(total)))
-                    assert_equal(y2, torch.full((4,), 2.0 * total))
-            traces = comm.allgather(f.trace)
-            assert all(t == traces[0] for t in traces), traces
-            assert sum(k for _, _, k in traces[0]) == 16, traces[0]
-    assert_equal(v, torch.full((1,), float(comm.size ** 4)))
+@case.matrix(backend=("mpi", "gloo"))
+def fused_calls_progress_while_any_rank_blocks(comm, backend):
+    """Open buckets while ranks block (Recv, Probe, a Test loop, a collective
+    elsewhere). Rank 0 decides where buckets end: blocked, it posts its open
+    buckets first; the others, blocked while rank 0 waits, post theirs as
+    rank 0's decisions come."""
+    other, got, v = comm.Dup(), torch.zeros(1), torch.ones(1)
+    with mcr.Fusion(comm, backend=backend, trace=True) as f:
+        for waiter in (comm.size - 1, 0):
+            for how in ("Recv", "Probe", "Test loop", "Allreduce elsewhere"):
+                x = torch.full((4,), float(comm.rank + 1))
+                y, y2 = torch.zeros(4), torch.zeros(4)
+                reqs = [f.Iallreduce(x, y), f.Iallreduce(2 * x, y2)]
+                if comm.rank == waiter:
+                    time.sleep(0.05)   # (the others are in their blocking call by now)
+                    mcr.Request.Waitall(reqs)
+                if how == "Allreduce elsewhere":
+                    other.Allreduce(mcr.IN_PLACE, v)
+                elif comm.rank == waiter:
+                    for r in set(range(comm.size)) - {waiter}:
+                        comm.Send(torch.ones(1), dest=r, tag=5)
+                elif how == "Test loop":
+                    spin(comm.Irecv(got, source=waiter, tag=5))
+                else:
+                    if how == "Probe":
+                        comm.Probe(source=waiter, tag=5)
+                    comm.Recv(got, source=waiter, tag=5)
+                if comm.rank != waiter:
+                    mcr.Request.Waitall(reqs)
+                assert_equal(y, summed(comm, 4))
+                assert_equal(y2, summed(comm, 4, 2))
+        assert sum(k for _, _, k in same_everywhere(comm, f.trace)) == 16, f.trace
+    assert_equal(v, torch.full((1,), float(comm.size ** 2)))   # (one per waiter)
     assert not stages._active
     other.Free()
 
 
 @case
 def direct_collectives_come_after_fused_calls(comm):
-    """Collectives called on the fused communicator itself while buckets are
-    open, with rank 0's decisions made at rank-dependent times: every rank
-    posts the same collectives on it in the same order, each bucket before
-    the direct call made after its fused calls (the call hooks see them)."""
-    import mcr.hooks
-    fused = comm.Dup()
-    seen = []
+    """Collectives on the fused communicator itself while buckets are open,
+    rank 0 deciding at rank-dependent times: every rank posts the same
+    collectives in the same order, each bucket before the direct call made
+    after its fused calls (as the call hooks see them)."""
+    fused, seen = comm.Dup(), []
 
     def hook(call):
         if call.comm == fused:
             seen.append((call.op, call.form))
 
-    total = comm.size * (comm.size + 1) // 2
     with mcr.hooks.installed(hook):
         f = mcr.Fusion(fused, trace=True)
         for i in range(9):
-            x = torch.full((3,), float(comm.rank + 1 + i))
             y = torch.zeros(3)
-            req = f.Iallreduce(x, y)
+            req = f.Iallreduce(torch.full((3,), float(comm.rank + 1 + i)), y)
             if (comm.rank + i) % 2:
                 req.Test()                  # (rank 0 decides here in some rounds)
             time.sleep(0.002 * ((comm.rank + i) % 3))
@@ -245,18 +200,16 @@ def direct_collectives_come_after_fused_calls(comm):
             elif i % 3 == 1:
                 fused.Barrier()
             else:
-                q = fused.Iallreduce(mcr.IN_PLACE, v)
-                q.Wait()
+                fused.Iallreduce(mcr.IN_PLACE, v).Wait()
             req.Wait()
-            assert_equal(y, torch.full((3,), float(total + comm.size * i)))
+            assert_equal(y, summed(comm, 3) + comm.size * i)
             if i % 3 != 1:
                 assert_equal(v, torch.full((2,), float(comm.size)))
         f.close()
     fused.Free()
-    seqs = comm.allgather(seen)
-    assert all(q == seqs[0] for q in seqs), seqs
-    assert seqs[0][:2] == [("Allreduce", "nonblocking"), ("Allreduce", "blocking")], seqs[0]
-    assert len(seqs[0]) == 18, seqs[0]      # 9 buckets, 9 direct calls
+    seq = same_everywhere(comm, seen)
+    assert seq[:2] == [("Allreduce", "nonblocking"), ("Allreduce", "blocking")], seq
+    assert len(seq) == 18, seq      # 9 buckets, 9 direct calls
     assert not stages._active
 
 
@@ -266,17 +219,15 @@ def making_private_comms_drives_stages(comm):
     (a Dup, collective): rank 0 is blocked in it while the last rank waits
     for rank 0's next stage of an earlier call."""
     fresh = comm.Dup()
-    x = torch.arange(4, dtype=torch.float32) + fresh.rank
-    y, z = torch.zeros(4), torch.zeros(4)
+    x, y, z = torch.arange(4.0) + fresh.rank, torch.zeros(4), torch.zeros(4)
     first = fresh.Iallreduce(x, y, compress="bf16")
     if fresh.rank == fresh.size - 1:
         time.sleep(0.05)
         first.Wait()
     second = fresh.Iallreduce(x, z, compress="fp16", backend="gloo")
     mcr.Request.Waitall([first, second])
-    want = sum(torch.arange(4, dtype=torch.float32) + r for r in range(fresh.size))
-    assert_equal(y, want)
-    assert_equal(z, want)
+    for out in (y, z):
+        assert_equal(out, sum(torch.arange(4.0) + r for r in range(fresh.size)))
     fresh.Free()
 
 
@@ -285,7 +236,6 @@ def stages_are_posted_in_call_order(comm):
     """Staged operations and plain collectives on the same communicators,
     tested in a different order on every rank."""
     ctx = Ctx(comm)
-    topo = ctx.topo
     dgraph = comm.Create_dist_graph_adjacent([(comm.rank - 1) % comm.size],
                                              [(comm.rank + 1) % comm.size])
     copy = dgraph.Dup()                 # (its rounds are agreed in a stage)
@@ -293,42 +243,36 @@ def stages_are_posted_in_call_order(comm):
         checks, reqs = [], []
         for kind in KINDS:
             req, check = start(comm, kind, ctx)
-            reqs.append(req)
-            checks.append(check)
-            x = torch.full((3,), float(comm.rank + 1))
             y = torch.zeros(3)
-            reqs.append(topo.Iallreduce(x, y, backend=kind.split("-")[-1]
-                                        if not kind.startswith("compressed") else None))
-            checks.append(lambda y=y: assert_equal(
-                y, torch.full((3,), float(comm.size * (comm.size + 1) // 2))))
+            backend = None if kind.startswith("compressed") else kind.split("-")[-1]
+            reqs += [req, ctx.topo.Iallreduce(torch.full((3,), float(comm.rank + 1)), y,
+                                              backend=backend)]
+            checks += [check, lambda y=y: assert_equal(y, summed(comm, 3))]
         for g in (dgraph, copy):
-            s = torch.tensor([float(comm.rank)])
             r = torch.zeros(1)
-            reqs.append(g.Ineighbor_alltoall(s, r, backend="gloo"))
+            reqs.append(g.Ineighbor_alltoall(torch.tensor([float(comm.rank)]), r, backend="gloo"))
             checks.append(lambda r=r: assert_equal(
                 r, torch.tensor([float((comm.rank - 1) % comm.size)])))
         # each rank tests them in its own order before waiting for all
-        order = list(range(len(reqs)))
-        order = order[comm.rank % len(order):] + order[:comm.rank % len(order)]
-        if (comm.rank + round_) % 2:
-            order.reverse()
-        for i in order:
+        shift = comm.rank % len(reqs)
+        order = list(range(shift, len(reqs))) + list(range(shift))
+        for i in order[::-1] if (comm.rank + round_) % 2 else order:
             reqs[i].Test()
             time.sleep(0.002)
         mcr.Request.Waitall(reqs)
         for check in checks:
             check()
-    for c in (copy, dgraph):
-        c.Free()
+    copy.Free()
+    dgraph.Free()
     ctx.close(comm)
 
 
 @case
 def random_interleavings_complete(comm):
-    """Every kind of staged operation, then a blocking call (Barrier,
-    Allreduce, a ring of Send/Irecv, pickled bcast, or none), made before
-    the operations complete on half the ranks and after on the others, each
-    rank testing and waiting for them in its own random order."""
+    """Every kind, then a blocking call (Barrier, Allreduce, a ring of
+    Send/Irecv, pickled bcast, or none) before the operations complete on half
+    the ranks and after on the others, each testing and waiting in its own
+    random order."""
     rng = random.Random(1234 + comm.rank)
     ctx = Ctx(comm)
     left, right = (comm.rank - 1) % comm.size, (comm.rank + 1) % comm.size
@@ -368,16 +312,11 @@ def random_interleavings_complete(comm):
 def a_failed_stage_fails_its_own_request(comm):
     """A stage whose local work raises (a codec's decode, on every rank)
     fails that operation's request only: the one posted after it completes."""
-    def encode(x):
-        return x.clone()
-
     def bad_decode(payload, like):
         raise ValueError("this decode refuses")
 
-    x = torch.ones(4)
-    y = torch.zeros(4)
-    bad = comm.Iallreduce(x, y, compress=(encode, bad_decode))
-    z = torch.zeros(4)
+    x, y, z = torch.ones(4), torch.zeros(4), torch.zeros(4)
+    bad = comm.Iallreduce(x, y, compress=(lambda t: t.clone(), bad_decode))
     good = comm.Iallreduce(x, z, compress="bf16")
     with raises(ValueError, "this decode refuses"):
         bad.Wait()
@@ -388,7 +327,7 @@ def a_failed_stage_fails_its_own_request(comm):
 
 @case
 def nothing_left_pending(comm):
-    """After the operations complete, nothing is staged: the call path's flag is off."""
+    """After the operations complete the call path's flag is off."""
     req, check = start(comm, "compressed", None)
     req.Wait()
     check()
