@@ -1,13 +1,13 @@
 """python -m mcr.bench compare: the peers side by side, their tables and targets.
 
-One short comparison at 2 ranks (allreduce and bcast, 4 to 64 bytes, one
-round) checks the printed tables, the targets section, the --json file and the
---plot figure; the C reference (mcr/bench/osu_c.c) is compiled and checks its
-own results for every operation and form; the report's arithmetic is checked
-on made-up numbers.
+One short comparison at 2 ranks (allreduce and bcast, 4 to 64 bytes, one round):
+its tables, targets section, --json file and --plot figure. The C reference
+(mcr/bench/osu_c.c) is compiled and checks its own results for every operation
+and form. The report's arithmetic on made-up numbers.
 """
 
 import importlib.util
+import itertools
 import json
 import os
 import re
@@ -18,9 +18,9 @@ import pytest
 
 from mcr import launch
 from mcr.bench.compare import cli, driver, report
+
 PEERS = ("C", "C-mt", "mpi4py-numpy", "mpi4py-torch", "torch-gloo", "mcr-gloo", "mcr-mpi",
-         "mcr-auto",
-         "C pers", "C-mt pers", "mcr-mpi pers")
+         "mcr-auto", "C pers", "C-mt pers", "mcr-mpi pers")
 SIZES = (4, 8, 16, 32, 64)
 HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 
@@ -35,24 +35,22 @@ def run(tmp_path_factory):
     if HAVE_MATPLOTLIB:
         cmd += ["--plot", str(out_png)]
     env = {k: v for k, v in os.environ.items() if k not in launch.LAUNCHER_VARS}
-    try:
-        proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, timeout=240)
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"{' '.join(cmd)} did not finish in {exc.timeout:.0f} s")
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=240)
     assert proc.returncode == 0, f"exit {proc.returncode}:\n{proc.stdout}"
     return proc.stdout, out_json, out_png
+
+
+def cell(us, spread):
+    """A made-up result of two rounds."""
+    return {"rounds_us": [us, us + spread], "error": None}
 
 
 def table(out, op):
     """The header and rows of the 'minimum' table of `op`."""
     lines = out.splitlines()
     start = lines.index(f"{op}: minimum of the round averages, us per call")
-    rows = []
-    for line in lines[start + 1:]:
-        if not line.strip():
-            break
-        rows.append(line.split())
+    rows = [line.split() for line in itertools.takewhile(str.strip, lines[start + 1:])]
     return rows[0], rows[1:]
 
 
@@ -96,18 +94,16 @@ def test_json(run):
         assert list(rows) == [str(n) for n in SIZES]
         for nbytes, cells in rows.items():
             for peer in PEERS:
-                cell = cells[peer]
-                assert cell["error"] is None, (op, nbytes, peer, cell)
-                assert len(cell["rounds_us"]) == 1 and cell["rounds_us"][0] > 0
-                assert cell["iters"] >= 5
+                got = cells[peer]
+                assert got["error"] is None, (op, nbytes, peer, got)
+                assert len(got["rounds_us"]) == 1 and got["rounds_us"][0] > 0
+                assert got["iters"] >= 5
+            us = {peer: cells[peer]["rounds_us"][0] for peer in PEERS}
             summary = data["summary"][op][nbytes]
-            assert summary["us"]["mcr-mpi"]["min"] == cells["mcr-mpi"]["rounds_us"][0]
-            ratio = summary["ratios"]["min"]["mcr/C"]
-            assert ratio == pytest.approx(cells["mcr-mpi"]["rounds_us"][0]
-                                          / cells["C"]["rounds_us"][0])
-            best = min(cells["mcr-mpi"]["rounds_us"][0], cells["mcr-gloo"]["rounds_us"][0])
+            assert summary["us"]["mcr-mpi"]["min"] == us["mcr-mpi"]
+            assert summary["ratios"]["min"]["mcr/C"] == pytest.approx(us["mcr-mpi"] / us["C"])
             assert summary["ratios"]["min"]["auto/best"] == pytest.approx(
-                cells["mcr-auto"]["rounds_us"][0] / best)
+                us["mcr-auto"] / min(us["mcr-mpi"], us["mcr-gloo"]))
     names = [t["name"] for t in data["targets"]]
     assert len(names) == 7 and all(t["applies"] for t in data["targets"])
 
@@ -161,18 +157,13 @@ def test_plot_without_matplotlib_says_how_to_get_it(monkeypatch, capsys):
 
 
 def test_targets_arithmetic():
-    def cell(us):
-        return {"rounds_us": [us, us + 5], "error": None}
-    results = {"allreduce": {
-        "4": {"C": cell(0.5), "C-mt": cell(0.6), "mcr-mpi": cell(1.0), "mpi4py-numpy": cell(2.0),
-              "mpi4py-torch": cell(25.0), "mcr-mpi pers": cell(0.9), "C pers": cell(0.6),
-              "torch-gloo": cell(200.0), "mcr-gloo": cell(210.0)},
-        "1024": {"C": cell(1.0), "C-mt": cell(1.2), "mcr-mpi": cell(1.8),
-                 "mpi4py-numpy": cell(2.0)},
-        "1048576": {"C": cell(100.0), "C-mt": cell(100.0), "mcr-mpi": cell(104.0),
-                    "mcr-mpi pers": cell(104.0), "C pers": cell(99.0),
-                    "torch-gloo": cell(1000.0), "mcr-gloo": cell(1200.0)},
-    }}
+    us = {"4": {"C": 0.5, "C-mt": 0.6, "mcr-mpi": 1.0, "mpi4py-numpy": 2.0, "mpi4py-torch": 25.0,
+                "mcr-mpi pers": 0.9, "C pers": 0.6, "torch-gloo": 200.0, "mcr-gloo": 210.0},
+          "1024": {"C": 1.0, "C-mt": 1.2, "mcr-mpi": 1.8, "mpi4py-numpy": 2.0},
+          "1048576": {"C": 100.0, "C-mt": 100.0, "mcr-mpi": 104.0, "mcr-mpi pers": 104.0,
+                      "C pers": 99.0, "torch-gloo": 1000.0, "mcr-gloo": 1200.0}}
+    results = {"allreduce": {n: {peer: cell(t, 5) for peer, t in row.items()}
+                             for n, row in us.items()}}
     got = {t["ratio"]: t for t in report.targets(results, 2, "torch")}
     # 4 B: 1.0 - 0.6 = 0.4 met; 1 KiB: 1.8 - 1.2 = 0.6 missed
     assert not got["mcr-Cmt (us)"]["met"]
@@ -190,14 +181,13 @@ def test_targets_arithmetic():
 
 
 def test_summary_table():
-    def cell(us):
-        return {"rounds_us": [us, us + 1], "error": None}
     args = cli.parse_args(["--ops", "barrier,allreduce", "--peers", "C,C-mt,mcr-mpi",
                            "--forms", "blocking", "--summary", "4,1024"])
     assert args.summary == [4, 1024]
-    results = {"barrier": {"0": {"C": cell(0.3), "C-mt": cell(0.4), "mcr-mpi": cell(0.9)}},
-               "allreduce": {str(n): {"C": cell(n / 100), "C-mt": cell(n / 100 + 0.1),
-                                      "mcr-mpi": cell(n / 100 + 0.4)} for n in (4, 8, 1024)}}
+    results = {"barrier": {"0": {"C": cell(0.3, 1), "C-mt": cell(0.4, 1),
+                                 "mcr-mpi": cell(0.9, 1)}},
+               "allreduce": {str(n): {"C": cell(n / 100, 1), "C-mt": cell(n / 100 + 0.1, 1),
+                                      "mcr-mpi": cell(n / 100 + 0.4, 1)} for n in (4, 8, 1024)}}
     lines = report.summary(args, results, args.summary)
     assert lines[0].endswith("at 4 B, 1 KiB")
     rows = [line.split() for line in lines[2:] if line.strip()]

