@@ -7,7 +7,6 @@ import numpy as np
 import torch
 
 import mcr
-from opref import DTYPES, all_data, rank_data  # noqa: F401 - moved to opref.py
 
 @contextlib.contextmanager
 def raises(exc_type, *fragments):
