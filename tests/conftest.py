@@ -30,11 +30,23 @@ def pytest_collection_modifyitems(session, config, items):
     mpiharness.select(items)
 
 
-def pytest_terminal_summary(terminalreporter):
-    """With ``MCR_TEST_COVERAGE=FOLDER``: how many (operation, form, backend,
+def pytest_terminal_summary(terminalreporter, config):
+    """With ``--durations=N``: the N slowest MPI cases, as their job timed them
+    (pytest's own list charges a whole job to the case that started it).
+    With ``MCR_TEST_COVERAGE=FOLDER``: how many (operation, form, backend,
     element type, world size) combinations the MPI cases called, as the
     workers recorded them (the figure a reorganized suite must not lower)."""
     import json
+
+    import mpiharness
+    most = config.option.durations
+    if most is not None and mpiharness.case_seconds():
+        timed = sorted(mpiharness.case_seconds().items(), key=lambda kv: -kv[1])
+        terminalreporter.write_sep("=", f"slowest {most or len(timed)} MPI cases "
+                                   f"({sum(timed_s for _, timed_s in timed):.0f} s in all)")
+        for (path, name, nprocs), seconds in timed[:most or None]:
+            terminalreporter.write_line(
+                f"{seconds:8.2f}s {os.path.relpath(path)}::{name} at {nprocs}")
     folder = os.environ.get("MCR_TEST_COVERAGE")
     if not folder or not os.path.isdir(folder):
         return

@@ -207,6 +207,13 @@ def run_cases(module, nprocs):
         plan = plan[finished:]
 
 
+def case_seconds():
+    """{(path, case, nprocs): seconds} of the cases run so far, the slowest
+    rank's time (for ``--durations``)."""
+    return {key: max(rec.get("seconds", 0) for rec in per_rank.values())
+            for key, (per_rank, _) in _results.items() if per_rank}
+
+
 def _run_once(plan, nprocs):
     """One job over `plan`; (exit code or None when killed, output, records by case)."""
     with tempfile.TemporaryDirectory(prefix="mcr-test-") as tmp:
