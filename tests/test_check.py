@@ -22,7 +22,7 @@ from opmatrix import run_operation
 
 BACKENDS = ("mpi", "gloo")
 OTHER = {"mpi": "gloo", "gloo": "mpi"}
-TIMEOUT = 2.0
+TIMEOUT = 1.0
 SLACK = 20.0        # a loaded 2-core machine: the error must come well before the
                     # harness's own timeout, not at TIMEOUT to the millisecond
 
