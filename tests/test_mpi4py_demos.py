@@ -10,10 +10,13 @@ runs under mpiexec as shipped, on mpi4py, then ported: a copy in which every
 README promises. Both runs must exit with 0 (mpi4py's own run gets a second
 try: see ``reference``); the ported run must print what mpi4py's run printed
 (as the demo's ``output`` says) and no error or warning that mpi4py's run did
-not print. Alone: ``python -m pytest
+not print. The small examples of mpi-ref-v1 (``shared``) run one after
+another in one job per size, each checked alone when anything in that job
+goes wrong. Alone: ``python -m pytest
 tests/test_mpi4py_demos.py``.
 """
 
+import json
 import math
 import os
 import re
@@ -110,6 +113,48 @@ def run(demo, nprocs, tree, tmp_path, label):
     return result.stdout, result.stderr
 
 
+# the shared demos of a folder, one after another in one job (a process start
+# costs more than most of them): on each rank, one line per demo, whether it
+# ran to its end (or to SystemExit(0), as a demo that needs more processes)
+SHARED_RUNNER = """\
+import json, runpy, sys, traceback
+from mcr import MPI
+for path in sys.argv[1:]:
+    try:
+        runpy.run_path(path, run_name="__main__")
+        ok = True
+    except SystemExit as exc:
+        ok = exc.code in (None, 0)
+    except BaseException:
+        ok = False
+        traceback.print_exc()
+    print(json.dumps([path, ok]), flush=True)
+    MPI.COMM_WORLD.Barrier()
+"""
+_shared = {}        # (tree, folder, nprocs) -> {demo path: ran cleanly on every rank}
+
+
+def ran_shared(demo, nprocs, tree):
+    """Whether ``demo`` ran cleanly in the one job of its folder's shared
+    demos at ``nprocs`` (started at the first of them asked for): every rank
+    finished it, the job exited with 0 and printed no error or warning."""
+    folder = os.path.dirname(demo.path)
+    key = (tree, folder, nprocs)
+    if key not in _shared:
+        paths = [os.path.basename(d.path) for d in DEMOS
+                 if d.shared and os.path.dirname(d.path) == folder and nprocs in d.sizes]
+        result = launch.run(nprocs, [sys.executable, "-c", SHARED_RUNNER, *paths],
+                            timeout=TIMEOUT, env=mpi_env(), cwd=os.path.join(tree, folder),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+        clean = result.returncode == 0 and not _TROUBLE.search(result.stderr)
+        lines = [json.loads(line) for line in result.stdout.splitlines()
+                 if line.startswith("[")] if clean else []
+        _shared[key] = {path: sum(1 for p, ok in lines if p == path and ok) == nprocs
+                        for path in paths}
+    return _shared[key].get(os.path.basename(demo.path), False)
+
+
 def reference(demo, nprocs, tree, tmp_path):
     """mpi4py's own run of ``demo`` (``run``), what the ported run is compared
     with. A failed reference run is run once more: it involves no mcr code,
@@ -162,6 +207,9 @@ def test_demo_ported_to_mcr(demo_trees, demo, nprocs, tmp_path):
         sources = [demo.path, *(os.path.join(folder, name) for name in _EXEC.findall(f.read()))]
     assert ported.intersection(sources), \
         f"{demo.path} has no 'from mpi4py import MPI' to port: it would run on mpi4py"
+    if demo.shared and ran_shared(demo, nprocs, trees["mcr"]):
+        assert demo.output == "exit", f"{demo.name}: a shared demo is checked by its exit"
+        return
     try:
         out, err = run(demo, nprocs, trees["mcr"], tmp_path, "mcr")
     except AssertionError as first:

@@ -35,6 +35,8 @@ class Demo:
     # ("mpicc" is the mpicc beside the mpiexec the test uses)
     retry: str = ""                     # why the ported run gets a second try: a
     # failure that plain mpi4py has too, measured (empty: one try)
+    shared: bool = False                # runs in one job with the other shared demos
+    # of its folder (each alone again if anything in that job goes wrong)
 
     @property
     def name(self) -> str:
@@ -63,7 +65,7 @@ DEMOS = [
     *(Demo(f"osu_{name}.py", sizes=(2,), output="timings")       # "exactly two processes"
       for name in ("bw", "bibw", "latency")),
     Demo("osu_multi_lat.py", sizes=(2, 4), output="timings"),    # pairs: an even size
-    *(Demo(f"mpi-ref-v1/ex-{number}.py")
+    *(Demo(f"mpi-ref-v1/ex-{number}.py", shared=True)
       for number in ("2.01", "2.08", "2.16", "2.29", "2.32", "2.34", "2.35", "3.01", "3.02",
                      "3.03", "3.04", "3.05", "3.06", "3.07", "3.08", "3.09", "3.11", "3.12",
                      "3.13")),
