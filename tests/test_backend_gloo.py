@@ -576,10 +576,10 @@ def gloo_rejects_derived_datatypes_and_user_ops(comm, found):
 def bad_first_call_on_a_new_communicator_raises_alone(comm, found):
     """The first Gloo call on a communicator creates its Gloo group (collective);
     a bad call must raise before that, on the one rank that makes it. Rank 0
-    makes it in a thread while the others wait 4 s: not raised within 2 s, it
-    is blocked waiting for them. Either way the others then make a valid Gloo
-    call, completing the group if rank 0 blocked, and rank 0 joins in once its
-    thread is done, so that no rank hangs."""
+    makes it in a thread while the others wait for its word (on MPI): not
+    raised within 2 s, it is blocked waiting for them. Either way the others
+    then make a valid Gloo call, completing the group if rank 0 blocked, and
+    rank 0 joins in once its thread is done, so that no rank hangs."""
     fresh = comm.Dup()
     if comm.rank == 0:
         outcome = []
@@ -587,6 +587,7 @@ def bad_first_call_on_a_new_communicator_raises_alone(comm, found):
             fresh.Bcast, torch.zeros(3), fresh.size, backend=GLOO)), daemon=True)
         thread.start()
         thread.join(2.0)
+        comm.bcast("go on", root=0)
         with found.check("Bcast with root = size, alone on a new communicator"):
             assert not thread.is_alive(), (
                 "blocked: the Gloo group was created before the arguments were checked")
@@ -594,7 +595,7 @@ def bad_first_call_on_a_new_communicator_raises_alone(comm, found):
         with found.check("Bcast with root = size raises IndexError"):
             assert isinstance(outcome[0], IndexError), outcome
     else:
-        time.sleep(4.0)
+        comm.bcast(None, root=0)
     with found.check("Barrier on the new communicator"):
         fresh.Barrier(backend=GLOO)
     fresh.Free()
