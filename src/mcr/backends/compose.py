@@ -601,7 +601,9 @@ def gather(sub: "Subcomm", msg: Any, root: int) -> Any:
     mine = 0 if s.kind == "in_place" else s.count * extent
     in_split = [0] * size
     in_split[root] = mine
-    inp = s.block(0, s.count) if mine else s.bytes()[:0]
+    # (IN_PLACE at the root: no bytes of its own, on the receive buffer's device,
+    # as a backend such as NCCL takes tensors of one device only)
+    inp = s.block(0, s.count) if mine else (r if s.kind == "in_place" else s).bytes()[:0]
     steps, out_split = [], [0] * size
     out = inp[:0]
     if rank == root:
