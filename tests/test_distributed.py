@@ -131,9 +131,12 @@ def all_to_all_uneven_matches_torch(comm, backend):
                                group=g, async_op=True).wait()
         expected = torch.cat([block(q, rank, dtype) for q in range(size)])
         assert torch.equal(out, expected), (dtype, out)
+    expected = torch.cat([torch.arange(2 * rank, 2 * rank + 2.0) + 10 * q for q in range(size)])
     out = torch.empty(size * 2)
     dist.all_to_all_single(out, torch.arange(size * 2.0) + 10 * rank, group=g)
-    expected = torch.cat([torch.arange(2 * rank, 2 * rank + 2.0) + 10 * q for q in range(size)])
+    assert torch.equal(out, expected), out
+    out.fill_(-1)       # as torch 2.11's all_to_all_single calls the group
+    g.alltoall_base(out, torch.arange(size * 2.0) + 10 * rank, [], [], None).wait()
     assert torch.equal(out, expected), out
     outs = [torch.empty(q + 1) for q in range(size)]
     dist.all_to_all(outs, [full(rank + 1, rank * 10 + q) for q in range(size)], group=g)

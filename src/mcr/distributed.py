@@ -516,6 +516,8 @@ class ProcessGroupMCR(_ProcessGroup):  # type: ignore[misc]
         recv = self._splits(output, output_split_sizes, "output_split_sizes")
         return self._run(opts, name, "Alltoallv", ([input, send], [output, recv]), {}, [output])
 
+    alltoall_base = all_to_all_single       # the name torch 2.11's all_to_all_single calls
+
     def _splits(self, tensor: torch.Tensor, splits: list[int], what: str) -> list[int]:
         """Element counts per rank from dim-0 splits (even when none are given)."""
         size, (rows, per) = self.size(), _rows(tensor)
