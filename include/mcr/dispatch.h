@@ -1,9 +1,8 @@
 /* One entry point per MPI operation for its three forms.
  *
  * mode MCR_BLOCKING calls MPI_X, MCR_NONBLOCKING MPI_IX (into *req) and
- * MCR_PERSISTENT MPI_X_init (into *req); MCR_VALIDATE calls nothing (the
- * arguments have been checked, which is all an emulated persistent request
- * needs at creation). The persistent collectives are MPI-4;
+ * MCR_PERSISTENT MPI_X_init (into *req); mcr checks the arguments before
+ * (src/mcr/core/ops.pxi). The persistent collectives are MPI-4;
  * Open MPI 5 declares them although it reports MPI 3.1. Where the library
  * lacks them, the persistent form returns MCR_ERR_NO_PERSISTENT and mcr
  * emulates it with the non-blocking form.
@@ -13,7 +12,7 @@
 
 #include <mpi.h>
 
-enum { MCR_BLOCKING = 0, MCR_NONBLOCKING = 1, MCR_PERSISTENT = 2, MCR_VALIDATE = 3 };
+enum { MCR_BLOCKING = 0, MCR_NONBLOCKING = 1, MCR_PERSISTENT = 2 };
 #define MCR_ERR_NO_PERSISTENT (-1)
 
 #if (MPI_VERSION >= 4) || (defined(OMPI_MAJOR_VERSION) && OMPI_MAJOR_VERSION >= 5)
@@ -28,7 +27,6 @@ enum { MCR_BLOCKING = 0, MCR_NONBLOCKING = 1, MCR_PERSISTENT = 2, MCR_VALIDATE =
   switch (mode) {                                          \
   case MCR_BLOCKING: return (blocking);                    \
   case MCR_NONBLOCKING: return (nonblocking);              \
-  case MCR_VALIDATE: return MPI_SUCCESS;                   \
   default: persistent;                                     \
   }
 
@@ -106,7 +104,6 @@ static inline int mcr_sendrecv(int mode, const void *s, int sn, MPI_Datatype st,
   switch (mode) {
   case MCR_BLOCKING:
     return MPI_Sendrecv(s, sn, st, dest, sendtag, r, rn, rt, source, recvtag, c, status);
-  case MCR_VALIDATE: return MPI_SUCCESS;
   default:
     MCR_ISENDRECV(MPI_Isendrecv(s, sn, st, dest, sendtag, r, rn, rt, source, recvtag, c,
                                 req));
@@ -120,7 +117,6 @@ static inline int mcr_sendrecv_replace(int mode, void *b, int n, MPI_Datatype t,
   switch (mode) {
   case MCR_BLOCKING:
     return MPI_Sendrecv_replace(b, n, t, dest, sendtag, source, recvtag, c, status);
-  case MCR_VALIDATE: return MPI_SUCCESS;
   default:
     MCR_ISENDRECV(MPI_Isendrecv_replace(b, n, t, dest, sendtag, source, recvtag, c, req));
   }

@@ -5,7 +5,7 @@ all-to-all of bytes (``tensor_alltoall``), and a send and a receive of bytes
 run itself is built.
 
 The core has already parsed and validated the arguments exactly as for MPI
-(the same ``_Msg`` parsers); each operation here packs what it sends into
+(the same ``_Call`` parsers); each operation here packs what it sends into
 byte tensors, posts one primitive, and leaves the unpacking to a step that
 runs when the request completes. So every operation is one backend call plus
 local copies, and a request never needs another process to make progress on

@@ -274,89 +274,6 @@ cdef class Comm(_MPI.Intracomm):
 
     # -- Point-to-point ------------------------------------------------------
 
-    cdef _Msg call_send(self, object buf, object dest, object tag, object backend, int mode,
-                        MPI_Request *req, int send_mode=STANDARD):
-        self.prologue(backend)
-        cdef int idest = as_rank(dest, self.nprocs(), b"dest", True)
-        cdef int itag = as_tag(tag, b"tag", False)
-        cdef _Msg m = _Msg.__new__(_Msg)
-        m.sown = parse_simple(buf, &m.s, False, b"buf")
-        if needs_staging(m):
-            stage(m, mode, 1, 1)
-        cdef int ierr
-        with nogil:
-            ierr = mcr_send_in(send_mode, mode, m.s.addr, m.s.count, m.s.dtype, idest, itag,
-                               self.ob_mpi, req)
-        CHKERR(ierr)
-        finish_call(m, mode)
-        return m
-
-    cdef _Msg call_recv(self, object buf, object source, object tag, object status,
-                        object backend, int mode, MPI_Request *req):
-        self.prologue(backend)
-        cdef int isource = as_source(source, self.nprocs())
-        cdef int itag = as_tag(tag, b"tag", True)
-        cdef _Msg m = _Msg.__new__(_Msg)
-        m.rown = parse_simple(buf, &m.r, True, b"buf")
-        cdef MPI_Status *sp = status_ptr(status)
-        cdef MPI_Status own
-        if sp == MPI_STATUS_IGNORE:
-            sp = &own                 # it explains a truncation
-        if needs_staging(m):
-            stage(m, mode, 1, 1)
-        cdef int ierr
-        with nogil:
-            ierr = mcr_recv(mode, m.r.addr, m.r.count, m.r.dtype, isource, itag, self.ob_mpi,
-                            sp, req)
-        if ierr != MPI_SUCCESS:
-            raise_recv_error(ierr, sp, &m.r, "buf")
-        finish_call(m, mode)
-        status_type(status, m.r.dtype)
-        return m
-
-    cdef _Msg call_sendrecv(self, object sendbuf, object dest, object sendtag,
-                            object recvbuf, object source, object recvtag, object status,
-                            object backend, int mode, MPI_Request *req, bint replace):
-        # Sendrecv, or Sendrecv_replace (`replace`: recvbuf is sent, then
-        # received into); blocking, or non-blocking (MPI-4's Isendrecv)
-        self.prologue(backend)
-        cdef int idest = as_rank(dest, self.nprocs(), b"dest", True)
-        cdef int isource = as_source(source, self.nprocs())
-        cdef int isendtag = as_tag(sendtag, b"sendtag", False)
-        cdef int irecvtag = as_tag(recvtag, b"recvtag", True)
-        cdef const char *rarg = b"buf" if replace else b"recvbuf"
-        cdef _Msg m = _Msg.__new__(_Msg)
-        if not replace:
-            m.sown = parse_simple(sendbuf, &m.s, False, b"sendbuf")
-        m.rown = parse_simple(recvbuf, &m.r, True, rarg)
-        if not replace:
-            check_disjoint(&m.s, &m.r)
-        cdef MPI_Status *sp = status_ptr(status)
-        cdef MPI_Status own
-        if sp == MPI_STATUS_IGNORE:
-            sp = &own                 # it explains a truncation
-        if needs_staging(m):
-            stage(m, mode, 1, 1)
-        if mode == NONBLOCKING and compose_isendrecv():
-            m.parts = isendrecv_parts(m, idest, isendtag, isource, irecvtag, self.ob_mpi,
-                                      replace)
-            finish_call(m, mode)
-            return m
-        cdef int ierr
-        with nogil:
-            if replace:
-                ierr = mcr_sendrecv_replace(mode, m.r.addr, m.r.count, m.r.dtype, idest,
-                                            isendtag, isource, irecvtag, self.ob_mpi, sp, req)
-            else:
-                ierr = mcr_sendrecv(mode, m.s.addr, m.s.count, m.s.dtype, idest, isendtag,
-                                    m.r.addr, m.r.count, m.r.dtype, isource, irecvtag,
-                                    self.ob_mpi, sp, req)
-        if ierr != MPI_SUCCESS:
-            raise_recv_error(ierr, sp, &m.r, rarg.decode())
-        finish_call(m, mode)
-        status_type(status, m.r.dtype)
-        return m
-
     def Send(self, buf, dest, tag=0, *, backend=None):
         """Send a message (blocking).
 
@@ -369,11 +286,11 @@ cdef class Comm(_MPI.Intracomm):
         tag : int
             Message tag, 0 to ``TAG_UB``.
         """
-        return self.call(CALL_SEND, BLOCKING, backend, None, buf, dest, tag)
+        return self.call(send_call(CALL_SEND, BLOCKING, backend, buf, dest, tag))
 
     def Isend(self, buf, dest, tag=0, *, backend=None):
         """Start sending a message; return a ``Request``. Arguments as ``Send``."""
-        return self.call(CALL_SEND, NONBLOCKING, backend, None, buf, dest, tag)
+        return self.call(send_call(CALL_SEND, NONBLOCKING, backend, buf, dest, tag))
 
     def Recv(self, buf, source=ANY_SOURCE, tag=ANY_TAG, status=None, *,
              backend=None):
@@ -390,11 +307,11 @@ cdef class Comm(_MPI.Intracomm):
         status : mcr.Status, optional
             Filled with the source, tag and count of the message.
         """
-        return self.call(CALL_RECV, BLOCKING, backend, None, buf, source, tag, status)
+        return self.call(recv_call(BLOCKING, backend, buf, source, tag, status))
 
     def Irecv(self, buf, source=ANY_SOURCE, tag=ANY_TAG, *, backend=None):
         """Start receiving a message; return a ``Request``. Arguments as ``Recv``."""
-        return self.call(CALL_RECV, NONBLOCKING, backend, None, buf, source, tag)
+        return self.call(recv_call(NONBLOCKING, backend, buf, source, tag, None))
 
     def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None,
                  source=ANY_SOURCE, recvtag=ANY_TAG, status=None, *,
@@ -418,8 +335,8 @@ cdef class Comm(_MPI.Intracomm):
         status : mcr.Status, optional
             Filled with the status of the receive.
         """
-        return self.call(CALL_SENDRECV, BLOCKING, backend, None, sendbuf, dest, sendtag,
-                         recvbuf, source, recvtag, status)
+        return self.call(sendrecv_call(BLOCKING, backend, sendbuf, dest, sendtag, recvbuf, source,
+                                       recvtag, status))
 
     def Sendrecv_replace(self, buf, dest, sendtag=0, source=ANY_SOURCE, recvtag=ANY_TAG,
                          status=None, *, backend=None):
@@ -433,8 +350,8 @@ cdef class Comm(_MPI.Intracomm):
         dest, sendtag, source, recvtag, status
             As in ``Sendrecv``.
         """
-        return self.call(CALL_SENDRECV_REPLACE, BLOCKING, backend, None, buf, dest, sendtag,
-                         source, recvtag, status)
+        return self.call(replace_call(BLOCKING, backend, buf, dest, sendtag, source, recvtag,
+                                      status))
 
     def Probe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None, *, backend=None):
         """Wait until a message from `source` with `tag` can be received.
@@ -507,30 +424,30 @@ cdef class Comm(_MPI.Intracomm):
         attached with ``MPI.Attach_buffer`` (an ``mcr.Exception`` if none or
         too small); the Gloo and NCCL backends buffer every send themselves.
         """
-        return self.call(CALL_BSEND, BLOCKING, backend, None, buf, dest, tag)
+        return self.call(send_call(CALL_BSEND, BLOCKING, backend, buf, dest, tag))
 
     def Ssend(self, buf, dest, tag=0, *, backend=None):
         """Send a message in synchronous mode: return once the receiver has
         started to receive it. Arguments as ``Send``."""
-        return self.call(CALL_SSEND, BLOCKING, backend, None, buf, dest, tag)
+        return self.call(send_call(CALL_SSEND, BLOCKING, backend, buf, dest, tag))
 
     def Rsend(self, buf, dest, tag=0, *, backend=None):
         """Send a message in ready mode: the matching receive must already be
         posted (MPI may fail otherwise). Arguments as ``Send``."""
-        return self.call(CALL_RSEND, BLOCKING, backend, None, buf, dest, tag)
+        return self.call(send_call(CALL_RSEND, BLOCKING, backend, buf, dest, tag))
 
     def Ibsend(self, buf, dest, tag=0, *, backend=None):
         """Start a buffered send; return a ``Request``. Arguments as ``Bsend``."""
-        return self.call(CALL_BSEND, NONBLOCKING, backend, None, buf, dest, tag)
+        return self.call(send_call(CALL_BSEND, NONBLOCKING, backend, buf, dest, tag))
 
     def Issend(self, buf, dest, tag=0, *, backend=None):
         """Start a synchronous send; return a ``Request``, complete once the
         receiver has started to receive. Arguments as ``Ssend``."""
-        return self.call(CALL_SSEND, NONBLOCKING, backend, None, buf, dest, tag)
+        return self.call(send_call(CALL_SSEND, NONBLOCKING, backend, buf, dest, tag))
 
     def Irsend(self, buf, dest, tag=0, *, backend=None):
         """Start a ready send; return a ``Request``. Arguments as ``Rsend``."""
-        return self.call(CALL_RSEND, NONBLOCKING, backend, None, buf, dest, tag)
+        return self.call(send_call(CALL_RSEND, NONBLOCKING, backend, buf, dest, tag))
 
     def Isendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None,
                   source=ANY_SOURCE, recvtag=ANY_TAG, *, backend=None):
@@ -542,8 +459,8 @@ cdef class Comm(_MPI.Intracomm):
         MPICH, whose ``MPI_Isendrecv`` leaves the status unset, mcr posts an
         ``Irecv`` and an ``Isend`` under one request instead.
         """
-        return self.call(CALL_SENDRECV, NONBLOCKING, backend, None, sendbuf, dest, sendtag,
-                         recvbuf, source, recvtag)
+        return self.call(sendrecv_call(NONBLOCKING, backend, sendbuf, dest, sendtag, recvbuf,
+                                       source, recvtag, None))
 
     def Isendrecv_replace(self, buf, dest, sendtag=0, source=ANY_SOURCE, recvtag=ANY_TAG,
                           *, backend=None):
@@ -553,298 +470,76 @@ cdef class Comm(_MPI.Intracomm):
         Composed as ``Isendrecv`` is where MPI's lacks or leaves the status
         unset; the message sent is then a packed copy of `buf`.
         """
-        return self.call(CALL_SENDRECV_REPLACE, NONBLOCKING, backend, None, buf, dest,
-                         sendtag, source, recvtag)
-
-    # -- Collectives -----------------------------------------------------------
-
-    cdef _Msg call_barrier(self, object backend, int mode, MPI_Info info, MPI_Request *req):
-        self.prologue(backend)
-        cdef int ierr
-        with nogil:
-            ierr = mcr_barrier(mode, self.ob_mpi, info, req)
-        CHKERR(ierr)
-        return None
-
-    cdef _Msg call_bcast(self, object buf, object root, object backend, int mode,
-                         MPI_Info info, MPI_Request *req):
-        self.prologue(backend)
-        cdef int size = self.nprocs()
-        cdef int iroot = as_rank(root, size, b"root", False)
-        cdef _Msg m = _Msg.__new__(_Msg)
-        m.for_bcast(buf, iroot, self.myrank(), size)
-        if mode >= AUTO and self.auto_other(CALL_BCAST, m, &mode):
-            return m
-        if needs_staging(m):
-            stage(m, mode, 1, 1)
-        cdef int ierr
-        with nogil:
-            ierr = mcr_bcast(mode, m.r.addr, m.r.count, m.r.dtype, iroot, self.ob_mpi, info, req)
-        CHKERR(ierr)
-        finish_call(m, mode)
-        return m
-
-    cdef _Msg call_gather(self, object sendbuf, object recvbuf, object root, bint v,
-                          object backend, int mode, MPI_Info info, MPI_Request *req):
-        self.prologue(backend)
-        cdef int size = self.nprocs()
-        cdef int iroot = as_rank(root, size, b"root", False)
-        cdef _Msg m = _Msg.__new__(_Msg)
-        m.for_gather(sendbuf, recvbuf, iroot, self.myrank(), size, v)
-        if mode >= AUTO and self.auto_other(CALL_GATHER + v, m, &mode):
-            return m
-        if needs_staging(m):
-            stage(m, mode, 1, self.nprocs())
-        cdef int ierr
-        with nogil:
-            if v:
-                ierr = mcr_gatherv(mode, m.s.addr, m.s.count, m.s.dtype, m.r.addr, m.r.counts,
-                                   m.r.displs, m.r.dtype, iroot, self.ob_mpi, info, req)
-            else:
-                ierr = mcr_gather(mode, m.s.addr, m.s.count, m.s.dtype, m.r.addr, m.r.count,
-                                  m.r.dtype, iroot, self.ob_mpi, info, req)
-        CHKERR(ierr)
-        finish_call(m, mode)
-        return m
-
-    cdef _Msg call_scatter(self, object sendbuf, object recvbuf, object root, bint v,
-                           object backend, int mode, MPI_Info info, MPI_Request *req):
-        self.prologue(backend)
-        cdef int size = self.nprocs()
-        cdef int iroot = as_rank(root, size, b"root", False)
-        cdef _Msg m = _Msg.__new__(_Msg)
-        m.for_scatter(sendbuf, recvbuf, iroot, self.myrank(), size, v)
-        if mode >= AUTO and self.auto_other(CALL_SCATTER + v, m, &mode):
-            return m
-        if needs_staging(m):
-            stage(m, mode, self.nprocs(), 1)
-        cdef int ierr
-        with nogil:
-            if v:
-                ierr = mcr_scatterv(mode, m.s.addr, m.s.counts, m.s.displs, m.s.dtype,
-                                    m.r.addr, m.r.count, m.r.dtype, iroot, self.ob_mpi, info,
-                                    req)
-            else:
-                ierr = mcr_scatter(mode, m.s.addr, m.s.count, m.s.dtype, m.r.addr, m.r.count,
-                                   m.r.dtype, iroot, self.ob_mpi, info, req)
-        CHKERR(ierr)
-        finish_call(m, mode)
-        return m
-
-    cdef _Msg call_allgather(self, object sendbuf, object recvbuf, bint v, object backend,
-                             int mode, MPI_Info info, MPI_Request *req):
-        self.prologue(backend)
-        cdef _Msg m = _Msg.__new__(_Msg)
-        m.for_allgather(sendbuf, recvbuf, self.myrank(), self.nprocs(), v)
-        if mode >= AUTO and self.auto_other(CALL_ALLGATHER + v, m, &mode):
-            return m
-        if needs_staging(m):
-            stage(m, mode, 1, self.nprocs())
-        cdef int ierr
-        with nogil:
-            if v:
-                ierr = mcr_allgatherv(mode, m.s.addr, m.s.count, m.s.dtype, m.r.addr,
-                                      m.r.counts, m.r.displs, m.r.dtype, self.ob_mpi, info, req)
-            else:
-                ierr = mcr_allgather(mode, m.s.addr, m.s.count, m.s.dtype, m.r.addr, m.r.count,
-                                     m.r.dtype, self.ob_mpi, info, req)
-        CHKERR(ierr)
-        finish_call(m, mode)
-        return m
-
-    cdef _Msg call_alltoall(self, object sendbuf, object recvbuf, bint v, object backend,
-                            int mode, MPI_Info info, MPI_Request *req):
-        self.prologue(backend)
-        cdef _Msg m = _Msg.__new__(_Msg)
-        m.for_alltoall(sendbuf, recvbuf, self.nprocs(), v)
-        if mode >= AUTO and self.auto_other(CALL_ALLTOALL + v, m, &mode):
-            return m
-        if needs_staging(m):
-            stage(m, mode, self.nprocs(), self.nprocs())
-        cdef int ierr
-        with nogil:
-            if v:
-                ierr = mcr_alltoallv(mode, m.s.addr, m.s.counts, m.s.displs, m.s.dtype,
-                                     m.r.addr, m.r.counts, m.r.displs, m.r.dtype, self.ob_mpi,
-                                     info, req)
-            else:
-                ierr = mcr_alltoall(mode, m.s.addr, m.s.count, m.s.dtype, m.r.addr, m.r.count,
-                                    m.r.dtype, self.ob_mpi, info, req)
-        CHKERR(ierr)
-        finish_call(m, mode)
-        return m
-
-    cdef _MsgW call_alltoallw(self, object sendbuf, object recvbuf, object backend, int mode,
-                              MPI_Info info, MPI_Request *req):
-        self.prologue(backend)
-        cdef _MsgW m = _MsgW.__new__(_MsgW)
-        cdef int size = self.nprocs()
-        m.for_alltoallw(sendbuf, recvbuf, size)
-        if size == 1 and mode != VALIDATE:
-            m.move_own_block(self.ob_mpi)
-        cdef int ierr
-        with nogil:
-            ierr = mcr_alltoallw(mode, m.saddr, m.scounts, m.sdispls, m.stypes, m.raddr,
-                                 m.rcounts, m.rdispls, m.rtypes, self.ob_mpi, info, req)
-        CHKERR(ierr)
-        if detached:
-            poll_detached()
-        return m
-
-    cdef _Msg call_reduce(self, object sendbuf, object recvbuf, object op, object root,
-                          object backend, int mode, MPI_Info info, MPI_Request *req):
-        self.prologue(backend)
-        cdef int size = self.nprocs()
-        cdef int iroot = as_rank(root, size, b"root", False)
-        cdef _Msg m = _Msg.__new__(_Msg)
-        m.for_reduce(sendbuf, recvbuf, iroot, self.myrank(), size)
-        # the operand's side: the receive side when the root reduces in place
-        cdef side *x = &m.r if m.s.addr == <char*>MPI_IN_PLACE else &m.s
-        cdef MPI_Op mop
-        resolve_op(op, x.tindex, &mop)
-        if mode >= AUTO and self.auto_other(CALL_REDUCE, m, &mode):
-            return m
-        if needs_staging(m):
-            stage(m, mode, 1, 1)
-        cdef int ierr
-        with nogil:
-            ierr = mcr_reduce(mode, m.s.addr, m.r.addr, x.count, x.dtype, mop, iroot,
-                              self.ob_mpi, info, req)
-        CHKERR(ierr)
-        finish_call(m, mode)
-        return m
-
-    cdef _Msg call_allreduce(self, object sendbuf, object recvbuf, object op, int kind,
-                             object backend, int mode, MPI_Info info, MPI_Request *req):
-        # kind: 0 Allreduce, 1 Scan, 2 Exscan (same message shape)
-        self.prologue(backend)
-        cdef _Msg m = _Msg.__new__(_Msg)
-        cdef MPI_Op mop
-        m.for_allreduce(sendbuf, recvbuf)
-        resolve_op(op, m.r.tindex, &mop)
-        if mode >= AUTO and self.auto_other(CALL_ALLREDUCE + kind, m, &mode):
-            return m
-        if needs_staging(m):
-            stage(m, mode, 1, 1)
-        cdef int ierr
-        with nogil:
-            if kind == 0:
-                ierr = mcr_allreduce(mode, m.s.addr, m.r.addr, m.r.count, m.r.dtype, mop,
-                                     self.ob_mpi, info, req)
-            elif kind == 1:
-                ierr = mcr_scan(mode, m.s.addr, m.r.addr, m.r.count, m.r.dtype, mop,
-                                self.ob_mpi, info, req)
-            else:
-                ierr = mcr_exscan(mode, m.s.addr, m.r.addr, m.r.count, m.r.dtype, mop,
-                                  self.ob_mpi, info, req)
-        CHKERR(ierr)
-        finish_call(m, mode)
-        return m
-
-    cdef _Msg call_reduce_scatter(self, object sendbuf, object recvbuf, object recvcounts,
-                                  object op, bint block, object backend, int mode,
-                                  MPI_Info info, MPI_Request *req):
-        self.prologue(backend)
-        cdef _Msg m = _Msg.__new__(_Msg)
-        cdef MPI_Op mop
-        if block:
-            m.for_reduce_scatter_block(sendbuf, recvbuf, self.nprocs())
-        else:
-            m.for_reduce_scatter(sendbuf, recvbuf, recvcounts, self.myrank(), self.nprocs(),
-                                 self.ob_mpi)
-        resolve_op(op, m.r.tindex, &mop)
-        if mode >= AUTO and self.auto_other(CALL_REDUCE_SCATTER - block, m, &mode):
-            return m
-        if needs_staging(m):
-            # in place, the input is the whole of recvbuf: one block per process
-            stage(m, mode, 1, self.nprocs() if block and m.s.addr == <char*>MPI_IN_PLACE
-                  else 1)
-        cdef int ierr
-        with nogil:
-            if block:
-                ierr = mcr_reduce_scatter_block(mode, m.s.addr, m.r.addr, m.r.count, m.r.dtype,
-                                                mop, self.ob_mpi, info, req)
-            else:
-                ierr = mcr_reduce_scatter(mode, m.s.addr, m.r.addr, m.r.counts, m.r.dtype, mop,
-                                          self.ob_mpi, info, req)
-        CHKERR(ierr)
-        finish_call(m, mode)
-        return m
-
+        return self.call(replace_call(NONBLOCKING, backend, buf, dest, sendtag, source, recvtag,
+                                      None))
 
     # -- The one call path ---------------------------------------------------------
     #
-    # Every buffer method below is one line: self.call(OP_*, form, backend, info,
-    # its arguments in order). `call` chooses the backend, runs the call hooks
-    # (one flag test when none is on), parses and validates the message once
-    # (call_*), then runs it on MPI (the same call_* in the form asked) or on
-    # the backend's typed method, and returns None, a Request or a Prequest.
+    # Every buffer method is one line: self.call(the _Call of its operation,
+    # form, backend and arguments). `call` chooses the backend, runs the
+    # extensions (one flag test when none is on), parses the message once (its
+    # descriptor's parse, ops.pxi), then posts it on MPI or on the backend's
+    # Subcomm, and returns None, a Request or a Prequest.
 
-    cdef object call(self, int op, int form, object backend, object info,
-                     object a=None, object b=None, object c=None, object d=None,
-                     object e=None, object f=None, object g=None):
-        cdef object sub = self.sub(backend)
-        if not ext_on:
+    cdef object call(self, _Call c):
+        cdef object sub = self.sub(c.backend)
+        if not ext_on and c.compress is None:
             if sub is None:
-                return self.on_mpi(op, form, backend, info, a, b, c, d, e, f, g, 0)
+                return self.on_mpi(c, False)
             if sub is AUTO_SUB:
-                return self.on_auto(op, form, info, a, b, c, d, e, f, g)
-            return self.on_backend(sub, op, form, backend, a, b, c, d, e, f, g)
-        return self.hooked(sub, op, form, backend, info, a, b, c, d, e, f, g)
+                return self.on_auto(c)
+            return self.on_backend(sub, c, c.backend)
+        return self.hooked(sub, c)
 
-    cdef object hooked(self, object sub, int op, int form, object backend, object info,
-                       object a, object b, object c, object d, object e, object f, object g,
-                       object compress=None):
+    cdef int parse(self, _Call c) except -1:
+        """Check and parse the call's arguments, once."""
+        if not c.parsed:
+            OP_TABLE[c.op].parse(self, c)
+            c.parsed = True
+        return 0
+
+    cdef object hooked(self, object sub, _Call c):
         """`call` with an extension on: the call hooks see the call, with the
         backend it runs on (for auto, the one chosen), before it runs, and its
-        result; compression (`compress`, else the communicator's default) and
+        result; compression (the call's, else the communicator's default) and
         the logger (commlog.pxi) apply."""
-        if staged_on and op >= CALL_BARRIER:
+        if staged_on and not OP_TABLE[c.op].flags & OP_P2P:
             before_collective(self)     # (a Fusion's open buckets on this communicator)
         why = None
         if sub is AUTO_SUB:
-            backend = self.auto_name(op, a, b, c, d, e, f, g)
+            backend = self.auto_name(c)
             sub = None if backend == "mpi" else backends_module().subcomm(self, backend)
-            if log_on and not always_mpi(op):
+            if log_on and not always_mpi(c.op):
                 why = self.chooser.why()       # the logger's "why"
         name = "mpi" if sub is None else sub.name
-        after = run_call_hooks(self, op, form, name, (a, b, c, d, e, f, g)[:CALL_NARGS[op]]) \
-            if call_hooks else ()
-        if compress is None:
-            compress = self.compress_dflt
+        after = run_call_hooks(self, c.op, c.form, name, c.args()) if call_hooks else ()
+        compress = self.compress_dflt if c.compress is None else c.compress
         cdef _Watch w = self.watch
         if w is None and recorder_on and not self.unlogged:
             w = self.recorded_watch()
         # a blocking call into MPI drives the staged operations meanwhile
-        with staged_window(form == BLOCKING and sub is None):
+        with staged_window(c.form == BLOCKING and sub is None):
             if w is None or self.unlogged:
-                result = self.extended(sub, op, form, backend, name, why, compress, info,
-                                       a, b, c, d, e, f, g)
+                result = self.extended(sub, c, name, why, compress)
             else:
-                result = self.watched(w, sub, op, form, backend, name, why, compress, info,
-                                      a, b, c, d, e, f, g)
+                result = self.watched(w, sub, c, name, why, compress)
         for then in after:
             then(result)
         return result
 
-    cdef object extended(self, object sub, int op, int form, object backend, str name,
-                         object why, object compress, object info, object a, object b,
-                         object c, object d, object e, object f, object g):
+    cdef object extended(self, object sub, _Call c, str name, object why, object compress):
         """Run a call with compression or the logger, as they apply."""
-        if compress is not None and compress is not False and compressible(op):
-            result = self.compressed(sub, op, form, backend, name, why, compress,
-                                     compress is not self.compress_dflt, info, a, b, c, d)
-        elif log_on and not self.unlogged:
-            result = self.logged(sub, op, form, backend, name, why, info, a, b, c, d, e, f, g)
-        elif sub is None:
-            result = self.on_mpi(op, form, backend, info, a, b, c, d, e, f, g, 0)
-        else:
-            result = self.on_backend(sub, op, form, backend, a, b, c, d, e, f, g)
-        return result
+        if compress is not None and compress is not False and \
+                OP_TABLE[c.op].flags & OP_COMPRESSIBLE:
+            return self.compressed(sub, c, name, why, compress)
+        if log_on and not self.unlogged:
+            return self.logged(sub, c, name, why)
+        if sub is None:
+            return self.on_mpi(c, False)
+        return self.on_backend(sub, c, c.backend)
 
-    cdef object watched(self, _Watch w, object sub, int op, int form, object backend,
-                        str name, object why, object compress, object info, object a,
-                        object b, object c, object d, object e, object f, object g):
+    cdef object watched(self, _Watch w, object sub, _Call c, str name, object why,
+                        object compress):
         """Run a call under checked mode, a timeout or the flight recorder
         (checkimpl.pxi): a collective first agrees on its fingerprint when
         checked; the call gets a record when timed or recorded; a blocking call
@@ -852,41 +547,30 @@ cdef class Comm(_MPI.Intracomm):
         cdef _Pend p = None
         cdef Request req
         cdef long long seq = 0
-        if op >= CALL_BARRIER:
+        cdef bint collective = not OP_TABLE[c.op].flags & OP_P2P
+        cdef int form = c.form
+        if collective:
             w.seq += 1
             seq = w.seq
         cdef bint timed = w.timeout > 0 and form == BLOCKING
         cdef bint record = w.timeout > 0 or recorder_on
-        if op >= CALL_BARRIER and w.checked:
+        if collective and w.checked:
             # (the form it runs in: MPI matches blocking collectives only with blocking ones)
-            m, p = check_collective(self, w, op, NONBLOCKING if timed else form, name, record,
-                                    form, a, b, c, d, e, f, g)
+            p = check_collective(self, w, c, NONBLOCKING if timed else form, name, record)
         elif record:
             try:
-                m = self.parse_run(op, VALIDATE, None, a, b, c, d, e, f, g, MPI_INFO_NULL,
-                                   NULL)
+                self.parse(c)
             except _builtins.Exception as exc:
                 # a refused collective is recorded: it has taken its number
-                if op >= CALL_BARRIER and self.ob_mpi != MPI_COMM_NULL:
-                    pend_refused(new_pend(self, w, op, form, name, seq, None, a, b, c, d),
-                                 exc)
+                if collective and self.ob_mpi != MPI_COMM_NULL:
+                    pend_refused(new_pend(self, w, c, form, name, seq), exc)
                 raise
-            p = new_pend(self, w, op, form, name, seq, m, a, b, c, d)
+            p = new_pend(self, w, c, form, name, seq)
+        status = c.status
+        if timed:
+            c.form, c.status = NONBLOCKING, None
         try:
-            if timed:
-                status = d if op == CALL_RECV else g if op == CALL_SENDRECV else \
-                    f if op == CALL_SENDRECV_REPLACE else None
-                if op == CALL_RECV:
-                    d = None
-                elif op == CALL_SENDRECV:
-                    g = None
-                elif op == CALL_SENDRECV_REPLACE:
-                    f = None
-                result = self.extended(sub, op, NONBLOCKING, backend, name, why, compress,
-                                       info, a, b, c, d, e, f, g)
-            else:
-                result = self.extended(sub, op, form, backend, name, why, compress, info,
-                                       a, b, c, d, e, f, g)
+            result = self.extended(sub, c, name, why, compress)
         except BaseException:
             if p is not None:
                 pend_end(p, PEND_FAILED)
@@ -909,146 +593,135 @@ cdef class Comm(_MPI.Intracomm):
             return None
         return result
 
-    cdef object logged(self, object sub, int op, int form, object backend, str name,
-                       object why, object info, object a, object b, object c, object d,
-                       object e, object f, object g):
+    cdef object logged(self, object sub, _Call c, str name, object why):
         """Run the call as `hooked` does, with a logger record: made now for
         a blocking call, handed to the Request of a non-blocking one; a
         persistent request makes one at each Start."""
         cdef long long t0 = now_ns()
         cdef _Rec r
         if sub is None:
-            result = self.on_mpi(op, form, backend, info, a, b, c, d, e, f, g, KEEP)
-            if form == BLOCKING:
-                m, result = result, None
-            elif form == NONBLOCKING:
-                m = (<Request>result).ob_buf
+            result = self.on_mpi(c, False)
         else:
-            m = self.backend_msg(sub, op, form, a, b, c, d, e, f, g)
-            result = self.on_parsed(sub, op, form, backend, m, a, b, c, d, e, f, g)
-        if form == PERSISTENT:
+            result = self.on_backend(sub, c, c.backend)
+        if c.form == PERSISTENT:
             return result
-        r = log_post(self, op, form, name, m, why, a, b, c, d)
+        r = log_post(self, c.op, c.form, name, c, why)
         r.t0 = t0
-        if form == BLOCKING:
+        if c.form == BLOCKING:
             r.t1 = now_ns()
             log_finish(r)
         else:
             (<Request>result).rec = r
         return result
 
-    cdef object compressed(self, object sub, int op, int form, object backend, str name,
-                           object why, object spec, bint explicit, object info, object a,
-                           object b, object c, object d):
+    cdef object compressed(self, object sub, _Call c, str name, object why, object spec):
         """Run a call that can be compressed through mcr.compress: parsed and
         checked here, exchanged compressed on `name`'s backend. A call that
         compression does not serve (its element type, its reduction) runs as
         it is when the compression is the communicator's default, and raises
-        when it was asked for (`explicit`)."""
+        when the call asked for it."""
         compress = compress_module()
         codec = compress.codec(spec)
         cdef long long t0 = now_ns()
-        m = self.parse_run(op, VALIDATE, None, a, b, c, d, None, None, None, MPI_INFO_NULL,
-                           NULL)
-        args = (a, b, c, d)[:CALL_NARGS[op]]
-        if explicit:
-            compress.check(CALL_NAMES[op], m, args)
-        elif not compress.usable(CALL_NAMES[op], m, args):
+        self.parse(c)
+        args = c.args()
+        if c.compress is not None:
+            compress.check(CALL_NAMES[c.op], c, args)
+        elif not compress.usable(CALL_NAMES[c.op], c, args):
             if log_on and not self.unlogged:
-                return self.logged(sub, op, form, backend, name, why, info, a, b, c, d,
-                                   None, None, None)
+                return self.logged(sub, c, name, why)
             if sub is None:
-                return self.on_mpi(op, form, backend, info, a, b, c, d, None, None, None, 0)
-            return self.on_parsed(sub, op, form, backend, m, a, b, c, d, None, None, None)
+                return self.on_mpi(c, False)
+            return self.on_backend(sub, c, c.backend)
         cdef _Rec r = None
-        if log_on and not self.unlogged and form != PERSISTENT:
-            r = log_post(self, op, form, name, m, why, a, b, c, d)
+        if log_on and not self.unlogged and c.form != PERSISTENT:
+            r = log_post(self, c.op, c.form, name, c, why)
             r.t0 = t0
-        result = compress.run(self, CALL_NAMES[op], FORM_NAMES[form], m, args, codec, name,
+        result = compress.run(self, CALL_NAMES[c.op], FORM_NAMES[c.form], c, args, codec, name,
                               None if r is None else r.set_wire)
         if r is not None:
-            if form == BLOCKING:
+            if c.form == BLOCKING:
                 r.t1 = now_ns()
                 log_finish(r)
             else:
                 (<Request>result).rec = r
         return result
 
-    def _icall(self, int op, backend, a, b, c, d, e, f, g):
-        """The non-blocking form of `op`: what an emulated persistent request
-        posts at each Start."""
-        return self.call(op, NONBLOCKING, backend, None, a, b, c, d, e, f, g)
+    def _again(self, c, backend):
+        """Post the call `c` again, non-blocking, on `backend`: what an
+        emulated persistent request does at each Start."""
+        return self.call((<_Call?>c).again(NONBLOCKING, backend))
 
-    cdef object on_mpi(self, int op, int form, object backend, object info, object a,
-                       object b, object c, object d, object e, object f, object g, int auto):
-        # auto (0 or AUTO): the collective's call_* chooses the backend once it
-        # has parsed the message; when it is not MPI, the parsed message is
-        # posted there (on_chosen)
-        # (KEEP: a blocking call returns its parsed message, for the logger)
+    cdef object on_mpi(self, _Call c, bint choose):
+        """Post the call on MPI. Under auto (`choose`), a collective first asks
+        the tuning table, once parsed, and goes to the backend it names when
+        that is not MPI (on_chosen)."""
         cdef Request req
-        cdef Prequest preq
-        cdef int mode
-        cdef int choose = auto & AUTO
-        if form == BLOCKING:
-            m = self.parse_run(op, BLOCKING + choose, backend, a, b, c, d, e, f, g,
-                               MPI_INFO_NULL, NULL)
-            if choose and self.chooser.last:
-                return self.on_chosen(op, form, m, a, b, c, d, e, f, g)
-            return m if auto & KEEP else None
-        if form == NONBLOCKING:
-            req = Request.__new__(Request)
-            m = self.parse_run(op, NONBLOCKING + choose, backend, a, b, c, d, e, f, g,
-                               MPI_INFO_NULL, &req.ob_mpi)
-            if choose and self.chooser.last:
-                return self.on_chosen(op, form, m, a, b, c, d, e, f, g)
-            req.ob_buf = m
-            if CALL_RECV <= op <= CALL_SENDRECV_REPLACE:
-                req.rtype = (<_Msg>m).r.dtype
-                if (<_Msg>m).parts is not None:
-                    req.ext, (<_Msg>m).parts = (<_Msg>m).parts, None
-            return req
-        if op == CALL_SENDRECV or op == CALL_SENDRECV_REPLACE:
-            raise ValueError("Sendrecv has no persistent form")
-        preq = Prequest.__new__(Prequest)
+        if c.form == PERSISTENT:
+            return self.persistent_mpi(c, choose)
+        self.parse(c)
+        if choose and self.chosen_other(c):
+            return self.on_chosen(c)
+        if c.form == BLOCKING:
+            self.post_mpi(c, BLOCKING, MPI_INFO_NULL, NULL)
+            return None
+        req = Request.__new__(Request)
+        self.post_mpi(c, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
+        req.ob_buf = c
+        if OP_TABLE[c.op].flags & OP_RECEIVES:
+            req.rtype = c.r.dtype
+            if c.parts is not None:
+                req.ext, c.parts = c.parts, None
+        return req
+
+    cdef object persistent_mpi(self, _Call c, bint choose):
+        """A persistent request of the call on MPI: MPI's own, or emulated by
+        a non-blocking call at each Start."""
+        if OP_TABLE[c.op].flags & OP_NO_PERSISTENT:
+            raise ValueError(f"{CALL_NAMES[c.op]} has no persistent form")
+        cdef MPI_Info info = as_info(c.info)
+        cdef Prequest preq = Prequest.__new__(Prequest)
         preq.comm = self
         # persistent point-to-point is MPI-1; persistent collectives may be emulated
-        mode = PERSISTENT if op <= CALL_RECV else preq.form()
-        if op == CALL_RECV and b == MPI_PROC_NULL and library_is_mpich():
-            mode = VALIDATE       # MPICH's status of one says ANY_SOURCE: an Irecv at each start
-        if op == CALL_ALLTOALLW and mode == PERSISTENT and self.prologue(backend) == 0 \
-                and self.nprocs() == 1:
-            mode = VALIDATE       # one process: the block moves at each start (call_alltoallw)
-        m = self.parse_run(op, mode + choose, backend, a, b, c, d, e, f, g, as_info(info),
-                           &preq.ob_mpi)
-        if choose and self.chooser.last:
-            return self.on_chosen(op, form, m, a, b, c, d, e, f, g)
-        preq.keep = m
-        if CALL_RECV <= op <= CALL_SENDRECV_REPLACE:
-            preq.rtype = (<_Msg>m).r.dtype
-        if mode == VALIDATE:      # (auto chose MPI: each Start runs on MPI)
-            preq.start_fn = partial(self._icall, op, "mpi" if auto else backend, a, b, c, d,
-                                    e, f, g)
+        cdef bint emulated = c.op > CALL_RECV and preq.emulated()
+        self.parse(c)
+        if choose and self.chosen_other(c):
+            return self.on_chosen(c)
+        if c.op == CALL_RECV and c.isource == MPI_PROC_NULL and library_is_mpich():
+            emulated = True       # MPICH's status of one says ANY_SOURCE: an Irecv at each start
+        if c.op == CALL_ALLTOALLW and self.nprocs() == 1:
+            emulated = True       # one process: the block moves at each start (mpi_alltoallw)
+        preq.keep = c
+        if OP_TABLE[c.op].flags & OP_RECEIVES:
+            preq.rtype = c.r.dtype
+        if emulated:              # (auto chose MPI: each Start runs on MPI)
+            preq.start_fn = partial(self._again, c, "mpi" if choose else c.backend)
         else:
-            preq.ob_buf = m       # staged device buffers are copied at each start
-            preq.logop, preq.logargs = op + 1, (a, b, c, d)
+            self.post_mpi(c, PERSISTENT, info, &preq.ob_mpi)
+            preq.ob_buf = c       # staged device buffers are copied at each start
+            preq.logop = c.op + 1
         return preq
 
-    cdef object on_auto(self, int op, int form, object info, object a, object b, object c,
-                        object d, object e, object f, object g):
-        """Run `op` on the backend auto chooses for it: MPI for point-to-point
-        and Alltoallw; for a collective, the tuning table's choice for its
-        size and device (auto.pxi), the ranks agreeing on the table first."""
-        if always_mpi(op):
-            return self.on_mpi(op, form, "mpi", info, a, b, c, d, e, f, g, 0)
+    cdef int post_mpi(self, _Call c, int form, MPI_Info info, MPI_Request *req) except -1:
+        """Post the parsed call on MPI in `form`, its device buffers staged
+        through host memory where MPI cannot read them."""
+        if needs_staging(c):
+            stage(c, max(c.sblocks, 1), max(c.rblocks, 1))
+        OP_TABLE[c.op].post_mpi(self, c, form, info, req)
+        finish_call(c, form)
+        return 0
+
+    cdef object on_auto(self, _Call c):
+        """Run the call on the backend auto chooses for it: MPI for
+        point-to-point and Alltoallw; for a collective, the tuning table's
+        choice for its size and device (auto.pxi), the ranks agreeing on the
+        table first."""
+        if always_mpi(c.op):
+            return self.on_mpi(c, False)
         if self.chooser is None or not self.chooser.agreed:
             self.prologue(None)
             self.agreed_chooser()
-        if op == CALL_BARRIER:
-            self.chooser.last = self.chooser.lookup(op, 0, 0)
-            if self.chooser.last:
-                return self.on_chosen(op, form, None, a, b, c, d, e, f, g)
-            return self.on_mpi(op, form, "mpi", info, a, b, c, d, e, f, g, 0)
-        return self.on_mpi(op, form, None, info, a, b, c, d, e, f, g, AUTO)
+        return self.on_mpi(c, True)
 
     cdef _Chooser agreed_chooser(self):
         if self.chooser is None:
@@ -1057,35 +730,28 @@ cdef class Comm(_MPI.Intracomm):
             agree(self, self.chooser)
         return self.chooser
 
-    cdef bint auto_other(self, int op, _Msg m, int *mode) noexcept:
-        """Called by a collective's call_* under auto once it has parsed `m`:
-        choose the backend; True when it is not MPI (call_* then returns `m`
-        unrun), else strip AUTO from `mode` and run on MPI."""
-        mode[0] -= AUTO
+    cdef bint chosen_other(self, _Call c) noexcept:
+        """Under auto, once the call is parsed: choose its backend; True when
+        it is not MPI."""
         cdef _Chooser ch = self.chooser
-        ch.last_dev = on_device(m)
-        ch.last_key = auto_key(op, m, self.ob_mpi)
-        ch.last = ch.lookup(op, ch.last_dev, ch.last_key)
+        ch.last_dev = on_device(c)
+        ch.last_key = auto_key(c.op, c, self.ob_mpi)
+        ch.last = ch.lookup(c.op, ch.last_dev, ch.last_key)
         return ch.last != 0
 
-    cdef object on_chosen(self, int op, int form, object m, object a, object b, object c,
-                          object d, object e, object f, object g):
-        """Post `op`, parsed as `m`, on the backend auto chose (not MPI)."""
+    cdef object on_chosen(self, _Call c):
+        """Post the parsed call on the backend auto chose (not MPI)."""
         name = self.chooser.names[self.chooser.last]
-        return self.on_parsed(backends_module().subcomm(self, name), op, form, name, m,
-                              a, b, c, d, e, f, g)
+        return self.on_parsed(backends_module().subcomm(self, name), c, name)
 
-    cdef str auto_name(self, int op, object a, object b, object c, object d, object e,
-                       object f, object g):
+    cdef str auto_name(self, _Call c):
         """The backend auto chooses for this call (the hooks are told it)."""
-        if always_mpi(op):
+        if always_mpi(c.op):
             return "mpi"
         self.prologue(None)
         cdef _Chooser ch = self.agreed_chooser()
-        if op == CALL_BARRIER:
-            ch.last = ch.lookup(op, 0, 0)
-        else:
-            self.parse_run(op, VALIDATE + AUTO, None, a, b, c, d, e, f, g, MPI_INFO_NULL, NULL)
+        self.parse(c)
+        self.chosen_other(c)
         return ch.names[ch.last]
 
     def choose(self, op, nbytes=0, device="cpu"):
@@ -1139,142 +805,45 @@ cdef class Comm(_MPI.Intracomm):
                                      min(nbytes, LLONG_MAX))]
         return tuning.explain(ch.table, ch.source, name, device, nbytes, backend)
 
-    cdef object on_backend(self, object sub, int op, int form, object backend, object a,
-                           object b, object c, object d, object e, object f, object g):
-        return self.on_parsed(sub, op, form, backend,
-                              self.backend_msg(sub, op, form, a, b, c, d, e, f, g),
-                              a, b, c, d, e, f, g)
 
-    cdef object backend_msg(self, object sub, int op, int form, object a, object b,
-                            object c, object d, object e, object f, object g):
-        """`op`'s message, parsed and checked for a backend other than MPI."""
-        if op == CALL_ALLTOALLW:
-            raise ValueError(f"{method_name(op, form)}: backend {sub.name!r} cannot run it (one MPI "
-                             f"datatype per process); use backend='mpi'")
-        if form == BLOCKING and CALL_RECV <= op <= CALL_SENDRECV_REPLACE:
-            status = (d, g, f)[op - CALL_RECV]          # the `status` argument
-            check_status(status)                      # before the receive takes a message
-        return self.parse_run(op, VALIDATE, None, a, b, c, d, e, f, g, MPI_INFO_NULL, NULL)
+    cdef object on_backend(self, object sub, _Call c, object backend):
+        """Parse the call and run it on a backend's sub-communicator."""
+        if OP_TABLE[c.op].flags & OP_MPI_ONLY:
+            raise ValueError(f"{method_name(c.op, c.form)}: backend {sub.name!r} cannot run "
+                             "it (one MPI datatype per process); use backend='mpi'")
+        self.parse(c)
+        return self.on_parsed(sub, c, backend)
 
-    cdef object on_parsed(self, object sub, int op, int form, object backend, object m,
-                          object a, object b, object c, object d, object e, object f,
-                          object g):
-        """Run `op`, parsed and validated as `m`, on a backend's sub-communicator."""
+    cdef object on_parsed(self, object sub, _Call c, object backend):
+        """Run the parsed call on a backend's sub-communicator (its persistent
+        form: a non-blocking call on `backend` at each Start)."""
         cdef Prequest preq
-        cdef object status = None
-        if form == PERSISTENT:
+        if c.form == PERSISTENT:
             # what the backend cannot run must fail now, not at Start
-            sub.check(m, (a, b, c, d, e, f, g), op <= CALL_RECV or op == CALL_BCAST)
+            sub.check(c, c.args(), c.op <= CALL_RECV or c.op == CALL_BCAST)
             preq = Prequest.__new__(Prequest)
             preq.comm = self
             preq.foreign = True
-            preq.keep = m
-            if CALL_RECV <= op <= CALL_SENDRECV_REPLACE:
-                preq.rtype = (<_Msg>m).r.dtype
-            preq.start_fn = partial(self._icall, op, backend, a, b, c, d, e, f, g)
+            preq.keep = c
+            if OP_TABLE[c.op].flags & OP_RECEIVES:
+                preq.rtype = c.r.dtype
+            preq.start_fn = partial(self._again, c, backend)
             return preq
-        req = self.post(sub, op, m, a, b, c, d, e, f, g)
-        if form == NONBLOCKING:
+        req = OP_TABLE[c.op].post_sub(sub, c)
+        if c.form == NONBLOCKING:
             return req
-        if CALL_RECV <= op <= CALL_SENDRECV_REPLACE:
-            status = (d, g, f)[op - CALL_RECV]
-        req.Wait(status)
+        req.Wait(c.status)
         return None
-
-    cdef object parse_run(self, int op, int mode, object backend, object a, object b,
-                          object c, object d, object e, object f, object g, MPI_Info info,
-                          MPI_Request *req):
-        """Parse and validate `op`'s message, then run it on MPI in `mode`
-        (VALIDATE: parse only); the parsed message."""
-        if op <= CALL_RSEND:
-            return self.call_send(a, b, c, backend, mode, req, op - CALL_SEND)
-        if op == CALL_RECV:
-            return self.call_recv(a, b, c, d, backend, mode, req)
-        if op == CALL_SENDRECV:
-            return self.call_sendrecv(a, b, c, d, e, f, g, backend, mode, req, False)
-        if op == CALL_SENDRECV_REPLACE:
-            return self.call_sendrecv(None, b, c, a, d, e, f, backend, mode, req, True)
-        if op == CALL_BARRIER:
-            return self.call_barrier(backend, mode, info, req)
-        if op == CALL_BCAST:
-            return self.call_bcast(a, b, backend, mode, info, req)
-        if op == CALL_GATHER or op == CALL_GATHERV:
-            return self.call_gather(a, b, c, op == CALL_GATHERV, backend, mode, info, req)
-        if op == CALL_SCATTER or op == CALL_SCATTERV:
-            return self.call_scatter(a, b, c, op == CALL_SCATTERV, backend, mode, info, req)
-        if op == CALL_ALLGATHER or op == CALL_ALLGATHERV:
-            return self.call_allgather(a, b, op == CALL_ALLGATHERV, backend, mode, info, req)
-        if op == CALL_ALLTOALL or op == CALL_ALLTOALLV:
-            return self.call_alltoall(a, b, op == CALL_ALLTOALLV, backend, mode, info, req)
-        if op == CALL_ALLTOALLW:
-            return self.call_alltoallw(a, b, backend, mode, info, req)
-        if op == CALL_REDUCE:
-            return self.call_reduce(a, b, c, d, backend, mode, info, req)
-        if op == CALL_ALLREDUCE or op == CALL_SCAN or op == CALL_EXSCAN:
-            return self.call_allreduce(a, b, c, op - CALL_ALLREDUCE, backend, mode, info, req)
-        if op == CALL_REDUCE_SCATTER_BLOCK:
-            return self.call_reduce_scatter(a, b, None, c, True, backend, mode, info, req)
-        return self.call_reduce_scatter(a, b, c, d, False, backend, mode, info, req)
-
-    cdef object post(self, object sub, int op, object m, object a, object b, object c,
-                     object d, object e, object f, object g):
-        """Post `op` on a backend's sub-communicator (mcr.backends.base): its
-        typed method for the operation; a Request."""
-        if op == CALL_SEND:
-            return sub.send(m, dest=b, tag=c)
-        if op == CALL_BSEND:
-            return sub.bsend(m, dest=b, tag=c)
-        if op == CALL_SSEND:
-            return sub.ssend(m, dest=b, tag=c)
-        if op == CALL_RSEND:
-            return sub.rsend(m, dest=b, tag=c)
-        if op == CALL_RECV:
-            return sub.recv(m, source=b, tag=c)
-        if op == CALL_SENDRECV:
-            return sub.sendrecv(m, dest=b, sendtag=c, source=e, tag=f)
-        if op == CALL_SENDRECV_REPLACE:
-            return sub.sendrecv_replace(m, dest=b, sendtag=c, source=d, tag=e)
-        if op == CALL_BARRIER:
-            return sub.barrier(m)
-        if op == CALL_BCAST:
-            return sub.bcast(m, root=b)
-        if op == CALL_GATHER:
-            return sub.gather(m, root=c)
-        if op == CALL_GATHERV:
-            return sub.gatherv(m, root=c)
-        if op == CALL_SCATTER:
-            return sub.scatter(m, root=c)
-        if op == CALL_SCATTERV:
-            return sub.scatterv(m, root=c)
-        if op == CALL_ALLGATHER:
-            return sub.allgather(m)
-        if op == CALL_ALLGATHERV:
-            return sub.allgatherv(m)
-        if op == CALL_ALLTOALL:
-            return sub.alltoall(m)
-        if op == CALL_ALLTOALLV:
-            return sub.alltoallv(m)
-        if op == CALL_REDUCE:
-            return sub.reduce(m, op=c, root=d)
-        if op == CALL_ALLREDUCE:
-            return sub.allreduce(m, op=c)
-        if op == CALL_SCAN:
-            return sub.scan(m, op=c)
-        if op == CALL_EXSCAN:
-            return sub.exscan(m, op=c)
-        if op == CALL_REDUCE_SCATTER_BLOCK:
-            return sub.reduce_scatter_block(m, op=c)
-        return sub.reduce_scatter(m, op=d)
 
     # -- Collectives (the public methods) ------------------------------------------
 
     def Barrier(self, *, backend=None):
         """Block until every process of the communicator has called it."""
-        return self.call(CALL_BARRIER, BLOCKING, backend, None)
+        return self.call(coll_call(CALL_BARRIER, BLOCKING, backend, None, None))
 
     def Ibarrier(self, *, backend=None):
         """Start a barrier; return a ``Request``."""
-        return self.call(CALL_BARRIER, NONBLOCKING, backend, None)
+        return self.call(coll_call(CALL_BARRIER, NONBLOCKING, backend, None, None))
 
     def Bcast(self, buf, root=0, *, backend=None, compress=None):
         """Broadcast `buf` from `root` to all processes.
@@ -1288,11 +857,12 @@ cdef class Comm(_MPI.Intracomm):
         compress : str, tuple, mcr.compress.Codec, False or None
             Compression on the wire (see the ``compress`` attribute).
         """
-        return call_c(self, CALL_BCAST, BLOCKING, backend, None, compress, buf, root, None)
+        return self.call(coll_call(CALL_BCAST, BLOCKING, backend, None, compress, None, buf, root))
 
     def Ibcast(self, buf, root=0, *, backend=None, compress=None):
         """Start a broadcast; return a ``Request``. Arguments as ``Bcast``."""
-        return call_c(self, CALL_BCAST, NONBLOCKING, backend, None, compress, buf, root, None)
+        return self.call(coll_call(CALL_BCAST, NONBLOCKING, backend, None, compress, None, buf,
+                                   root))
 
     def Gather(self, sendbuf, recvbuf, root=0, *, backend=None, compress=None):
         """Gather equal blocks from all processes at `root`.
@@ -1310,13 +880,13 @@ cdef class Comm(_MPI.Intracomm):
         compress : str, tuple, mcr.compress.Codec, False or None
             Compression on the wire (see the ``compress`` attribute).
         """
-        return call_c(self, CALL_GATHER, BLOCKING, backend, None, compress, sendbuf,
-                      recvbuf, root)
+        return self.call(coll_call(CALL_GATHER, BLOCKING, backend, None, compress, sendbuf,
+                                   recvbuf, root))
 
     def Igather(self, sendbuf, recvbuf, root=0, *, backend=None, compress=None):
         """Start a gather; return a ``Request``. Arguments as ``Gather``."""
-        return call_c(self, CALL_GATHER, NONBLOCKING, backend, None, compress, sendbuf,
-                      recvbuf, root)
+        return self.call(coll_call(CALL_GATHER, NONBLOCKING, backend, None, compress, sendbuf,
+                                   recvbuf, root))
 
     def Gatherv(self, sendbuf, recvbuf, root=0, *, backend=None, compress=None):
         """Gather blocks of varying size at `root`.
@@ -1333,13 +903,13 @@ cdef class Comm(_MPI.Intracomm):
         compress : str, tuple, mcr.compress.Codec, False or None
             Compression on the wire (see the ``compress`` attribute).
         """
-        return call_c(self, CALL_GATHERV, BLOCKING, backend, None, compress, sendbuf,
-                      recvbuf, root)
+        return self.call(coll_call(CALL_GATHERV, BLOCKING, backend, None, compress, sendbuf,
+                                   recvbuf, root))
 
     def Igatherv(self, sendbuf, recvbuf, root=0, *, backend=None, compress=None):
         """Start a vector gather; return a ``Request``. Arguments as ``Gatherv``."""
-        return call_c(self, CALL_GATHERV, NONBLOCKING, backend, None, compress, sendbuf,
-                      recvbuf, root)
+        return self.call(coll_call(CALL_GATHERV, NONBLOCKING, backend, None, compress, sendbuf,
+                                   recvbuf, root))
 
     def Scatter(self, sendbuf, recvbuf, root=0, *, backend=None, compress=None):
         """Scatter equal blocks of `sendbuf` from `root` to all processes.
@@ -1355,13 +925,13 @@ cdef class Comm(_MPI.Intracomm):
         compress : str, tuple, mcr.compress.Codec, False or None
             Compression on the wire (see the ``compress`` attribute).
         """
-        return call_c(self, CALL_SCATTER, BLOCKING, backend, None, compress, sendbuf,
-                      recvbuf, root)
+        return self.call(coll_call(CALL_SCATTER, BLOCKING, backend, None, compress, sendbuf,
+                                   recvbuf, root))
 
     def Iscatter(self, sendbuf, recvbuf, root=0, *, backend=None, compress=None):
         """Start a scatter; return a ``Request``. Arguments as ``Scatter``."""
-        return call_c(self, CALL_SCATTER, NONBLOCKING, backend, None, compress, sendbuf,
-                      recvbuf, root)
+        return self.call(coll_call(CALL_SCATTER, NONBLOCKING, backend, None, compress, sendbuf,
+                                   recvbuf, root))
 
     def Scatterv(self, sendbuf, recvbuf, root=0, *, backend=None, compress=None):
         """Scatter blocks of varying size from `root`.
@@ -1378,13 +948,13 @@ cdef class Comm(_MPI.Intracomm):
         compress : str, tuple, mcr.compress.Codec, False or None
             Compression on the wire (see the ``compress`` attribute).
         """
-        return call_c(self, CALL_SCATTERV, BLOCKING, backend, None, compress, sendbuf,
-                      recvbuf, root)
+        return self.call(coll_call(CALL_SCATTERV, BLOCKING, backend, None, compress, sendbuf,
+                                   recvbuf, root))
 
     def Iscatterv(self, sendbuf, recvbuf, root=0, *, backend=None, compress=None):
         """Start a vector scatter; return a ``Request``. Arguments as ``Scatterv``."""
-        return call_c(self, CALL_SCATTERV, NONBLOCKING, backend, None, compress, sendbuf,
-                      recvbuf, root)
+        return self.call(coll_call(CALL_SCATTERV, NONBLOCKING, backend, None, compress, sendbuf,
+                                   recvbuf, root))
 
     def Allgather(self, sendbuf, recvbuf, *, backend=None, compress=None):
         """Gather equal blocks from all processes on all processes.
@@ -1398,13 +968,13 @@ cdef class Comm(_MPI.Intracomm):
         compress : str, tuple, mcr.compress.Codec, False or None
             Compression on the wire (see the ``compress`` attribute).
         """
-        return call_c(self, CALL_ALLGATHER, BLOCKING, backend, None, compress, sendbuf, recvbuf,
-                      None)
+        return self.call(coll_call(CALL_ALLGATHER, BLOCKING, backend, None, compress, sendbuf,
+                                   recvbuf))
 
     def Iallgather(self, sendbuf, recvbuf, *, backend=None, compress=None):
         """Start an allgather; return a ``Request``. Arguments as ``Allgather``."""
-        return call_c(self, CALL_ALLGATHER, NONBLOCKING, backend, None, compress, sendbuf, recvbuf,
-                      None)
+        return self.call(coll_call(CALL_ALLGATHER, NONBLOCKING, backend, None, compress, sendbuf,
+                                   recvbuf))
 
     def Allgatherv(self, sendbuf, recvbuf, *, backend=None, compress=None):
         """Gather blocks of varying size on all processes.
@@ -1418,14 +988,13 @@ cdef class Comm(_MPI.Intracomm):
         compress : str, tuple, mcr.compress.Codec, False or None
             Compression on the wire (see the ``compress`` attribute).
         """
-        return call_c(self, CALL_ALLGATHERV, BLOCKING, backend, None, compress, sendbuf, recvbuf,
-                      None)
+        return self.call(coll_call(CALL_ALLGATHERV, BLOCKING, backend, None, compress, sendbuf,
+                                   recvbuf))
 
     def Iallgatherv(self, sendbuf, recvbuf, *, backend=None, compress=None):
         """Start a vector allgather; return a ``Request``. Arguments as ``Allgatherv``."""
-        return call_c(self, CALL_ALLGATHERV, NONBLOCKING, backend, None, compress, sendbuf,
-                      recvbuf,
-                      None)
+        return self.call(coll_call(CALL_ALLGATHERV, NONBLOCKING, backend, None, compress, sendbuf,
+                                   recvbuf))
 
     def Alltoall(self, sendbuf, recvbuf, *, backend=None, compress=None):
         """Send block ``j`` of `sendbuf` to process ``j``, from every process.
@@ -1439,13 +1008,13 @@ cdef class Comm(_MPI.Intracomm):
         compress : str, tuple, mcr.compress.Codec, False or None
             Compression on the wire (see the ``compress`` attribute).
         """
-        return call_c(self, CALL_ALLTOALL, BLOCKING, backend, None, compress, sendbuf, recvbuf,
-                      None)
+        return self.call(coll_call(CALL_ALLTOALL, BLOCKING, backend, None, compress, sendbuf,
+                                   recvbuf))
 
     def Ialltoall(self, sendbuf, recvbuf, *, backend=None, compress=None):
         """Start an all-to-all; return a ``Request``. Arguments as ``Alltoall``."""
-        return call_c(self, CALL_ALLTOALL, NONBLOCKING, backend, None, compress, sendbuf, recvbuf,
-                      None)
+        return self.call(coll_call(CALL_ALLTOALL, NONBLOCKING, backend, None, compress, sendbuf,
+                                   recvbuf))
 
     def Alltoallv(self, sendbuf, recvbuf, *, backend=None, compress=None):
         """All-to-all with blocks of varying size.
@@ -1461,13 +1030,13 @@ cdef class Comm(_MPI.Intracomm):
         compress : str, tuple, mcr.compress.Codec, False or None
             Compression on the wire (see the ``compress`` attribute).
         """
-        return call_c(self, CALL_ALLTOALLV, BLOCKING, backend, None, compress, sendbuf, recvbuf,
-                      None)
+        return self.call(coll_call(CALL_ALLTOALLV, BLOCKING, backend, None, compress, sendbuf,
+                                   recvbuf))
 
     def Ialltoallv(self, sendbuf, recvbuf, *, backend=None, compress=None):
         """Start a vector all-to-all; return a ``Request``. Arguments as ``Alltoallv``."""
-        return call_c(self, CALL_ALLTOALLV, NONBLOCKING, backend, None, compress, sendbuf, recvbuf,
-                      None)
+        return self.call(coll_call(CALL_ALLTOALLV, NONBLOCKING, backend, None, compress, sendbuf,
+                                   recvbuf))
 
     def Alltoallw(self, sendbuf, recvbuf, *, backend=None):
         """All-to-all with a count, byte displacement and datatype per process.
@@ -1487,11 +1056,13 @@ cdef class Comm(_MPI.Intracomm):
         ValueError
             For a backend other than MPI, or a block past the end of its buffer.
         """
-        return self.call(CALL_ALLTOALLW, BLOCKING, backend, None, sendbuf, recvbuf)
+        return self.call(coll_call(CALL_ALLTOALLW, BLOCKING, backend, None, None, sendbuf,
+                                   recvbuf))
 
     def Ialltoallw(self, sendbuf, recvbuf, *, backend=None):
         """Start an ``Alltoallw``; return a ``Request``. Arguments as ``Alltoallw``."""
-        return self.call(CALL_ALLTOALLW, NONBLOCKING, backend, None, sendbuf, recvbuf)
+        return self.call(coll_call(CALL_ALLTOALLW, NONBLOCKING, backend, None, None, sendbuf,
+                                   recvbuf))
 
     def Reduce(self, sendbuf, recvbuf, op=SUM, root=0, *, backend=None, compress=None):
         """Reduce element-wise over all processes, result at `root`.
@@ -1511,13 +1082,13 @@ cdef class Comm(_MPI.Intracomm):
         compress : str, tuple, mcr.compress.Codec, False or None
             Compression on the wire (see the ``compress`` attribute).
         """
-        return call_c(self, CALL_REDUCE, BLOCKING, backend, None, compress, sendbuf, recvbuf,
-                      op, root)
+        return self.call(coll_call(CALL_REDUCE, BLOCKING, backend, None, compress, sendbuf,
+                                   recvbuf, root, op))
 
     def Ireduce(self, sendbuf, recvbuf, op=SUM, root=0, *, backend=None, compress=None):
         """Start a reduce; return a ``Request``. Arguments as ``Reduce``."""
-        return call_c(self, CALL_REDUCE, NONBLOCKING, backend, None, compress, sendbuf,
-                      recvbuf, op, root)
+        return self.call(coll_call(CALL_REDUCE, NONBLOCKING, backend, None, compress, sendbuf,
+                                   recvbuf, root, op))
 
     def Allreduce(self, sendbuf, recvbuf, op=SUM, *, backend=None, compress=None):
         """Reduce element-wise over all processes, result on all.
@@ -1533,13 +1104,13 @@ cdef class Comm(_MPI.Intracomm):
         compress : str, tuple, mcr.compress.Codec, False or None
             Compression on the wire (see the ``compress`` attribute).
         """
-        return call_c(self, CALL_ALLREDUCE, BLOCKING, backend, None, compress, sendbuf, recvbuf,
-                      op)
+        return self.call(coll_call(CALL_ALLREDUCE, BLOCKING, backend, None, compress, sendbuf,
+                                   recvbuf, None, op))
 
     def Iallreduce(self, sendbuf, recvbuf, op=SUM, *, backend=None, compress=None):
         """Start an allreduce; return a ``Request``. Arguments as ``Allreduce``."""
-        return call_c(self, CALL_ALLREDUCE, NONBLOCKING, backend, None, compress, sendbuf,
-                      recvbuf, op)
+        return self.call(coll_call(CALL_ALLREDUCE, NONBLOCKING, backend, None, compress, sendbuf,
+                                   recvbuf, None, op))
 
     def Reduce_scatter_block(self, sendbuf, recvbuf, op=SUM, *, backend=None, compress=None):
         """Reduce element-wise, then scatter equal blocks of the result.
@@ -1556,15 +1127,15 @@ cdef class Comm(_MPI.Intracomm):
         compress : str, tuple, mcr.compress.Codec, False or None
             Compression on the wire (see the ``compress`` attribute).
         """
-        return call_c(self, CALL_REDUCE_SCATTER_BLOCK, BLOCKING, backend, None, compress,
-                      sendbuf, recvbuf, op)
+        return self.call(coll_call(CALL_REDUCE_SCATTER_BLOCK, BLOCKING, backend, None, compress,
+                                   sendbuf, recvbuf, None, op))
 
     def Ireduce_scatter_block(self, sendbuf, recvbuf, op=SUM, *, backend=None,
                               compress=None):
         """Start a reduce-scatter-block; return a ``Request``. Arguments as
         ``Reduce_scatter_block``."""
-        return call_c(self, CALL_REDUCE_SCATTER_BLOCK, NONBLOCKING, backend, None, compress,
-                      sendbuf, recvbuf, op)
+        return self.call(coll_call(CALL_REDUCE_SCATTER_BLOCK, NONBLOCKING, backend, None,
+                                   compress, sendbuf, recvbuf, None, op))
 
     def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=SUM, *, backend=None,
                        compress=None):
@@ -1584,25 +1155,27 @@ cdef class Comm(_MPI.Intracomm):
         compress : str, tuple, mcr.compress.Codec, False or None
             Compression on the wire (see the ``compress`` attribute).
         """
-        return call_c(self, CALL_REDUCE_SCATTER, BLOCKING, backend, None, compress,
-                      sendbuf, recvbuf, recvcounts, op)
+        return self.call(coll_call(CALL_REDUCE_SCATTER, BLOCKING, backend, None, compress,
+                                   sendbuf, recvbuf, None, op, recvcounts))
 
     def Ireduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=SUM, *, backend=None,
                         compress=None):
         """Start a reduce-scatter; return a ``Request``. Arguments as ``Reduce_scatter``."""
-        return call_c(self, CALL_REDUCE_SCATTER, NONBLOCKING, backend, None, compress,
-                      sendbuf, recvbuf, recvcounts, op)
+        return self.call(coll_call(CALL_REDUCE_SCATTER, NONBLOCKING, backend, None, compress,
+                                   sendbuf, recvbuf, None, op, recvcounts))
 
     def Scan(self, sendbuf, recvbuf, op=SUM, *, backend=None):
         """Inclusive prefix reduction: rank ``i`` gets the reduction of ranks 0..i.
 
         Arguments as ``Allreduce``.
         """
-        return self.call(CALL_SCAN, BLOCKING, backend, None, sendbuf, recvbuf, op)
+        return self.call(coll_call(CALL_SCAN, BLOCKING, backend, None, None, sendbuf, recvbuf,
+                                   None, op))
 
     def Iscan(self, sendbuf, recvbuf, op=SUM, *, backend=None):
         """Start an inclusive scan; return a ``Request``. Arguments as ``Scan``."""
-        return self.call(CALL_SCAN, NONBLOCKING, backend, None, sendbuf, recvbuf, op)
+        return self.call(coll_call(CALL_SCAN, NONBLOCKING, backend, None, None, sendbuf, recvbuf,
+                                   None, op))
 
     def Exscan(self, sendbuf, recvbuf, op=SUM, *, backend=None):
         """Exclusive prefix reduction: rank ``i`` gets the reduction of ranks
@@ -1610,11 +1183,13 @@ cdef class Comm(_MPI.Intracomm):
 
         Arguments as ``Allreduce``.
         """
-        return self.call(CALL_EXSCAN, BLOCKING, backend, None, sendbuf, recvbuf, op)
+        return self.call(coll_call(CALL_EXSCAN, BLOCKING, backend, None, None, sendbuf, recvbuf,
+                                   None, op))
 
     def Iexscan(self, sendbuf, recvbuf, op=SUM, *, backend=None):
         """Start an exclusive scan; return a ``Request``. Arguments as ``Exscan``."""
-        return self.call(CALL_EXSCAN, NONBLOCKING, backend, None, sendbuf, recvbuf, op)
+        return self.call(coll_call(CALL_EXSCAN, NONBLOCKING, backend, None, None, sendbuf,
+                                   recvbuf, None, op))
 
     # -- Persistent point-to-point and collectives --------------------------------
 
@@ -1623,123 +1198,127 @@ cdef class Comm(_MPI.Intracomm):
 
         Arguments as ``Send``; each ``Start`` sends what `buf` holds then.
         """
-        return self.call(CALL_SEND, PERSISTENT, backend, None, buf, dest, tag)
+        return self.call(send_call(CALL_SEND, PERSISTENT, backend, buf, dest, tag))
 
     def Recv_init(self, buf, source=ANY_SOURCE, tag=ANY_TAG, *, backend=None):
         """Create a persistent receive; return an inactive ``Prequest``.
 
         Arguments as ``Recv``; each ``Start`` receives into `buf` again.
         """
-        return self.call(CALL_RECV, PERSISTENT, backend, None, buf, source, tag)
+        return self.call(recv_call(PERSISTENT, backend, buf, source, tag, None))
 
     def Bsend_init(self, buf, dest, tag=0, *, backend=None):
         """Create a persistent buffered send; return an inactive ``Prequest``.
 
         Arguments as ``Bsend``; each ``Start`` sends what `buf` holds then.
         """
-        return self.call(CALL_BSEND, PERSISTENT, backend, None, buf, dest, tag)
+        return self.call(send_call(CALL_BSEND, PERSISTENT, backend, buf, dest, tag))
 
     def Ssend_init(self, buf, dest, tag=0, *, backend=None):
         """Create a persistent synchronous send; return an inactive ``Prequest``.
 
         Arguments as ``Ssend``; each ``Start`` sends what `buf` holds then.
         """
-        return self.call(CALL_SSEND, PERSISTENT, backend, None, buf, dest, tag)
+        return self.call(send_call(CALL_SSEND, PERSISTENT, backend, buf, dest, tag))
 
     def Rsend_init(self, buf, dest, tag=0, *, backend=None):
         """Create a persistent ready send; return an inactive ``Prequest``.
 
         Arguments as ``Rsend``; each ``Start`` sends what `buf` holds then.
         """
-        return self.call(CALL_RSEND, PERSISTENT, backend, None, buf, dest, tag)
+        return self.call(send_call(CALL_RSEND, PERSISTENT, backend, buf, dest, tag))
 
     def Barrier_init(self, info=None, *, backend=None):
         """Persistent ``Barrier``; arguments as ``Barrier``, plus `info`."""
-        return self.call(CALL_BARRIER, PERSISTENT, backend, info)
+        return self.call(coll_call(CALL_BARRIER, PERSISTENT, backend, info, None))
 
     def Bcast_init(self, buf, root=0, info=None, *, backend=None, compress=None):
         """Persistent ``Bcast``; arguments as ``Bcast``, plus `info`."""
-        return call_c(self, CALL_BCAST, PERSISTENT, backend, info, compress, buf, root, None)
+        return self.call(coll_call(CALL_BCAST, PERSISTENT, backend, info, compress, None, buf,
+                                   root))
 
     def Gather_init(self, sendbuf, recvbuf, root=0, info=None, *, backend=None,
                     compress=None):
         """Persistent ``Gather``; arguments as ``Gather``, plus `info`."""
-        return call_c(self, CALL_GATHER, PERSISTENT, backend, info, compress, sendbuf,
-                      recvbuf, root)
+        return self.call(coll_call(CALL_GATHER, PERSISTENT, backend, info, compress, sendbuf,
+                                   recvbuf, root))
 
     def Gatherv_init(self, sendbuf, recvbuf, root=0, info=None, *, backend=None,
                      compress=None):
         """Persistent ``Gatherv``; arguments as ``Gatherv``, plus `info`."""
-        return call_c(self, CALL_GATHERV, PERSISTENT, backend, info, compress, sendbuf,
-                      recvbuf, root)
+        return self.call(coll_call(CALL_GATHERV, PERSISTENT, backend, info, compress, sendbuf,
+                                   recvbuf, root))
 
     def Scatter_init(self, sendbuf, recvbuf, root=0, info=None, *, backend=None,
                      compress=None):
         """Persistent ``Scatter``; arguments as ``Scatter``, plus `info`."""
-        return call_c(self, CALL_SCATTER, PERSISTENT, backend, info, compress, sendbuf,
-                      recvbuf, root)
+        return self.call(coll_call(CALL_SCATTER, PERSISTENT, backend, info, compress, sendbuf,
+                                   recvbuf, root))
 
     def Scatterv_init(self, sendbuf, recvbuf, root=0, info=None, *, backend=None,
                       compress=None):
         """Persistent ``Scatterv``; arguments as ``Scatterv``, plus `info`."""
-        return call_c(self, CALL_SCATTERV, PERSISTENT, backend, info, compress, sendbuf,
-                      recvbuf, root)
+        return self.call(coll_call(CALL_SCATTERV, PERSISTENT, backend, info, compress, sendbuf,
+                                   recvbuf, root))
 
     def Allgather_init(self, sendbuf, recvbuf, info=None, *, backend=None, compress=None):
         """Persistent ``Allgather``; arguments as ``Allgather``, plus `info`."""
-        return call_c(self, CALL_ALLGATHER, PERSISTENT, backend, info, compress, sendbuf, recvbuf,
-                      None)
+        return self.call(coll_call(CALL_ALLGATHER, PERSISTENT, backend, info, compress, sendbuf,
+                                   recvbuf))
 
     def Allgatherv_init(self, sendbuf, recvbuf, info=None, *, backend=None, compress=None):
         """Persistent ``Allgatherv``; arguments as ``Allgatherv``, plus `info`."""
-        return call_c(self, CALL_ALLGATHERV, PERSISTENT, backend, info, compress, sendbuf, recvbuf,
-                      None)
+        return self.call(coll_call(CALL_ALLGATHERV, PERSISTENT, backend, info, compress, sendbuf,
+                                   recvbuf))
 
     def Alltoall_init(self, sendbuf, recvbuf, info=None, *, backend=None, compress=None):
         """Persistent ``Alltoall``; arguments as ``Alltoall``, plus `info`."""
-        return call_c(self, CALL_ALLTOALL, PERSISTENT, backend, info, compress, sendbuf, recvbuf,
-                      None)
+        return self.call(coll_call(CALL_ALLTOALL, PERSISTENT, backend, info, compress, sendbuf,
+                                   recvbuf))
 
     def Alltoallv_init(self, sendbuf, recvbuf, info=None, *, backend=None, compress=None):
         """Persistent ``Alltoallv``; arguments as ``Alltoallv``, plus `info`."""
-        return call_c(self, CALL_ALLTOALLV, PERSISTENT, backend, info, compress, sendbuf, recvbuf,
-                      None)
+        return self.call(coll_call(CALL_ALLTOALLV, PERSISTENT, backend, info, compress, sendbuf,
+                                   recvbuf))
 
     def Alltoallw_init(self, sendbuf, recvbuf, info=None, *, backend=None):
         """Persistent ``Alltoallw``; arguments as ``Alltoallw``, plus `info`."""
-        return self.call(CALL_ALLTOALLW, PERSISTENT, backend, info, sendbuf, recvbuf)
+        return self.call(coll_call(CALL_ALLTOALLW, PERSISTENT, backend, info, None, sendbuf,
+                                   recvbuf))
 
     def Reduce_init(self, sendbuf, recvbuf, op=SUM, root=0, info=None, *, backend=None,
                     compress=None):
         """Persistent ``Reduce``; arguments as ``Reduce``, plus `info`."""
-        return call_c(self, CALL_REDUCE, PERSISTENT, backend, info, compress, sendbuf, recvbuf,
-                      op, root)
+        return self.call(coll_call(CALL_REDUCE, PERSISTENT, backend, info, compress, sendbuf,
+                                   recvbuf, root, op))
 
     def Allreduce_init(self, sendbuf, recvbuf, op=SUM, info=None, *, backend=None, compress=None):
         """Persistent ``Allreduce``; arguments as ``Allreduce``, plus `info`."""
-        return call_c(self, CALL_ALLREDUCE, PERSISTENT, backend, info, compress, sendbuf,
-                      recvbuf, op)
+        return self.call(coll_call(CALL_ALLREDUCE, PERSISTENT, backend, info, compress, sendbuf,
+                                   recvbuf, None, op))
 
     def Reduce_scatter_block_init(self, sendbuf, recvbuf, op=SUM, info=None, *, backend=None,
                                   compress=None):
         """Persistent ``Reduce_scatter_block``; arguments as ``Reduce_scatter_block``,
         plus `info`."""
-        return call_c(self, CALL_REDUCE_SCATTER_BLOCK, PERSISTENT, backend, info, compress,
-                      sendbuf, recvbuf, op)
+        return self.call(coll_call(CALL_REDUCE_SCATTER_BLOCK, PERSISTENT, backend, info, compress,
+                                   sendbuf, recvbuf, None, op))
 
     def Reduce_scatter_init(self, sendbuf, recvbuf, recvcounts=None, op=SUM, info=None, *,
                             backend=None, compress=None):
         """Persistent ``Reduce_scatter``; arguments as ``Reduce_scatter``, plus `info`."""
-        return call_c(self, CALL_REDUCE_SCATTER, PERSISTENT, backend, info, compress,
-                      sendbuf, recvbuf, recvcounts, op)
+        return self.call(coll_call(CALL_REDUCE_SCATTER, PERSISTENT, backend, info, compress,
+                                   sendbuf, recvbuf, None, op, recvcounts))
 
     def Scan_init(self, sendbuf, recvbuf, op=SUM, info=None, *, backend=None):
         """Persistent ``Scan``; arguments as ``Scan``, plus `info`."""
-        return self.call(CALL_SCAN, PERSISTENT, backend, info, sendbuf, recvbuf, op)
+        return self.call(coll_call(CALL_SCAN, PERSISTENT, backend, info, None, sendbuf, recvbuf,
+                                   None, op))
 
     def Exscan_init(self, sendbuf, recvbuf, op=SUM, info=None, *, backend=None):
         """Persistent ``Exscan``; arguments as ``Exscan``, plus `info`."""
-        return self.call(CALL_EXSCAN, PERSISTENT, backend, info, sendbuf, recvbuf, op)
+        return self.call(coll_call(CALL_EXSCAN, PERSISTENT, backend, info, None, sendbuf, recvbuf,
+                                   None, op))
 
     # -- mpi4py's collectives on pickled objects ------------------------------------
     #
@@ -2396,15 +1975,53 @@ cdef dict TOPOLOGY_CLASSES = {_MPI.Cartcomm: Cartcomm, _MPI.Graphcomm: Graphcomm
                               _MPI.Distgraphcomm: Distgraphcomm}
 
 
-cdef inline object call_c(Comm comm, int op, int form, object backend, object info,
-                          object compress, object a, object b, object c, object d=None):
-    """Comm.call for an operation that can be compressed: `compress` is the
-    call's ``compress`` argument (None: the communicator's default). A
-    function, not a method, so that the C compiler inlines it."""
-    if compress is None:
-        return comm.call(op, form, backend, info, a, b, c, d)
-    return comm.hooked(comm.sub(backend), op, form, backend, info, a, b, c, d, None, None,
-                       None, compress)
+# The calls of the buffer methods, by the shape of their arguments (the
+# fields a descriptor's parse reads); inline, as each public method makes one.
+
+cdef inline _Call send_call(int op, int form, object backend, object buf, object dest,
+                            object tag):
+    cdef _Call c = _Call.__new__(_Call)
+    c.op, c.form, c.backend = op, form, backend
+    c.sendbuf, c.dest, c.tag = buf, dest, tag
+    return c
+
+
+cdef inline _Call recv_call(int form, object backend, object buf, object source, object tag,
+                            object status):
+    cdef _Call c = _Call.__new__(_Call)
+    c.op, c.form, c.backend = CALL_RECV, form, backend
+    c.recvbuf, c.source, c.tag, c.status = buf, source, tag, status
+    return c
+
+
+cdef inline _Call sendrecv_call(int form, object backend, object sendbuf, object dest,
+                                object sendtag, object recvbuf, object source, object recvtag,
+                                object status):
+    cdef _Call c = _Call.__new__(_Call)
+    c.op, c.form, c.backend = CALL_SENDRECV, form, backend
+    c.sendbuf, c.dest, c.tag = sendbuf, dest, sendtag
+    c.recvbuf, c.source, c.recvtag, c.status = recvbuf, source, recvtag, status
+    return c
+
+
+cdef inline _Call replace_call(int form, object backend, object buf, object dest,
+                               object sendtag, object source, object recvtag, object status):
+    cdef _Call c = sendrecv_call(form, backend, None, dest, sendtag, buf, source, recvtag,
+                                 status)
+    c.op = CALL_SENDRECV_REPLACE
+    return c
+
+
+cdef inline _Call coll_call(int op, int form, object backend, object info, object compress,
+                            object sendbuf=None, object recvbuf=None, object root=None,
+                            object redop=None, object recvcounts=None):
+    """A collective's call: `compress` is its ``compress`` argument (None:
+    the communicator's default); Bcast's `buf` is `recvbuf`."""
+    cdef _Call c = _Call.__new__(_Call)
+    c.op, c.form, c.backend, c.info, c.compress = op, form, backend, info, compress
+    c.sendbuf, c.recvbuf, c.root, c.redop, c.recvcounts = sendbuf, recvbuf, root, redop, \
+        recvcounts
+    return c
 
 
 cdef object _newobj = __import__("copyreg").__newobj__

@@ -538,7 +538,7 @@ cdef bint needs_mcr(object requests) except -1:
         if isinstance(req, Request):
             r = <Request>req
             if r.ext is not None or r.pend is not None or r.rec is not None or \
-                    r.timeout > 0 or type(r.ob_buf) is _Msg:
+                    r.timeout > 0 or type(r.ob_buf) is _Call:
                 return True
     return False
 
@@ -796,7 +796,7 @@ cdef side *recv_side(object req) noexcept:
     if not isinstance(req, Request) or (<Request>req).rtype == MPI_DATATYPE_NULL:
         return NULL
     buf = (<Request>req).ob_buf
-    return &(<_Msg>buf).r if type(buf) is _Msg else NULL
+    return &(<_Call>buf).r if type(buf) is _Call else NULL
 
 
 cdef int copy_status(object status, object source) except -1:
@@ -976,7 +976,7 @@ cdef int detach_mpi(Request req) except -1:
 cdef inline bint holds_message(Request req):
     """Whether `req` alone holds an MPI handle with mcr's message (buffers)
     to keep until the operation completes (Free hands both to detach_mpi)."""
-    return req.ob_mpi != MPI_REQUEST_NULL and type(req.ob_buf) is _Msg and not req.shared
+    return req.ob_mpi != MPI_REQUEST_NULL and type(req.ob_buf) is _Call and not req.shared
 
 
 cdef int copied(Request req, object other) except -1:
@@ -1038,8 +1038,8 @@ cdef void dropped(Request req) noexcept:
         return
     if req.pend is not None:
         pend_end(<_Pend>req.pend, PEND_DONE)
-    if type(req.ob_buf) is _Msg and (<_Msg>req.ob_buf).staged is not None:
-        unstage(<_Msg>req.ob_buf)
+    if type(req.ob_buf) is _Call and (<_Call>req.ob_buf).staged is not None:
+        unstage(<_Call>req.ob_buf)
     if req.ob_mpi != MPI_REQUEST_NULL:  # an inactive persistent request
         MPI_Request_free(&req.ob_mpi)
 
@@ -1227,17 +1227,17 @@ cdef class Prequest(Request):
     as often as needed: each start moves what the buffers hold at that moment.
     The buffers stay alive as long as the request. ``Free`` releases it.
     """
-    cdef object keep          # the parsed message: the buffers, for the request's life
+    cdef object keep          # the parsed call: the buffers, for the request's life
     cdef object start_fn      # emulation: posts the non-blocking form, returns a Request
     cdef object comm          # the communicator it was made on
     cdef int logop            # the operation + 1, for the logger (0: none)
-    cdef tuple logargs        # its first arguments (peer, root, tag), for the logger
     cdef str logbackend       # the backend it runs on, for the logger (None: MPI)
 
     cdef bint foreign         # runs on a backend other than MPI: always emulated
 
-    cdef int form(self) noexcept:
-        return VALIDATE if emulate_persistent or self.foreign else PERSISTENT
+    cdef bint emulated(self) noexcept:
+        """Whether each Start posts a non-blocking call (no MPI persistent request)."""
+        return emulate_persistent or self.foreign
 
     def Start(self):
         """Start the operation; the request must be inactive (new or completed).
@@ -1264,8 +1264,8 @@ cdef class Prequest(Request):
         if self.start_fn is None:
             if self.ob_mpi == MPI_REQUEST_NULL:
                 raise ValueError(f"{request_name(index)}: it was freed (or never created)")
-            if type(self.ob_buf) is _Msg and (<_Msg>self.ob_buf).staged is not None:
-                restage(<_Msg>self.ob_buf)
+            if type(self.ob_buf) is _Call and (<_Call>self.ob_buf).staged is not None:
+                restage(<_Call>self.ob_buf)
             if log_on and self.logop:
                 self.log_start()
             with nogil:
@@ -1301,9 +1301,8 @@ cdef class Prequest(Request):
         """The logger's record of this start (an MPI persistent request)."""
         cdef Comm comm = <Comm>self.comm
         if not comm.unlogged:
-            a, b, c, d = self.logargs
             self.rec = log_post(comm, self.logop - 1, PERSISTENT, self.logbackend or "mpi",
-                                self.keep, None, a, b, c, d)
+                                self.keep, None)
         return 0
 
     def __bool__(self):

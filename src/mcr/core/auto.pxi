@@ -1,16 +1,13 @@
 # backend="auto": the backend a collective runs on, from a tuning table
 # (mcr.tuning). The table is turned once per communicator into C arrays of
 # size bounds, so a choice is a short loop over at most a few ranges. A
-# collective under auto is parsed as usual, in its mode plus AUTO: once its
-# message is parsed, call_* asks auto_other() and runs on MPI, or returns the
-# parsed message for Comm.on_auto to post on the chosen backend. Either way
-# the message is parsed once.
+# collective under auto is parsed as usual; once parsed, Comm.chosen_other()
+# asks the table, and the call is posted on MPI or on the chosen backend.
+# Either way the message is parsed once.
 
 from libc.limits cimport LLONG_MAX
 
 cdef enum:
-    AUTO = 8              # added to a mode of dispatch.h: choose once parsed
-    KEEP = 16             # Comm.on_mpi: a blocking call returns its parsed message
     AUTO_RANGES = 64      # size ranges per operation and device
 
 cdef object AUTO_SUB = object()  # Comm.sub's answer for backend="auto"
@@ -132,10 +129,10 @@ cdef int agree(object comm, _Chooser ch) except -1:
 cdef inline bint always_mpi(int op) noexcept:
     """Operations auto runs on MPI whatever the table: point-to-point (sender
     and receiver must take the same backend) and Alltoallw (only MPI has it)."""
-    return op <= CALL_SENDRECV_REPLACE or op == CALL_ALLTOALLW
+    return OP_TABLE[op].flags & (OP_P2P | OP_MPI_ONLY) != 0
 
 
-cdef long long auto_key(int op, _Msg m, MPI_Comm comm) noexcept:
+cdef long long auto_key(int op, _Call m, MPI_Comm comm) noexcept:
     """The size auto decides by, as mcr.bench.ops counts it: the bytes one
     process contributes (one block of a gather or all-to-all, the whole
     vector of a reduction), the same on every rank."""

@@ -33,12 +33,51 @@ cdef enum:
     CALL_REDUCE_SCATTER
     CALL_COUNT                # (the number of operations)
 
+# The descriptor of each operation (OP_TABLE[op], filled in ops.pxi): its
+# arguments by name (A_*, in the blocking method's order), what it is
+# (OP_* flags), and how to parse it, post it on MPI and post it on a backend's
+# Subcomm. Comm.call reads it; nothing else tells the operations apart.
+
+cdef enum:                    # the arguments a call has by name (_Call's fields)
+    A_SENDBUF
+    A_RECVBUF
+    A_DEST
+    A_SOURCE
+    A_TAG
+    A_RECVTAG
+    A_STATUS
+    A_ROOT
+    A_OP
+    A_RECVCOUNTS
+
+cdef enum:                    # what an operation is
+    OP_P2P = 1                # point-to-point (auto runs it on MPI; not numbered as a collective)
+    OP_RECEIVES = 2           # receives a message into recvbuf, with a status argument
+    OP_COMPRESSIBLE = 4       # mcr.compress serves it
+    OP_NO_PERSISTENT = 8      # no _init form (Sendrecv, Sendrecv_replace)
+    OP_MPI_ONLY = 16          # only MPI runs it (Alltoallw: a datatype per process)
+    OP_ROOTED = 32            # has a root
+
+ctypedef int (*parse_fn)(Comm, _Call) except -1
+ctypedef int (*mpi_fn)(Comm, _Call, int, MPI_Info, MPI_Request*) except -1
+ctypedef object (*sub_fn)(object, _Call)
+
+cdef struct OpDesc:
+    int flags
+    int variant               # the send mode, the v of Gatherv, ... (shared functions)
+    int nargs
+    int args[7]
+    parse_fn parse            # check and parse the arguments into the call's sides
+    mpi_fn post_mpi           # call MPI in a form (the request, when not blocking)
+    sub_fn post_sub           # call a backend's Subcomm method: its Request
+
+cdef OpDesc OP_TABLE[CALL_COUNT]
+
 cdef tuple CALL_NAMES = (
     "Send", "Bsend", "Ssend", "Rsend", "Recv", "Sendrecv", "Sendrecv_replace",
     "Barrier", "Bcast", "Gather", "Gatherv", "Scatter", "Scatterv", "Allgather",
     "Allgatherv", "Alltoall", "Alltoallv", "Alltoallw", "Reduce", "Allreduce", "Scan",
     "Exscan", "Reduce_scatter_block", "Reduce_scatter")
-cdef tuple CALL_NARGS = (3, 3, 3, 3, 4, 7, 6, 0, 2, 3, 3, 3, 3, 2, 2, 2, 2, 2, 4, 3, 3, 3, 3, 4)
 
 # The operations the call hooks and the logger see: those of Comm.call, then
 # the neighborhood collectives of topologies (neighbor.pxi), as CALL_COUNT +
@@ -64,14 +103,6 @@ cdef int call_id(object name) except -1:
                      "e.g. 'Allreduce', 'Ialltoallv', 'Bcast_init')")
 
 
-cdef inline bint compressible(int op) noexcept:
-    """Operations mcr.compress serves."""
-    return (op == CALL_ALLREDUCE or op == CALL_BCAST or op == CALL_ALLGATHER
-            or op == CALL_ALLGATHERV or op == CALL_ALLTOALL or op == CALL_ALLTOALLV
-            or op == CALL_REDUCE or op == CALL_REDUCE_SCATTER_BLOCK
-            or op == CALL_REDUCE_SCATTER or CALL_GATHER <= op <= CALL_SCATTERV)
-
-
 cdef object _compress = None     # mcr.compress, imported at the first compressed call
 
 
@@ -86,15 +117,14 @@ cdef object compress_module():
 def _prequest(Comm comm, start, str op, msg, args, str backend):
     """A Prequest of `op` on `comm` whose each Start calls `start()`, which
     posts the operation and returns its Request (mcr.compress); `msg`,
-    `args`, `backend`: the parsed message, arguments and backend, for the
-    logger's record of each start."""
+    `backend`: the parsed call and its backend, for the logger's record of
+    each start (`args`: its arguments, which the call holds)."""
     cdef Prequest preq = Prequest.__new__(Prequest)
     preq.comm = comm
     preq.foreign = True
     preq.keep = msg
     preq.start_fn = start
     preq.logop = call_id(op) + 1
-    preq.logargs = (tuple(args) + (None,) * 4)[:4]
     preq.logbackend = backend
     return preq
 

@@ -220,7 +220,7 @@ cdef inline int own(side *x, int rank) noexcept:
     return x.counts[rank] if x.counts != NULL and 0 <= rank < x.nblocks else x.count
 
 
-cdef int msg_fields(long long *f, int op, _Msg m, int size, int rank) except -1:
+cdef int msg_fields(long long *f, int op, _Call m, int size, int rank) except -1:
     """The dtype, counts and totals of a parsed collective, into fingerprint `f`:
     what each process must agree on (F_COUNT, F_HASH), and for the gathers,
     scatters and all-to-alls, the elements it sends and receives, whose sums
@@ -290,10 +290,10 @@ cdef inline int int_or(object value, int other) noexcept:
     return value if type(value) is int and -2**31 <= value < 2**31 else other
 
 
-cdef int fill_fingerprint(long long *f, Comm comm, int op, int form, str backend,
-                          long long seq, object m, object a, object b, object c,
-                          object d) except -1:
-    """Fingerprint `f` of a call: `m` its parsed message (None if refused)."""
+cdef int fill_fingerprint(long long *f, Comm comm, _Call c, int form, str backend,
+                          long long seq) except -1:
+    """Fingerprint `f` of call `c` in `form` (its sides unless it was refused)."""
+    cdef int op = c.op
     cdef int size = comm.nprocs()
     cdef int i
     cdef side *x
@@ -302,26 +302,20 @@ cdef int fill_fingerprint(long long *f, Comm comm, int op, int form, str backend
     f[F_MAGIC], f[F_SEQ], f[F_OP], f[F_FORM] = FP_MAGIC, seq, op, form
     f[F_BACKEND], f[F_SIZE] = backend_id(backend), size
     f[F_ROOT] = f[F_DTYPE] = f[F_ROP] = f[F_COUNT] = f[F_HASH] = -1
-    if op == CALL_BCAST:
-        f[F_ROOT] = int_or(b, -1)
-    elif CALL_GATHER <= op <= CALL_SCATTERV:
-        f[F_ROOT] = int_or(c, -1)
-    elif op == CALL_REDUCE:
-        f[F_ROOT] = int_or(d, -1)
-    if op == CALL_REDUCE or op == CALL_ALLREDUCE or op == CALL_SCAN or op == CALL_EXSCAN \
-            or op == CALL_REDUCE_SCATTER_BLOCK:
-        f[F_ROP] = rop_id(SUM if c is None else c)
-    elif op == CALL_REDUCE_SCATTER:
-        f[F_ROP] = rop_id(SUM if d is None else d)
-    if type(m) is _Msg:
-        if op <= CALL_SENDRECV_REPLACE:      # point-to-point: what this process moves
-            x = &(<_Msg>m).s if op <= CALL_RSEND or op == CALL_SENDRECV else &(<_Msg>m).r
-            f[F_DTYPE], f[F_COUNT], f[F_EXTENT] = x.tindex, x.count, x.extent
-            f[F_ROOT] = int_or(b, -1)        # the peer
-        else:
-            msg_fields(f, op, <_Msg>m, size, comm.myrank())
-    elif m is not None:
-        f[F_DTYPE] = -2                      # Alltoallw: derived datatypes
+    if OP_TABLE[op].flags & OP_ROOTED:
+        f[F_ROOT] = int_or(c.root, -1)
+    if OP_TABLE[op].args[2] == A_OP or OP_TABLE[op].args[3] == A_OP:
+        f[F_ROP] = rop_id(SUM if c.redop is None else c.redop)
+    if not c.parsed:
+        return 0
+    if op == CALL_ALLTOALLW:
+        f[F_DTYPE] = -2                      # derived datatypes
+    elif OP_TABLE[op].flags & OP_P2P:             # what this process moves, and the peer
+        x = &c.r if op == CALL_RECV or op == CALL_SENDRECV_REPLACE else &c.s
+        f[F_DTYPE], f[F_COUNT], f[F_EXTENT] = x.tindex, x.count, x.extent
+        f[F_ROOT] = int_or(c.source if op == CALL_RECV else c.dest, -1)
+    else:
+        msg_fields(f, op, c, size, comm.myrank())
     return 0
 
 
@@ -411,31 +405,28 @@ cdef object mismatch(bytearray everyone, int size):
     return None
 
 
-cdef tuple check_collective(Comm comm, _Watch w, int op, int form, str backend,
-                            bint record, int recorded_form, object a, object b, object c,
-                            object d, object e, object f_, object g):
+cdef _Pend check_collective(Comm comm, _Watch w, _Call c, int form, str backend,
+                            bint record):
     """Checked mode: parse the call, agree with the other processes on its
-    fingerprint, and raise on every process if they differ or one refused its
-    arguments. The parsed message, and the call's record when `record`
-    (`recorded_form`: the form called): made before the agreement, so that a
-    call refused, mismatched or timed out there is recorded, as failed."""
+    fingerprint (as run in `form`), and raise on every process if they differ
+    or one refused its arguments. The call's record when `record`: made
+    before the agreement, so that a call refused, mismatched or timed out
+    there is recorded, as failed."""
     comm.prologue(None)                 # a null communicator: the same on every process
-    m = None
     err = None
     try:
-        m = comm.parse_run(op, VALIDATE, None, a, b, c, d, e, f_, g, MPI_INFO_NULL, NULL)
+        comm.parse(c)
     except _builtins.Exception as exc:  # (Python's: KeyboardInterrupt and the like propagate)
         err = exc
     cdef bytearray mine = bytearray(FP_BYTES)
     cdef char *mbuf = mine
     cdef long long *f = <long long*>mbuf
-    fill_fingerprint(f, comm, op, form, backend, w.seq, m, a, b, c, d)
+    fill_fingerprint(f, comm, c, form, backend, w.seq)
     if err is not None:
         text = f"{type(err).__name__}: {err}".encode("utf-8", "replace")[:FP_TEXT - 1]
         mine[FP_INTS * 8:FP_INTS * 8 + len(text)] = text
         f[F_ERROR] = len(text)
-    cdef _Pend p = new_pend(comm, w, op, recorded_form, backend, w.seq, m, a, b, c, d) \
-        if record else None
+    cdef _Pend p = new_pend(comm, w, c, c.form, backend, w.seq) if record else None
     try:
         agree_fingerprints(comm, w, mine, err)
     except BaseException:
@@ -444,7 +435,7 @@ cdef tuple check_collective(Comm comm, _Watch w, int op, int form, str backend,
         elif p is not None:
             pend_end(p, PEND_FAILED)
         raise
-    return m, p
+    return p
 
 
 cdef int check_comm_call(Comm comm, _Watch w, str call, int root) except -1:
@@ -650,18 +641,19 @@ cdef str tag_text(int tag):
     return "any" if tag == MPI_ANY_TAG else str(tag)
 
 
-cdef _Pend new_pend(Comm comm, _Watch w, int op, int form, str backend, long long seq,
-                    object m, object a, object b, object c, object d):
-    """The record of a call posted now (parsed as `m`; None: refused)."""
+cdef _Pend new_pend(Comm comm, _Watch w, _Call c, int form, str backend, long long seq):
+    """The record of call `c`, posted now in `form` (or refused: unparsed)."""
     cdef long long f[FP_INTS]
-    fill_fingerprint(f, comm, op, form, backend, seq, m, a, b, c, d)
+    cdef int op = c.op
+    fill_fingerprint(f, comm, c, form, backend, seq)
     cdef _Pend p = _Pend.__new__(_Pend)
     p.comm = comm_label(w, comm.ob_mpi)
     p.seq = seq if op >= CALL_BARRIER else None
     p.op, p.form, p.backend = op, form, backend
     p.peer = p.root = p.tag = -1
     if op <= CALL_SENDRECV_REPLACE:
-        p.peer, p.tag = int_or(b, -1), int_or(c, -1)
+        p.peer = int_or(c.source if op == CALL_RECV else c.dest, -1)
+        p.tag = int_or(c.tag, -1)
         where = "from" if op == CALL_RECV else "to"
         p.desc = f"{CALL_NAMES[op]} {TYPE_NAMES[f[F_DTYPE]] if f[F_DTYPE] >= 0 else ''}" \
                  f"[{f[F_COUNT]}] {where} {rank_text(p.peer)} tag {tag_text(p.tag)}"

@@ -78,38 +78,43 @@ cdef class _Total:
         self.wire += r.wire
 
 
-cdef _Rec log_post(Comm comm, int op, int form, str backend, object m, object why,
-                   object a, object b, object c, object d):
-    """The record of a call posted now, described from its parsed message `m`
-    and its arguments (the peer or root, the tag); `op` indexes SEEN_NAMES (a
-    neighborhood collective: described by nb_describe)."""
+cdef _Rec log_post(Comm comm, int op, int form, str backend, object m, object why):
+    """The record of a call posted now, described from the parsed call `m`
+    (its sides, and its peer or root and tag); `op` indexes SEEN_NAMES (a
+    neighborhood collective: described by nb_describe from its message `m`,
+    None for derived datatypes)."""
     cdef _Rec r = _Rec.__new__(_Rec)
     r.t0 = now_ns()
     r.op, r.form, r.backend, r.why = op, form, backend, why
     r.comm = <Py_ssize_t>comm.ob_mpi
     r.size = comm.nprocs()
     r.peer = r.tag = r.device = -1
-    if op <= CALL_RECV:
-        r.peer, r.tag = b, c
-    elif op <= CALL_SENDRECV_REPLACE:
-        r.peer, r.tag = b, c               # the destination and the send tag
-    elif op == CALL_BCAST:
-        r.peer = b
-    elif CALL_GATHER <= op <= CALL_SCATTERV:
-        r.peer = c
-    elif op == CALL_REDUCE:
-        r.peer = d
     if op >= CALL_COUNT:
         nb_describe(r, comm, op - CALL_COUNT, m)
-    elif type(m) is _Msg:
-        describe(r, op, <_Msg>m, r.size,
-                 r.peer >= 0 and op >= CALL_BCAST and comm.myrank() == r.peer)
     else:
-        r.dtype = "derived" if m is not None else ""
+        describe_call(r, comm, <_Call>m)
     r.wire = r.nbytes
     if r.device >= 0 and log_sink is not None:
         r.cuda = log_sink.cuda_post(r)
     return r
+
+
+cdef int describe_call(_Rec r, Comm comm, _Call c) except -1:
+    """Set the peer (or root) and tag of `r`, and what describe sets."""
+    cdef int op = c.op
+    if OP_TABLE[op].flags & OP_P2P:               # the peer (a Sendrecv's destination), the tag
+        r.peer = c.source if op == CALL_RECV else c.dest
+        r.tag = c.tag
+    elif OP_TABLE[op].flags & OP_ROOTED:
+        r.peer = c.root
+    if op == CALL_ALLTOALLW:
+        r.dtype = "derived"
+    elif op == CALL_BARRIER:
+        r.dtype = ""
+    else:
+        describe(r, op, c, r.size,
+                 r.peer >= 0 and op >= CALL_BCAST and comm.myrank() == r.peer)
+    return 0
 
 
 cdef inline long long total(side *x, int size) noexcept:
@@ -123,7 +128,7 @@ cdef inline long long total(side *x, int size) noexcept:
     return n
 
 
-cdef int describe(_Rec r, int op, _Msg m, int size, bint root) except -1:
+cdef int describe(_Rec r, int op, _Call m, int size, bint root) except -1:
     """Set the size, count, element type and device of `r` from `m`. The size
     is nccl-tests': the vector of a reduction or broadcast, the whole result
     of a gather, the whole input of a scatter, reduce-scatter or all-to-all;

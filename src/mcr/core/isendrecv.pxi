@@ -20,7 +20,7 @@ cdef class _MpiPart:
     progress.pxi); keeps its status once complete."""
     cdef MPI_Request req
     cdef MPI_Status st
-    cdef _Msg m              # for a receive: its message, to explain a truncation
+    cdef _Call m              # for a receive: its message, to explain a truncation
     cdef str arg             # and the argument naming its buffer
 
     def __cinit__(self):
@@ -58,7 +58,7 @@ cdef class _MpiPart:
         return (self.st.MPI_SOURCE, self.st.MPI_TAG, nbytes, <Py_ssize_t>self.m.r.dtype)
 
 
-cdef _Work isendrecv_parts(_Msg m, int dest, int sendtag, int source, int recvtag,
+cdef _Work isendrecv_parts(_Call m, int dest, int sendtag, int source, int recvtag,
                            MPI_Comm comm, bint replace):
     """Post the receive, then the send: of the send side, or for
     Isendrecv_replace of a packed copy of the buffer, made before the

@@ -24,7 +24,7 @@ cdef struct side:
 
 
 cdef enum:
-    SMALL_BLOCKS = 16       # vector messages of up to this many processes: arrays in _Msg
+    SMALL_BLOCKS = 16       # vector messages of up to this many processes: arrays in _Call
 
 
 @cython.freelist(16)
@@ -539,9 +539,27 @@ cdef int per_process(side *x, int size, const char *arg) except -1:
 
 
 @cython.freelist(16)
-@cython.no_gc          # holds only buffers and arrays; created on every call
-cdef class _Msg:
-    """The parsed send and receive sides of one call, and what keeps them alive."""
+@cython.no_gc          # holds the caller's arguments and buffers; created on every call
+cdef class _Call:
+    """One call of a buffer method, as one value: its operation (an index into
+    the descriptor table OP_TABLE, ops.pxi), form and backend, its arguments by
+    name, and once parsed, its send and receive sides and what keeps them
+    alive. A neighbourhood collective's message is one too (op CALL_COUNT +
+    its kind), with only the sides."""
+    cdef int op, form
+    cdef object backend      # as the caller named it (None: the communicator's default)
+    cdef object compress     # the call's compress argument (None: the default, False: none)
+    cdef object info         # a persistent collective's info, or None
+    # the arguments (those the operation has; the others None). `buf` is
+    # sendbuf in Send, recvbuf in Recv, Bcast and Sendrecv_replace; `tag` is
+    # Sendrecv's sendtag
+    cdef object sendbuf, recvbuf, dest, source, tag, recvtag, status, root, redop
+    cdef object recvcounts
+    cdef bint parsed         # the sides below are set (parse runs once per call)
+    cdef int idest, isource, itag, irecvtag, iroot
+    cdef MPI_Op mop
+    cdef int sblocks, rblocks    # blocks of each side's count the operation moves (staging)
+    cdef object w            # Alltoallw: its _MsgW (per-process datatypes), else None
     cdef side s, r
     cdef object sown, rown
     cdef int sroom[2 * SMALL_BLOCKS]    # counts and displacements of small vector messages
@@ -549,6 +567,45 @@ cdef class _Msg:
     cdef object staged       # device buffers staged through host memory (staging.pxi)
     cdef bint live           # staged and started: the result is still to copy back
     cdef object parts        # a composed Isendrecv's _Work, for its Request (isendrecv.pxi)
+
+    cdef object arg(self, int a):
+        """The argument `a` (A_SENDBUF, ...)."""
+        if a == A_SENDBUF:
+            return self.sendbuf
+        if a == A_RECVBUF:
+            return self.recvbuf
+        if a == A_DEST:
+            return self.dest
+        if a == A_SOURCE:
+            return self.source
+        if a == A_TAG:
+            return self.tag
+        if a == A_RECVTAG:
+            return self.recvtag
+        if a == A_STATUS:
+            return self.status
+        if a == A_ROOT:
+            return self.root
+        if a == A_OP:
+            return self.redop
+        return self.recvcounts
+
+    cdef tuple args(self):
+        """The arguments in the order of the blocking method's signature (for
+        the call hooks and mcr.compress)."""
+        cdef OpDesc *d = &OP_TABLE[self.op]
+        return tuple([self.arg(d.args[i]) for i in range(d.nargs)])
+
+    cdef _Call again(self, int form, object backend):
+        """A new call of the same operation and arguments (each start of an
+        emulated persistent request), unparsed."""
+        cdef _Call c = _Call.__new__(_Call)
+        c.op, c.form, c.backend, c.compress = self.op, form, backend, self.compress
+        c.sendbuf, c.recvbuf, c.dest, c.source = self.sendbuf, self.recvbuf, self.dest, self.source
+        c.tag, c.recvtag, c.root, c.redop = self.tag, self.recvtag, self.root, self.redop
+        c.recvcounts = self.recvcounts
+        c.status = None if form != BLOCKING else self.status
+        return c
 
     def side(self, int which):
         """Side 0 (send) or 1 (receive) for the Python backends: (kind, address,

@@ -86,7 +86,7 @@ cdef object nb_extended(Comm comm, int kind, int form, object sendbuf, object re
         plan = nb_plan(comm)
         m = None if kind == NB_ALLTOALLW else \
             nb_msg(kind, sendbuf, recvbuf, len(plan[1]), len(plan[2]))
-        r = log_post(comm, op, form, name, m, None, None, None, None, None)
+        r = log_post(comm, op, form, name, m, None)
     result = nb_run(comm, kind, form, sendbuf, recvbuf, backend, info)
     if r is not None:
         if form == BLOCKING:
@@ -104,7 +104,6 @@ cdef Prequest nb_persistent(Prequest preq, int kind, str backend, object m):
     to the logger, which records each Start (described from `m`, the parsed
     message: kept as the buffers')."""
     preq.logop = CALL_COUNT + kind + 1
-    preq.logargs = (None, None, None, None)
     preq.logbackend = backend
     if m is not None:
         preq.keep = m
@@ -116,10 +115,10 @@ cdef int nb_describe(_Rec r, Comm comm, int kind, object m) except -1:
     neighborhood collective from its parsed message `m` (None: alltoallw, of
     derived datatypes): the whole result of an allgather(v), the whole input
     of an alltoall(v), as for the collectives (describe)."""
-    if type(m) is not _Msg:
+    if type(m) is not _Call:
         r.dtype = "derived"
         return 0
-    cdef _Msg msg = <_Msg>m
+    cdef _Call msg = <_Call>m
     cdef tuple plan = nb_plan(comm)
     cdef side *x = &msg.r if kind <= NB_ALLGATHERV else &msg.s
     cdef int degree = len(plan[1]) if kind <= NB_ALLGATHERV else len(plan[2])
@@ -166,7 +165,7 @@ cdef object nb_run(Comm comm, int kind, int form, object sendbuf, object recvbuf
         return result
     fn = NB_MPI4PY[form][kind]
     cdef tuple plan
-    cdef _Msg m = None
+    cdef _Call m = None
     if kind != NB_ALLTOALLW:
         # mcr's checks first, as on the other backends (mpi4py would leave
         # some to MPI), and mcr's [buf, counts, displs] in mpi4py's form
@@ -320,7 +319,7 @@ cdef object nb_composed(Comm comm, int kind, int form, object sub, object sendbu
     # the steps of the request in a non-blocking one: it must not wait at the
     # call; a persistent one's at each Start)
     cdef tuple plan = nb_agreed(comm) if form == BLOCKING else nb_plan(comm)
-    cdef _Msg m = nb_msg(kind, sendbuf, recvbuf, len(plan[1]), len(plan[2]))
+    cdef _Call m = nb_msg(kind, sendbuf, recvbuf, len(plan[1]), len(plan[2]))
     cdef str name = "mpi" if sub is MPI_SUB else sub.name
     if (m.sown is not None and m.s.tindex < 0) or (m.rown is not None and m.r.tindex < 0):
         if sub is MPI_SUB:                 # a derived datatype: MPI's own order
@@ -365,11 +364,10 @@ cdef class _Done:
 cdef object nb_alltoallv(Comm comm, object sub, int form, str name, object sendspec,
                          object recvspec):
     """One round: an Alltoallv of bytes on `sub`'s backend (MPI_SUB: MPI)."""
+    cdef _Call c = coll_call(CALL_ALLTOALLV, form, name, None, None, sendspec, recvspec)
     if sub is MPI_SUB:
-        return comm.on_mpi(CALL_ALLTOALLV, form, "mpi", None, sendspec, recvspec,
-                           None, None, None, None, None, 0)
-    return comm.on_backend(sub, CALL_ALLTOALLV, form, name, sendspec, recvspec,
-                           None, None, None, None, None)
+        return comm.on_mpi(c, False)
+    return comm.on_backend(sub, c, name)
 
 
 cdef object _backend_side_class = None
@@ -384,11 +382,12 @@ cdef object _backend_side(tuple described):
     return _backend_side_class(described)
 
 
-cdef _Msg nb_msg(int kind, object sendbuf, object recvbuf, int indegree, int outdegree):
+cdef _Call nb_msg(int kind, object sendbuf, object recvbuf, int indegree, int outdegree):
     """Both sides parsed as mpi4py does (its message forms), a block per
     neighbour; the receive blocks must not overlap, and both sides must have
     the same element type."""
-    cdef _Msg m = _Msg.__new__(_Msg)
+    cdef _Call m = _Call.__new__(_Call)
+    m.op = CALL_COUNT + kind
     if kind == NB_ALLTOALLV:
         m.sown = parse_vector(sendbuf, &m.s, False, outdegree, b"sendbuf", m.sroom)
     else:
@@ -552,7 +551,7 @@ cdef object nb_truncation(object longer):
 
 
 cdef object nb_staged(Comm comm, object sub, str name, object sbytes, object rbytes,
-                      tuple plan, int kind, _Msg m, list rounds):
+                      tuple plan, int kind, _Call m, list rounds):
     """A composed non-blocking call as a staged operation (mcr.stages), on
     the private communicators of `comm` for its backend: posted in call
     order on every process, whatever order they test it in, and driven by
@@ -573,7 +572,7 @@ cdef object nb_staged(Comm comm, object sub, str name, object sbytes, object rby
 
 
 def _nb_pipeline(int size, bint on_mpi, str name, sbytes, rbytes, tuple plan, int kind,
-                 _Msg m, list rounds):
+                 _Call m, list rounds):
     """The stages of nb_staged (a pipeline of mcr.stages): each yields the
     post of its exchange on a private communicator."""
     import numpy
@@ -631,7 +630,7 @@ cdef class _Nothing:
 cdef _Nothing _NOTHING = _Nothing()
 
 
-cdef list nb_rounds(tuple plan, int kind, _Msg m):
+cdef list nb_rounds(tuple plan, int kind, _Call m):
     """Per round, the byte counts and displacements of an Alltoallv: (send
     counts, send displs, receive counts, receive displs)."""
     size, sources, dests, sround, rround, nrounds = plan[:6]

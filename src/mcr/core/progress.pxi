@@ -172,7 +172,7 @@ cdef int lost_error(str backend, object exc) except -1:
     return 0
 
 
-cdef inline int finish_call(_Msg m, int mode) except -1:
+cdef inline int finish_call(_Call m, int mode) except -1:
     """After an operation was called: a blocking one copies its staged result
     back; and the works of freed requests get a turn."""
     if mode == BLOCKING and m.staged is not None:

@@ -19,13 +19,13 @@ def _set_host_staging(bint on):
     return previous
 
 
-cdef inline bint on_device(_Msg m) noexcept:
+cdef inline bint on_device(_Call m) noexcept:
     # a side the call does not use (the receive side of a Send) is all zeros,
     # device 0 included: only a side with an address is on a device
     return (m.s.device >= 0 and m.s.addr != NULL) or (m.r.device >= 0 and m.r.addr != NULL)
 
 
-cdef inline bint needs_staging(_Msg m) noexcept:
+cdef inline bint needs_staging(_Call m) noexcept:
     return on_device(m) or stage_host
 
 
@@ -53,12 +53,10 @@ cdef list message_ranges(side *x, int blocks):
     return [(0, x.count * blocks * e)] if x.count else []
 
 
-cdef int stage(_Msg m, int mode, int sblocks, int rblocks) except -1:
-    """Prepare the buffers of `m` for MPI (nothing to do when only
-    validating); `sblocks`/`rblocks`: how many blocks of the side's count the
-    operation moves (the number of processes for block collectives)."""
-    if mode == VALIDATE:
-        return 0
+cdef int stage(_Call m, int sblocks, int rblocks) except -1:
+    """Prepare the buffers of `m` for MPI; `sblocks`/`rblocks`: how many
+    blocks of the side's count the operation moves (the number of processes
+    for block collectives)."""
     dev = device_module()
     m.staged = []
     cdef side *x
@@ -85,7 +83,7 @@ cdef int stage(_Msg m, int mode, int sblocks, int rblocks) except -1:
     return 0
 
 
-cdef int restage(_Msg m) except -1:
+cdef int restage(_Call m) except -1:
     """Before the operation starts (each start of a persistent request):
     MPI reads what the caller's stream has written, through the host copy."""
     for which, region, host, interface, ranges in m.staged:
@@ -98,7 +96,7 @@ cdef int restage(_Msg m) except -1:
     return 0
 
 
-cdef int unstage(_Msg m) except -1:
+cdef int unstage(_Call m) except -1:
     """After completion: copy the receive side's message back, once."""
     if not m.live:
         return 0
@@ -114,8 +112,8 @@ cdef inline int release_buffers(_MPI.Request req) except -1:
     """A request completed: copy staged results back, and let non-persistent
     requests drop their buffers."""
     buf = req.ob_buf
-    if buf is not None and type(buf) is _Msg and (<_Msg>buf).staged is not None:
-        unstage(<_Msg>buf)
+    if buf is not None and type(buf) is _Call and (<_Call>buf).staged is not None:
+        unstage(<_Call>buf)
     if req.ob_mpi == MPI_REQUEST_NULL:
         req.ob_buf = None
     return 0
