@@ -104,6 +104,56 @@ def free_is_idempotent_and_freed_comms_raise(comm):
     assert_comm_works(comm)
 
 
+@case.matrix(backend=("mpi", "gloo"))
+def free_with_pending_operations_completes_them(comm, backend):
+    # MPI: pending operations complete normally after MPI_Comm_free. Open MPI
+    # freed pending collectives' schedules with the communicator (a segfault
+    # at 3 and 4 ranks); pending point-to-point holds the communicator itself
+    size, rank = comm.size, comm.rank
+    dup = comm.Dup()
+    x = torch.arange(4, dtype=torch.float64) + rank
+    total = torch.zeros(4, dtype=torch.float64)
+    sent = torch.arange(5, dtype=torch.float32) if rank == 0 else torch.zeros(5)
+    gathered = torch.zeros(size, dtype=torch.int64)
+    requests = [dup.Iallreduce(x, total, backend=backend),
+                dup.Ibcast(sent, root=0, backend=backend),
+                dup.Iallgather(torch.tensor([rank * 10]), gathered, backend=backend),
+                dup.Ibarrier(backend=backend)]
+    dup.Free()
+    assert repr(dup) == "<mcr.Comm null>"
+    with raises(ValueError, "comm:", "null"):
+        dup.Iallreduce(x, total)
+    mcr.Request.Waitall(requests)
+    assert torch.equal(total, sum(torch.arange(4, dtype=torch.float64) + r for r in range(size)))
+    assert sent.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert gathered.tolist() == [r * 10 for r in range(size)]
+    dup = comm.Dup()
+    got = torch.zeros(3, dtype=torch.int32)
+    requests = [dup.Irecv(got, (rank - 1) % size, tag=7, backend=backend),
+                dup.Isend(torch.full((3,), rank, dtype=torch.int32), (rank + 1) % size, tag=7,
+                          backend=backend)]
+    dup.Free()
+    requests[0].Wait()
+    requests[1].Wait()
+    assert got.tolist() == [(rank - 1) % size] * 3
+    assert_comm_works(comm)
+
+
+@case
+def free_with_a_fusion_posts_its_buckets_first(comm):
+    dup = comm.Dup()
+    f = mcr.Fusion(dup, bucket_bytes=1 << 20)
+    xs = [torch.full((3,), float(comm.rank + i)) for i in range(4)]
+    ys = [torch.zeros(3) for _ in xs]
+    requests = [f.Iallreduce(x, y) for x, y in zip(xs, ys)]   # one open bucket
+    dup.Free()
+    mcr.Request.Waitall(requests)
+    for i, y in enumerate(ys):
+        assert y.tolist() == [float(sum(range(comm.size)) + i * comm.size)] * 3
+    f.close()
+    assert_comm_works(comm)
+
+
 class MyComm(mcr.Comm):
     """A user's subclass."""
 

@@ -119,8 +119,11 @@ cdef class Comm(_MPI.Intracomm):
     cdef _Watch watch              # checked mode, timeout, records (checkimpl.pxi), or None
     cdef object meeting            # a constructor's barrier that timed out (meet), or None
     cdef object nbplan             # a topology's neighbourhood rounds (neighbor.pxi), or None
+    cdef Py_ssize_t pending        # requests posted here not yet seen to complete (settle)
+    cdef MPI_Comm deferred         # freed by Free while some were pending: freed at the last
 
     def __cinit__(self, *args, **kwargs):
+        self.deferred = MPI_COMM_NULL
         self.dflt = ENV_BACKEND
         if ENV_CHECK or ENV_TIMEOUT > 0:
             self.set_watch(ENV_CHECK, ENV_TIMEOUT)
@@ -668,6 +671,8 @@ cdef class Comm(_MPI.Intracomm):
         req = Request.__new__(Request)
         self.post_mpi(c, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
         req.ob_buf = c
+        req.owner = self
+        self.pending += 1
         if OP_TABLE[c.op].flags & OP_RECEIVES:
             req.rtype = c.r.dtype
             if c.parts is not None:
@@ -831,6 +836,9 @@ cdef class Comm(_MPI.Intracomm):
             return preq
         req = OP_TABLE[c.op].post_sub(sub, c)
         if c.form == NONBLOCKING:
+            if isinstance(req, Request) and (<Request>req).owner is None:
+                (<Request>req).owner = self
+                self.pending += 1
             return req
         req.Wait(c.status)
         return None
@@ -1473,6 +1481,12 @@ cdef class Comm(_MPI.Intracomm):
         that share the handle (``comm.to_mpi4py()``, ``mcr.Comm(comm)``) must
         not be used after it either.
 
+        Operations still pending complete normally, as MPI says: their
+        requests may be waited for or tested afterwards, and MPI frees the
+        communicator when the last of them completes. A Fusion's open
+        buckets on it are posted first. (Operations posted through another
+        object sharing the handle are not counted.)
+
         Raises
         ------
         mcr.Exception
@@ -1492,6 +1506,8 @@ cdef class Comm(_MPI.Intracomm):
             # MPI_Comm_free would report it through the communicator's error
             # handler, which may be ERRORS_ARE_FATAL: raise MPI's error here
             raise Exception(MPI_ERR_COMM)
+        if staged_on:
+            before_collective(self)     # a Fusion's open buckets are posted first
         p = self.meet("Free")
         if _backends is not None:
             try:
@@ -1505,9 +1521,15 @@ cdef class Comm(_MPI.Intracomm):
                 raise
         if self.watch is not None:
             self.watch.free_priv()
-        cdef int ierr
-        with nogil:
-            ierr = MPI_Comm_free(&self.ob_mpi)
+        cdef int ierr = MPI_SUCCESS
+        if self.pending > 0:
+            # MPI: pending operations complete normally. Open MPI would free
+            # a pending collective's schedule with the communicator, so MPI
+            # frees it when the last of them completes (settle, Request.pyx)
+            self.deferred, self.ob_mpi = self.ob_mpi, MPI_COMM_NULL
+        else:
+            with nogil:
+                ierr = MPI_Comm_free(&self.ob_mpi)
         if p is not None:
             pend_end(<_Pend>p, PEND_DONE if ierr == MPI_SUCCESS else PEND_FAILED)
         CHKERR(ierr)

@@ -23,6 +23,7 @@ cdef class Request(_MPI.Request):
     cdef object pend             # the call's record for timeouts and the recorder, or None
     cdef bint shared             # another object holds the same handle: a copy, Request(other)
     cdef bint made               # __cinit__ ran (not when mpi4py's refused the arguments)
+    cdef object owner            # the Comm it was posted on, until it completes (Comm.Free)
 
     def __cinit__(self, request=None):
         # (mpi4py's signature; no **kwargs: a dict per request costs 20 ns)
@@ -46,11 +47,7 @@ cdef class Request(_MPI.Request):
         # a completed persistent request stays allocated (inactive), and keeps
         # its buffers; a completed non-blocking one lets them go
         status_type(status, self.rtype)
-        release_buffers(self)
-        if self.rec is not None:
-            log_done(self)
-        if self.pend is not None:
-            pend_end(<_Pend>self.pend, PEND_DONE)
+        finished(self)
         return 0
 
     def Wait(self, status=None):
@@ -739,11 +736,7 @@ cdef class _Handles:
                 if completed is None else i in completed
             req.ob_mpi = self.handles[i]
             if done:
-                release_buffers(req)
-                if isinstance(req, Request) and (<Request>req).rec is not None:
-                    log_done(<Request>req)
-                if isinstance(req, Request) and (<Request>req).pend is not None:
-                    pend_end(<_Pend>(<Request>req).pend, PEND_DONE)
+                finished(req)
         return 0
 
     cdef int fill_status(self, object status, int index, int k) except -1:
@@ -945,13 +938,41 @@ cdef inline _Work work_of(object req):
 
 
 cdef int completed(Request req) except -1:
-    """The caller has been told `req` completed: it becomes inactive."""
+    """The caller has been told `req`, of backend works, completed: it
+    becomes inactive."""
     req.ext = None
     req.ob_buf = None
-    if req.rec is not None:
-        log_done(req)
-    if req.pend is not None:
-        pend_end(<_Pend>req.pend, PEND_DONE)
+    finished(req)
+    return 0
+
+
+cdef int finished(_MPI.Request req) except -1:
+    """The one place a request's completion is seen (Wait, Test and the
+    class methods alike): a staged result is copied back, the buffers of a
+    non-persistent request let go, and the logger's record, the call's
+    record (timeouts, flight recorder) and the communicator's count of
+    pending operations told."""
+    release_buffers(req)
+    if not isinstance(req, Request):
+        return 0
+    cdef Request r = <Request>req
+    if r.rec is not None:
+        log_done(r)
+    if r.pend is not None:
+        pend_end(<_Pend>r.pend, PEND_DONE)
+    if r.owner is not None:
+        settle(r)
+    return 0
+
+
+cdef int settle(Request req) except -1:
+    """The operation of `req` is over: its communicator has one pending
+    operation less, and is freed now if Free was waiting for that."""
+    cdef Comm comm = <Comm>req.owner
+    req.owner = None
+    comm.pending -= 1
+    if comm.pending == 0 and comm.deferred != MPI_COMM_NULL:
+        MPI_Comm_free(&comm.deferred)
     return 0
 
 
@@ -965,6 +986,7 @@ cdef int detach_mpi(Request req) except -1:
     keeper.ob_mpi, req.ob_mpi = req.ob_mpi, MPI_REQUEST_NULL
     keeper.ob_buf, req.ob_buf = req.ob_buf, None
     keeper.pend, req.pend = req.pend, None   # (Free ended it: no longer waited for)
+    keeper.owner, req.owner = req.owner, None
     cdef _Work w = _Work.__new__(_Work)
     w.backend = "mpi"
     w.works = [_Tested(keeper)]
@@ -1273,6 +1295,9 @@ cdef class Prequest(Request):
             if ierr != MPI_SUCCESS:
                 self.rec = None
                 start_failed(ierr, index)
+            if self.owner is None and self.comm is not None:
+                self.owner = self.comm
+                (<Comm>self.comm).pending += 1
             return 0
         if self.ob_mpi != MPI_REQUEST_NULL or self.ext is not None:
             raise still_active(index)
@@ -1283,6 +1308,8 @@ cdef class Prequest(Request):
         self.ext, inner.ext = inner.ext, None
         self.rtype = inner.rtype
         self.rec, inner.rec = inner.rec, None
+        if self.owner is None:
+            self.owner, inner.owner = inner.owner, None
         if self.rec is not None:          # the start was logged as its I- form
             (<_Rec>self.rec).form = PERSISTENT
         elif log_on and self.logop:       # one the start function runs (mcr.compress)
