@@ -349,6 +349,18 @@ def every_operation_exact(comm, backend, form):
 
 
 @case
+def a_plugin_backend_compresses(comm):
+    # compression takes any registered backend: the entry-point plug-in here
+    found = Findings()
+    for v in VARIANTS:
+        if v.codec == "fp16" and v.method in ("Allreduce", "Allgather", "Bcast"):
+            for form in compress.FORMS:
+                run(comm, found, f"{v.method} fp16 on {v.dtype} n={v.n}", v.method, form,
+                    variant_maker(comm, v), "fp16", "tiny")
+    found.report()
+
+
+@case
 def zfp_within_bound(comm):
     if not HAVE_ZFP:
         return

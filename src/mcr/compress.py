@@ -86,6 +86,7 @@ import torch
 from mpi4py import MPI
 
 from mcr import _core, stages
+from mcr import backends as _backends
 from mcr.backends import compose
 from mcr.backends.message import Side
 from mcr.stages import Pipeline as _Pipeline
@@ -103,7 +104,6 @@ SUPPORTED_OPS: tuple[str, ...] = ("Allreduce", "Reduce", "Reduce_scatter_block",
 _OP_ARG = {"Allreduce": 2, "Reduce": 2, "Reduce_scatter_block": 2, "Reduce_scatter": 3}
 FORMS: tuple[str, ...] = ("blocking", "nonblocking", "persistent")
 REDUCTIONS: tuple[str, ...] = ("SUM", "MAX", "MIN")
-BACKENDS: tuple[str, ...] = ("mpi", "gloo", "nccl")
 _FLOATS = {"float32": torch.float32, "float64": torch.float64}
 _BYTE = torch.uint8
 _SIZE = torch.int64            # the element type of exchanged payload sizes
@@ -468,9 +468,9 @@ def run(comm: Any, op: str, form: str, msg: Any, args: Sequence[Any], codec_spec
                          f"got {op!r}")
     if form not in FORMS:
         raise ValueError(f"compress: form: expected one of {', '.join(FORMS)}, got {form!r}")
-    if backend not in BACKENDS:
-        raise ValueError(f"compress: backend: expected one of {', '.join(BACKENDS)}, got "
-                         f"{backend!r}")
+    if backend not in _backends.names():        # the built-in ones and the plug-ins
+        raise ValueError(f"compress: backend: expected one of {', '.join(_backends.names())}, "
+                         f"got {backend!r}")
     c = codec(codec_spec)
     check(op, msg, args)
     s, r = _sides(op, msg)
