@@ -5,8 +5,9 @@ Every buffer method of ``mcr.Comm`` (point-to-point, collectives, their
 runs the installed hooks before the operation communicates. So do the
 neighborhood collectives of topologies (``Neighbor_alltoall``, ...), whose
 ``args`` are ``(sendbuf, recvbuf)``. Logging, debug
-checks and timeouts are built on them. With no hook installed the call path
-pays one flag test.
+checks and timeouts are built the same way, as interceptors
+(:mod:`mcr.interceptors`; the hooks are one). With nothing installed the call
+path pays one pointer test.
 
 A hook is called with an ``mcr.hooks.Call`` (``comm``, ``op``, ``form``,
 ``backend``, ``args``). It may return a callable, which is called with the

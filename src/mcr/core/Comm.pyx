@@ -121,6 +121,9 @@ cdef class Comm(_MPI.Intracomm):
     cdef object nbplan             # a topology's neighbourhood rounds (neighbor.pxi), or None
     cdef Py_ssize_t pending        # requests posted here not yet seen to complete (settle)
     cdef MPI_Comm deferred         # freed by Free while some were pending: freed at the last
+    cdef unsigned long epoch       # the chain_epoch its chains were built at (chain.pxi)
+    cdef tuple chain               # the interceptors its calls run through; None: none
+    cdef tuple zchain              # ... and compression, for a call that passes compress
 
     def __cinit__(self, *args, **kwargs):
         self.deferred = MPI_COMM_NULL
@@ -129,13 +132,9 @@ cdef class Comm(_MPI.Intracomm):
             self.set_watch(ENV_CHECK, ENV_TIMEOUT)
 
     def __dealloc__(self):
-        global compress_defaults, watched_comms
-        if self.compress_dflt is not None:
-            compress_defaults -= 1
-            update_ext_on()
+        global watched_comms
         if self.watch is not None:
             watched_comms -= 1
-            update_ext_on()
 
     @property
     def backend(self):
@@ -175,10 +174,8 @@ cdef class Comm(_MPI.Intracomm):
         self.set_compress(None if value is False else value)
 
     cdef int set_compress(self, object value) except -1:
-        global compress_defaults
-        compress_defaults += (value is not None) - (self.compress_dflt is not None)
         self.compress_dflt = value
-        update_ext_on()
+        self.epoch = 0                # its chain: with compression or without
         return 0
 
     @property
@@ -218,9 +215,9 @@ cdef class Comm(_MPI.Intracomm):
         if self.watch is None:
             self.watch = _Watch.__new__(_Watch)
             watched_comms += 1
-            update_ext_on()
         self.watch.checked = checked
         self.watch.timeout = timeout
+        self.epoch = 0                # its chain: watched or not
         return 0
 
     cdef _Watch recorded_watch(self):
@@ -479,20 +476,25 @@ cdef class Comm(_MPI.Intracomm):
     # -- The one call path ---------------------------------------------------------
     #
     # Every buffer method is one line: self.call(the _Call of its operation,
-    # form, backend and arguments). `call` chooses the backend, runs the
-    # extensions (one flag test when none is on), parses the message once (its
-    # descriptor's parse, ops.pxi), then posts it on MPI or on the backend's
-    # Subcomm, and returns None, a Request or a Prequest.
+    # form, backend and arguments). `call` chooses the backend, runs the call
+    # through the communicator's interceptors (chain.pxi; none: one pointer
+    # test), parses it once (its descriptor's parse, ops.pxi), then posts it
+    # on MPI or on the backend's Subcomm, and returns None, a Request or a
+    # Prequest.
 
     cdef object call(self, _Call c):
         cdef object sub = self.sub(c.backend)
-        if not ext_on and c.compress is None:
+        if self.epoch != chain_epoch:
+            self.rebuild_chain()
+        if self.chain is None and c.compress is None:
             if sub is None:
                 return self.on_mpi(c, False)
             if sub is AUTO_SUB:
                 return self.on_auto(c)
             return self.on_backend(sub, c, c.backend)
-        return self.hooked(sub, c)
+        c.sub = sub
+        c.chain = self.chain if c.compress is None else self.zchain
+        return proceed(self, c, 0)
 
     cdef int parse(self, _Call c) except -1:
         """Check and parse the call's arguments, once."""
@@ -501,154 +503,23 @@ cdef class Comm(_MPI.Intracomm):
             c.parsed = True
         return 0
 
-    cdef object hooked(self, object sub, _Call c):
-        """`call` with an extension on: the call hooks see the call, with the
-        backend it runs on (for auto, the one chosen), before it runs, and its
-        result; compression (the call's, else the communicator's default) and
-        the logger (commlog.pxi) apply."""
-        if staged_on and not OP_TABLE[c.op].flags & OP_P2P:
-            before_collective(self)     # (a Fusion's open buckets on this communicator)
-        why = None
-        if sub is AUTO_SUB:
-            backend = self.auto_name(c)
-            sub = None if backend == "mpi" else backends_module().subcomm(self, backend)
-            if log_on and not always_mpi(c.op):
-                why = self.chooser.why()       # the logger's "why"
-        name = "mpi" if sub is None else sub.name
-        after = run_call_hooks(self, c.op, c.form, name, c.args()) if call_hooks else ()
-        compress = self.compress_dflt if c.compress is None else c.compress
-        cdef _Watch w = self.watch
-        if w is None and recorder_on and not self.unlogged:
-            w = self.recorded_watch()
-        # a blocking call into MPI drives the staged operations meanwhile
-        with staged_window(c.form == BLOCKING and sub is None):
-            if w is None or self.unlogged:
-                result = self.extended(sub, c, name, why, compress)
-            else:
-                result = self.watched(w, sub, c, name, why, compress)
-        for then in after:
-            then(result)
-        return result
+    cdef int rebuild_chain(self) except -1:
+        """The interceptors its calls run through, as the settings are now."""
+        self.chain = build_chain(self, None)
+        self.zchain = build_chain(self, COMPRESSION)
+        self.epoch = chain_epoch
+        return 0
 
-    cdef object extended(self, object sub, _Call c, str name, object why, object compress):
-        """Run a call with compression or the logger, as they apply."""
-        if compress is not None and compress is not False and \
-                OP_TABLE[c.op].flags & OP_COMPRESSIBLE:
-            return self.compressed(sub, c, name, why, compress)
-        if log_on and not self.unlogged:
-            return self.logged(sub, c, name, why)
-        if sub is None:
+    cdef object post_call(self, _Call c):
+        """The end of the chain: post the call on its backend."""
+        if c.op >= CALL_COUNT:
+            return nb_run(self, c.op - CALL_COUNT, c.form, c.sendbuf, c.recvbuf, c.backend,
+                          c.info)
+        if c.sub is None:
             return self.on_mpi(c, False)
-        return self.on_backend(sub, c, c.backend)
-
-    cdef object watched(self, _Watch w, object sub, _Call c, str name, object why,
-                        object compress):
-        """Run a call under checked mode, a timeout or the flight recorder
-        (checkimpl.pxi): a collective first agrees on its fingerprint when
-        checked; the call gets a record when timed or recorded; a blocking call
-        with a timeout runs as its non-blocking form and a timed wait."""
-        cdef _Pend p = None
-        cdef Request req
-        cdef long long seq = 0
-        cdef bint collective = not OP_TABLE[c.op].flags & OP_P2P
-        cdef int form = c.form
-        if collective:
-            w.seq += 1
-            seq = w.seq
-        cdef bint timed = w.timeout > 0 and form == BLOCKING
-        cdef bint record = w.timeout > 0 or recorder_on
-        if collective and w.checked:
-            # (the form it runs in: MPI matches blocking collectives only with blocking ones)
-            p = check_collective(self, w, c, NONBLOCKING if timed else form, name, record)
-        elif record:
-            try:
-                self.parse(c)
-            except _builtins.Exception as exc:
-                # a refused collective is recorded: it has taken its number
-                if collective and self.ob_mpi != MPI_COMM_NULL:
-                    pend_refused(new_pend(self, w, c, form, name, seq), exc)
-                raise
-            p = new_pend(self, w, c, form, name, seq)
-        status = c.status
-        if timed:
-            c.form, c.status = NONBLOCKING, None
-        try:
-            result = self.extended(sub, c, name, why, compress)
-        except BaseException:
-            if p is not None:
-                pend_end(p, PEND_FAILED)
-            raise
-        if form == BLOCKING and not timed:
-            if p is not None:
-                pend_end(p, PEND_DONE)
-            return result
-        req = <Request>result
-        req.timeout = w.timeout
-        req.pend = p
-        if form == PERSISTENT and p is not None:
-            pend_end(p, PEND_DONE)        # pending again at each Start
-        if timed:
-            try:
-                req.Wait(status)
-            except _errors.TimeoutError as exc:
-                exc.request = req             # to wait for it again, or to free it
-                raise
-            return None
-        return result
-
-    cdef object logged(self, object sub, _Call c, str name, object why):
-        """Run the call as `hooked` does, with a logger record: made now for
-        a blocking call, handed to the Request of a non-blocking one; a
-        persistent request makes one at each Start."""
-        cdef long long t0 = now_ns()
-        cdef _Rec r
-        if sub is None:
-            result = self.on_mpi(c, False)
-        else:
-            result = self.on_backend(sub, c, c.backend)
-        if c.form == PERSISTENT:
-            return result
-        r = log_post(self, c.op, c.form, name, c, why)
-        r.t0 = t0
-        if c.form == BLOCKING:
-            r.t1 = now_ns()
-            log_finish(r)
-        else:
-            (<Request>result).rec = r
-        return result
-
-    cdef object compressed(self, object sub, _Call c, str name, object why, object spec):
-        """Run a call that can be compressed through mcr.compress: parsed and
-        checked here, exchanged compressed on `name`'s backend. A call that
-        compression does not serve (its element type, its reduction) runs as
-        it is when the compression is the communicator's default, and raises
-        when the call asked for it."""
-        compress = compress_module()
-        codec = compress.codec(spec)
-        cdef long long t0 = now_ns()
-        self.parse(c)
-        args = c.args()
-        if c.compress is not None:
-            compress.check(CALL_NAMES[c.op], c, args)
-        elif not compress.usable(CALL_NAMES[c.op], c, args):
-            if log_on and not self.unlogged:
-                return self.logged(sub, c, name, why)
-            if sub is None:
-                return self.on_mpi(c, False)
-            return self.on_backend(sub, c, c.backend)
-        cdef _Rec r = None
-        if log_on and not self.unlogged and c.form != PERSISTENT:
-            r = log_post(self, c.op, c.form, name, c, why)
-            r.t0 = t0
-        result = compress.run(self, CALL_NAMES[c.op], FORM_NAMES[c.form], c, args, codec, name,
-                              None if r is None else r.set_wire)
-        if r is not None:
-            if c.form == BLOCKING:
-                r.t1 = now_ns()
-                log_finish(r)
-            else:
-                (<Request>result).rec = r
-        return result
+        if c.sub is AUTO_SUB:
+            return self.on_auto(c)
+        return self.on_backend(c.sub, c, c.backend)
 
     def _again(self, c, backend):
         """Post the call `c` again, non-blocking, on `backend`: what an

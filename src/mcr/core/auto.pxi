@@ -154,3 +154,32 @@ cdef long long auto_key(int op, _Call m, MPI_Comm comm) noexcept:
         x = &m.s                      # the root's own block stays in place
     n = <long long>x.count * x.extent
     return n * size if op == CALL_REDUCE_SCATTER_BLOCK else n
+
+
+@cython.final
+cdef class _AutoChoice(Interceptor):
+    """backend="auto" chooses before the rest of the chain: the hooks, the
+    checker, the recorder and the logger see the backend the call runs on
+    (and the logger why). In every chain some other interceptor is in."""
+
+    def __cinit__(self, *args):
+        self.companion = True
+
+    cdef bint applies_to(self, Comm comm) except -1:
+        return True
+
+    cdef object run_call(self, Comm comm, _Call c, Py_ssize_t i):
+        cdef str backend
+        if c.sub is AUTO_SUB:
+            if c.op >= CALL_COUNT:
+                c.sub = None                  # neighbourhood collectives: MPI
+            else:
+                backend = comm.auto_name(c)
+                c.sub = None if backend == "mpi" else backends_module().subcomm(comm, backend)
+                if not always_mpi(c.op):
+                    c.why = comm.chooser.why()
+        c.name = "mpi" if c.sub is None else c.sub.name
+        return proceed(comm, c, i + 1)
+
+
+_register(_AutoChoice(20, "auto"))

@@ -32,6 +32,7 @@ cdef enum:
     CALL_REDUCE_SCATTER_BLOCK
     CALL_REDUCE_SCATTER
     CALL_COUNT                # (the number of operations)
+    SEEN_COUNT = CALL_COUNT + 5   # and the neighbourhood collectives (neighbor.pxi)
 
 # The descriptor of each operation (OP_TABLE[op], filled in ops.pxi): its
 # arguments by name (A_*, in the blocking method's order), what it is
@@ -57,6 +58,7 @@ cdef enum:                    # what an operation is
     OP_NO_PERSISTENT = 8      # no _init form (Sendrecv, Sendrecv_replace)
     OP_MPI_ONLY = 16          # only MPI runs it (Alltoallw: a datatype per process)
     OP_ROOTED = 32            # has a root
+    OP_NEIGHBOR = 64          # a neighbourhood collective (run by neighbor.pxi)
 
 ctypedef int (*parse_fn)(Comm, _Call) except -1
 ctypedef int (*mpi_fn)(Comm, _Call, int, MPI_Info, MPI_Request*) except -1
@@ -71,7 +73,7 @@ cdef struct OpDesc:
     mpi_fn post_mpi           # call MPI in a form (the request, when not blocking)
     sub_fn post_sub           # call a backend's Subcomm method: its Request
 
-cdef OpDesc OP_TABLE[CALL_COUNT]
+cdef OpDesc OP_TABLE[SEEN_COUNT]
 
 cdef tuple CALL_NAMES = (
     "Send", "Bsend", "Ssend", "Rsend", "Recv", "Sendrecv", "Sendrecv_replace",
@@ -103,36 +105,11 @@ cdef int call_id(object name) except -1:
                      "e.g. 'Allreduce', 'Ialltoallv', 'Bcast_init')")
 
 
-cdef object _compress = None     # mcr.compress, imported at the first compressed call
-
-
-cdef object compress_module():
-    global _compress
-    if _compress is None:
-        from mcr import compress
-        _compress = compress
-    return _compress
-
-
-def _prequest(Comm comm, start, str op, msg, args, str backend):
-    """A Prequest of `op` on `comm` whose each Start calls `start()`, which
-    posts the operation and returns its Request (mcr.compress); `msg`,
-    `backend`: the parsed call and its backend, for the logger's record of
-    each start (`args`: its arguments, which the call holds)."""
-    cdef Prequest preq = Prequest.__new__(Prequest)
-    preq.comm = comm
-    preq.foreign = True
-    preq.keep = msg
-    preq.start_fn = start
-    preq.logop = call_id(op) + 1
-    preq.logbackend = backend
-    return preq
-
-
 def _set_unlogged(comm):
     """Mark `comm` as one of mcr's private communicators (those of
     mcr.compress, mcr.Fusion): the logger does not record its calls."""
     (<Comm?>comm).unlogged = True
+    (<Comm>comm).epoch = 0        # its chain: without the logger and the watch
 
 
 cdef str method_name(int op, int form):
@@ -145,7 +122,8 @@ cdef str method_name(int op, int form):
 
 @cython.final
 cdef class Call:
-    """One call of a buffer method, as the call hooks see it (``mcr.hooks``).
+    """One call of a buffer method, as the call hooks (``mcr.hooks``) and
+    interceptors (``mcr.interceptors``) see it.
 
     Attributes
     ----------
@@ -169,37 +147,46 @@ cdef class Call:
     cdef readonly str form
     cdef readonly str backend
     cdef readonly tuple args
+    cdef _Call call          # what it shows (an interceptor's next runs it)
 
     def __repr__(self):
         return f"<mcr.Call {self.op} {self.form} on {self.backend}>"
 
 
-cdef bint ext_on = False          # the one flag test of the call path: hooks,
-                                  # the logger, a compression default, a
-                                  # watched communicator (checkimpl.pxi) is on,
-                                  # or staged operations are pending (progress.pxi)
+cdef Call call_view(object comm, _Call c):
+    """The Call that shows `c` (its backend chosen) to Python code."""
+    cdef Call v = Call.__new__(Call)
+    v.comm, v.op, v.form, v.backend = comm, SEEN_NAMES[c.op], FORM_NAMES[c.form], c.name
+    v.args = c.args()
+    v.call = c
+    return v
+
+
 cdef list call_hooks = []
-cdef Py_ssize_t compress_defaults = 0   # communicators with a compression default
 
 
-cdef int update_ext_on() except -1:
-    global ext_on
-    ext_on = (bool(call_hooks) or log_on or compress_defaults > 0 or watched_comms > 0
-              or recorder_on or staged_on)
-    return 0
+@cython.final
+cdef class _Hooks(Interceptor):
+    """The call hooks (mcr.hooks) see each call, its backend chosen, before
+    it runs, and the callables they return get its result."""
+
+    cdef bint applies_to(self, Comm comm) except -1:
+        return bool(call_hooks)
+
+    cdef object run_call(self, Comm comm, _Call c, Py_ssize_t i):
+        cdef Call view = call_view(comm, c)
+        cdef list after = []
+        for hook in tuple(call_hooks):
+            then = hook(view)
+            if then is not None:
+                after.append(then)
+        result = proceed(comm, c, i + 1)
+        for then in after:
+            then(result)
+        return result
 
 
-cdef list run_call_hooks(object comm, int op, int form, str backend, tuple args):
-    """Call every hook with the Call (`op`: an index into SEEN_NAMES); the
-    callables they return, to be given the call's result."""
-    cdef Call c = Call.__new__(Call)
-    c.comm, c.op, c.form, c.backend, c.args = comm, SEEN_NAMES[op], FORM_NAMES[form], backend, args
-    cdef list after = []
-    for hook in tuple(call_hooks):
-        then = hook(c)
-        if then is not None:
-            after.append(then)
-    return after
+_register(_Hooks(30, "hooks"))
 
 
 def _add_call_hook(hook):
@@ -207,7 +194,7 @@ def _add_call_hook(hook):
     if not callable(hook):
         raise TypeError(f"hook: expected a callable, got {type(hook).__name__}")
     call_hooks.append(hook)
-    update_ext_on()
+    settings_changed()
 
 
 def _remove_call_hook(hook):
@@ -216,4 +203,4 @@ def _remove_call_hook(hook):
         call_hooks.remove(hook)
     except ValueError:
         raise ValueError(f"hook: {hook!r} is not installed") from None
-    update_ext_on()
+    settings_changed()

@@ -104,7 +104,7 @@ cdef double ENV_TIMEOUT = _env_seconds("MCR_TIMEOUT")
 cdef object FLIGHT_DIR = _os.environ.get("MCR_FLIGHT_RECORDER") or None
 cdef Py_ssize_t FLIGHT_KEEP = int(_os.environ.get("MCR_FLIGHT_KEEP") or 1000)
 cdef bint recorder_on = FLIGHT_DIR is not None
-cdef Py_ssize_t watched_comms = 0  # communicators with a _Watch (part of ext_on)
+cdef Py_ssize_t watched_comms = 0  # communicators with a _Watch (requests may time out)
 
 
 cdef double as_timeout(object value) except -1:
@@ -1026,7 +1026,7 @@ def _flight_dump(reason="request", message=""):
     flight_dump(reason, message)
 
 
-update_ext_on()     # the recorder, when $MCR_FLIGHT_RECORDER is set
+settings_changed()     # the recorder, when $MCR_FLIGHT_RECORDER is set
 
 
 def _set_flight_recorder(path):
@@ -1035,4 +1035,73 @@ def _set_flight_recorder(path):
     global FLIGHT_DIR, recorder_on
     FLIGHT_DIR = None if path is None else _os.fspath(path)
     recorder_on = FLIGHT_DIR is not None
-    update_ext_on()
+    settings_changed()
+
+
+@cython.final
+cdef class _Watched(Interceptor):
+    """Checked mode, timeouts and the flight recorder on a buffer call: a
+    collective first agrees on its fingerprint when checked; the call gets a
+    record when timed or recorded; a blocking call with a timeout runs as its
+    non-blocking form and a timed wait. (mcr's private communicators are not
+    watched.)"""
+
+    cdef bint applies_to(self, Comm comm) except -1:
+        return not comm.unlogged and (recorder_on or (comm.watch is not None and (
+            comm.watch.checked or comm.watch.timeout > 0)))
+
+    cdef object run_call(self, Comm comm, _Call c, Py_ssize_t i):
+        if c.op >= CALL_COUNT:          # (neighbourhood collectives: Comm.meet and made)
+            return proceed(comm, c, i + 1)
+        cdef _Watch w = comm.recorded_watch()
+        cdef _Pend p = None
+        cdef Request req
+        cdef long long seq = 0
+        cdef bint collective = not OP_TABLE[c.op].flags & OP_P2P
+        cdef int form = c.form
+        if collective:
+            w.seq += 1
+            seq = w.seq
+        cdef bint timed = w.timeout > 0 and form == BLOCKING
+        cdef bint record = w.timeout > 0 or recorder_on
+        if collective and w.checked:
+            # (the form it runs in: MPI matches blocking collectives only with blocking ones)
+            p = check_collective(comm, w, c, NONBLOCKING if timed else form, c.name, record)
+        elif record:
+            try:
+                comm.parse(c)
+            except _builtins.Exception as exc:
+                # a refused collective is recorded: it has taken its number
+                if collective and comm.ob_mpi != MPI_COMM_NULL:
+                    pend_refused(new_pend(comm, w, c, form, c.name, seq), exc)
+                raise
+            p = new_pend(comm, w, c, form, c.name, seq)
+        status = c.status
+        if timed:
+            c.form, c.status = NONBLOCKING, None
+        try:
+            result = proceed(comm, c, i + 1)
+        except BaseException:
+            if p is not None:
+                pend_end(p, PEND_FAILED)
+            raise
+        if form == BLOCKING and not timed:
+            if p is not None:
+                pend_end(p, PEND_DONE)
+            return result
+        req = <Request>result
+        req.timeout = w.timeout
+        req.pend = p
+        if form == PERSISTENT and p is not None:
+            pend_end(p, PEND_DONE)        # pending again at each Start
+        if timed:
+            try:
+                req.Wait(status)
+            except _errors.TimeoutError as exc:
+                exc.request = req             # to wait for it again, or to free it
+                raise
+            return None
+        return result
+
+
+_register(_Watched(50, "checked mode, timeouts, flight recorder"))

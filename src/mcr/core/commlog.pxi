@@ -12,7 +12,7 @@
 
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 
-cdef bint log_on = False       # logging is on (part of ext_on, calls.pxi)
+cdef bint log_on = False       # logging is on (the logger's interceptor applies)
 cdef bint log_keep = False     # keep every record, not only the totals
 cdef object log_sink = None    # mcr.log's sink: takes batches, times CUDA calls
 cdef list log_records = []     # finished records not yet handed to the sink
@@ -224,7 +224,7 @@ def _log_set(bint on, bint keep, sink):
     record; `sink`: mcr.log's object taking batches and timing CUDA calls."""
     global log_on, log_keep, log_sink
     log_on, log_keep, log_sink = on, keep, sink
-    update_ext_on()
+    settings_changed()
 
 
 def _log_take():
@@ -263,3 +263,37 @@ def _log_finish(_Rec r):
 def _log_now():
     """The logger's clock (ns)."""
     return now_ns()
+
+
+@cython.final
+cdef class _Logger(Interceptor):
+    """The logger's record of each call: made as it is posted (the parsed
+    call describes it), finished now for a blocking call, handed to the
+    Request of a non-blocking one; a persistent request makes one at each
+    Start. mcr's private communicators are not logged."""
+
+    cdef bint applies_to(self, Comm comm) except -1:
+        return log_on and not comm.unlogged
+
+    cdef object run_call(self, Comm comm, _Call c, Py_ssize_t i):
+        if c.form == PERSISTENT:
+            return proceed(comm, c, i + 1)
+        cdef long long t0 = now_ns()
+        cdef _Rec r
+        if c.op >= CALL_COUNT:
+            r = log_post(comm, c.op, c.form, c.name, nb_log_msg(comm, c), None)
+        else:
+            comm.parse(c)
+            r = log_post(comm, c.op, c.form, c.name, c, c.why)
+        r.t0 = t0
+        c.rec = r
+        result = proceed(comm, c, i + 1)
+        if c.form == BLOCKING:
+            r.t1 = now_ns()
+            log_finish(r)
+        else:
+            (<Request>result).rec = r
+        return result
+
+
+_register(_Logger(60, "logger"))

@@ -560,6 +560,14 @@ cdef class _Call:
     cdef MPI_Op mop
     cdef int sblocks, rblocks    # blocks of each side's count the operation moves (staging)
     cdef object w            # Alltoallw: its _MsgW (per-process datatypes), else None
+    # on the interceptor chain (chain.pxi): the chain, the backend's Subcomm
+    # (None: MPI; AUTO_SUB until auto chose) and name, what made auto choose
+    # it, and the logger's record (compression reports the bytes it sends)
+    cdef tuple chain
+    cdef object sub
+    cdef str name
+    cdef object why
+    cdef object rec
     cdef side s, r
     cdef object sown, rown
     cdef int sroom[2 * SMALL_BLOCKS]    # counts and displacements of small vector messages

@@ -61,42 +61,29 @@ cdef inline str nb_method(int kind, int form):
 cdef object neighbor(Comm comm, int kind, int form, object sendbuf, object recvbuf,
                      object backend, object info):
     """Neighborhood collective `kind` in `form` on `comm` (a topology), on
-    `backend` (auto: MPI, as there is no tuning entry for these)."""
-    if staged_on:
-        before_collective(comm)     # (a Fusion's open buckets on this communicator)
-    if ext_on and (call_hooks or (log_on and not comm.unlogged)):
-        return nb_extended(comm, kind, form, sendbuf, recvbuf, backend, info)
-    return nb_run(comm, kind, form, sendbuf, recvbuf, backend, info)
-
-
-cdef object nb_extended(Comm comm, int kind, int form, object sendbuf, object recvbuf,
-                        object backend, object info):
-    """`neighbor` with call hooks or the logger on, as Comm.hooked: the hooks
-    see the call (op CALL_COUNT + kind in SEEN_NAMES, arguments (sendbuf,
-    recvbuf)) with its backend before it runs, and its result; the logger
-    records it (a persistent request at each Start, see nb_persistent)."""
+    `backend` (auto: MPI, as there is no tuning entry for these), through
+    the communicator's interceptors (op CALL_COUNT + kind, arguments
+    (sendbuf, recvbuf)) as a buffer method's call."""
+    if comm.epoch != chain_epoch:
+        comm.rebuild_chain()
+    if comm.chain is None:
+        return nb_run(comm, kind, form, sendbuf, recvbuf, backend, info)
     comm.prologue(None)
-    sub = comm.sub(backend)
-    cdef str name = "mpi" if sub is None or sub is AUTO_SUB else sub.name
-    cdef int op = CALL_COUNT + kind
-    after = run_call_hooks(comm, op, form, name, (sendbuf, recvbuf)) if call_hooks else ()
-    cdef _Rec r = None
-    if log_on and not comm.unlogged and form != PERSISTENT:
-        # (parsed for the record first; the call parses it again)
-        plan = nb_plan(comm)
-        m = None if kind == NB_ALLTOALLW else \
-            nb_msg(kind, sendbuf, recvbuf, len(plan[1]), len(plan[2]))
-        r = log_post(comm, op, form, name, m, None)
-    result = nb_run(comm, kind, form, sendbuf, recvbuf, backend, info)
-    if r is not None:
-        if form == BLOCKING:
-            r.t1 = now_ns()
-            log_finish(r)
-        else:
-            (<Request>result).rec = r
-    for then in after:
-        then(result)
-    return result
+    cdef _Call c = coll_call(CALL_COUNT + kind, form, backend, info, None, sendbuf, recvbuf)
+    c.sub = comm.sub(backend)
+    c.chain = comm.chain
+    return proceed(comm, c, 0)
+
+
+cdef object nb_log_msg(Comm comm, _Call c):
+    """The logger's description of neighbourhood call `c`: its message,
+    parsed for the record (the call parses it again), or None for
+    alltoallw (derived datatypes)."""
+    cdef int kind = c.op - CALL_COUNT
+    if kind == NB_ALLTOALLW:
+        return None
+    cdef tuple plan = nb_plan(comm)
+    return nb_msg(kind, c.sendbuf, c.recvbuf, len(plan[1]), len(plan[2]))
 
 
 cdef Prequest nb_persistent(Prequest preq, int kind, str backend, object m):

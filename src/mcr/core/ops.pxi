@@ -448,6 +448,9 @@ cdef int define_ops() except -1:
            mpi_reduce_scatter, sub_reduce_scatter)
     define(CALL_REDUCE_SCATTER, ZIP, 0, (A_SENDBUF, A_RECVBUF, A_RECVCOUNTS, A_OP),
            parse_reduce_scatter, mpi_reduce_scatter, sub_reduce_scatter)
+    # the neighbourhood collectives: seen by the interceptors, run by neighbor.pxi
+    for kind in range(SEEN_COUNT - CALL_COUNT):
+        define(CALL_COUNT + kind, OP_NEIGHBOR, 0, SR, NULL, NULL, NULL)
     return 0
 
 

@@ -47,7 +47,7 @@ def _set_staged(bint on):
     """mcr.stages: whether staged operations have stages to post."""
     global staged_on
     staged_on = on
-    update_ext_on()
+    settings_changed()
 
 
 cdef bint staged_quiet = False      # set while a Fusion posts or tests its own buckets
@@ -95,6 +95,24 @@ cdef object staged_window(bint blocking=True):
     """A context manager around a call that blocks in MPI (`blocking`): the
     helper thread drives the staged operations meanwhile, if any."""
     return stages_module().window() if staged_on and blocking else NO_WINDOW
+
+
+@cython.final
+cdef class _StagedWindow(Interceptor):
+    """While staged operations are pending, a blocking buffer call into MPI
+    runs in their window: the helper thread drives them meanwhile."""
+
+    cdef bint applies_to(self, Comm comm) except -1:
+        return staged_on
+
+    cdef object run_call(self, Comm comm, _Call c, Py_ssize_t i):
+        if c.form != BLOCKING or c.sub is not None or c.op >= CALL_COUNT:
+            return proceed(comm, c, i + 1)
+        with staged_window():
+            return proceed(comm, c, i + 1)
+
+
+_register(_StagedWindow(40, "staged window"))
 
 
 cdef bint progress_ready = False

@@ -1,0 +1,144 @@
+# Features as interceptors. Each feature on the call path of the buffer
+# methods and the neighbourhood collectives (the Fusion's flush, auto, the
+# call hooks, the staged window, checked mode with timeouts and the flight
+# recorder, the logger, compression) is an Interceptor, defined and
+# registered in its own file. A communicator keeps the chain of those that
+# apply to it, rebuilt when a setting changes (settings_changed: the global
+# epoch moves on); an empty chain is the fast path of Comm.call. A call runs
+# through the chain in order: each interceptor's run gets the call and goes
+# on with the next (proceed), or answers itself; past the last, the call is
+# posted on its backend (Comm.post_call).
+
+cdef list interceptors = []          # registered, by order
+cdef unsigned long chain_epoch = 1   # moves on at every change of a setting
+
+
+cdef int settings_changed() except -1:
+    """A setting that decides which interceptors apply changed: every
+    communicator rebuilds its chain at its next call."""
+    global chain_epoch
+    chain_epoch += 1
+    return 0
+
+
+cdef class Interceptor:
+    """A feature on the call path of a communicator's buffer methods and
+    neighbourhood collectives.
+
+    Subclass it and define ``run(call, next)``: look at or change the call
+    (an ``mcr.Call``), then return ``next(call)`` (what the rest of the chain
+    and the backend return: None, a ``Request`` or a ``Prequest``), or answer
+    without it. ``applies(comm)`` says whether it takes part in `comm`'s
+    calls (default: always); communicators ask it again after
+    ``mcr.interceptors.changed()``. Register it with
+    ``mcr.interceptors.register``; interceptors run by increasing ``order``
+    (the built-in ones: 10 Fusion flush, 20 auto, 30 call hooks, 40 staged
+    window, 50 checked mode, timeouts and flight recorder, 60 logger, 70
+    compression).
+    """
+    cdef readonly int order
+    cdef readonly str name
+    cdef bint companion      # only in a chain some other interceptor is in (auto)
+
+    def __init__(self, order=35, name=None):
+        if isinstance(order, bool) or not isinstance(order, int):
+            raise TypeError(f"order: expected an integer, got {type(order).__name__}")
+        self.order = order
+        self.name = type(self).__name__ if name is None else str(name)
+
+    def applies(self, comm):
+        """Whether this interceptor takes part in `comm`'s calls."""
+        return True
+
+    def run(self, call, next):
+        """Run `call`: return ``next(call)``, or what the call returns."""
+        return next(call)
+
+    cdef bint applies_to(self, Comm comm) except -1:
+        return bool(self.applies(comm))
+
+    cdef object run_call(self, Comm comm, _Call c, Py_ssize_t i):
+        """Run `c` as the i-th of the chain (the core's features override
+        this: no `next` object is made for them)."""
+        cdef _Next n = _Next.__new__(_Next)
+        n.comm, n.index = comm, i + 1
+        return self.run(call_view(comm, c), n)
+
+    def __repr__(self):
+        return f"<mcr.Interceptor {self.name} order={self.order}>"
+
+
+@cython.final
+cdef class _Next:
+    """The rest of the chain after an interceptor, as the callable its run gets."""
+    cdef Comm comm
+    cdef Py_ssize_t index
+
+    def __call__(self, call):
+        if not isinstance(call, Call):
+            raise TypeError(f"call: expected the mcr.Call the interceptor was given, got "
+                            f"{type(call).__name__}")
+        return proceed(self.comm, (<Call>call).call, self.index)
+
+
+cdef object proceed(Comm comm, _Call c, Py_ssize_t i):
+    """Run call `c` from the i-th interceptor of its chain on; past the last,
+    post it."""
+    cdef tuple chain = c.chain
+    if i < len(chain):
+        return (<Interceptor>chain[i]).run_call(comm, c, i)
+    return comm.post_call(c)
+
+
+cdef tuple build_chain(Comm comm, Interceptor forced):
+    """The interceptors that apply to `comm` (and `forced`), by order; None
+    when none does."""
+    cdef Interceptor x
+    chain = [x for x in interceptors if x is forced or
+             (not x.companion and x.applies_to(comm))]
+    if not chain:
+        return None
+    return tuple([x for x in interceptors if x in chain or (x.companion and x.applies_to(comm))])
+
+
+def _register(interceptor):
+    """Register `interceptor` (see mcr.interceptors.register)."""
+    if not isinstance(interceptor, Interceptor):
+        raise TypeError(f"interceptor: expected an mcr.Interceptor, got "
+                        f"{type(interceptor).__name__}")
+    if interceptor in interceptors:
+        raise ValueError(f"interceptor: {interceptor!r} is registered already")
+    cdef Interceptor x = interceptor
+    cdef Py_ssize_t at = 0
+    while at < len(interceptors) and (<Interceptor>interceptors[at]).order <= x.order:
+        at += 1
+    interceptors.insert(at, interceptor)
+    settings_changed()
+
+
+def _unregister(interceptor):
+    """Unregister `interceptor` (see mcr.interceptors.unregister)."""
+    try:
+        interceptors.remove(interceptor)
+    except ValueError:
+        raise ValueError(f"interceptor: {interceptor!r} is not registered") from None
+    settings_changed()
+
+
+def _interceptors():
+    """The registered interceptors, in the order they run."""
+    return list(interceptors)
+
+
+def _changed():
+    """Something an interceptor's applies() reads changed (see
+    mcr.interceptors.changed)."""
+    settings_changed()
+
+
+def _chain(comm):
+    """The interceptors `comm`'s calls run through now (those that apply)."""
+    cdef Comm c = <Comm?>comm
+    if c.epoch != chain_epoch:
+        c.rebuild_chain()
+    return list(c.chain or ())

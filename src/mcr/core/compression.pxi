@@ -1,0 +1,59 @@
+# Compression (mcr.compress) on the call path: a call that passes
+# ``compress``, or on a communicator with a compression default, is parsed
+# and checked here and exchanged compressed by mcr.compress, on the backend
+# chosen for it.
+
+cdef object _compress = None     # mcr.compress, imported at the first compressed call
+
+
+cdef object compress_module():
+    global _compress
+    if _compress is None:
+        from mcr import compress
+        _compress = compress
+    return _compress
+
+
+def _prequest(Comm comm, start, str op, msg, args, str backend):
+    """A Prequest of `op` on `comm` whose each Start calls `start()`, which
+    posts the operation and returns its Request (mcr.compress); `msg`,
+    `backend`: the parsed call and its backend, for the logger's record of
+    each start (`args`: its arguments, which the call holds)."""
+    cdef Prequest preq = Prequest.__new__(Prequest)
+    preq.comm = comm
+    preq.foreign = True
+    preq.keep = msg
+    preq.start_fn = start
+    preq.logop = call_id(op) + 1
+    preq.logbackend = backend
+    return preq
+
+
+@cython.final
+cdef class _Compression(Interceptor):
+    """Run a call that can be compressed through mcr.compress: exchanged
+    compressed on its backend. A call that compression does not serve (its
+    element type, its reduction) runs as it is when the compression is the
+    communicator's default, and raises when the call asked for it."""
+
+    cdef bint applies_to(self, Comm comm) except -1:
+        return comm.compress_dflt is not None
+
+    cdef object run_call(self, Comm comm, _Call c, Py_ssize_t i):
+        spec = comm.compress_dflt if c.compress is None else c.compress
+        if spec is None or spec is False or not OP_TABLE[c.op].flags & OP_COMPRESSIBLE:
+            return proceed(comm, c, i + 1)
+        compress = compress_module()
+        codec = compress.codec(spec)
+        comm.parse(c)
+        args = c.args()
+        if c.compress is not None:
+            compress.check(CALL_NAMES[c.op], c, args)
+        elif not compress.usable(CALL_NAMES[c.op], c, args):
+            return proceed(comm, c, i + 1)
+        return compress.run(comm, CALL_NAMES[c.op], FORM_NAMES[c.form], c, args, codec, c.name,
+                            None if c.rec is None else (<_Rec>c.rec).set_wire)
+
+
+cdef _Compression COMPRESSION = _Compression(70, "compression")
+_register(COMPRESSION)

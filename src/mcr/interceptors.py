@@ -1,0 +1,100 @@
+"""Interceptors: the features on the call path, and how to add one.
+
+Every buffer method of ``mcr.Comm`` (point-to-point, collectives, their
+``I...`` and ``..._init`` forms) and every neighbourhood collective of a
+topology is one call, an ``mcr.Call``, that runs through the chain of
+interceptors that apply to its communicator, then is posted on its backend.
+mcr's own features are interceptors, registered by the core in this order:
+
+=====  =========================================  ==============================
+order  name                                       applies while
+=====  =========================================  ==============================
+10     fusion flush                               staged operations are pending
+                                                  (an ``mcr.Fusion`` bucket open)
+20     auto                                       any other applies (it chooses
+                                                  the backend for ``"auto"``)
+30     hooks                                      a hook is installed
+                                                  (:mod:`mcr.hooks`)
+40     staged window                              staged operations are pending
+50     checked mode, timeouts, flight recorder    the communicator is checked or
+                                                  has a timeout, or the recorder
+                                                  is on
+60     logger                                     :mod:`mcr.log` is on
+70     compression                                the communicator has a
+                                                  ``compress`` default, or the
+                                                  call passes ``compress``
+=====  =========================================  ==============================
+
+A communicator keeps the chain of those that apply to it and builds it again
+only when a setting changes; with none, a call pays one pointer test.
+
+Adding a feature is one class and one registration::
+
+    import mcr, mcr.interceptors
+
+    class Count(mcr.interceptors.Interceptor):
+        def __init__(self):
+            super().__init__(order=35, name="count")
+            self.calls = 0
+
+        def run(self, call, next):
+            self.calls += 1              # call.op, call.form, call.backend, call.args
+            return next(call)            # the rest of the chain, then the backend
+
+    counter = Count()
+    mcr.interceptors.register(counter)
+
+``run`` may also answer without calling ``next`` (return None for a blocking
+call, a ``Request`` otherwise), or raise, before any process communicates. An
+interceptor whose ``applies(comm)`` reads a setting of its own calls
+:func:`changed` when that setting changes.
+"""
+
+from mpi4py import MPI  # noqa: F401  (first: it loads the libmpi the core links to)
+
+from ._core import Call, Interceptor, _changed, _interceptors, _register, _unregister
+from ._core import _chain as _comm_chain
+
+__all__ = ["Call", "Interceptor", "register", "unregister", "registered", "chain", "changed"]
+
+
+def register(interceptor: Interceptor) -> None:
+    """Register `interceptor`: it runs in the calls of every communicator it
+    applies to, after those of a lower ``order`` and those of its order
+    registered before it.
+
+    Raises
+    ------
+    TypeError
+        If `interceptor` is not an ``mcr.interceptors.Interceptor``.
+    ValueError
+        If it is registered already.
+    """
+    _register(interceptor)
+
+
+def unregister(interceptor: Interceptor) -> None:
+    """Unregister `interceptor`.
+
+    Raises
+    ------
+    ValueError
+        If it is not registered.
+    """
+    _unregister(interceptor)
+
+
+def registered() -> list[Interceptor]:
+    """The registered interceptors (mcr's own included), in the order they run."""
+    return _interceptors()
+
+
+def chain(comm: object) -> list[Interceptor]:
+    """The interceptors `comm`'s calls run through now."""
+    return _comm_chain(comm)
+
+
+def changed() -> None:
+    """Tell every communicator to ask the interceptors' ``applies`` again at
+    its next call (a setting an ``applies`` reads has changed)."""
+    _changed()

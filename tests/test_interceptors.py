@@ -1,0 +1,176 @@
+"""Interceptors (mcr.interceptors): a feature added as one class and one
+registration sees every call of the communicators it applies to, on every
+backend, in every form, the neighbourhood collectives too; it may change
+what the call returns or refuse it; a communicator's chain holds only what
+applies to it, and is rebuilt when a setting changes.
+"""
+
+import torch
+
+import mcr
+import mcr.hooks
+import mcr.interceptors as icp
+import mcr.stages
+from mpiharness import case, mpi_cases
+from util import assert_comm_works, raises
+
+BUILTIN = ["fusion flush", "auto", "hooks", "staged window",
+           "checked mode, timeouts, flight recorder", "logger", "compression"]
+
+
+class Count(icp.Interceptor):
+    """Counts the calls it sees, by (op, form, backend), on the communicators
+    it is told to watch."""
+
+    def __init__(self, comms, order=35):
+        super().__init__(order=order, name="count")
+        self.comms, self.seen = comms, []
+
+    def applies(self, comm):
+        return any(comm is c for c in self.comms)
+
+    def run(self, call, next):
+        self.seen.append((call.op, call.form, call.backend))
+        result = next(call)
+        assert (result is None) == (call.form == "blocking")
+        return result
+
+
+@case.matrix(backend=("mpi", "gloo", "auto"))
+def a_counting_interceptor_sees_every_call(comm, backend):
+    dup = comm.Dup()
+    counter = Count([dup])
+    assert icp.chain(dup) == []                      # nothing applies: the fast path
+    icp.register(counter)
+    try:
+        assert [x.name for x in icp.chain(dup)] == ["auto", "count"]
+        assert icp.chain(comm) == []                 # it does not apply there
+        x = torch.arange(4, dtype=torch.float64) + comm.rank
+        y = torch.zeros(4, dtype=torch.float64)
+        dup.Allreduce(x, y, backend=backend)
+        dup.Iallreduce(x, y, backend=backend).Wait()
+        dup.Bcast(y, root=0, backend=backend)
+        dup.Barrier(backend=backend)
+        got = torch.zeros(1, dtype=torch.int64)
+        r = dup.Irecv(got, (comm.rank - 1) % comm.size, tag=3, backend=backend)
+        dup.Send(torch.tensor([comm.rank]), (comm.rank + 1) % comm.size, tag=3, backend=backend)
+        r.Wait()
+        comm.Barrier()                               # not counted: another communicator
+        cart = dup.Create_cart([comm.size], periods=[True])
+        counter.comms.append(cart)
+        icp.changed()
+        cart.Neighbor_allgather(x, torch.zeros(8, dtype=torch.float64), backend=backend)
+    finally:
+        icp.unregister(counter)
+    p2p = "mpi" if backend == "auto" else backend     # auto: MPI for these
+    assert [s[:2] for s in counter.seen] == [
+        ("Allreduce", "blocking"), ("Allreduce", "nonblocking"), ("Bcast", "blocking"),
+        ("Barrier", "blocking"), ("Recv", "nonblocking"), ("Send", "blocking"),
+        ("Neighbor_allgather", "blocking")]
+    assert counter.seen[4][2] == counter.seen[5][2] == p2p
+    assert counter.seen[6][2] == ("mpi" if backend == "auto" else backend)
+    if backend != "auto":
+        assert {s[2] for s in counter.seen} == {backend}
+    assert got.item() == (comm.rank - 1) % comm.size
+    assert icp.chain(dup) == []
+    cart.Free()
+    dup.Free()
+    assert_comm_works(comm)
+
+
+@case
+def an_interceptor_may_answer_or_refuse(comm):
+    class Answer(icp.Interceptor):
+        def applies(self, c):
+            return c is dup
+
+        def run(self, call, next):
+            if call.op == "Bcast":
+                raise RuntimeError("no Bcast here")
+            if call.op == "Barrier":
+                return None                          # answered: no barrier runs
+            return next(call)
+
+    dup = comm.Dup()
+    answer = Answer(order=5)
+    icp.register(answer)
+    try:
+        assert [x.name for x in icp.chain(dup)] == ["Answer", "auto"]
+        with raises(RuntimeError, "no Bcast here"):
+            dup.Bcast(torch.zeros(2))
+        dup.Barrier()
+        y = torch.zeros(2)
+        dup.Allreduce(torch.ones(2), y)
+        assert y.tolist() == [comm.size] * 2
+    finally:
+        icp.unregister(answer)
+    dup.Free()
+    assert_comm_works(comm)
+
+
+class Idle:
+    """A driver of mcr.stages with nothing to post."""
+
+    def pump(self, helper):
+        pass
+
+    def blocking(self):
+        pass
+
+    def collective(self, comm):
+        pass
+
+
+@case
+def the_chain_follows_the_settings(comm):
+    dup = comm.Dup()
+    assert icp.chain(dup) == []
+    assert [x.name for x in icp.registered()] == BUILTIN
+    dup.compress = "fp16"
+    assert [x.name for x in icp.chain(dup)] == ["auto", "compression"]
+    dup.compress = None
+    dup.timeout = 5
+    assert [x.name for x in icp.chain(dup)] == ["auto", BUILTIN[4]]
+    dup.timeout = None
+    assert icp.chain(dup) == []
+    hook = lambda call: None                         # noqa: E731
+    with mcr.hooks.installed(hook):
+        assert [x.name for x in icp.chain(dup)] == ["auto", "hooks"]
+        dup.checked = True
+        assert [x.name for x in icp.chain(dup)] == ["auto", "hooks", BUILTIN[4]]
+        assert [x.name for x in icp.chain(comm)] == ["auto", "hooks"]
+        dup.checked = False
+    assert icp.chain(dup) == []
+    idle = Idle()                                    # staged operations pending
+    mcr.stages.enlist(idle)
+    try:
+        assert [x.name for x in icp.chain(dup)] == ["fusion flush", "auto", "staged window"]
+    finally:
+        mcr.stages.dismiss(idle)
+    assert icp.chain(dup) == []
+    dup.Free()
+    assert_comm_works(comm)
+
+
+def test_registration_errors():
+    class Nothing(icp.Interceptor):
+        pass
+
+    with raises(TypeError, "interceptor: expected an mcr.Interceptor, got function"):
+        icp.register(lambda call, next: next(call))
+    with raises(TypeError, "order: expected an integer, got str"):
+        Nothing(order="1")
+    x = Nothing()
+    with raises(ValueError, "is not registered"):
+        icp.unregister(x)
+    icp.register(x)
+    try:
+        with raises(ValueError, "is registered already"):
+            icp.register(x)
+        assert icp.registered()[-1] is x or x in icp.registered()
+    finally:
+        icp.unregister(x)
+    assert x not in icp.registered()
+
+
+test_mpi = mpi_cases(__name__)
