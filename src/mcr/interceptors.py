@@ -28,6 +28,14 @@ order  name                                       applies while
 A communicator keeps the chain of those that apply to it and builds it again
 only when a setting changes; with none, a call pays one pointer test.
 
+Interceptors also see the calls that make communicators (``Dup``, ``Split``,
+``Create_cart``, ...) and mpi4py's methods on pickled objects (``bcast``,
+``allreduce``, ``send``, ``isend``, ...; ``call.args`` are mpi4py's
+arguments, ``call.backend`` is ``"mpi"``), among them mcr's own on the
+communicator: a backend's set-up the first time it runs there, and auto's
+agreement on its tuning table, exchange pickled objects. A neighbourhood
+collective is seen once, not again as the mpi4py calls that run it.
+
 Adding a feature is one class and one registration::
 
     import mcr, mcr.interceptors

@@ -512,6 +512,11 @@ cdef class Comm(_MPI.Intracomm):
 
     cdef object post_call(self, _Call c):
         """The end of the chain: post the call on its backend."""
+        if c.op == COMM_OP:
+            return c.make(self, *c.makeargs)
+        if c.op == COMM_P2P_OP:
+            a, b, d, e, f, g, h = c.makeargs + (None,) * (7 - len(c.makeargs))
+            return obj_p2p_plain(self, c.p2p, a, b, d, e, f, g, h)
         if c.op >= CALL_COUNT:
             return nb_run(self, c.op - CALL_COUNT, c.form, c.sendbuf, c.recvbuf, c.backend,
                           c.info)
@@ -1209,65 +1214,45 @@ cdef class Comm(_MPI.Intracomm):
 
     def barrier(self):
         """Barrier synchronization, as ``Barrier`` (mpi4py's method)."""
-        if self.watch is None and not recorder_on and not staged_on:
-            return _obj_barrier(self)
         return self.made("barrier", _obj_barrier, ())
 
     def bcast(self, obj, int root=0):
         """Broadcast a Python object from `root` (mpi4py's method, pickled)."""
-        if self.watch is None and not recorder_on and not staged_on:
-            return _obj_bcast(self, obj, root)
         return self.made("bcast", _obj_bcast, (obj, root), root)
 
     def gather(self, sendobj, int root=0):
         """Gather Python objects at `root` (mpi4py's method, pickled)."""
-        if self.watch is None and not recorder_on and not staged_on:
-            return _obj_gather(self, sendobj, root)
         return self.made("gather", _obj_gather, (sendobj, root), root)
 
     def scatter(self, sendobj, int root=0):
         """Scatter Python objects from `root` (mpi4py's method, pickled)."""
-        if self.watch is None and not recorder_on and not staged_on:
-            return _obj_scatter(self, sendobj, root)
         return self.made("scatter", _obj_scatter, (sendobj, root), root)
 
     def allgather(self, sendobj):
         """Gather Python objects on every process (mpi4py's method, pickled)."""
-        if self.watch is None and not recorder_on and not staged_on:
-            return _obj_allgather(self, sendobj)
         return self.made("allgather", _obj_allgather, (sendobj,))
 
     def alltoall(self, sendobj):
         """Exchange Python objects, one to each process (mpi4py's method,
         pickled)."""
-        if self.watch is None and not recorder_on and not staged_on:
-            return _obj_alltoall(self, sendobj)
         return self.made("alltoall", _obj_alltoall, (sendobj,))
 
     def reduce(self, sendobj, op=SUM, int root=0):
         """Reduce Python objects to `root` (mpi4py's method, pickled)."""
-        if self.watch is None and not recorder_on and not staged_on:
-            return _obj_reduce(self, sendobj, op, root)
         return self.made("reduce", _obj_reduce, (sendobj, op, root), root)
 
     def allreduce(self, sendobj, op=SUM):
         """Reduce Python objects on every process (mpi4py's method, pickled)."""
-        if self.watch is None and not recorder_on and not staged_on:
-            return _obj_allreduce(self, sendobj, op)
         return self.made("allreduce", _obj_allreduce, (sendobj, op))
 
     def scan(self, sendobj, op=SUM):
         """Inclusive prefix reduction of Python objects (mpi4py's method,
         pickled)."""
-        if self.watch is None and not recorder_on and not staged_on:
-            return _obj_scan(self, sendobj, op)
         return self.made("scan", _obj_scan, (sendobj, op))
 
     def exscan(self, sendobj, op=SUM):
         """Exclusive prefix reduction of Python objects (mpi4py's method,
         pickled)."""
-        if self.watch is None and not recorder_on and not staged_on:
-            return _obj_exscan(self, sendobj, op)
         return self.made("exscan", _obj_exscan, (sendobj, op))
 
     # -- mpi4py's point-to-point on pickled objects ---------------------------------
@@ -1282,64 +1267,45 @@ cdef class Comm(_MPI.Intracomm):
 
     def send(self, obj, dest, tag=0):
         """Send a Python object (mpi4py's method, pickled)."""
-        if self.watch is None and not recorder_on and not staged_on:
-            return _obj_send(self, obj, dest, tag)
-        return obj_p2p(self, P2P_SEND, obj, dest, tag, None, None, None, None)
+        return self.pickled_p2p(P2P_SEND, (obj, dest, tag))
 
     def ssend(self, obj, dest, tag=0):
         """Send a Python object in synchronous mode (mpi4py's method, pickled)."""
-        if self.watch is None and not recorder_on and not staged_on:
-            return _obj_ssend(self, obj, dest, tag)
-        return obj_p2p(self, P2P_SSEND, obj, dest, tag, None, None, None, None)
+        return self.pickled_p2p(P2P_SSEND, (obj, dest, tag))
 
     def recv(self, buf=None, source=ANY_SOURCE, tag=ANY_TAG, status=None):
         """Receive a Python object (mpi4py's method, pickled)."""
-        if self.watch is None and not recorder_on and not staged_on:
-            return _obj_recv(self, buf, source, tag, status)
-        return obj_p2p(self, P2P_RECV, buf, source, tag, status, None, None, None)
+        return self.pickled_p2p(P2P_RECV, (buf, source, tag, status))
 
     def sendrecv(self, sendobj, dest, sendtag=0, recvbuf=None, source=ANY_SOURCE,
                  recvtag=ANY_TAG, status=None):
         """Send a Python object and receive one (mpi4py's method, pickled)."""
-        if self.watch is None and not recorder_on and not staged_on:
-            return _obj_sendrecv(self, sendobj, dest, sendtag, recvbuf, source, recvtag,
-                                 status)
-        return obj_p2p(self, P2P_SENDRECV, sendobj, dest, sendtag, recvbuf, source,
-                       recvtag, status)
+        return self.pickled_p2p(P2P_SENDRECV, (sendobj, dest, sendtag, recvbuf, source,
+                                               recvtag, status))
 
     def isend(self, obj, dest, tag=0):
         """Start sending a Python object (mpi4py's method, pickled): a
         request (an ``mcr.Request`` on a watched communicator)."""
-        if self.watch is None and not recorder_on and not staged_on:
-            return _obj_isend(self, obj, dest, tag)
-        return obj_posted(self, P2P_ISEND, obj, dest, tag)
+        return self.pickled_p2p(P2P_ISEND, (obj, dest, tag))
 
     def issend(self, obj, dest, tag=0):
         """Start sending a Python object in synchronous mode (mpi4py's
         method, pickled)."""
-        if self.watch is None and not recorder_on and not staged_on:
-            return _obj_issend(self, obj, dest, tag)
-        return obj_posted(self, P2P_ISSEND, obj, dest, tag)
+        return self.pickled_p2p(P2P_ISSEND, (obj, dest, tag))
 
     def irecv(self, buf=None, source=ANY_SOURCE, tag=ANY_TAG):
         """Start receiving a Python object (mpi4py's method, pickled):
         ``wait()`` returns it."""
-        if self.watch is None and not recorder_on and not staged_on:
-            return _obj_irecv(self, buf, source, tag)
-        return obj_posted(self, P2P_IRECV, buf, source, tag)
+        return self.pickled_p2p(P2P_IRECV, (buf, source, tag))
 
     def probe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
         """Wait for a message, without receiving it (mpi4py's method)."""
-        if self.watch is None and not recorder_on and not staged_on:
-            return _obj_probe(self, source, tag, status)
-        return obj_p2p(self, P2P_PROBE, None, source, tag, status, None, None, None)
+        return self.pickled_p2p(P2P_PROBE, (None, source, tag, status))
 
     def mprobe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
         """Wait for a message and match it, as an ``mpi4py.MPI.Message``
         (mpi4py's method)."""
-        if self.watch is None and not recorder_on and not staged_on:
-            return _obj_mprobe(self, source, tag, status)
-        return obj_p2p(self, P2P_MPROBE, None, source, tag, status, None, None, None)
+        return self.pickled_p2p(P2P_MPROBE, (None, source, tag, status))
 
     # -- Communicator management -------------------------------------------------
 
@@ -1379,7 +1345,7 @@ cdef class Comm(_MPI.Intracomm):
             raise Exception(MPI_ERR_COMM)
         if staged_on:
             before_collective(self)     # a Fusion's open buckets are posted first
-        p = self.meet("Free")
+        p = meet(self, "Free")
         if _backends is not None:
             try:
                 _backends.release(self)   # the Gloo/NCCL sub-communicators first
@@ -1438,29 +1404,17 @@ cdef class Comm(_MPI.Intracomm):
 
     cdef tuple started(self, str call, object make, tuple args):
         """mpi4py's non-blocking constructor `make(self, *args)` (`call`,
-        such as "Idup"): after `meet`, which does not wait for the other
-        processes here; watched, its request as an mcr Request carrying the
-        call's record and the timeout."""
-        p = self.meet(call)
-        try:
-            comm, request = make(self, *args)
-        except BaseException:
-            if p is not None:
-                pend_end(<_Pend>p, PEND_FAILED)
-            raise
-        return self.inherit(comm), self.watched_request(p, request)
+        such as "Idup"), through the chain: the communicator and the request
+        (watched, an mcr Request carrying the call's record and the timeout)."""
+        comm, request = self.comm_call(COMM_STARTED, NONBLOCKING, call, make, args, -1,
+                                       False)
+        return self.inherit(comm), request
 
     cdef object posted(self, str call, object make, tuple args):
         """mpi4py's non-blocking collective `make(self, *args)` (`call`, such
-        as "Ineighbor_alltoall"), returning its request: as `started`."""
-        p = self.meet(call)
-        try:
-            request = make(self, *args)
-        except BaseException:
-            if p is not None:
-                pend_end(<_Pend>p, PEND_FAILED)
-            raise
-        return self.watched_request(p, request)
+        as "Ineighbor_alltoall", inside a call on the chain), returning its
+        request: as `started`."""
+        return self.comm_call(COMM_POSTED, NONBLOCKING, call, make, args, -1, True)
 
     cdef object watched_request(self, object p, object request):
         """The request of a non-blocking call that `meet` recorded as `p`
@@ -1476,67 +1430,37 @@ cdef class Comm(_MPI.Intracomm):
             return req
         return as_mcr_request(request, self.watch.timeout, <_Pend>p)
 
-    cdef object made(self, str call, object make, tuple args, int root=-1):
+    cdef object made(self, str call, object make, tuple args, int root=-1, bint inner=False):
         """mpi4py's method `make(self, *args)` for a collective call outside
         the buffer methods (`call`, such as "Dup" or "bcast"; `root`, or -1),
-        after `meet`, its record ended as it returns or raises."""
-        if staged_on:
-            before_collective(self)     # (a Fusion's open buckets on this communicator)
-        p = self.meet(call, root)
-        try:
-            with staged_window():
-                result = make(self, *args)
-        except BaseException:
-            if p is not None:
-                pend_end(<_Pend>p, PEND_FAILED)
-            raise
-        if p is not None:
-            pend_end(<_Pend>p, PEND_DONE)
-        return result
+        through the chain (a Fusion's buckets posted first, the watch's
+        number and record, the staged window); `inner`: made by a call on the
+        chain already (a neighbourhood collective's)."""
+        return self.comm_call(COMM_MADE, BLOCKING, call, make, args, root, inner)
 
-    cdef object meet(self, str call, int root=-1):
-        """Before a collective call outside the buffer methods (`call`, one
-        of COMM_CALL_NAMES: one that makes or frees a communicator, one of
-        mpi4py's methods on pickled objects, or a neighborhood collective;
-        `root`, or -1), as MPI's block
-        and cannot be interrupted. Watched, it takes the next number in the
-        sequence of collectives, and a record with a timeout or the recorder
-        (returned, pending; else None). Checked, the processes agree on it as
-        on a collective (check_comm_call, polled: a TimeoutError at the
-        timeout); else, with a timeout, they meet in a polled barrier (except
-        for UNAWAITED_CALLS: Free, which does not block, and the non-blocking
-        calls). A TimeoutError leaves the exchange or barrier pending, for the
-        next try, which takes the same number."""
-        cdef _Watch w = self.watch
-        if self.ob_mpi == MPI_COMM_NULL:
-            return None                 # (mpi4py's method raises MPI's error)
-        if w is None and recorder_on and not self.unlogged:
-            w = self.recorded_watch()
-        if w is None or self.unlogged:
-            return None
-        w.seq += 1
-        p = comm_call_pend(self, w, call, w.seq, root) if w.timeout > 0 or recorder_on \
-            else None
-        try:
-            if w.checked:
-                check_comm_call(self, w, call, root)
-            elif w.timeout > 0 and call not in UNAWAITED_CALLS:
-                if self.meeting is None:
-                    self.meeting = _MPI.Intracomm.Ibarrier(self)
-                why = "a neighborhood collective" if call.startswith("Neighbor_") else \
-                    "making a communicator is collective" if call[0].isupper() else \
-                    "a collective on pickled objects"
-                try:
-                    _meet(self, self.meeting, f"to call {call} ({why})")
-                except BaseException:
-                    w.seq -= 1      # the barrier stays posted: the next try takes this number
-                    raise
-                self.meeting = None
-        except BaseException:
-            if p is not None:
-                pend_end(<_Pend>p, PEND_FAILED)
-            raise
-        return p
+    cdef object pickled_p2p(self, int p2p, tuple args):
+        """mpi4py's point-to-point method `p2p` on pickled objects (one of
+        OBJ_P2P_NAMES; its arguments, in order), through the chain (with a
+        timeout or the recorder: obj_p2p, checkimpl.pxi)."""
+        cdef bint posted = p2p >= P2P_ISEND
+        return self.comm_call(COMM_P2P_POSTED if posted else COMM_P2P,
+                              NONBLOCKING if posted else BLOCKING, OBJ_P2P_NAMES[p2p], None,
+                              args, -1, False, p2p)
+
+    cdef object comm_call(self, int kind, int form, str name, object make, tuple args,
+                          int root, bint inner, int p2p=0):
+        """A call outside the buffer methods, as a _Call on the chain (none:
+        mpi4py's function at once)."""
+        if self.epoch != chain_epoch:
+            self.rebuild_chain()
+        cdef _Call c = _Call.__new__(_Call)
+        c.op = COMM_P2P_OP if kind >= COMM_P2P else COMM_OP
+        c.form, c.kind, c.p2p, c.callname, c.make, c.makeargs = form, kind, p2p, name, make, args
+        c.iroot, c.inner, c.name = root, inner, "mpi"
+        if self.chain is None:
+            return self.post_call(c)
+        c.chain = self.chain
+        return proceed(self, c, 0)
 
     cdef object inherit(self, object comm):
         # mpi4py's Dup and Clone make an object of type(self): a user's

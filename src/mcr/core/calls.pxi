@@ -33,6 +33,16 @@ cdef enum:
     CALL_REDUCE_SCATTER
     CALL_COUNT                # (the number of operations)
     SEEN_COUNT = CALL_COUNT + 5   # and the neighbourhood collectives (neighbor.pxi)
+    COMM_OP = SEEN_COUNT      # a collective outside the buffer methods (Comm.made, ...)
+    COMM_P2P_OP               # mpi4py's point-to-point on pickled objects
+    TABLE_COUNT
+
+cdef enum:                    # the kinds of COMM_OP and COMM_P2P_OP calls
+    COMM_MADE                 # blocking: a constructor, a pickled collective
+    COMM_STARTED              # Idup: (communicator, request)
+    COMM_POSTED               # a non-blocking collective of mpi4py's: a request
+    COMM_P2P                  # send, recv, ...: blocking
+    COMM_P2P_POSTED           # isend, issend, irecv
 
 # The descriptor of each operation (OP_TABLE[op], filled in ops.pxi): its
 # arguments by name (A_*, in the blocking method's order), what it is
@@ -59,6 +69,7 @@ cdef enum:                    # what an operation is
     OP_MPI_ONLY = 16          # only MPI runs it (Alltoallw: a datatype per process)
     OP_ROOTED = 32            # has a root
     OP_NEIGHBOR = 64          # a neighbourhood collective (run by neighbor.pxi)
+    OP_COMM = 128             # outside the buffer methods (constructors, pickled objects)
 
 ctypedef int (*parse_fn)(Comm, _Call) except -1
 ctypedef int (*mpi_fn)(Comm, _Call, int, MPI_Info, MPI_Request*) except -1
@@ -73,7 +84,7 @@ cdef struct OpDesc:
     mpi_fn post_mpi           # call MPI in a form (the request, when not blocking)
     sub_fn post_sub           # call a backend's Subcomm method: its Request
 
-cdef OpDesc OP_TABLE[SEEN_COUNT]
+cdef OpDesc OP_TABLE[TABLE_COUNT]
 
 cdef tuple CALL_NAMES = (
     "Send", "Bsend", "Ssend", "Rsend", "Recv", "Sendrecv", "Sendrecv_replace",
@@ -123,7 +134,10 @@ cdef str method_name(int op, int form):
 @cython.final
 cdef class Call:
     """One call of a buffer method, as the call hooks (``mcr.hooks``) and
-    interceptors (``mcr.interceptors``) see it.
+    interceptors (``mcr.interceptors``) see it; interceptors also see the
+    calls that make communicators (``"Dup"``, ``"Split"``, ...) and mpi4py's
+    methods on pickled objects (``"bcast"``, ``"send"``, ...), with mpi4py's
+    arguments.
 
     Attributes
     ----------
@@ -156,9 +170,11 @@ cdef class Call:
 cdef Call call_view(object comm, _Call c):
     """The Call that shows `c` (its backend chosen) to Python code."""
     cdef Call v = Call.__new__(Call)
-    v.comm, v.op, v.form, v.backend = comm, SEEN_NAMES[c.op], FORM_NAMES[c.form], c.name
-    v.args = c.args()
-    v.call = c
+    v.comm, v.form, v.backend, v.call = comm, FORM_NAMES[c.form], c.name, c
+    if OP_TABLE[c.op].flags & OP_COMM:
+        v.op, v.args = c.callname, c.makeargs
+    else:
+        v.op, v.args = SEEN_NAMES[c.op], c.args()
     return v
 
 
@@ -174,6 +190,8 @@ cdef class _Hooks(Interceptor):
         return bool(call_hooks)
 
     cdef object run_call(self, Comm comm, _Call c, Py_ssize_t i):
+        if OP_TABLE[c.op].flags & OP_COMM:      # (the hooks see the buffer methods')
+            return proceed(comm, c, i + 1)
         cdef Call view = call_view(comm, c)
         cdef list after = []
         for hook in tuple(call_hooks):

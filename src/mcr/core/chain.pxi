@@ -60,6 +60,8 @@ cdef class Interceptor:
     cdef object run_call(self, Comm comm, _Call c, Py_ssize_t i):
         """Run `c` as the i-th of the chain (the core's features override
         this: no `next` object is made for them)."""
+        if c.inner:                 # (seen already, as the call that made it)
+            return proceed(comm, c, i + 1)
         cdef _Next n = _Next.__new__(_Next)
         n.comm, n.index = comm, i + 1
         return self.run(call_view(comm, c), n)

@@ -818,10 +818,75 @@ cdef object timed_multi(object requests, double timeout, object test):
 
 # -- mpi4py's point-to-point methods on pickled objects ------------------------------
 
-cdef object obj_p2p(Comm comm, int call, object a, object b, object c, object d,
-                    object e, object f, object g):
-    """mpi4py's point-to-point method `call` (one of OBJ_P2P_NAMES; its
-    arguments in order) on a watched communicator. With a timeout or the
+cdef object meet(Comm comm, str call, int root=-1):
+    """Before a collective call outside the buffer methods (`call`, one
+    of COMM_CALL_NAMES: one that makes or frees a communicator, one of
+    mpi4py's methods on pickled objects, or a neighborhood collective;
+    `root`, or -1), as MPI's block
+    and cannot be interrupted. Watched, it takes the next number in the
+    sequence of collectives, and a record with a timeout or the recorder
+    (returned, pending; else None). Checked, the processes agree on it as
+    on a collective (check_comm_call, polled: a TimeoutError at the
+    timeout); else, with a timeout, they meet in a polled barrier (except
+    for UNAWAITED_CALLS: Free, which does not block, and the non-blocking
+    calls). A TimeoutError leaves the exchange or barrier pending, for the
+    next try, which takes the same number."""
+    cdef _Watch w = comm.watch
+    if comm.ob_mpi == MPI_COMM_NULL:
+        return None                 # (mpi4py's method raises MPI's error)
+    if w is None and recorder_on and not comm.unlogged:
+        w = comm.recorded_watch()
+    if w is None or comm.unlogged:
+        return None
+    w.seq += 1
+    p = comm_call_pend(comm, w, call, w.seq, root) if w.timeout > 0 or recorder_on \
+        else None
+    try:
+        if w.checked:
+            check_comm_call(comm, w, call, root)
+        elif w.timeout > 0 and call not in UNAWAITED_CALLS:
+            if comm.meeting is None:
+                comm.meeting = _MPI.Intracomm.Ibarrier(comm)
+            why = "a neighborhood collective" if call.startswith("Neighbor_") else \
+                "making a communicator is collective" if call[0].isupper() else \
+                "a collective on pickled objects"
+            try:
+                _meet(comm, comm.meeting, f"to call {call} ({why})")
+            except BaseException:
+                w.seq -= 1      # the barrier stays posted: the next try takes this number
+                raise
+            comm.meeting = None
+    except BaseException:
+        if p is not None:
+            pend_end(<_Pend>p, PEND_FAILED)
+        raise
+    return p
+
+
+cdef object watched_comm_call(Comm comm, _Call c, Py_ssize_t i):
+    """A collective call outside the buffer methods, the i-th interceptor's:
+    after Comm.meet (its number, its record; checked, the processes agree on
+    it), its record ended as it returns or raises; a non-blocking one's
+    request as an mcr Request with the record and the timeout."""
+    p = meet(comm, c.callname, c.iroot)
+    try:
+        result = proceed(comm, c, i + 1)
+    except BaseException:
+        if p is not None:
+            pend_end(<_Pend>p, PEND_FAILED)
+        raise
+    if c.kind == COMM_MADE:
+        if p is not None:
+            pend_end(<_Pend>p, PEND_DONE)
+        return result
+    if c.kind == COMM_STARTED:
+        return (result[0], comm.watched_request(p, result[1]))
+    return comm.watched_request(p, result)
+
+
+cdef object obj_p2p(Comm comm, _Call call_, Py_ssize_t i):
+    """mpi4py's point-to-point method `call_` (one of OBJ_P2P_NAMES; its
+    arguments in order), the i-th interceptor's. With a timeout or the
     recorder, the call gets a record. With a timeout, it is polled: a send is
     posted non-blocking (isend, issend) and waited for as a Request (a
     TimeoutError carries it as `request`, pending); a receive or probe tests
@@ -832,10 +897,11 @@ cdef object obj_p2p(Comm comm, int call, object a, object b, object c, object d,
     receive into `buf` does. A sendrecv whose send times out after its
     receive completed gives the object received with the TimeoutError
     (`received`)."""
+    cdef int call = call_.p2p
+    a, b, c, d, e, f, g = call_.makeargs + (None,) * (7 - len(call_.makeargs))
     cdef _Watch w = p2p_watch(comm)
     if w is None:
-        with staged_window():       # (blocking in MPI: the staged operations go on)
-            return obj_p2p_plain(comm, call, a, b, c, d, e, f, g)
+        return proceed(comm, call_, i + 1)
     cdef double timeout = w.timeout
     cdef _Pend p = obj_p2p_pend(comm, w, call, b, c, e, f)
     if timeout > 0 and ((call == P2P_RECV and a is not None)
@@ -848,7 +914,7 @@ cdef object obj_p2p(Comm comm, int call, object a, object b, object c, object d,
     cdef bint got = False
     try:
         if timeout == 0:
-            result = obj_p2p_plain(comm, call, a, b, c, d, e, f, g)
+            result = proceed(comm, call_, i + 1)
         else:
             if call == P2P_SEND or call == P2P_SSEND or call == P2P_SENDRECV:
                 sent = as_mcr_request((_obj_issend if call == P2P_SSEND else _obj_isend)(
@@ -901,18 +967,20 @@ cdef object obj_p2p(Comm comm, int call, object a, object b, object c, object d,
     return result
 
 
-cdef object obj_posted(Comm comm, int call, object a, object b, object c):
-    """mpi4py's non-blocking method `call` (isend, issend, irecv; its
-    arguments in order) on a watched communicator: with a timeout or the
+cdef object obj_posted(Comm comm, _Call call_, Py_ssize_t i):
+    """mpi4py's non-blocking method `call_` (isend, issend, irecv; its
+    arguments in order), the i-th interceptor's: with a timeout or the
     recorder, its request as an mcr Request with the timeout and a record
     (pending until a wait or test completes it: Request.wait and the other
     lowercase methods unpickle a received object as mpi4py's do)."""
     cdef _Watch w = p2p_watch(comm)
     if w is None:
-        return obj_p2p_plain(comm, call, a, b, c, None, None, None, None)
+        return proceed(comm, call_, i + 1)
+    cdef int call = call_.p2p
+    a, b, c = call_.makeargs
     cdef _Pend p = obj_p2p_pend(comm, w, call, b, c, None, None)
     try:
-        q = obj_p2p_plain(comm, call, a, b, c, None, None, None, None)
+        q = proceed(comm, call_, i + 1)
     except BaseException:
         pend_end(p, PEND_FAILED)
         raise
@@ -1051,8 +1119,12 @@ cdef class _Watched(Interceptor):
             comm.watch.checked or comm.watch.timeout > 0)))
 
     cdef object run_call(self, Comm comm, _Call c, Py_ssize_t i):
-        if c.op >= CALL_COUNT:          # (neighbourhood collectives: Comm.meet and made)
+        if OP_TABLE[c.op].flags & OP_NEIGHBOR:    # (Comm.meet and made, inside)
             return proceed(comm, c, i + 1)
+        if c.op == COMM_OP:
+            return watched_comm_call(comm, c, i)
+        if c.op == COMM_P2P_OP:
+            return obj_p2p(comm, c, i) if c.kind == COMM_P2P else obj_posted(comm, c, i)
         cdef _Watch w = comm.recorded_watch()
         cdef _Pend p = None
         cdef Request req

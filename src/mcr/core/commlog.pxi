@@ -276,7 +276,7 @@ cdef class _Logger(Interceptor):
         return log_on and not comm.unlogged
 
     cdef object run_call(self, Comm comm, _Call c, Py_ssize_t i):
-        if c.form == PERSISTENT:
+        if c.form == PERSISTENT or OP_TABLE[c.op].flags & OP_COMM:
             return proceed(comm, c, i + 1)
         cdef long long t0 = now_ns()
         cdef _Rec r

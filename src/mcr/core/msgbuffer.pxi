@@ -568,6 +568,16 @@ cdef class _Call:
     cdef str name
     cdef object why
     cdef object rec
+    # a call outside the buffer methods (op COMM_OP, COMM_P2P_OP): a
+    # constructor, or one of mpi4py's methods on pickled objects: its kind
+    # (COMM_MADE, ...), name ("Dup", "bcast"), mpi4py's function and its
+    # arguments; `inner`: made by a call already on the chain (a
+    # neighbourhood collective's, which the interceptors have seen)
+    cdef int kind, p2p
+    cdef str callname
+    cdef object make
+    cdef tuple makeargs
+    cdef bint inner
     cdef side s, r
     cdef object sown, rown
     cdef int sroom[2 * SMALL_BLOCKS]    # counts and displacements of small vector messages

@@ -136,7 +136,7 @@ cdef object nb_run(Comm comm, int kind, int form, object sendbuf, object recvbuf
         if form == PERSISTENT:
             return nb_composed(comm, kind, PERSISTENT, sub, sendbuf, recvbuf)
         # as Comm.made and Comm.posted, the record naming the backend
-        p = comm.meet(name)
+        p = meet(comm, name)
         if p is not None:
             (<_Pend>p).backend = "mpi" if sub is MPI_SUB else sub.name
         try:
@@ -169,7 +169,7 @@ cdef object nb_run(Comm comm, int kind, int form, object sendbuf, object recvbuf
         return nb_native(comm, kind, form, name, fn, sendbuf, recvbuf, info, m)
     sendspec, recvspec = staged[0], staged[2]
     if form == BLOCKING:
-        comm.made(name, fn, (sendspec, recvspec))
+        comm.made(name, fn, (sendspec, recvspec), -1, True)
         nb_unstage(staged[3])
         return None
     if form == NONBLOCKING:
@@ -188,7 +188,7 @@ cdef object nb_native(Comm comm, int kind, int form, str name, object fn, object
     """mpi4py's method `fn` (`name`) on buffers in host memory (`m`: their
     parsed message, or None)."""
     if form == BLOCKING:
-        return comm.made(name, fn, (sendbuf, recvbuf))
+        return comm.made(name, fn, (sendbuf, recvbuf), -1, True)
     if form == NONBLOCKING:
         q = comm.posted(name, fn, (sendbuf, recvbuf))
         return q if isinstance(q, Request) else as_mcr_request(q, 0, None)

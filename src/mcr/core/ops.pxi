@@ -451,6 +451,9 @@ cdef int define_ops() except -1:
     # the neighbourhood collectives: seen by the interceptors, run by neighbor.pxi
     for kind in range(SEEN_COUNT - CALL_COUNT):
         define(CALL_COUNT + kind, OP_NEIGHBOR, 0, SR, NULL, NULL, NULL)
+    # the calls outside the buffer methods: run by their mpi4py function
+    define(COMM_OP, OP_COMM, 0, (), NULL, NULL, NULL)
+    define(COMM_P2P_OP, OP_COMM | OP_P2P, 0, (), NULL, NULL, NULL)
     return 0
 
 

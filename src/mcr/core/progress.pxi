@@ -106,7 +106,7 @@ cdef class _StagedWindow(Interceptor):
         return staged_on
 
     cdef object run_call(self, Comm comm, _Call c, Py_ssize_t i):
-        if c.form != BLOCKING or c.sub is not None or c.op >= CALL_COUNT:
+        if c.form != BLOCKING or c.sub is not None or OP_TABLE[c.op].flags & OP_NEIGHBOR:
             return proceed(comm, c, i + 1)
         with staged_window():
             return proceed(comm, c, i + 1)
