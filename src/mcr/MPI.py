@@ -43,7 +43,7 @@ from mcr.log import _from_env as _log_from_env  # noqa: E402
 
 _log_from_env()
 
-_MethodDescriptor = type(_Comm.__dict__["Free"])
+_MethodDescriptor = type(_Comm.__dict__["Send"])
 
 # mpi4py's class of a topology communicator -> mcr's
 _TOPOLOGIES = {_mpi4py.Cartcomm: _Cartcomm, _mpi4py.Graphcomm: _Graphcomm,
@@ -93,10 +93,13 @@ def _peer(cls, core, peer, methods):
     """Make `cls` (over mcr's `core` class) accept `peer`, mpi4py's class, and
     run the methods of `methods`, mpi4py's class, on mpi4py's objects."""
     _PEERS[cls] = peer
-    for name, value in vars(core).items():
-        if type(value) is _MethodDescriptor and not name.startswith("__") \
-                and hasattr(methods, name):
-            _UNBOUND[value] = _dispatcher(core, value, getattr(methods, name))
+    for klass in core.__mro__:          # mcr's classes (Comm and its base _CommBase)
+        if klass.__module__ != "mcr._core":
+            continue
+        for name, value in vars(klass).items():
+            if type(value) is _MethodDescriptor and not name.startswith("__") \
+                    and hasattr(methods, name):
+                _UNBOUND[value] = _dispatcher(core, value, getattr(methods, name))
     return cls
 
 

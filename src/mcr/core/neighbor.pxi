@@ -644,3 +644,184 @@ cdef list nb_rounds(tuple plan, int kind, _Call m):
         r = rounds[rround[k]]
         r[2][i], r[3][i] = c * re, d * re
     return rounds
+
+
+class _Neighborhood:
+    """The neighborhood collectives of mcr's topologies (neighbor.pxi): on
+    MPI, mpi4py's methods move the data (CUDA tensors staged through host
+    copies); on another backend, they are composed of its Alltoallv. Checked
+    mode, timeouts and the flight recorder see the blocking and non-blocking
+    forms (`Comm.made`, `Comm.posted`)."""
+
+    __slots__ = ()
+
+    def Neighbor_allgather(self, sendbuf, recvbuf, *, backend=None):
+        """Gather a block from every neighbour (collective).
+
+        Parameters
+        ----------
+        sendbuf : message spec
+            The block every neighbour receives.
+        recvbuf : message spec
+            One block per source neighbour, in the topology's order.
+        backend : str or None
+            ``"mpi"`` (mpi4py's method), another backend (composed of its
+            ``Alltoallv``), ``"auto"`` (MPI) or None (the default).
+        """
+        return neighbor(<Comm>self, NB_ALLGATHER, BLOCKING, sendbuf, recvbuf, backend, None)
+
+    def Neighbor_allgatherv(self, sendbuf, recvbuf, *, backend=None):
+        """Gather blocks of any size from every neighbour (collective).
+
+        Parameters
+        ----------
+        sendbuf : message spec
+            The block every neighbour receives.
+        recvbuf : vector message spec
+            ``[buf, counts, displs]``: ``counts[i]`` elements from the
+            ``i``-th source neighbour land at ``displs[i]``.
+        backend : str or None
+            ``"mpi"`` (mpi4py's method), another backend (composed of its
+            ``Alltoallv``), ``"auto"`` (MPI) or None (the default).
+        """
+        return neighbor(<Comm>self, NB_ALLGATHERV, BLOCKING, sendbuf, recvbuf, backend, None)
+
+    def Neighbor_alltoall(self, sendbuf, recvbuf, *, backend=None):
+        """Exchange one block with every neighbour (collective).
+
+        Parameters
+        ----------
+        sendbuf : message spec
+            One block per destination neighbour, in the topology's order.
+        recvbuf : message spec
+            One block per source neighbour.
+        backend : str or None
+            ``"mpi"`` (mpi4py's method), another backend (composed of its
+            ``Alltoallv``), ``"auto"`` (MPI) or None (the default).
+        """
+        return neighbor(<Comm>self, NB_ALLTOALL, BLOCKING, sendbuf, recvbuf, backend, None)
+
+    def Neighbor_alltoallv(self, sendbuf, recvbuf, *, backend=None):
+        """Exchange blocks of any size with every neighbour (collective).
+
+        Parameters
+        ----------
+        sendbuf : vector message spec
+            ``[buf, counts, displs]``, a block per destination neighbour.
+        recvbuf : vector message spec
+            ``[buf, counts, displs]``, a block per source neighbour.
+        backend : str or None
+            ``"mpi"`` (mpi4py's method), another backend (composed of its
+            ``Alltoallv``), ``"auto"`` (MPI) or None (the default).
+        """
+        return neighbor(<Comm>self, NB_ALLTOALLV, BLOCKING, sendbuf, recvbuf, backend, None)
+
+    def Neighbor_alltoallw(self, sendbuf, recvbuf, *, backend=None):
+        """Exchange blocks of any datatype with every neighbour (collective; backend MPI only).
+
+        Parameters
+        ----------
+        sendbuf : [buf, counts, displs, datatypes]
+            As mpi4py's, a block per destination neighbour.
+        recvbuf : [buf, counts, displs, datatypes]
+            A block per source neighbour.
+        backend : str or None
+            ``"mpi"`` (mpi4py's method), another backend (composed of its
+            ``Alltoallv``), ``"auto"`` (MPI) or None (the default).
+        """
+        return neighbor(<Comm>self, NB_ALLTOALLW, BLOCKING, sendbuf, recvbuf, backend, None)
+
+    def Ineighbor_allgather(self, sendbuf, recvbuf, *, backend=None):
+        """Start ``Neighbor_allgather``; return its ``Request``."""
+        return neighbor(<Comm>self, NB_ALLGATHER, NONBLOCKING, sendbuf, recvbuf, backend, None)
+
+    def Ineighbor_allgatherv(self, sendbuf, recvbuf, *, backend=None):
+        """Start ``Neighbor_allgatherv``; return its ``Request``."""
+        return neighbor(<Comm>self, NB_ALLGATHERV, NONBLOCKING, sendbuf, recvbuf, backend, None)
+
+    def Ineighbor_alltoall(self, sendbuf, recvbuf, *, backend=None):
+        """Start ``Neighbor_alltoall``; return its ``Request``."""
+        return neighbor(<Comm>self, NB_ALLTOALL, NONBLOCKING, sendbuf, recvbuf, backend, None)
+
+    def Ineighbor_alltoallv(self, sendbuf, recvbuf, *, backend=None):
+        """Start ``Neighbor_alltoallv``; return its ``Request``."""
+        return neighbor(<Comm>self, NB_ALLTOALLV, NONBLOCKING, sendbuf, recvbuf, backend, None)
+
+    def Ineighbor_alltoallw(self, sendbuf, recvbuf, *, backend=None):
+        """Start ``Neighbor_alltoallw``; return its ``Request``."""
+        return neighbor(<Comm>self, NB_ALLTOALLW, NONBLOCKING, sendbuf, recvbuf, backend, None)
+
+    def Neighbor_allgather_init(self, sendbuf, recvbuf, info=None, *, backend=None):
+        """Persistent ``Neighbor_allgather``; arguments as ``Neighbor_allgather``, plus `info`."""
+        return neighbor(<Comm>self, NB_ALLGATHER, PERSISTENT, sendbuf, recvbuf, backend, info)
+
+    def Neighbor_allgatherv_init(self, sendbuf, recvbuf, info=None, *, backend=None):
+        """Persistent ``Neighbor_allgatherv``; arguments as ``Neighbor_allgatherv``, plus `info`."""
+        return neighbor(<Comm>self, NB_ALLGATHERV, PERSISTENT, sendbuf, recvbuf, backend, info)
+
+    def Neighbor_alltoall_init(self, sendbuf, recvbuf, info=None, *, backend=None):
+        """Persistent ``Neighbor_alltoall``; arguments as ``Neighbor_alltoall``, plus `info`."""
+        return neighbor(<Comm>self, NB_ALLTOALL, PERSISTENT, sendbuf, recvbuf, backend, info)
+
+    def Neighbor_alltoallv_init(self, sendbuf, recvbuf, info=None, *, backend=None):
+        """Persistent ``Neighbor_alltoallv``; arguments as ``Neighbor_alltoallv``, plus `info`."""
+        return neighbor(<Comm>self, NB_ALLTOALLV, PERSISTENT, sendbuf, recvbuf, backend, info)
+
+    def Neighbor_alltoallw_init(self, sendbuf, recvbuf, info=None, *, backend=None):
+        """Persistent ``Neighbor_alltoallw``; arguments as ``Neighbor_alltoallw``, plus `info`."""
+        return neighbor(<Comm>self, NB_ALLTOALLW, PERSISTENT, sendbuf, recvbuf, backend, info)
+
+    def neighbor_allgather(self, sendobj):
+        """Gather pickled objects from every neighbour (collective); see mpi4py."""
+        return (<Comm>self).made("neighbor_allgather", _MPI.Topocomm.neighbor_allgather,
+                                 (sendobj,))
+
+    def neighbor_alltoall(self, sendobj):
+        """Exchange pickled objects with every neighbour (collective); see mpi4py."""
+        return (<Comm>self).made("neighbor_alltoall", _MPI.Topocomm.neighbor_alltoall,
+                                 (sendobj,))
+
+
+class Cartcomm(Comm, _Neighborhood, _MPI.Cartcomm):
+    """A communicator with a Cartesian topology (``Comm.Create_cart``): an
+    ``mcr.Comm`` (every buffer method, on every backend) and an
+    ``mpi4py.MPI.Cartcomm`` (``Get_topo``, ``Get_coords``, ``Shift``, ...,
+    and the neighborhood collectives, on every backend)."""
+
+    __slots__ = ()
+
+    def Sub(self, remain_dims):
+        """The lower-dimensional grids that keep the dimensions where
+        `remain_dims` is true (collective): an ``mcr.Cartcomm`` with this
+        communicator's settings; see mpi4py."""
+        return (<Comm>self).topology((<Comm>self).made("Sub", _MPI.Cartcomm.Sub,
+                                                      (remain_dims,)))
+
+
+class Graphcomm(Comm, _Neighborhood, _MPI.Graphcomm):
+    """A communicator with a graph topology (``Comm.Create_graph``): an
+    ``mcr.Comm`` and an ``mpi4py.MPI.Graphcomm`` (``Get_topo``,
+    ``Get_neighbors``, ..., and the neighborhood collectives)."""
+
+    __slots__ = ()
+
+
+class Distgraphcomm(Comm, _Neighborhood, _MPI.Distgraphcomm):
+    """A communicator with a distributed graph topology
+    (``Comm.Create_dist_graph``, ``Comm.Create_dist_graph_adjacent``): an
+    ``mcr.Comm`` and an ``mpi4py.MPI.Distgraphcomm`` (``Get_dist_neighbors``,
+    ..., and the neighborhood collectives)."""
+
+    __slots__ = ()
+
+
+# the calls for which `meet` posts no barrier under a timeout: Free does not
+# block, the non-blocking ones (Idup, Ineighbor_...) must not
+cdef tuple UNAWAITED_CALLS = ("Free", "Idup", "Idup_with_info", "Ineighbor_allgather",
+                               "Ineighbor_allgatherv", "Ineighbor_alltoall",
+                               "Ineighbor_alltoallv", "Ineighbor_alltoallw")
+
+
+# mpi4py's class of a topology communicator -> mcr's
+cdef dict TOPOLOGY_CLASSES = {_MPI.Cartcomm: Cartcomm, _MPI.Graphcomm: Graphcomm,
+                              _MPI.Distgraphcomm: Distgraphcomm}
