@@ -578,6 +578,13 @@ cdef class Comm(_CommBase):
 
     def Barrier(self, *, backend=None):
         """Block until every process of the communicator has called it."""
+        cdef int ierr
+        if self.epoch == chain_epoch and self.chain is None and self.sub(backend) is None \
+                and self.ob_mpi != MPI_COMM_NULL:
+            with nogil:                   # (a barrier has nothing to parse: no call made)
+                ierr = MPI_Barrier(self.ob_mpi)
+            CHKERR(ierr)
+            return None
         return self.call(coll_call(CALL_BARRIER, BLOCKING, backend, None, None))
 
     def Ibarrier(self, *, backend=None):
