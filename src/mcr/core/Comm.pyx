@@ -1,8 +1,8 @@
 # Comm: an mpi4py Intracomm whose buffer methods run on tensors and any buffer.
-# Each operation has one `call_*` method that parses and validates the message
-# and calls MPI with the GIL released, in the form `mode` asks for (blocking,
-# non-blocking or persistent into `req`; include/mcr/dispatch.h); the public
-# methods are thin wrappers around it.
+# Each public method makes its call (a _Call: the operation, form, backend and
+# arguments by name) and hands it to Comm.call, which runs it through the
+# communicator's interceptors (chain.pxi) and posts it with the functions of
+# the operation's descriptor (ops.pxi); the rest of Comm is in commbase.pxi.
 
 cdef object SUM = _mpi4py.SUM
 cdef object ANY_SOURCE = _mpi4py.ANY_SOURCE
@@ -346,9 +346,7 @@ cdef class Comm(_CommBase):
 
     cdef object call(self, _Call c):
         cdef object sub = self.sub(c.backend)
-        if self.epoch != chain_epoch:
-            self.rebuild_chain()
-        if self.chain is None and c.compress is None:
+        if self.current_chain() is None and c.compress is None:
             if sub is None:
                 return self.on_mpi(c, False)
             if sub is AUTO_SUB:
@@ -375,10 +373,8 @@ cdef class Comm(_CommBase):
         if c.op >= CALL_COUNT:
             return nb_run(self, c.op - CALL_COUNT, c.form, c.sendbuf, c.recvbuf, c.backend,
                           c.info)
-        if c.sub is None:
+        if c.sub is None:                 # (auto has chosen: it is in every chain)
             return self.on_mpi(c, False)
-        if c.sub is AUTO_SUB:
-            return self.on_auto(c)
         return self.on_backend(c.sub, c, c.backend)
 
     def _again(self, c, backend):
@@ -579,7 +575,7 @@ cdef class Comm(_CommBase):
     def Barrier(self, *, backend=None):
         """Block until every process of the communicator has called it."""
         cdef int ierr
-        if self.epoch == chain_epoch and self.chain is None and self.sub(backend) is None \
+        if self.current_chain() is None and self.sub(backend) is None \
                 and self.ob_mpi != MPI_COMM_NULL:
             with nogil:                   # (a barrier has nothing to parse: no call made)
                 ierr = MPI_Barrier(self.ob_mpi)

@@ -1,10 +1,8 @@
 # The operations of the one call path (Comm.call) and the call hooks.
 #
-# CALL_NAMES is the table: an operation's id is its position, and its arguments
-# come in the order of its blocking method's signature (CALL_NARGS of them).
-# Comm.call relies on three runs of it: the send modes in dispatch.h's order
-# (STANDARD, BUFFERED, SYNCHRONOUS, READY), the receives (Recv, Sendrecv,
-# Sendrecv_replace) and Allreduce, Scan, Exscan (call_allreduce's kinds).
+# CALL_NAMES: an operation's id is its position; its descriptor (OP_TABLE,
+# below) says the rest. The persistent form relies on the order of the first
+# ids: the sends, then Recv (MPI-1's persistent point-to-point).
 
 cdef enum:
     CALL_SEND

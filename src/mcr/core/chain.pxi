@@ -140,7 +140,4 @@ def _changed():
 
 def _chain(comm):
     """The interceptors `comm`'s calls run through now (those that apply)."""
-    cdef Comm c = <Comm?>comm
-    if c.epoch != chain_epoch:
-        c.rebuild_chain()
-    return list(c.chain or ())
+    return list((<Comm?>comm).current_chain() or ())

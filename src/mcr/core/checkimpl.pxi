@@ -445,7 +445,7 @@ cdef int check_comm_call(Comm comm, _Watch w, str call, int root) except -1:
     uninterruptibly (or, for Free, leaves the others waiting): when one calls
     another of these or a collective instead, every process raises
     MismatchError. The call has its number in the sequence of collectives
-    already (Comm.meet)."""
+    already (meet)."""
     cdef bytearray mine = bytearray(FP_BYTES)
     cdef char *mbuf = mine
     cdef long long *f = <long long*>mbuf
@@ -865,7 +865,7 @@ cdef object meet(Comm comm, str call, int root=-1):
 
 cdef object watched_comm_call(Comm comm, _Call c, Py_ssize_t i):
     """A collective call outside the buffer methods, the i-th interceptor's:
-    after Comm.meet (its number, its record; checked, the processes agree on
+    after meet (its number, its record; checked, the processes agree on
     it), its record ended as it returns or raises; a non-blocking one's
     request as an mcr Request with the record and the timeout."""
     p = meet(comm, c.callname, c.iroot)
@@ -1119,7 +1119,7 @@ cdef class _Watched(Interceptor):
             comm.watch.checked or comm.watch.timeout > 0)))
 
     cdef object run_call(self, Comm comm, _Call c, Py_ssize_t i):
-        if OP_TABLE[c.op].flags & OP_NEIGHBOR:    # (Comm.meet and made, inside)
+        if OP_TABLE[c.op].flags & OP_NEIGHBOR:    # (meet, inside: Comm.made)
             return proceed(comm, c, i + 1)
         if c.op == COMM_OP:
             return watched_comm_call(comm, c, i)

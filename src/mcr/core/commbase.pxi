@@ -21,12 +21,14 @@ cdef class _CommBase(_MPI.Intracomm):
     cdef tuple chain               # the interceptors its calls run through; None: none
     cdef tuple zchain              # ... and compression, for a call that passes compress
 
-    cdef int rebuild_chain(self) except -1:
-        """The interceptors its calls run through, as the settings are now."""
-        self.chain = build_chain(<Comm>self, None)
-        self.zchain = build_chain(<Comm>self, COMPRESSION)
-        self.epoch = chain_epoch
-        return 0
+    cdef inline tuple current_chain(self):
+        """The interceptors its calls run through (None: none), built again
+        when a setting has changed since (chain_epoch); `zchain` with it."""
+        if self.epoch != chain_epoch:
+            self.chain = build_chain(<Comm>self, None)
+            self.zchain = build_chain(<Comm>self, COMPRESSION)
+            self.epoch = chain_epoch
+        return self.chain
 
     def __cinit__(self, *args, **kwargs):
         self.deferred = MPI_COMM_NULL
@@ -403,15 +405,16 @@ cdef class _CommBase(_MPI.Intracomm):
                           int root, bint inner, int p2p=0):
         """A call outside the buffer methods, as a _Call on the chain (none:
         mpi4py's function at once)."""
-        if self.epoch != chain_epoch:
-            self.rebuild_chain()
+        cdef tuple chain = self.current_chain()
+        if chain is None and kind < COMM_P2P:
+            return make(self, *args)
         cdef _Call c = _Call.__new__(_Call)
         c.op = COMM_P2P_OP if kind >= COMM_P2P else COMM_OP
         c.form, c.kind, c.p2p, c.callname, c.make, c.makeargs = form, kind, p2p, name, make, args
         c.iroot, c.inner, c.name = root, inner, "mpi"
-        if self.chain is None:
+        if chain is None:
             return (<Comm>self).post_call(c)
-        c.chain = self.chain
+        c.chain = chain
         return proceed(<Comm>self, c, 0)
 
     cdef object inherit(self, object comm):

@@ -64,14 +64,13 @@ cdef object neighbor(Comm comm, int kind, int form, object sendbuf, object recvb
     `backend` (auto: MPI, as there is no tuning entry for these), through
     the communicator's interceptors (op CALL_COUNT + kind, arguments
     (sendbuf, recvbuf)) as a buffer method's call."""
-    if comm.epoch != chain_epoch:
-        comm.rebuild_chain()
-    if comm.chain is None:
+    cdef tuple chain = comm.current_chain()
+    if chain is None:
         return nb_run(comm, kind, form, sendbuf, recvbuf, backend, info)
     comm.prologue(None)
     cdef _Call c = coll_call(CALL_COUNT + kind, form, backend, info, None, sendbuf, recvbuf)
     c.sub = comm.sub(backend)
-    c.chain = comm.chain
+    c.chain = chain
     return proceed(comm, c, 0)
 
 
