@@ -15,7 +15,7 @@ import mcr.stages
 from mpiharness import case, mpi_cases
 from util import assert_comm_works, raises
 
-BUILTIN = ["fusion flush", "auto", "hooks", "staged window",
+BUILTIN = ["progress engine", "auto", "hooks",
            "checked mode, timeouts, flight recorder", "logger", "compression"]
 
 
@@ -141,21 +141,21 @@ def the_chain_follows_the_settings(comm):
     assert [x.name for x in icp.chain(dup)] == ["auto", "compression"]
     dup.compress = None
     dup.timeout = 5
-    assert [x.name for x in icp.chain(dup)] == ["auto", BUILTIN[4]]
+    assert [x.name for x in icp.chain(dup)] == ["auto", BUILTIN[3]]
     dup.timeout = None
     assert icp.chain(dup) == []
     hook = lambda call: None                         # noqa: E731
     with mcr.hooks.installed(hook):
         assert [x.name for x in icp.chain(dup)] == ["auto", "hooks"]
         dup.checked = True
-        assert [x.name for x in icp.chain(dup)] == ["auto", "hooks", BUILTIN[4]]
+        assert [x.name for x in icp.chain(dup)] == ["auto", "hooks", BUILTIN[3]]
         assert [x.name for x in icp.chain(comm)] == ["auto", "hooks"]
         dup.checked = False
     assert icp.chain(dup) == []
     idle = Idle()                                    # staged operations pending
     mcr.stages.enlist(idle)
     try:
-        assert [x.name for x in icp.chain(dup)] == ["fusion flush", "auto", "staged window"]
+        assert [x.name for x in icp.chain(dup)] == ["progress engine", "auto"]
     finally:
         mcr.stages.dismiss(idle)
     assert icp.chain(dup) == []

@@ -70,6 +70,7 @@ stage, as they would for any process that stopped calling.
 
 from __future__ import annotations
 
+import sys
 import threading
 import warnings
 from collections import deque
@@ -103,14 +104,14 @@ def enlist(driver: Any) -> None:
     with LOCK:
         if driver not in _active:
             _active[driver] = None
-            _core._set_staged(True)
+            _core._engine_busy(True)
 
 
 def dismiss(driver: Any) -> None:
     """Stop driving ``driver``."""
     with LOCK:
         if _active.pop(driver, 0) is None and not _active:
-            _core._set_staged(False)
+            _core._engine_busy(False)
 
 
 def blocked_thread() -> int | None:
@@ -425,3 +426,8 @@ class window:
         if self.helper is not None:
             self.helper.close()
             _depth -= 1
+
+
+# this module is the core's progress engine: its waits, tests and blocking
+# calls drive what is enlisted here (pump_all, window, before_collective)
+_core._set_engine(sys.modules[__name__])

@@ -242,13 +242,12 @@ cdef class Comm(_CommBase):
         cdef int itag = as_tag(tag, b"tag", True)
         cdef MPI_Status *sp = status_ptr(status)
         cdef int ierr
-        if staged_on:
-            with staged_window():
-                with nogil:
-                    ierr = MPI_Probe(isource, itag, self.ob_mpi, sp)
-        else:
+        window = progress_enter()
+        try:
             with nogil:
                 ierr = MPI_Probe(isource, itag, self.ob_mpi, sp)
+        finally:
+            progress_exit(window)
         CHKERR(ierr)
         status_type(status, MPI_DATATYPE_NULL)     # no receive yet: counts in bytes
         return True
@@ -431,7 +430,7 @@ cdef class Comm(_CommBase):
         else:
             self.post_mpi(c, PERSISTENT, info, &preq.ob_mpi)
             preq.ob_buf = c       # staged device buffers are copied at each start
-            preq.logop = c.op + 1
+            preq.op = c.op + 1
         return preq
 
     cdef int post_mpi(self, _Call c, int form, MPI_Info info, MPI_Request *req) except -1:

@@ -18,9 +18,7 @@ cdef class Request(_MPI.Request):
     """
     cdef MPI_Datatype rtype      # element type of a receive, for Status.Get_count
     cdef _Work ext               # the non-MPI part (backend works, steps), or None
-    cdef object rec              # the logger's record (commlog.pxi), or None
-    cdef double timeout          # seconds a wait may last (checkimpl.pxi); 0: no limit
-    cdef object pend             # the call's record for timeouts and the recorder, or None
+    cdef _Observer obs           # told when the operation ends (completion.pxi), or None
     cdef bint shared             # another object holds the same handle: a copy, Request(other)
     cdef bint made               # __cinit__ ran (not when mpi4py's refused the arguments)
     cdef object owner            # the Comm it was posted on, until it completes (Comm.Free)
@@ -70,7 +68,7 @@ cdef class Request(_MPI.Request):
         cdef MPI_Status *sp = status_ptr(status)
         cdef MPI_Status own
         cdef int ierr
-        if self.timeout > 0:
+        if self.obs is not None and least_limit(self.obs) > 0:
             return timed_wait(self, status)
         if self.ext is not None:
             wait_work(self.ext)
@@ -79,13 +77,12 @@ cdef class Request(_MPI.Request):
             return True
         if sp == MPI_STATUS_IGNORE and self.rtype != MPI_DATATYPE_NULL:
             sp = &own                 # a receive's status explains a truncation
-        if staged_on:
-            with staged_window():
-                with nogil:
-                    ierr = MPI_Wait(&self.ob_mpi, sp)
-        else:
+        window = progress_enter()
+        try:
             with nogil:
                 ierr = MPI_Wait(&self.ob_mpi, sp)
+        finally:
+            progress_exit(window)
         if ierr != MPI_SUCCESS:
             self.failed(ierr, sp)
         self.complete(status)
@@ -107,8 +104,7 @@ cdef class Request(_MPI.Request):
         cdef MPI_Status *sp = status_ptr(status)
         cdef MPI_Status own
         cdef int flag = 0, ierr
-        if staged_on:
-            pump_staged()
+        progress_poll()
         if self.ext is not None:
             if not self.ext.test():
                 mpi_progress()
@@ -168,8 +164,8 @@ cdef class Request(_MPI.Request):
     def Free(self):
         """Release the request; the operation goes on, its buffers must not be
         touched until it would have completed."""
-        if self.pend is not None:
-            pend_end(<_Pend>self.pend, PEND_DONE)     # no longer waited for
+        if self.obs is not None:
+            notify(self, OBS_FREED)                     # no longer waited for
         if self.ext is not None:
             detach(self.ext)
             self.ext = None
@@ -208,17 +204,7 @@ cdef class Request(_MPI.Request):
             If MPI reports an error (``ERR_IN_STATUS``; a truncated receive is
             noted with the sizes, source and tag).
         """
-        requests = as_requests(requests)
-        check_statuses(statuses)
-        cdef double timeout = requests_timeout(requests) if watched_comms else 0
-        if timeout > 0:
-            return timed_multi(requests, timeout,
-                               lambda: (cls.Testall(requests, statuses), True))
-        if not has_work(requests) and staged_on:
-            with staged_window():      # (blocking in MPI: the staged operations go on)
-                return complete_all(requests, statuses, True)
-        return complete_all(requests, statuses, True) if not has_work(requests) else \
-            mixed_all(requests, statuses, True)
+        return completion(K_ALL, requests, statuses, True)
 
     @classmethod
     def Testall(cls, requests, statuses=None):
@@ -235,12 +221,7 @@ cdef class Request(_MPI.Request):
         bool
             True when every request has completed.
         """
-        if staged_on:
-            pump_staged()
-        requests = as_requests(requests)
-        check_statuses(statuses)
-        return complete_all(requests, statuses, False) if not has_work(requests) else \
-            mixed_all(requests, statuses, False)
+        return completion(K_ALL, requests, statuses, False)
 
     @classmethod
     def Waitany(cls, requests, status=None):
@@ -258,16 +239,7 @@ cdef class Request(_MPI.Request):
             The index of the completed request, or ``UNDEFINED`` if none of
             `requests` is active.
         """
-        requests = as_requests(requests)
-        check_status(status)
-        cdef double timeout = requests_timeout(requests) if watched_comms else 0
-        if timeout > 0:
-            return timed_multi(requests, timeout, lambda: tested_any(cls, requests, status))
-        if not has_work(requests) and staged_on:
-            with staged_window():      # (blocking in MPI: the staged operations go on)
-                return complete_any(requests, status, True)
-        return complete_any(requests, status, True) if not has_work(requests) else \
-            mixed_any(requests, status, True)
+        return completion(K_ANY, requests, status, True)
 
     @classmethod
     def Testany(cls, requests, status=None):
@@ -279,12 +251,7 @@ cdef class Request(_MPI.Request):
             ``(index, True)`` for a completed request, ``(UNDEFINED, True)`` if
             none is active, ``(UNDEFINED, False)`` if none has completed yet.
         """
-        if staged_on:
-            pump_staged()
-        requests = as_requests(requests)
-        check_status(status)
-        return complete_any(requests, status, False) if not has_work(requests) else \
-            mixed_any(requests, status, False)
+        return completion(K_ANY, requests, status, False)
 
     @classmethod
     def Waitsome(cls, requests, statuses=None):
@@ -303,26 +270,12 @@ cdef class Request(_MPI.Request):
             The indices of the requests that completed, or None if none of
             `requests` is active.
         """
-        requests = as_requests(requests)
-        check_statuses(statuses)
-        cdef double timeout = requests_timeout(requests) if watched_comms else 0
-        if timeout > 0:
-            return timed_multi(requests, timeout, lambda: tested_some(cls, requests, statuses))
-        if not has_work(requests) and staged_on:
-            with staged_window():      # (blocking in MPI: the staged operations go on)
-                return complete_some(requests, statuses, True)
-        return complete_some(requests, statuses, True) if not has_work(requests) else \
-            mixed_some(requests, statuses, True)
+        return completion(K_SOME, requests, statuses, True)
 
     @classmethod
     def Testsome(cls, requests, statuses=None):
         """Like ``Waitsome`` without blocking: the list may be empty."""
-        if staged_on:
-            pump_staged()
-        requests = as_requests(requests)
-        check_statuses(statuses)
-        return complete_some(requests, statuses, False) if not has_work(requests) else \
-            mixed_some(requests, statuses, False)
+        return completion(K_SOME, requests, statuses, False)
 
     @classmethod
     def Get_status_all(cls, requests, statuses=None):
@@ -534,8 +487,7 @@ cdef bint needs_mcr(object requests) except -1:
     for req in requests:
         if isinstance(req, Request):
             r = <Request>req
-            if r.ext is not None or r.pend is not None or r.rec is not None or \
-                    r.timeout > 0 or type(r.ob_buf) is _Call:
+            if r.ext is not None or r.obs is not None or type(r.ob_buf) is _Call:
                 return True
     return False
 
@@ -565,11 +517,11 @@ cdef tuple tested_one(object req, object status):
     try:
         flag, obj = _MPI.Request.test(r, status)      # (unpickles a received object)
     except BaseException:
-        if r.pend is not None:
-            pend_end(<_Pend>r.pend, PEND_FAILED)
+        if r.obs is not None:
+            notify(r, OBS_FAILED)
         raise
-    if flag and r.pend is not None:
-        pend_end(<_Pend>r.pend, PEND_DONE)
+    if flag and r.obs is not None:
+        notify(r, OBS_DONE)
     return flag, obj
 
 
@@ -577,32 +529,24 @@ cdef object pickled_wait(Request req, object status):
     """wait on one of mpi4py's operations on pickled objects made an mcr
     Request (a watched comm.irecv, ...): polled with a timeout, else mpi4py's
     wait; its record ends with it."""
-    if req.timeout > 0:
+    if req.obs is not None and least_limit(req.obs) > 0:
         return polled([req], lambda: tested_one(req, status))
     try:
         obj = _MPI.Request.wait(req, status)
     except BaseException:
-        if req.pend is not None:
-            pend_end(<_Pend>req.pend, PEND_FAILED)
+        if req.obs is not None:
+            notify(req, OBS_FAILED)
         raise
-    if req.pend is not None:
-        pend_end(<_Pend>req.pend, PEND_DONE)
+    if req.obs is not None:
+        notify(req, OBS_DONE)
     return obj
 
 
 cdef object polled(list requests, object test):
-    """Poll `test()` -> (done, result) until done, at the requests' shortest
-    timeout if any (TimeoutError naming them)."""
-    cdef double timeout = requests_timeout(requests) if watched_comms else 0
-    if timeout > 0:
-        return timed_multi(requests, timeout, test)
-    cdef int spins = 0
-    while True:
-        done, result = test()
-        if done:
-            return result
-        idle(spins)
-        spins += 1
+    """Wait, in until_done, until `test()` -> (done, result) says done."""
+    cdef _Turn turn = _Turn.__new__(_Turn)
+    turn.test = test
+    return until_done(requests, turn, True)
 
 
 cdef tuple pickled_all(list requests, object statuses):
@@ -657,11 +601,6 @@ cdef MPI_Status empty_status_value() noexcept:
     return empty_status
 
 
-cdef tuple tested_any(object cls, object requests, object status):
-    index, flag = cls.Testany(requests, status)
-    return flag, index
-
-
 cdef tuple any_done(tuple tested):
     index, flag, obj = tested
     return flag, (index, obj)
@@ -670,11 +609,6 @@ cdef tuple any_done(tuple tested):
 cdef tuple some_done(tuple tested):
     indices, objects = tested
     return indices is None or len(indices) > 0, (indices, objects)
-
-
-cdef tuple tested_some(object cls, object requests, object statuses):
-    done = cls.Testsome(requests, statuses)
-    return done is None or len(done) > 0, done
 
 
 cdef MPI_Status empty_status      # what a status holds where MPI writes none
@@ -812,7 +746,7 @@ cdef bint persistent_collectives(list requests) except -1:
 
 
 cdef inline bint is_persistent_collective(object r) noexcept:
-    return isinstance(r, Prequest) and (<Prequest>r).logop > CALL_BARRIER
+    return isinstance(r, Prequest) and (<Prequest>r).op > CALL_BARRIER
 
 
 cdef int each_all(_Handles h, bint wait, int *flag) except? -1:
@@ -949,20 +883,46 @@ cdef int completed(Request req) except -1:
 cdef int finished(_MPI.Request req) except -1:
     """The one place a request's completion is seen (Wait, Test and the
     class methods alike): a staged result is copied back, the buffers of a
-    non-persistent request let go, and the logger's record, the call's
-    record (timeouts, flight recorder) and the communicator's count of
-    pending operations told."""
+    non-persistent request let go, its observers (the logger's record, the
+    call's record for timeouts and the flight recorder) and the
+    communicator's count of pending operations told."""
     release_buffers(req)
     if not isinstance(req, Request):
         return 0
     cdef Request r = <Request>req
-    if r.rec is not None:
-        log_done(r)
-    if r.pend is not None:
-        pend_end(<_Pend>r.pend, PEND_DONE)
+    if r.obs is not None:
+        notify(r, OBS_DONE)
     if r.owner is not None:
         settle(r)
     return 0
+
+
+cdef _Observer notify(Request req, int how):
+    """Tell `req`'s observers how its operation ended (OBS_*); those that
+    stay attached stay on `req` for OBS_DONE and OBS_FAILED, and are
+    returned (taken off `req`) for OBS_FREED and OBS_DROPPED."""
+    head, req.obs = req.obs, None
+    kept = notify_all(head, how)
+    if how == OBS_DONE or how == OBS_FAILED:
+        req.obs = kept
+    return kept
+
+
+cdef inline int observe(Request req, _Observer o) except -1:
+    """Attach observer `o` to `req`."""
+    req.obs = linked(req.obs, o)
+    return 0
+
+
+cdef double requests_limit(object requests) except -1:
+    """The shortest time limit of the observers of `requests` (0: none)."""
+    cdef double t = 0, x
+    for r in requests:
+        if isinstance(r, Request) and (<Request>r).obs is not None:
+            x = least_limit((<Request>r).obs)
+            if x > 0 and (t == 0 or x < t):
+                t = x
+    return t
 
 
 cdef int settle(Request req) except -1:
@@ -985,7 +945,8 @@ cdef int detach_mpi(Request req) except -1:
     cdef Request keeper = Request.__new__(Request)
     keeper.ob_mpi, req.ob_mpi = req.ob_mpi, MPI_REQUEST_NULL
     keeper.ob_buf, req.ob_buf = req.ob_buf, None
-    keeper.pend, req.pend = req.pend, None   # (Free ended it: no longer waited for)
+    if req.obs is not None:
+        keeper.obs = notify(req, OBS_DROPPED)   # (those that follow the operation)
     keeper.owner, req.owner = req.owner, None
     cdef _Work w = _Work.__new__(_Work)
     w.backend = "mpi"
@@ -1038,28 +999,29 @@ cdef void dropped(Request req) noexcept:
     cdef _Work w = req.ext
     if w is not None:
         if w.failed:                        # its wait raised: nothing left to do
-            if req.pend is not None:
-                pend_end(<_Pend>req.pend, PEND_FAILED)
+            if req.obs is not None:
+                notify(req, OBS_FAILED)
         else:
-            w.pend, req.pend = req.pend, None   # (pending till the work is over)
+            if req.obs is not None:             # (those that follow it till the work is over)
+                w.obs = notify(req, OBS_DROPPED)
             detach(w)                       # (settled at once if nothing is left to wait for)
         return
     if req.shared or req.ob_mpi == MPI_REQUEST_NULL:
         return
     ierr = MPI_Test(&req.ob_mpi, &flag, &st)
     if ierr != MPI_SUCCESS:             # it failed (and MPI freed it)
-        if req.pend is not None:
-            pend_end(<_Pend>req.pend, PEND_FAILED)
+        if req.obs is not None:
+            notify(req, OBS_FAILED)
         try:
             req.failed(ierr, &st)
         except _builtins.Exception as exc:
             lost_error("mpi", exc)
         return
     if not flag:
-        detach_mpi(req)                 # (its record, pending, goes with it)
+        detach_mpi(req)                 # (its observers that follow it go with it)
         return
-    if req.pend is not None:
-        pend_end(<_Pend>req.pend, PEND_DONE)
+    if req.obs is not None:             # (a dropped request is not logged as done)
+        notify_all(notify(req, OBS_DROPPED), OBS_DONE)
     if type(req.ob_buf) is _Call and (<_Call>req.ob_buf).staged is not None:
         unstage(<_Call>req.ob_buf)
     if req.ob_mpi != MPI_REQUEST_NULL:  # an inactive persistent request
@@ -1118,29 +1080,117 @@ cdef tuple split_work(list requests):
     return works, plain
 
 
-cdef object mixed_all(object requests, object statuses, bint wait):
-    requests = list(requests)
-    works, plain = split_work(requests)
-    cdef int spins = 0
-    while not all_tested(requests, works):
-        if not wait:
+cdef enum:                     # what a completion class method completes
+    K_ALL, K_ANY, K_SOME
+
+
+cdef object completion(int kind, object requests, object st, bint wait):
+    """Waitall, Testall, Waitany, Testany, Waitsome, Testsome (`kind`,
+    `wait`) on `requests`, `st` their status or statuses. Requests of MPI
+    alone, with no time limit, complete in one MPI call (a wait blocks in
+    MPI, in the progress engine's window); any other list is polled, one
+    turn at a time, in until_done."""
+    if not wait:
+        progress_poll()
+    requests = as_requests(requests)
+    if kind == K_ANY:
+        check_status(st)
+    else:
+        check_statuses(st)
+    if not has_work(requests) and (not wait or requests_limit(requests) == 0):
+        window = progress_enter() if wait else None
+        try:
+            if kind == K_ALL:
+                return complete_all(requests, st, wait)
+            if kind == K_ANY:
+                return complete_any(requests, st, wait)
+            return complete_some(requests, st, wait)
+        finally:
+            progress_exit(window)
+    cdef _Turn turn = _Turn.__new__(_Turn)
+    turn.kind, turn.requests, turn.st, turn.wait = kind, requests, st, wait
+    turn.works, turn.plain = split_work(requests)
+    return until_done(requests, turn, wait)
+
+
+cdef class _Turn:
+    """One turn of completing a list of requests: `step` tests each once
+    (no blocking) and returns (done, the class method's result)."""
+    cdef int kind
+    cdef list requests, works, plain     # all; indices of those with a _Work, of the others
+    cdef object st
+    cdef bint wait
+    cdef object test                     # the step of a Python test function (see polled)
+
+    cdef tuple step(self):
+        if self.test is not None:
+            return self.test()
+        if self.kind == K_ALL:
+            return self.all_step()
+        if self.kind == K_ANY:
+            return self.any_step()
+        return self.some_step()
+
+    cdef tuple all_step(self):
+        requests, works, plain = self.requests, self.works, self.plain
+        if not all_tested(requests, works):
             mpi_progress()
-            return False
-        idle(spins)
-        spins += 1
-    sub = [] if statuses is not None else None
-    if not complete_all([requests[i] for i in plain], sub, wait):
-        return False
-    cdef Py_ssize_t room = status_room(statuses, len(requests))
-    for k, i in enumerate(plain):
-        if i < room:
-            copy_status(statuses[i], sub[k])
-    for i in works:
-        if i < room:
-            work_of(requests[i]).fill(statuses[i])
-    for i in works:
-        completed(requests[i])
-    return True
+            return False, False
+        sub = [] if self.st is not None else None
+        if not complete_all([requests[i] for i in plain], sub, False):
+            return False, False
+        cdef Py_ssize_t room = status_room(self.st, len(requests))
+        for k, i in enumerate(plain):
+            if i < room:
+                copy_status(self.st[i], sub[k])
+        for i in works:
+            if i < room:
+                work_of(requests[i]).fill(self.st[i])
+        for i in works:
+            completed(requests[i])
+        return True, True
+
+    cdef tuple any_step(self):
+        requests, works, plain = self.requests, self.works, self.plain
+        cdef _Poll poll = _Poll.__new__(_Poll)
+        for i in works:
+            if poll.test(requests[i]):
+                work_of(requests[i]).fill(self.st)
+                completed(requests[i])
+                return True, self.any_result(i, True)
+        index, flag = complete_any([requests[i] for i in plain], self.st, False)
+        if flag and index != MPI_UNDEFINED:
+            return True, self.any_result(plain[index], True)
+        if flag and not works:        # nothing active at all
+            return True, self.any_result(MPI_UNDEFINED, True)
+        mpi_progress()
+        return False, (MPI_UNDEFINED, False)
+
+    cdef object any_result(self, object index, bint flag):
+        return index if self.wait else (index, flag)
+
+    cdef tuple some_step(self):
+        requests, works, plain, statuses = self.requests, self.works, self.plain, self.st
+        cdef _Poll poll = _Poll.__new__(_Poll)
+        done = [i for i in works if poll.test(requests[i])]
+        sub = [] if statuses is not None else None
+        got = complete_some([requests[i] for i in plain], sub, False)
+        if got is None and not works:
+            return True, None
+        finished = sorted(done + [plain[k] for k in (got or [])])
+        if statuses is not None:
+            from_mpi = {plain[k]: st for k, st in zip(got or [], sub)}
+            for pos in range(status_room(statuses, len(finished))):
+                i = finished[pos]
+                if i in from_mpi:
+                    copy_status(statuses[pos], from_mpi[i])
+                else:
+                    work_of(requests[i]).fill(statuses[pos])
+        for i in done:
+            completed(requests[i])
+        if not finished:
+            mpi_progress()
+        return bool(finished), finished
 
 
 cdef bint all_tested(list requests, list indices) except -1:
@@ -1154,63 +1204,22 @@ cdef bint all_tested(list requests, list indices) except -1:
     return done
 
 
-cdef object any_result(object index, bint flag, bint wait):
-    return index if wait else (index, flag)
-
-
-cdef object mixed_any(object requests, object status, bint wait):
-    requests = list(requests)
-    works, plain = split_work(requests)
-    active = works
+cdef object until_done(list requests, _Turn turn, bint wait):
+    """The one loop of the completion methods (the class methods, mpi4py's
+    lowercase ones on pickled objects, a Wait with a time limit): a test
+    runs one turn; a wait runs turns until one completes, driving MPI,
+    freed requests' works and the progress engine between them (idle),
+    within the shortest time limit of the requests' observers
+    (TimeoutError naming the requests still pending)."""
+    cdef double limit = requests_limit(requests) if wait else 0
+    cdef long long deadline = now_ns() + <long long>(limit * 1e9)
     cdef int spins = 0
-    cdef _Poll poll
     while True:
-        poll = _Poll.__new__(_Poll)
-        for i in active:
-            if poll.test(requests[i]):
-                work_of(requests[i]).fill(status)
-                completed(requests[i])
-                return any_result(i, True, wait)
-        index, flag = complete_any([requests[i] for i in plain], status, False)
-        if flag and index != MPI_UNDEFINED:
-            return any_result(plain[index], True, wait)
-        if flag and not active:       # nothing active at all
-            return any_result(MPI_UNDEFINED, True, wait)
-        if not wait:
-            mpi_progress()
-            return (MPI_UNDEFINED, False)
-        idle(spins)
-        spins += 1
-
-
-cdef object mixed_some(object requests, object statuses, bint wait):
-    requests = list(requests)
-    works, plain = split_work(requests)
-    active = works
-    cdef int spins = 0
-    cdef _Poll poll
-    while True:
-        poll = _Poll.__new__(_Poll)
-        done = [i for i in active if poll.test(requests[i])]
-        sub = [] if statuses is not None else None
-        got = complete_some([requests[i] for i in plain], sub, False)
-        if got is None and not active:
-            return None
-        finished = sorted(done + [plain[k] for k in (got or [])])
-        if finished or not wait:
-            if statuses is not None:
-                from_mpi = {plain[k]: st for k, st in zip(got or [], sub)}
-                for pos in range(status_room(statuses, len(finished))):
-                    i = finished[pos]
-                    if i in from_mpi:
-                        copy_status(statuses[pos], from_mpi[i])
-                    else:
-                        work_of(requests[i]).fill(statuses[pos])
-            for i in done:
-                completed(requests[i])
-            if not finished:
-                mpi_progress()
-            return finished
+        done, result = turn.step()
+        if done or not wait:
+            return result
+        if limit > 0 and now_ns() > deadline:
+            timed_out(requests, limit)
         idle(spins)
         spins += 1
 
@@ -1252,8 +1261,8 @@ cdef class Prequest(Request):
     cdef object keep          # the parsed call: the buffers, for the request's life
     cdef object start_fn      # emulation: posts the non-blocking form, returns a Request
     cdef object comm          # the communicator it was made on
-    cdef int logop            # the operation + 1, for the logger (0: none)
-    cdef str logbackend       # the backend it runs on, for the logger (None: MPI)
+    cdef int op               # the operation + 1 (0: not told; see Interceptor.on_start)
+    cdef str backend          # the backend it runs on (None: MPI)
 
     cdef bint foreign         # runs on a backend other than MPI: always emulated
 
@@ -1277,8 +1286,8 @@ cdef class Prequest(Request):
     cdef int start(self, Py_ssize_t index) except -1:
         """Start; `index`: the request's position in Startall's list (-1: Start)."""
         cdef int ierr
-        if self.pend is not None:
-            pend_restart(<_Pend>self.pend)
+        if self.obs is not None:
+            restart_all(self.obs)
         if self.comm is not None and (<_MPI.Comm>self.comm).ob_mpi == MPI_COMM_NULL:
             # Open MPI crashes starting a persistent collective on a freed comm
             raise ValueError(f"{request_name(index)}: its communicator was freed; free "
@@ -1288,12 +1297,12 @@ cdef class Prequest(Request):
                 raise ValueError(f"{request_name(index)}: it was freed (or never created)")
             if type(self.ob_buf) is _Call and (<_Call>self.ob_buf).staged is not None:
                 restage(<_Call>self.ob_buf)
-            if log_on and self.logop:
-                self.log_start()
+            self.started(None, 0)
             with nogil:
                 ierr = MPI_Start(&self.ob_mpi)
             if ierr != MPI_SUCCESS:
-                self.rec = None
+                if self.obs is not None:
+                    notify(self, OBS_FAILED)
                 start_failed(ierr, index)
             if self.owner is None and self.comm is not None:
                 self.owner = self.comm
@@ -1307,30 +1316,27 @@ cdef class Prequest(Request):
         self.ob_buf, inner.ob_buf = inner.ob_buf, None
         self.ext, inner.ext = inner.ext, None
         self.rtype = inner.rtype
-        self.rec, inner.rec = inner.rec, None
         if self.owner is None:
             self.owner, inner.owner = inner.owner, None
-        if self.rec is not None:          # the start was logged as its I- form
-            (<_Rec>self.rec).form = PERSISTENT
-        elif log_on and self.logop:       # one the start function runs (mcr.compress)
-            self.log_start()
-            if self.rec is not None:
-                (<_Rec>self.rec).t0 = t0
+        self.started(inner, t0)
+        return 0
+
+    cdef int started(self, Request inner, long long t0) except -1:
+        """Tell the interceptors of the communicator's chain that this
+        request was started (Interceptor.on_start); `inner`: the request the
+        start function posted (emulated), at `t0`."""
+        if self.comm is None:
+            return 0
+        cdef tuple chain = (<Comm>self.comm).current_chain()
+        if chain is not None:
+            for x in chain:
+                (<Interceptor>x).on_start(self, inner, t0)
         return 0
 
     def _note_wire(self, nbytes):
         """The bytes the current start put on the wire (mcr.compress), for
         the logger."""
-        if self.rec is not None:
-            (<_Rec>self.rec).wire = nbytes
-
-    cdef int log_start(self) except -1:
-        """The logger's record of this start (an MPI persistent request)."""
-        cdef Comm comm = <Comm>self.comm
-        if not comm.unlogged:
-            self.rec = log_post(comm, self.logop - 1, PERSISTENT, self.logbackend or "mpi",
-                                self.keep, None)
-        return 0
+        note_wire(self, nbytes)
 
     def __bool__(self):
         # an emulated request between starts holds no MPI handle, yet is alive

@@ -66,6 +66,12 @@ cdef class Interceptor:
         n.comm, n.index = comm, i + 1
         return self.run(call_view(comm, c), n)
 
+    cdef int on_start(self, object preq, Request inner, long long t0) except -1:
+        """A persistent request (an mcr.Prequest) of the communicator was
+        started; `inner`: the request its start function posted (emulated),
+        at `t0`, else None."""
+        return 0
+
     def __repr__(self):
         return f"<mcr.Interceptor {self.name} order={self.order}>"
 

@@ -593,8 +593,9 @@ cdef object dump_reason = None     # the first error dumped: (reason, message)
 
 
 @cython.final
-cdef class _Pend:
-    """One call, as the timeouts and the flight recorder see it."""
+cdef class _Pend(_Observer):
+    """One call, as the timeouts and the flight recorder see it; the
+    observer of a non-blocking or persistent call's request."""
     cdef readonly str comm          # the communicator's label
     cdef readonly object seq        # collectives: the sequence number; else None
     cdef readonly int op, form
@@ -604,6 +605,23 @@ cdef class _Pend:
     cdef readonly long long nbytes
     cdef readonly long long t0, t1
     cdef readonly int state
+    cdef double timeout             # seconds a wait for its request may last (0: no limit)
+
+    cdef bint ended(self, int how) except -1:
+        # freed: no longer waited for; dropped: pending till the operation
+        # is over (the record follows it); else it stays with its request (a
+        # persistent one is pending anew at each start)
+        if how == OBS_FREED:
+            pend_end(self, PEND_DONE)
+        elif how != OBS_DROPPED:
+            pend_end(self, PEND_DONE if how == OBS_DONE else PEND_FAILED)
+        return how != OBS_FREED
+
+    cdef double limit(self) noexcept:
+        return self.timeout
+
+    cdef int restarted(self) except -1:
+        return pend_restart(self)
 
     cdef dict as_dict(self, long long now):
         return {"comm": self.comm, "seq": self.seq, "op": call_name(self.op),
@@ -762,9 +780,41 @@ cdef int raise_timeout(double timeout, str what) except -1:
 
 # -- Timed waits ------------------------------------------------------------------
 
+cdef _Pend pend_of(Request req):
+    """The call's record among `req`'s observers, or None."""
+    cdef _Observer o = req.obs
+    while o is not None and type(o) is not _Pend:
+        o = o.next_obs
+    return <_Pend>o
+
+
+@cython.final
+cdef class _Limit(_Observer):
+    """A time limit on the waits of a request that has no record."""
+    cdef double timeout
+
+    def __cinit__(self, double timeout):
+        self.timeout = timeout
+
+    cdef bint ended(self, int how) except -1:
+        return how != OBS_FREED
+
+    cdef double limit(self) noexcept:
+        return self.timeout
+
+
+cdef int attach_pend(Request req, _Pend p, double timeout) except -1:
+    """`p` (None: no record) follows `req`, whose waits last at most
+    `timeout` seconds (0: no limit)."""
+    if p is not None:
+        p.timeout = timeout
+        observe(req, p)
+    return 0
+
+
 cdef str request_what(Request req):
-    if req.pend is not None:
-        p = <_Pend>req.pend
+    cdef _Pend p = pend_of(req)
+    if p is not None:
         seq = f" #{p.seq}" if p.seq is not None else ""
         return f"waiting for {p.desc}{seq} on {p.comm} [{p.backend}]"
     return "waiting for a request"
@@ -772,48 +822,22 @@ cdef str request_what(Request req):
 
 cdef object timed_wait(Request req, object status):
     """Request.Wait with a timeout: poll until the request completes."""
-    cdef long long deadline = now_ns() + <long long>(req.timeout * 1e9)
-    cdef int spins = 0
     try:
-        while not req.Test(status):
-            if now_ns() > deadline:
-                raise_timeout(req.timeout, request_what(req))
-            idle(spins)
-            spins += 1
+        polled([req], lambda: (req.Test(status), True))
     except _errors.TimeoutError:
         raise
     except BaseException:
-        if req.pend is not None:            # the backend reported an error
-            pend_end(<_Pend>req.pend, PEND_FAILED)
+        if req.obs is not None:             # the backend reported an error
+            notify(req, OBS_FAILED)
         raise
     return True
 
 
-cdef double requests_timeout(object requests) except -1:
-    """The shortest timeout of `requests` (0: none has one)."""
-    cdef double t = 0
-    for r in requests:
-        if isinstance(r, Request) and (<Request>r).timeout > 0:
-            if t == 0 or (<Request>r).timeout < t:
-                t = (<Request>r).timeout
-    return t
-
-
-cdef object timed_multi(object requests, double timeout, object test):
-    """Waitall, Waitany, Waitsome with a timeout: `test()` until it reports."""
-    requests = list(requests)
-    cdef long long deadline = now_ns() + <long long>(timeout * 1e9)
-    cdef int spins = 0
-    while True:
-        done, result = test()
-        if done:
-            return result
-        if now_ns() > deadline:
-            waiting = [request_what(<Request>r) for r in requests
-                       if isinstance(r, Request) and r]
-            raise_timeout(timeout, "; ".join(waiting) or "waiting for requests")
-        idle(spins)
-        spins += 1
+cdef int timed_out(list requests, double timeout) except -1:
+    """A wait for `requests` lasted `timeout` seconds: TimeoutError naming
+    those still pending."""
+    waiting = [request_what(<Request>r) for r in requests if isinstance(r, Request) and r]
+    raise_timeout(timeout, "; ".join(waiting) or "waiting for requests")
 
 
 # -- mpi4py's point-to-point methods on pickled objects ------------------------------
@@ -922,7 +946,8 @@ cdef object obj_p2p(Comm comm, _Call call_, Py_ssize_t i):
                 if call != P2P_SENDRECV:
                     timed_wait(sent, None)          # (it ends the record)
                     return None
-                sent.pend = None                    # (the record ends with the receive)
+                sent.obs = None                     # (the record ends with the receive)
+                observe(sent, _Limit.__new__(_Limit, timeout))
             source, tag, status = (e, f, g) if call == P2P_SENDRECV else (b, c, d)
             st = status if status is not None or call == P2P_PROBE else _MPI.Status()
             while True:
@@ -957,7 +982,7 @@ cdef object obj_p2p(Comm comm, _Call call_, Py_ssize_t i):
             exc.request = sent            # the send, pending: to wait for it again
             if got:
                 exc.received = result     # (its receive completed)
-        if sent is None or sent.pend is None:
+        if sent is None or pend_of(sent) is None:
             pend_end(p, PEND_FAILED)      # (a send's record stays pending with it)
         raise
     except BaseException:
@@ -1030,8 +1055,7 @@ cdef Request as_mcr_request(object request, double timeout, _Pend p):
     cdef Request r = Request.__new__(Request)
     r.ob_mpi, q.ob_mpi = q.ob_mpi, MPI_REQUEST_NULL
     r.ob_buf, q.ob_buf = q.ob_buf, None
-    r.timeout = timeout
-    r.pend = p
+    attach_pend(r, p, timeout)
     if p is not None:
         try:
             p.nbytes = len(r.ob_buf)
@@ -1162,8 +1186,7 @@ cdef class _Watched(Interceptor):
                 pend_end(p, PEND_DONE)
             return result
         req = <Request>result
-        req.timeout = w.timeout
-        req.pend = p
+        attach_pend(req, p, w.timeout)
         if form == PERSISTENT and p is not None:
             pend_end(p, PEND_DONE)        # pending again at each Start
         if timed:

@@ -297,8 +297,7 @@ cdef class _CommBase(_MPI.Intracomm):
             # MPI_Comm_free would report it through the communicator's error
             # handler, which may be ERRORS_ARE_FATAL: raise MPI's error here
             raise Exception(MPI_ERR_COMM)
-        if staged_on:
-            before_collective(self)     # a Fusion's open buckets are posted first
+        progress_collective(self)       # a Fusion's open buckets are posted first
         p = meet(self, "Free")
         if _backends is not None:
             try:
@@ -380,7 +379,7 @@ cdef class _CommBase(_MPI.Intracomm):
         cdef Request req
         if isinstance(request, Request):         # mcr's own (a composed call)
             req = <Request>request
-            req.timeout, req.pend = self.watch.timeout, p
+            attach_pend(req, <_Pend>p, self.watch.timeout)
             return req
         return as_mcr_request(request, self.watch.timeout, <_Pend>p)
 

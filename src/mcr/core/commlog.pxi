@@ -3,8 +3,8 @@
 # call: what the call moves, read from its parsed message, and when it was
 # posted and completed. A blocking call completes when it returns; a
 # non-blocking one when Wait, Test or a Request class method reports it
-# (Request.pyx calls log_done there); a persistent one at each Start and its
-# completion. Finished records are added to per-(op, backend, size) totals
+# (the record is the request's observer); a persistent one at each Start
+# (the interceptor's on_start) and its completion. Finished records are added to per-(op, backend, size) totals
 # here; when records are kept (json and trace output), they are also handed
 # to mcr.log in batches. Nothing here synchronizes: the times are the host's
 # clock at post and at completion as the program sees it (CUDA calls are
@@ -29,9 +29,9 @@ cdef inline long long now_ns() noexcept nogil:
 
 
 @cython.final
-@cython.freelist(64)
-cdef class _Rec:
-    """One call as the logger records it (mcr.log turns it into a dict)."""
+cdef class _Rec(_Observer):
+    """One call as the logger records it (mcr.log turns it into a dict);
+    the observer of a non-blocking call's request."""
     cdef readonly int op           # index into SEEN_NAMES
     cdef readonly int form         # BLOCKING, NONBLOCKING, PERSISTENT
     cdef readonly str backend
@@ -48,6 +48,15 @@ cdef class _Rec:
     cdef public long long t0       # posted (ns, CLOCK_MONOTONIC)
     cdef public long long t1       # completed
     cdef public object cuda        # mcr.log's CUDA events of a call on the device
+
+    cdef bint ended(self, int how) except -1:
+        # completed: the record completes now (one freed or dropped before, or
+        # failed, is not recorded)
+        if how == OBS_DONE:
+            self.t1 = now_ns()
+            if log_on:
+                log_finish(self)
+        return False
 
     def set_wire(self, nbytes):
         """Record the bytes put on the wire (mcr.compress)."""
@@ -209,13 +218,36 @@ cdef int log_finish(_Rec r) except -1:
     return 0
 
 
-cdef inline int log_done(Request req) except -1:
-    """`req` was reported complete: its record completes now."""
-    cdef _Rec r = <_Rec>req.rec
-    req.rec = None
-    r.t1 = now_ns()
-    if log_on:
-        log_finish(r)
+cdef _Rec rec_of(Request req):
+    """The logger's record among `req`'s observers, or None."""
+    cdef _Observer o = req.obs
+    while o is not None and type(o) is not _Rec:
+        o = o.next_obs
+    return <_Rec>o
+
+
+cdef _Rec take_rec(Request req):
+    """The logger's record of `req`, taken off its observers (None: none)."""
+    cdef _Rec r = rec_of(req)
+    cdef _Observer o
+    if r is None:
+        return None
+    if req.obs is r:
+        req.obs = r.next_obs
+    else:
+        o = req.obs
+        while o.next_obs is not r:
+            o = o.next_obs
+        o.next_obs = r.next_obs
+    r.next_obs = None
+    return r
+
+
+cdef int note_wire(Request req, object nbytes) except -1:
+    """The bytes the current start of `req` put on the wire (mcr.compress)."""
+    cdef _Rec r = rec_of(req)
+    if r is not None:
+        r.wire = nbytes
     return 0
 
 
@@ -292,8 +324,25 @@ cdef class _Logger(Interceptor):
             r.t1 = now_ns()
             log_finish(r)
         else:
-            (<Request>result).rec = r
+            observe(<Request>result, r)
         return result
+
+    cdef int on_start(self, object preq, Request inner, long long t0) except -1:
+        # the start's record: that of the I- form the start function posted,
+        # or one made here (MPI's persistent request; a start function that
+        # posts nothing logged: mcr.compress)
+        cdef Prequest p = <Prequest>preq
+        cdef _Rec r = take_rec(inner) if inner is not None else None
+        if r is not None:
+            r.form = PERSISTENT
+        elif p.op:
+            r = log_post(<Comm>p.comm, p.op - 1, PERSISTENT, p.backend or "mpi", p.keep, None)
+            if inner is not None:
+                r.t0 = t0
+        else:
+            return 0
+        observe(p, r)
+        return 0
 
 
 _register(_Logger(60, "logger"))

@@ -24,8 +24,8 @@ def _prequest(Comm comm, start, str op, msg, args, str backend):
     preq.foreign = True
     preq.keep = msg
     preq.start_fn = start
-    preq.logop = call_id(op) + 1
-    preq.logbackend = backend
+    preq.op = call_id(op) + 1
+    preq.backend = backend
     return preq
 
 

@@ -118,21 +118,3 @@ def _fuse_quick(f, sendbuf, recvbuf, op, backend):
     w.steps = []
     req.ext = w
     return req
-
-
-@cython.final
-cdef class _FusionFlush(Interceptor):
-    """A collective called on a communicator first posts what a Fusion (or
-    another staged operation) holds open on it (mcr.stages.before_collective):
-    every rank posts the collectives in one order."""
-
-    cdef bint applies_to(self, Comm comm) except -1:
-        return staged_on
-
-    cdef object run_call(self, Comm comm, _Call c, Py_ssize_t i):
-        if not OP_TABLE[c.op].flags & OP_P2P:
-            before_collective(comm)
-        return proceed(comm, c, i + 1)
-
-
-_register(_FusionFlush(10, "fusion flush"))

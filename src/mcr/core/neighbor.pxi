@@ -89,8 +89,8 @@ cdef Prequest nb_persistent(Prequest preq, int kind, str backend, object m):
     """`preq`, a persistent neighborhood collective on `backend`, made known
     to the logger, which records each Start (described from `m`, the parsed
     message: kept as the buffers')."""
-    preq.logop = CALL_COUNT + kind + 1
-    preq.logbackend = backend
+    preq.op = CALL_COUNT + kind + 1
+    preq.backend = backend
     if m is not None:
         preq.keep = m
     return preq
@@ -269,7 +269,7 @@ cdef Request nb_staged_request(object posted, tuple staged):
     cdef Request req = _work_request("mpi", [work], [partial(nb_unstage, staged[3])],
                                      (posted, staged))
     if inner is not None:
-        req.timeout, req.pend, inner.pend = inner.timeout, inner.pend, None
+        req.obs, inner.obs = inner.obs, None
     return req
 
 
@@ -462,7 +462,7 @@ cdef tuple nb_agreed(Comm comm):
     cdef tuple plan = nb_plan(comm)
     if plan[5] >= 0:
         return plan
-    with staged_window():       # (blocking in MPI: the staged operations go on)
+    with _Window():             # (blocking in MPI: the progress engine goes on)
         return nb_set_rounds(comm, _MPI.Comm.allreduce(comm, -1 - plan[5], _mpi4py.MAX))
 
 
@@ -499,7 +499,7 @@ cdef int nb_matched(Comm comm, list rounds) except -1:
     for a non-blocking call, without waiting.)"""
     if not rounds:
         return 0
-    with staged_window():       # (blocking in MPI: the staged operations go on)
+    with _Window():             # (blocking in MPI: the progress engine goes on)
         got = _MPI.Comm.alltoall(comm, nb_sizes(comm.nprocs(), rounds))
         longer = nb_fit(rounds, got)
         if _MPI.Comm.allreduce(comm, longer is not None, _mpi4py.LOR):
@@ -552,8 +552,9 @@ cdef object nb_staged(Comm comm, object sub, str name, object sbytes, object rby
         return _work_request(name, [_Done()], None, m)
     pipeline = _nb_pipeline(comm.nprocs(), sub is MPI_SUB, name, sbytes, rbytes, plan, kind,
                             m if agree else None, None if agree else rounds)
-    flight = stages_module().launch(comm, name, 4 if agree else 3, pipeline,
-                                    sbytes.is_cuda or rbytes.is_cuda)
+    from mcr import stages
+    flight = stages.launch(comm, name, 4 if agree else 3, pipeline,
+                           sbytes.is_cuda or rbytes.is_cuda)
     return _work_request(name, [flight], None, m)
 
 

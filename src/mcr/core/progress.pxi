@@ -27,26 +27,35 @@ cdef object backends_module():
     return _backends
 
 
-# mcr.stages: operations made of several exchanges, whose later stages this
-# process's Python code posts. While any has a stage to post (staged_on),
-# every Test and wait loop drives them, and a blocking call into MPI runs in
-# a window in which a helper thread does (see that module).
-cdef bint staged_on = False
-cdef object _stages = None
+# The progress engine: what this process must drive besides MPI's own
+# progress, from every test and wait and around every call that blocks in
+# MPI. mcr.stages is the engine (staged operations: later stages this
+# process's Python code posts; a Fusion's open buckets, enlisted there as a
+# driver); it registers itself with _set_engine and says when it has
+# something to drive (_engine_busy). The core calls it through three
+# functions only: progress_poll (once per test and per turn of a wait
+# loop), progress_enter/progress_exit (around a call that blocks in MPI: a
+# helper thread drives meanwhile) and progress_collective (before a
+# collective: what must come before it on the communicator is posted). Each
+# tests one flag when the engine is idle.
+cdef bint engine_busy = False   # the engine has something to drive
+cdef object engine = None       # the registered engine (mcr.stages), or None
 
 
-cdef object stages_module():
-    global _stages
-    if _stages is None:
-        from mcr import stages
-        _stages = stages
-    return _stages
+def _set_engine(obj):
+    """Register the progress engine: an object with ``pump_all()``,
+    ``window()`` (a context manager around a call that blocks in MPI) and
+    ``before_collective(comm)`` (mcr.stages registers itself)."""
+    global engine
+    engine = obj
 
 
-def _set_staged(bint on):
-    """mcr.stages: whether staged operations have stages to post."""
-    global staged_on
-    staged_on = on
+def _engine_busy(bint on):
+    """The engine says whether it has something to drive."""
+    global engine_busy
+    if on and engine is None:
+        raise RuntimeError("mcr: no progress engine is registered (_set_engine)")
+    engine_busy = on
     settings_changed()
 
 
@@ -63,56 +72,76 @@ def _staged_quiet(bint on):
     return was
 
 
-cdef int pump_staged() except -1:
-    """Post the stages that have become ready (call when staged_on)."""
-    if not staged_quiet:
-        stages_module().pump_all()
+cdef inline int progress_poll() except -1:
+    """Let the engine post what has become ready (a test; a turn of a
+    wait loop)."""
+    if engine_busy and not staged_quiet:
+        engine.pump_all()
     return 0
 
 
-cdef int before_collective(object comm) except -1:
-    """Before a collective call on `comm` (call when staged_on): what must
-    come before it on `comm` is posted first (a Fusion's open buckets)."""
-    if not staged_quiet:
-        stages_module().before_collective(comm)
+cdef inline object progress_enter():
+    """Before a call that blocks in MPI: the engine's window is opened (its
+    helper thread drives meanwhile); what to hand progress_exit after."""
+    if not engine_busy:
+        return None
+    window = engine.window()
+    window.__enter__()
+    return window
+
+
+cdef inline int progress_exit(object window) except -1:
+    """After the blocking call that progress_enter preceded."""
+    if window is not None:
+        window.__exit__(None, None, None)
     return 0
 
 
-cdef class _NoWindow:
-    """staged_window's context manager when nothing is staged: does nothing."""
+cdef inline int progress_collective(object comm) except -1:
+    """Before a collective call on `comm`: what the engine holds that
+    must come before it on `comm` is posted first (a Fusion's open buckets)."""
+    if engine_busy and not staged_quiet:
+        engine.before_collective(comm)
+    return 0
+
+
+cdef class _Window:
+    """``with _Window():`` runs a block between progress_enter and
+    progress_exit (where a try/finally is not at hand)."""
+    cdef object window
 
     def __enter__(self):
+        self.window = progress_enter()
         return self
 
     def __exit__(self, *exc):
+        progress_exit(self.window)
         return False
 
 
-cdef _NoWindow NO_WINDOW = _NoWindow()
-
-
-cdef object staged_window(bint blocking=True):
-    """A context manager around a call that blocks in MPI (`blocking`): the
-    helper thread drives the staged operations meanwhile, if any."""
-    return stages_module().window() if staged_on and blocking else NO_WINDOW
-
-
 @cython.final
-cdef class _StagedWindow(Interceptor):
-    """While staged operations are pending, a blocking buffer call into MPI
-    runs in their window: the helper thread drives them meanwhile."""
+cdef class _EngineWindow(Interceptor):
+    """While the progress engine has something to drive, a blocking buffer
+    call into MPI runs in its window; a collective first posts what the
+    engine holds open on its communicator (a Fusion's open buckets): every
+    rank posts the collectives in one order."""
 
     cdef bint applies_to(self, Comm comm) except -1:
-        return staged_on
+        return engine_busy
 
     cdef object run_call(self, Comm comm, _Call c, Py_ssize_t i):
+        if not OP_TABLE[c.op].flags & OP_P2P:
+            progress_collective(comm)
         if c.form != BLOCKING or c.sub is not None or OP_TABLE[c.op].flags & OP_NEIGHBOR:
             return proceed(comm, c, i + 1)
-        with staged_window():
+        window = progress_enter()
+        try:
             return proceed(comm, c, i + 1)
+        finally:
+            progress_exit(window)
 
 
-_register(_StagedWindow(40, "staged window"))
+_register(_EngineWindow(10, "progress engine"))
 
 
 cdef bint progress_ready = False
@@ -169,17 +198,17 @@ cdef int poll_detached() except -1:
 cdef bint settled(_Work w) except -1:
     """Whether the work of a freed or dropped request is over: complete, or
     failed. Its error has no caller left to raise in (an unrelated later call
-    would get it): it is a RuntimeWarning instead. A dropped request's record
-    ends with it."""
+    would get it): it is a RuntimeWarning instead. A dropped request's
+    observers are told with it."""
     cdef bint over
     try:
         over = w.test()
     except _builtins.Exception as exc:
         lost_error(w.backend, exc)
         over = True
-    if over and w.pend is not None:
-        pend_end(<_Pend>w.pend, PEND_DONE if w.done else PEND_FAILED)
-        w.pend = None
+    if over and w.obs is not None:
+        notify_all(w.obs, OBS_DONE if w.done else OBS_FAILED)
+        w.obs = None
     return over
 
 
@@ -206,8 +235,7 @@ def _poll():
     mpi_progress()
     if detached:
         poll_detached()
-    if staged_on:
-        pump_staged()
+    progress_poll()
 
 
 cdef int idle(int spins) except -1:
@@ -217,8 +245,7 @@ cdef int idle(int spins) except -1:
     mpi_progress()
     if detached:
         poll_detached()
-    if staged_on:
-        pump_staged()
+    progress_poll()
     # first yield the core (the backend's threads may need it: 2 ranks on 2
     # cores), then sleep, longer and longer, so that a long wait costs little
     cdef unsigned int usec
@@ -251,7 +278,7 @@ cdef class _Work:
     cdef tuple status          # (source, tag, bytes, element MPI datatype) of a receive
     cdef object status_of      # a receive: returns its status once the works are complete
     cdef object keep           # buffers, until completion
-    cdef object pend           # a dropped request's call record, ended with the work
+    cdef _Observer obs         # a dropped request's observers, told when the work ends
 
     cdef bint test(self) except -1:
         """Whether everything is complete; runs the steps the first time it is."""
