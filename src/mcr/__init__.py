@@ -47,6 +47,51 @@ if TYPE_CHECKING:
 
 from .errors import MismatchError, TimeoutError   # noqa: A004 (mcr.TimeoutError is one)
 from .fusion import Fusion   # imports neither torch nor mpi4py.MPI until used
+from . import _services   # noqa: E402
+
+
+# The modules the compiled core calls, provided to it here (the core lies
+# below them: they import it), each imported at the core's first need.
+def _backends() -> Any:
+    from . import backends
+    return backends
+
+
+def _stages() -> Any:
+    from . import stages
+    return stages
+
+
+def _tuning() -> Any:
+    from . import tuning
+    return tuning
+
+
+def _compress() -> Any:
+    from . import compress
+    return compress
+
+
+def _device() -> Any:
+    from . import device
+    return device
+
+
+def _launch() -> Any:
+    from . import launch
+    return launch
+
+
+def _message() -> Any:
+    from .backends import message
+    return message
+
+
+for _name, _loader in (("backends", _backends), ("stages", _stages), ("tuning", _tuning),
+                       ("compress", _compress), ("device", _device), ("launch", _launch),
+                       ("message", _message)):
+    _services.provide(_name, _loader)
+del _name, _loader
 
 
 def _check_default_backend() -> None:

@@ -22,6 +22,7 @@ from libc.string cimport memcpy, memset
 from mpi4py import MPI as _mpi4py
 
 include "libcheck.pxi"
+include "services.pxi"
 include "typetable.pxi"
 include "opimpl.pxi"
 include "asbuffer.pxi"

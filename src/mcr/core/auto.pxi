@@ -12,14 +12,13 @@ cdef enum:
 
 cdef object AUTO_SUB = object()  # Comm.sub's answer for backend="auto"
 cdef str AUTO_NAME = "auto"      # the default backend "auto", as Comm keeps it (one identity test)
-cdef object _tuning = None       # mcr.tuning, imported at the first auto call
+cdef object _tuning = None       # mcr.tuning (services.pxi), at the first auto call
 
 
 cdef object tuning_module():
     global _tuning
     if _tuning is None:
-        from mcr import tuning
-        _tuning = tuning
+        _tuning = service("tuning")
     return _tuning
 
 

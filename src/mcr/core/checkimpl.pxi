@@ -1091,7 +1091,7 @@ cdef int flight_dump(str reason, str message) except -1:
                 if (<_Pend>p).comm == label and (<_Pend>p).seq is not None]
         comms[label] = {"members": (<_Watch>w).members, "next_seq": (<_Watch>w).seq + 1,
                         "first_seq": min(seqs) if seqs else (<_Watch>w).seq + 1}
-    from mcr import launch       # its job_name(): which names the launchers give
+    launch = service("launch")   # its job_name(): which names the launchers give
     record = {"version": 1, "rank": rank, "size": size, "job": launch.job_name(),
               "host": _socket.gethostname(),
               "pid": _os.getpid(), "time": _time.time(), "reason": reason,

@@ -3,14 +3,13 @@
 # and checked here and exchanged compressed by mcr.compress, on the backend
 # chosen for it.
 
-cdef object _compress = None     # mcr.compress, imported at the first compressed call
+cdef object _compress = None     # mcr.compress (services.pxi), at the first compressed call
 
 
 cdef object compress_module():
     global _compress
     if _compress is None:
-        from mcr import compress
-        _compress = compress
+        _compress = service("compress")
     return _compress
 
 

@@ -363,8 +363,7 @@ cdef object _backend_side(tuple described):
     """mcr.backends.message.Side over a parsed side (its bytes as a tensor)."""
     global _backend_side_class
     if _backend_side_class is None:
-        from mcr.backends.message import Side
-        _backend_side_class = Side
+        _backend_side_class = service("message").Side
     return _backend_side_class(described)
 
 
@@ -552,9 +551,8 @@ cdef object nb_staged(Comm comm, object sub, str name, object sbytes, object rby
         return _work_request(name, [_Done()], None, m)
     pipeline = _nb_pipeline(comm.nprocs(), sub is MPI_SUB, name, sbytes, rbytes, plan, kind,
                             m if agree else None, None if agree else rounds)
-    from mcr import stages
-    flight = stages.launch(comm, name, 4 if agree else 3, pipeline,
-                           sbytes.is_cuda or rbytes.is_cuda)
+    flight = service("stages").launch(comm, name, 4 if agree else 3, pipeline,
+                                      sbytes.is_cuda or rbytes.is_cuda)
     return _work_request(name, [flight], None, m)
 
 

@@ -16,14 +16,13 @@ cdef extern from "<unistd.h>" nogil:
 cdef extern from "<sched.h>" nogil:
     int sched_yield()
 
-cdef object _backends = None     # mcr.backends: the registry, imported at first use
+cdef object _backends = None     # mcr.backends: the registry (services.pxi), at first use
 
 
 cdef object backends_module():
     global _backends
     if _backends is None:
-        from mcr import backends
-        _backends = backends
+        _backends = service("backends")
     return _backends
 
 

@@ -32,8 +32,7 @@ cdef inline bint needs_staging(_Call m) noexcept:
 cdef object device_module():
     global _device_module
     if _device_module is None:
-        from mcr import device
-        _device_module = device
+        _device_module = service("device")
     return _device_module
 
 
