@@ -3,6 +3,10 @@
 - ``mcr.backends.names()``/``get(name)``: what each backend declares (devices,
   native operations, reductions), checked against the Comm methods and torch's
   dtypes; bad names.
+- mcr's own backends are entry points of distribution mcr, as a plug-in's
+  are: pyproject.toml declares every module of src/mcr/backends that defines
+  ``BACKEND``, the installed metadata has them, ``get`` gives what they load;
+  without that metadata the registry says to install mcr.
 - ``backend=`` on every Comm buffer method (read from their signatures): bad
   values rejected before communicating; the spellings None and "auto" run every
   collective form right ("mpi" and "gloo": the operation matrix), every spelling
@@ -12,10 +16,14 @@
   user-defined op (only MPI runs it) shows which backend ran.
 """
 
+import ast
 import os
 import subprocess
 import sys
+import sysconfig
 import textwrap
+from importlib.metadata import entry_points
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -105,6 +113,54 @@ def test_availability_matches_torch():
         assert isinstance(reason, str) and ("NCCL" in reason or "CUDA" in reason), reason
 
 
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def backend_modules():
+    """The modules of src/mcr/backends that define ``BACKEND`` (read, not imported)."""
+    found = set()
+    for path in (ROOT / "src" / "mcr" / "backends").glob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            if any(isinstance(t, ast.Name) and t.id == "BACKEND" for t in targets):
+                found.add(path.stem)
+    return found
+
+
+def test_pyproject_declares_every_backend_module_as_an_entry_point():
+    tomllib = pytest.importorskip("tomllib")          # Python 3.11
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        declared = tomllib.load(f)["project"]["entry-points"]["mcr.backends"]
+    assert declared == {name: f"mcr.backends.{name}:BACKEND" for name in backend_modules()}
+
+
+def test_builtins_are_the_entry_points_of_distribution_mcr():
+    own = {ep.name: ep for ep in entry_points(group=mcr.backends.ENTRY_POINT_GROUP)
+           if ep.dist is not None and ep.dist.name == "mcr"}
+    assert set(own) == backend_modules() == set(DEVICES), (
+        "mcr's installed metadata is not its pyproject.toml: reinstall it (pip install -e .)")
+    assert mcr.backends.BUILTINS == ("mpi", "gloo", "nccl")          # mpi first, then sorted
+    assert mcr.backends.names()[:len(own)] == mcr.backends.BUILTINS
+    for name, ep in own.items():
+        assert ep.value == f"mcr.backends.{name}:BACKEND", ep
+        assert mcr.backends.get(name) is ep.load(), name
+
+
+def test_without_mcrs_metadata_the_registry_says_to_install_it(tmp_path):
+    # this interpreter's packages and mcr's source, but not mcr's metadata:
+    # mcr as a source tree that was never installed
+    site = sysconfig.get_paths()["purelib"]
+    for entry in os.listdir(site):
+        if not entry.startswith(("mcr-", "__editable__.mcr")):
+            os.symlink(os.path.join(site, entry), tmp_path / entry)
+    os.symlink(ROOT / "src" / "mcr", tmp_path / "mcr")
+    code, out = run_python_isolated(
+        "import mcr.backends\nmcr.backends.check_name('gloo')", PYTHONPATH=str(tmp_path))
+    assert code != 0 and "RuntimeError" in out, out
+    for fragment in ("'mcr.backends'", "distribution 'mcr'", "none found", "pip install"):
+        assert fragment in out, (fragment, out)
+
+
 # (backend, device ordinal, None or fragments of the ValueError)
 DEVICE_ERRORS = [
     ("mpi", -1, None), ("mpi", 0, None), ("mpi", 3, None),
@@ -175,6 +231,14 @@ def run_python(code, **env):
     full.update(env)
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full,
                           capture_output=True, text=True, timeout=120)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def run_python_isolated(code, **env):
+    """``run_python`` with no site packages but those ``env`` puts on PYTHONPATH."""
+    full = dict(os.environ, **env)
+    proc = subprocess.run([sys.executable, "-S", "-c", code], env=full, capture_output=True,
+                          text=True, timeout=120)
     return proc.returncode, proc.stdout + proc.stderr
 
 

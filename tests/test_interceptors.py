@@ -11,7 +11,7 @@ import torch
 import mcr
 import mcr.hooks
 import mcr.interceptors as icp
-import mcr.stages
+import mcr.progress
 from mpiharness import case, mpi_cases
 from util import assert_comm_works, raises
 
@@ -120,7 +120,7 @@ def an_interceptor_may_answer_or_refuse(comm):
 
 
 class Idle:
-    """A driver of mcr.stages with nothing to post."""
+    """A driver of mcr.progress with nothing to post."""
 
     def pump(self, helper):
         pass
@@ -153,11 +153,11 @@ def the_chain_follows_the_settings(comm):
         dup.checked = False
     assert icp.chain(dup) == []
     idle = Idle()                                    # staged operations pending
-    mcr.stages.enlist(idle)
+    mcr.progress.enlist(idle)
     try:
         assert [x.name for x in icp.chain(dup)] == ["progress engine", "auto"]
     finally:
-        mcr.stages.dismiss(idle)
+        mcr.progress.dismiss(idle)
     assert icp.chain(dup) == []
     dup.Free()
     assert_comm_works(comm)

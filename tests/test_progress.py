@@ -18,7 +18,7 @@ import torch
 
 import mcr
 import mcr.hooks
-from mcr import stages
+from mcr import progress
 from mpiharness import case, mpi_cases
 from util import assert_equal, raises
 
@@ -170,7 +170,7 @@ def fused_calls_progress_while_any_rank_blocks(comm, backend):
                 assert_equal(y2, summed(comm, 4, 2))
         assert sum(k for _, _, k in same_everywhere(comm, f.trace)) == 16, f.trace
     assert_equal(v, torch.full((1,), float(comm.size ** 2)))   # (one per waiter)
-    assert not stages._active
+    assert not progress._active
     other.Free()
 
 
@@ -210,7 +210,7 @@ def direct_collectives_come_after_fused_calls(comm):
     seq = same_everywhere(comm, seen)
     assert seq[:2] == [("Allreduce", "nonblocking"), ("Allreduce", "blocking")], seq
     assert len(seq) == 18, seq      # 9 buckets, 9 direct calls
-    assert not stages._active
+    assert not progress._active
 
 
 @case
@@ -304,7 +304,7 @@ def random_interleavings_complete(comm):
         mcr.Request.Waitall(reqs)
         for _, check in started:
             check()
-    assert not stages._active
+    assert not progress._active
     ctx.close(comm)
 
 
@@ -322,7 +322,7 @@ def a_failed_stage_fails_its_own_request(comm):
         bad.Wait()
     good.Wait()
     assert_equal(z, torch.full((4,), float(comm.size)))
-    assert not stages._active, "no operation left with stages to post"
+    assert not progress._active, "no operation left with stages to post"
 
 
 @case
@@ -331,13 +331,13 @@ def nothing_left_pending(comm):
     req, check = start(comm, "compressed", None)
     req.Wait()
     check()
-    assert not stages._active
+    assert not progress._active
     with mcr.Fusion(comm) as f:
         y = torch.zeros(2)
         req = f.Iallreduce(torch.ones(2), y)
-        assert stages._active, "an open bucket is driven"
+        assert progress._active, "an open bucket is driven"
         req.Wait()
-        assert not stages._active
+        assert not progress._active
     assert_equal(y, torch.full((2,), float(comm.size)))
 
 

@@ -100,7 +100,9 @@ def mpi_cuda_aware() -> bool:
     value = os.environ.get("MCR_CUDA_AWARE")
     if value is not None and value.strip():
         return value.strip().lower() not in ("0", "no", "false", "off")
-    from mcr import MPI, _core  # noqa: F401 - MPI first: it loads the libmpi _core links to
+    from mpi4py import MPI  # noqa: F401 - first: it loads the libmpi _core links to
+
+    from mcr import _core
     return bool(_core._mpi_cuda_aware() == 1)
 
 

@@ -730,11 +730,11 @@ def create(opts: Any, pg_options: Any) -> ProcessGroupMCR:
                         f"got {type(pg_options).__name__}")
     import zlib
 
-    import mcr
     from mcr import MPI as mcr_MPI
+    from mcr._core import COMM_WORLD as world
+    from mcr._core import Request as mcr_Request
     global MPI, Request
-    MPI, Request = mcr_MPI, mcr.Request
-    world = mcr.COMM_WORLD
+    MPI, Request = mcr_MPI, mcr_Request
     ranks = list(opts.global_ranks_in_group)
     rank, size = opts.group_rank, opts.group_size
     if not ranks:

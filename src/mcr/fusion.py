@@ -67,12 +67,12 @@ called by the core before every collective while a bucket is open).
 Progress. Fused calls are non-blocking collectives the program has started:
 they complete while every rank is inside mcr, whatever call it is in. While
 a bucket is open the ``Fusion`` is driven as mcr's staged operations are
-(``mcr.stages``): at every test and wait of the process, rank 0 posts every
+(``mcr.progress``): at every test and wait of the process, rank 0 posts every
 open bucket and the others apply the decisions that have come (``pump``);
 at the start of a blocking call, the same (``blocking``); while the calling
 thread is blocked in MPI, the helper thread applies rank 0's decisions on
 the other ranks. A ``Fusion`` and its requests are used by one thread at a
-time: it keeps no locks; mcr.stages works on it only from the thread that
+time: it keeps no locks; mcr.progress works on it only from the thread that
 opened its newest bucket (or for it, while it is blocked), never from inside
 the fusion's own code (``_busy``).
 """
@@ -297,7 +297,7 @@ class Fusion:
                  "_rank", "_size", "_leader", "_limit", "_cycle", "_timed", "_since",
                  "_backend", "_open", "_count", "_ctl", "_sends", "_rbuf", "_rreq",
                  "_queue", "_next_at", "_closed", "_posted",
-                 "_stages", "_quiet_calls", "_thread", "_busy", "_cuda", "_driven", "trace")
+                 "_driving", "_quiet_calls", "_thread", "_busy", "_cuda", "_driven", "trace")
 
     def __init__(self, comm: Comm, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  cycle: float | None = None, *, backend: str | None = None,
@@ -305,7 +305,7 @@ class Fusion:
         import torch
         from mpi4py import MPI
 
-        from . import _core, stages
+        from . import _core, progress
         from .backends import check_name
 
         if not isinstance(comm, _core.Comm):
@@ -324,7 +324,7 @@ class Fusion:
         if backend is not None:
             check_name(backend)
         self._comm = comm
-        self._stages: Any = stages          # (imported with MPI: at the first Fusion)
+        self._driving: Any = progress       # (imported with MPI: at the first Fusion)
         self._torch: Any = torch              # imported here: import mcr stays light
         self._tensor = torch.Tensor
         self._in_place = MPI.IN_PLACE
@@ -353,7 +353,7 @@ class Fusion:
         self._thread = threading.get_ident()
         self._busy = False
         self._cuda = False
-        self._driven = False                 # enlisted with mcr.stages
+        self._driven = False                 # enlisted with mcr.progress
         self.trace: list[tuple[str, int, int]] | None = [] if trace else None
         # decisions: rank 0 sends (first call, end call) pairs; the others
         # queue them until they reach the end call
@@ -514,7 +514,7 @@ class Fusion:
                 self._since = time.perf_counter()
             if not self._driven:
                 self._driven = True
-                self._stages.enlist(self)
+                self._driving.enlist(self)
         self._thread = threading.get_ident()
         if device == "cuda":
             self._cuda = True
@@ -623,7 +623,7 @@ class Fusion:
         if self._busy:
             return False
         if helper:
-            if self._cuda or self._stages.blocked_thread() != self._thread:
+            if self._cuda or self._driving.blocked_thread() != self._thread:
                 return False
         elif threading.get_ident() != self._thread:
             return False
@@ -636,7 +636,7 @@ class Fusion:
     def _quiet(self) -> None:
         """No bucket is open: no longer driven."""
         self._driven = False
-        self._stages.dismiss(self)
+        self._driving.dismiss(self)
 
     def pump(self, helper: bool) -> None:
         """A test or wait of the process, or the helper meanwhile: rank 0
@@ -679,7 +679,7 @@ class Fusion:
             # meanwhile, not this fusion (its request is being waited for)
             busy, self._busy = self._busy, True
             try:
-                with self._stages.window():
+                with self._driving.window():
                     self._rreq.Wait()
             finally:
                 self._busy = busy

@@ -52,6 +52,10 @@ The start of a blocking call (``window``) first tells every driver
 (``blocking()``, in the calling thread: rank 0 of a Fusion posts its open
 buckets there), then starts the helper if something is still to drive.
 
+That driving (``enlist``, ``pump_all``, ``window``, the helper) lives a
+layer down, in ``mcr.progress``, where the backends' blocking set-up reaches
+it too; this module names it again for the core, which calls it here.
+
 Not driven: a process computing outside mcr, or blocked in a call of another
 library (mpi4py's own request objects, ``Win``, ``File``). The later stages
 of an operation on CUDA tensors are posted by the thread that called it (its
@@ -70,9 +74,7 @@ stage, as they would for any process that stopped calling.
 
 from __future__ import annotations
 
-import sys
 import threading
-import warnings
 from collections import deque
 from collections.abc import Callable, Generator
 from typing import Any
@@ -80,6 +82,8 @@ from typing import Any
 from mpi4py import MPI
 
 from mcr import _core
+from mcr.progress import (LOCK, before_collective, blocked_thread, dismiss, enlist, in_helper,
+                          pump_all, window)
 
 __all__ = ["Pipeline", "Group", "Flight", "private_comms", "launch", "pump_all", "window",
            "enlist", "dismiss", "blocked_thread", "before_collective", "LOCK"]
@@ -88,36 +92,6 @@ __all__ = ["Pipeline", "Group", "Flight", "private_comms", "launch", "pump_all",
 # that stage's private communicator; it is resumed once the exchange is done.
 Post = Callable[[Any], Any]
 Pipeline = Generator[Post, None, None]
-
-LOCK = threading.RLock()
-# what has work to post (an ordered set): groups with stages still to post,
-# and drivers others enlist (``mcr.Fusion``, while it has open buckets)
-_active: dict[Any, None] = {}
-
-
-def enlist(driver: Any) -> None:
-    """Drive ``driver`` from every wait of the process, as the staged
-    operations: it has ``pump(helper)`` (post what it can, now, without
-    blocking), ``blocking()`` (the calling thread is about to block in MPI)
-    and ``collective(comm)`` (the calling thread is about to make a
-    collective call on ``comm``)."""
-    with LOCK:
-        if driver not in _active:
-            _active[driver] = None
-            _core._engine_busy(True)
-
-
-def dismiss(driver: Any) -> None:
-    """Stop driving ``driver``."""
-    with LOCK:
-        if _active.pop(driver, 0) is None and not _active:
-            _core._engine_busy(False)
-
-
-def blocked_thread() -> int | None:
-    """The thread the helper drives for (blocked in MPI), or None."""
-    return _helper.opener if _helper is not None and not _helper.parked.is_set() else None
-
 
 class Group:
     """The private communicators of one (communicator, backend): stage ``k``
@@ -247,7 +221,7 @@ class Flight:
         if self.finished:
             return True
         group = self.group
-        group.pump(_helper is not None and threading.get_ident() == _helper.ident)
+        group.pump(in_helper())
         if not group.take():        # (another thread is posting its stages: not yet)
             return False
         try:
@@ -326,108 +300,3 @@ def launch(comm: Any, backend: str, stages: int, pipeline: Pipeline, cuda: bool 
     if flight.error is not None and flight.stage <= 0:
         raise flight.error
     return flight
-
-
-# -- Driving every staged operation of the process ----------------------------------
-
-
-def pump_all() -> None:
-    """Post every stage that has become ready, of every staged operation of
-    this process (the helper thread leaves those on CUDA tensors to the
-    threads that called them)."""
-    helper = _helper is not None and threading.get_ident() == _helper.ident
-    for driver in list(_active):
-        driver.pump(helper)
-
-
-def before_collective(comm: Any) -> None:
-    """The calling thread is about to make a collective call on ``comm``
-    (buffer methods, neighborhood collectives, constructors, mpi4py's
-    methods on pickled objects): what must come before it on ``comm`` is
-    posted first (a ``Fusion``'s open buckets)."""
-    for driver in list(_active):
-        driver.collective(comm)
-
-
-class _Helper:
-    """The thread that drives staged operations while the calling thread is
-    blocked inside MPI (between ``open`` and ``close``)."""
-
-    def __init__(self) -> None:
-        self.go = threading.Event()
-        self.stop = threading.Event()
-        self.parked = threading.Event()
-        self.parked.set()
-        self.opener: int | None = None     # the thread blocked in MPI meanwhile
-        self.thread = threading.Thread(target=self.run, name="mcr-stages", daemon=True)
-        self.thread.start()
-        self.ident = self.thread.ident
-
-    def run(self) -> None:
-        while True:
-            self.go.wait()
-            self.go.clear()
-            pause = 2e-5
-            while not self.stop.is_set() and _active:
-                try:
-                    pump_all()
-                except Exception as exc:   # (a flight's own error is kept by it)
-                    warnings.warn(f"mcr.stages: driving staged operations failed: {exc}",
-                                  RuntimeWarning)
-                self.stop.wait(pause)
-                pause = min(2 * pause, 1e-3)
-            self.parked.set()
-
-    def open(self, opener: int) -> None:
-        self.opener = opener
-        self.parked.clear()
-        self.stop.clear()
-        self.go.set()
-
-    def close(self) -> None:
-        self.stop.set()
-        self.parked.wait()
-
-
-_helper: _Helper | None = None
-_usable: bool | None = None        # whether MPI provides THREAD_MULTIPLE
-_depth = 0                         # windows open (nested: the outermost one counts)
-
-
-class window:
-    """``with window():`` around a blocking call into MPI made while staged
-    operations have stages to post: the helper thread drives them until the
-    call returns. Does nothing in the helper itself, or without
-    ``MPI_THREAD_MULTIPLE``."""
-
-    __slots__ = ("helper",)
-
-    def __enter__(self) -> window:
-        global _helper, _usable, _depth
-        self.helper = None
-        me = threading.get_ident()
-        if _depth or not _active or (_helper is not None and me == _helper.ident):
-            return self
-        for driver in list(_active):
-            driver.blocking()
-        if _usable is None:
-            _usable = MPI.Query_thread() >= MPI.THREAD_MULTIPLE
-        if not _usable or not _active:
-            return self
-        if _helper is None:
-            _helper = _Helper()
-        _depth += 1
-        _helper.open(me)
-        self.helper = _helper
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        global _depth
-        if self.helper is not None:
-            self.helper.close()
-            _depth -= 1
-
-
-# this module is the core's progress engine: its waits, tests and blocking
-# calls drive what is enlisted here (pump_all, window, before_collective)
-_core._set_engine(sys.modules[__name__])

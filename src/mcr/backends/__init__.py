@@ -1,13 +1,15 @@
 """The backends a Comm can run an operation on, registered by name.
 
-The built-in backends are the modules named in ``BUILTINS``, each defining
-``BACKEND`` (a ``base.Backend``): ``mpi`` is the compiled core itself;
-``gloo`` and ``nccl`` wrap torch's process groups (``torchpg``), and run what
-they lack through ``compose``, the one place where missing operations are
-built from a backend's primitives. Other packages add backends through the
-entry-point group ``mcr.backends`` (the entry point's name is the backend's,
-its value ``module:attr`` a ``Backend`` instance or class), read once, when
-a name is not a built-in one or ``names()`` is asked for.
+Every backend is an entry point of the group ``mcr.backends`` (its name is
+the backend's, its value ``module:attr`` a ``base.Backend`` instance or
+class), mcr's own as well as other packages': mcr's pyproject.toml declares
+``mpi``, ``gloo`` and ``nccl`` (``mcr.backends.mpi:BACKEND``, ...). ``mpi`` is
+the compiled core itself; ``gloo`` and ``nccl`` wrap torch's process groups
+(``torchpg``), and run what they lack through ``compose``, the one place
+where missing operations are built from a backend's primitives. The entry
+points are read once, at the first name asked for; a backend's module is
+imported when that backend is first used. An entry point of another
+distribution that takes one of mcr's names is ignored, with a warning.
 
 A Comm's sub-communicator on a backend is made at its first call on that
 backend (collective over the Comm, like NCCL's lazy initialization), kept as
@@ -15,7 +17,6 @@ an attribute of the MPI communicator (so every Python object sharing the
 handle shares it), and shut down by ``Comm.Free``.
 """
 
-import importlib
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -24,60 +25,104 @@ if TYPE_CHECKING:         # both are slow to import: read when a backend is load
 
     from .base import Backend
 
-__all__ = ["BUILTINS", "ENTRY_POINT_GROUP", "names", "get", "check_name", "subcomm",
-           "release"]
+    BUILTINS: tuple[str, ...]     # (at run time: from __getattr__, below)
 
-BUILTINS: tuple[str, ...] = ("mpi", "gloo", "nccl")
+__all__ = ["BUILTINS", "ENTRY_POINT_GROUP", "OWN_DISTRIBUTION", "names", "get", "check_name",
+           "subcomm", "release"]
+
 ENTRY_POINT_GROUP = "mcr.backends"
+OWN_DISTRIBUTION = "mcr"        # the distribution whose entry points are mcr's own backends
 _KEYVAL: int | None = None
+_ENTRY_POINTS: "dict[str, EntryPoint] | None" = None     # read once, at first need
+_BUILTINS: tuple[str, ...] = ()
 _NAMES: tuple[str, ...] = ()
-_PLUGINS: "dict[str, EntryPoint] | None" = None     # read once, at first need
 _LOADED: "dict[str, Backend]" = {}
 
 
+def __getattr__(attr: str) -> tuple[str, ...]:
+    """``BUILTINS``: the names of mcr's own backends, ``mpi`` first, as its
+    entry points declare them (read at the first use of the name)."""
+    if attr == "BUILTINS":
+        _entry_points()
+        return _BUILTINS
+    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
+
+
 def names() -> tuple[str, ...]:
-    """The names of the registered backends: the built-in ones, ``mpi`` first,
-    then those of the ``mcr.backends`` entry points."""
-    global _NAMES
+    """The names of the registered backends: mcr's own, ``mpi`` first, then
+    those of other distributions' ``mcr.backends`` entry points, each in
+    sorted order."""
     if not _NAMES:
-        _NAMES = BUILTINS + tuple(sorted(_plugins()))
+        _entry_points()
     return _NAMES
 
 
-def _plugins() -> "dict[str, EntryPoint]":
-    global _PLUGINS
-    if _PLUGINS is None:
+def _entry_points() -> "dict[str, EntryPoint]":
+    """Every backend's entry point by name, mcr's own and plug-ins' (read once).
+
+    Raises
+    ------
+    RuntimeError
+        When mcr's own entry points are missing: its metadata is not installed.
+    """
+    global _ENTRY_POINTS, _BUILTINS, _NAMES
+    if _ENTRY_POINTS is None:
         from importlib.metadata import entry_points
-        found: dict[str, EntryPoint] = {}
-        for ep in entry_points(group=ENTRY_POINT_GROUP):
-            if ep.name in BUILTINS or ep.name in found:
-                kept = "mcr's own" if ep.name in BUILTINS else f"{found[ep.name].value!r}"
+        every = list(entry_points(group=ENTRY_POINT_GROUP))
+        own = {ep.name: ep for ep in every if _distribution_name(ep) == OWN_DISTRIBUTION}
+        if "mpi" not in own:
+            seen = f"only {', '.join(sorted(own))} found" if own else "none found"
+            raise RuntimeError(
+                f"mcr.backends: mcr's own backends (mpi, gloo, nccl) are entry points of "
+                f"group {ENTRY_POINT_GROUP!r} of distribution {OWN_DISTRIBUTION!r}, "
+                f"{seen}: mcr runs from a source tree that was never installed, or was "
+                "installed before its pyproject.toml declared them; run `pip install -e .` "
+                "(or `pip install .`) in mcr's source tree")
+        found = dict(own)
+        for ep in every:
+            if _distribution_name(ep) == OWN_DISTRIBUTION:
+                continue
+            if ep.name in found:
+                kept = "mcr's own" if ep.name in own else f"{found[ep.name].value!r}"
                 warnings.warn(f"backend {ep.name!r}: entry point {ep.value!r} of "
                               f"{_distribution(ep)} is ignored; {kept} has that name",
-                              RuntimeWarning, stacklevel=3)
+                              RuntimeWarning, stacklevel=4)
                 continue
             found[ep.name] = ep
-        _PLUGINS = found
-    return _PLUGINS
+        _BUILTINS = ("mpi", *sorted(set(own) - {"mpi"}))
+        _NAMES = (*_BUILTINS, *sorted(set(found) - set(own)))
+        _ENTRY_POINTS = found
+    return _ENTRY_POINTS
+
+
+def _distribution_name(ep: "EntryPoint") -> str | None:
+    dist = getattr(ep, "dist", None)
+    return None if dist is None else str(dist.name)
 
 
 def _distribution(ep: "EntryPoint") -> str:
-    dist = getattr(ep, "dist", None)
-    return f"distribution {dist.name!r}" if dist is not None else "an unknown distribution"
+    name = _distribution_name(ep)
+    return f"distribution {name!r}" if name is not None else "an unknown distribution"
 
 
 def get(name: str) -> "Backend":
-    """The ``Backend`` object registered under ``name``."""
+    """The ``Backend`` object registered under ``name`` (its entry point is
+    loaded at the first call).
+
+    Raises
+    ------
+    TypeError, ValueError
+        When ``name`` is not a string, or not a registered backend's name.
+    RuntimeError
+        When the backend's entry point fails to load.
+    """
     check_name(name)
     if name == "auto":
         raise ValueError("backend: 'auto' is not a backend, it asks mcr to choose one "
                          f"({', '.join(names())})")
-    if name in BUILTINS:
-        backend: "Backend" = importlib.import_module(f"{__name__}.{name}").BACKEND
-        return backend
     found = _LOADED.get(name)
     if found is None:
-        found = _LOADED[name] = _load(_plugins()[name])
+        found = _LOADED[name] = _load(_entry_points()[name])
     return found
 
 
@@ -106,7 +151,7 @@ def check_name(name: object) -> None:
     """Raise TypeError/ValueError unless ``name`` is a backend or ``"auto"``."""
     if not isinstance(name, str):
         raise TypeError(f"backend: expected a string or None, got {type(name).__name__}")
-    if name != "auto" and name not in BUILTINS and name not in names():
+    if name != "auto" and name not in names():
         raise ValueError(f"backend: unknown backend {name!r}; available: "
                          f"{', '.join(names())}, or 'auto'")
 

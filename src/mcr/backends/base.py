@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import torch
 from mpi4py import MPI
 
-from mcr import _core
+from mcr import _core, progress
 
 from . import compose
 from .message import Side
@@ -109,8 +109,7 @@ class Subcomm:
                         f"to make its first call on backend {self.name!r} (that call "
                         "sets the backend up, collectively over the communicator)")
             self._meeting = None
-            from mcr import stages      # (blocking: the staged operations go on meanwhile)
-            with stages.window():
+            with progress.window():     # (blocking: the staged operations go on meanwhile)
                 self.connect()
                 self._hcomm = self.comm.to_mpi4py().Dup()
 

@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from mcr import launch
+from mcr import backends, launch
 
 __all__ = ["main"]
 
@@ -59,7 +59,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="codecs, comma-separated (fp16,bf16,zfp:rate=8)")
     parser.add_argument("--ops", default="Allreduce",
                         help=f"operations, comma-separated, of {', '.join(OPS)} (Allreduce)")
-    parser.add_argument("--backend", default="mpi", choices=("mpi", "gloo", "nccl"))
+    parser.add_argument("--backend", default="mpi", choices=backends.names(),
+                        help="a registered backend (mpi)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--iters", type=int, default=0,
                         help="calls per round (default: fewer for larger sizes)")

@@ -28,7 +28,7 @@ cdef object backends_module():
 
 # The progress engine: what this process must drive besides MPI's own
 # progress, from every test and wait and around every call that blocks in
-# MPI. mcr.stages is the engine (staged operations: later stages this
+# MPI. mcr.progress is the engine (staged operations: later stages this
 # process's Python code posts; a Fusion's open buckets, enlisted there as a
 # driver); it registers itself with _set_engine and says when it has
 # something to drive (_engine_busy). The core calls it through three
@@ -38,13 +38,13 @@ cdef object backends_module():
 # collective: what must come before it on the communicator is posted). Each
 # tests one flag when the engine is idle.
 cdef bint engine_busy = False   # the engine has something to drive
-cdef object engine = None       # the registered engine (mcr.stages), or None
+cdef object engine = None       # the registered engine (mcr.progress), or None
 
 
 def _set_engine(obj):
     """Register the progress engine: an object with ``pump_all()``,
     ``window()`` (a context manager around a call that blocks in MPI) and
-    ``before_collective(comm)`` (mcr.stages registers itself)."""
+    ``before_collective(comm)`` (mcr.progress registers itself)."""
     global engine
     engine = obj
 

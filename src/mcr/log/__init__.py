@@ -148,7 +148,7 @@ def reset() -> None:
 
 
 def _comm_names() -> dict[int, str]:
-    from mcr import COMM_SELF, COMM_WORLD
+    from mcr._core import COMM_SELF, COMM_WORLD
     return {COMM_WORLD.handle: "world", COMM_SELF.handle: "self"}
 
 
@@ -197,7 +197,7 @@ def summary(stragglers: bool = False, comm: Any = None) -> dict[str, Any]:
     out: dict[str, Any] = {"rank": rank, "size": size, "rows": rows(_core()._log_totals())}
     if stragglers:
         if comm is None:
-            from mcr import COMM_WORLD as comm
+            from mcr._core import COMM_WORLD as comm
         out["stragglers"] = _cross_rank(comm.allgather(out["rows"]))
     return out
 
@@ -223,7 +223,7 @@ def _at_exit(cfg: Config) -> None:
         everyone: Sequence[dict[str, Any]] = mine
         suffix = ""
         if collective:
-            from mcr import COMM_WORLD
+            from mcr._core import COMM_WORLD
             gathered = COMM_WORLD.gather(mine, root=0)
             if rank != 0 or gathered is None:
                 return

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from mcr import launch, tuning
 
 from .cli import PROG, existing_table, parse_args
+from .plot import show
 from .progress import Follower
-from .report import show
 
 __all__ = ["main"]
 

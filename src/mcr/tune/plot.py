@@ -1,5 +1,6 @@
 """The figure of a tuning table: ``python -m mcr.tune plot TABLE --out PNG``, or
-``--plot PNG`` after a run. It reads the table only (no MPI).
+``--plot PNG`` after a run (``show``: the summary, then the figure). It reads
+the table only (no MPI).
 
 One panel per operation (and device, when the table has both): the latency
 of each backend against the message size, both on log scales, with the sizes
@@ -9,6 +10,7 @@ is a bar per backend.
 
 from __future__ import annotations
 
+import argparse
 import math
 import sys
 from collections.abc import Sequence
@@ -16,10 +18,10 @@ from typing import Any
 
 from mcr import tuning
 
-from .cli import PROG, parse_plot_args, pyplot
-from .report import backend_order, mpi_name, size_text
+from .cli import PROG, TUNED, parse_plot_args, pyplot
+from .report import backend_order, mpi_name, size_text, summary
 
-__all__ = ["plot_table", "main"]
+__all__ = ["plot_table", "show", "main"]
 
 COLOURS = {"mpi": "tab:blue", "gloo": "tab:orange", "nccl": "tab:green"}
 OTHER_COLOURS = ("tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive")
@@ -101,6 +103,16 @@ def _bars(ax: Any, entry: tuning.Entry, colours: dict[str, str]) -> None:
     ax.patch.set_alpha(0.15)
     ax.set_yscale("log")
     ax.set_ylabel("latency (us)")
+
+
+def show(table: tuning.Table, args: argparse.Namespace, path: str) -> None:
+    """Print the summary of what ``args`` (the options of the run) measured and,
+    with ``--plot``, draw the table."""
+    measured = [(TUNED[name], d) for name in args.ops for d in args.devices]
+    print("\n".join(summary(table, measured, path)), flush=True)
+    if args.plot:
+        plot_table(table, args.plot)
+        print(f"figure written to {args.plot}", flush=True)
 
 
 def main(argv: Sequence[str]) -> int:

@@ -1,17 +1,15 @@
 """What a tuning run prints at its end: per operation and size range, the
-backend the table chooses and the latency each backend measured there."""
+backend the table chooses and the latency each backend measured there
+(:func:`mcr.tune.plot.show` prints it, and draws the figure with ``--plot``)."""
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from mcr import tuning
 
-from .cli import TUNED
-
-__all__ = ["summary", "show", "backend_order", "size_text", "mpi_name"]
+__all__ = ["summary", "backend_order", "size_text", "mpi_name"]
 
 
 def size_text(nbytes: int) -> str:
@@ -92,14 +90,3 @@ def summary(table: tuning.Table, measured: Iterable[tuple[str, str]], path: str)
                              .rstrip())
     lines.append(f"table written to {path} ({len(table.entries)} entries)")
     return lines
-
-
-def show(table: tuning.Table, args: argparse.Namespace, path: str) -> None:
-    """Print the summary of what ``args`` (the options of the run) measured and,
-    with ``--plot``, draw the table."""
-    measured = [(TUNED[name], d) for name in args.ops for d in args.devices]
-    print("\n".join(summary(table, measured, path)), flush=True)
-    if args.plot:
-        from .plot import plot_table
-        plot_table(table, args.plot)
-        print(f"figure written to {args.plot}", flush=True)

@@ -35,7 +35,8 @@ from mcr.bench.ops import OPERATIONS, Case, buffer_maker
 
 from .cli import DTYPE, ITEMSIZE, PROG, TUNED, existing_table, parse_args
 from .progress import Reporter
-from .report import show, size_text
+from .plot import show
+from .report import size_text
 from .schedule import Budget, Point, points
 
 __all__ = ["main"]

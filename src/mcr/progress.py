@@ -1,0 +1,161 @@
+"""What drives the staged operations of the process (``mcr.stages``) and the
+drivers others enlist (``mcr.Fusion``, while it has open buckets): every wait
+and test of mcr posts what has become ready (``pump_all``), a collective call
+first lets them post what must come before it (``before_collective``), and a
+blocking call into MPI runs in a ``window`` in which a helper thread drives
+them (see ``mcr.stages`` for why).
+
+A layer below the staged operations and the backends: a backend's blocking
+set-up (``Subcomm.start``) opens a window, and the staged operations make
+their backend groups, without either importing the other.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import warnings
+from typing import Any
+
+from mpi4py import MPI
+
+from mcr import _core
+
+__all__ = ["LOCK", "enlist", "dismiss", "in_helper", "blocked_thread", "pump_all",
+           "before_collective", "window"]
+
+LOCK = threading.RLock()
+# what has work to post (an ordered set): groups with stages still to post,
+# and drivers others enlist (``mcr.Fusion``, while it has open buckets)
+_active: dict[Any, None] = {}
+
+
+def enlist(driver: Any) -> None:
+    """Drive ``driver`` from every wait of the process, as the staged
+    operations: it has ``pump(helper)`` (post what it can, now, without
+    blocking), ``blocking()`` (the calling thread is about to block in MPI)
+    and ``collective(comm)`` (the calling thread is about to make a
+    collective call on ``comm``)."""
+    with LOCK:
+        if driver not in _active:
+            _active[driver] = None
+            _core._engine_busy(True)
+
+
+def dismiss(driver: Any) -> None:
+    """Stop driving ``driver``."""
+    with LOCK:
+        if _active.pop(driver, 0) is None and not _active:
+            _core._engine_busy(False)
+
+
+def in_helper() -> bool:
+    """Whether the calling thread is the helper."""
+    return _helper is not None and threading.get_ident() == _helper.ident
+
+
+def blocked_thread() -> int | None:
+    """The thread the helper drives for (blocked in MPI), or None."""
+    return _helper.opener if _helper is not None and not _helper.parked.is_set() else None
+
+
+def pump_all() -> None:
+    """Post every stage that has become ready, of every staged operation of
+    this process (the helper thread leaves those on CUDA tensors to the
+    threads that called them)."""
+    helper = in_helper()
+    for driver in list(_active):
+        driver.pump(helper)
+
+
+def before_collective(comm: Any) -> None:
+    """The calling thread is about to make a collective call on ``comm``
+    (buffer methods, neighborhood collectives, constructors, mpi4py's
+    methods on pickled objects): what must come before it on ``comm`` is
+    posted first (a ``Fusion``'s open buckets)."""
+    for driver in list(_active):
+        driver.collective(comm)
+
+
+class _Helper:
+    """The thread that drives staged operations while the calling thread is
+    blocked inside MPI (between ``open`` and ``close``)."""
+
+    def __init__(self) -> None:
+        self.go = threading.Event()
+        self.stop = threading.Event()
+        self.parked = threading.Event()
+        self.parked.set()
+        self.opener: int | None = None     # the thread blocked in MPI meanwhile
+        self.thread = threading.Thread(target=self.run, name="mcr-stages", daemon=True)
+        self.thread.start()
+        self.ident = self.thread.ident
+
+    def run(self) -> None:
+        while True:
+            self.go.wait()
+            self.go.clear()
+            pause = 2e-5
+            while not self.stop.is_set() and _active:
+                try:
+                    pump_all()
+                except Exception as exc:   # (a flight's own error is kept by it)
+                    warnings.warn(f"mcr.stages: driving staged operations failed: {exc}",
+                                  RuntimeWarning)
+                self.stop.wait(pause)
+                pause = min(2 * pause, 1e-3)
+            self.parked.set()
+
+    def open(self, opener: int) -> None:
+        self.opener = opener
+        self.parked.clear()
+        self.stop.clear()
+        self.go.set()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.parked.wait()
+
+
+_helper: _Helper | None = None
+_usable: bool | None = None        # whether MPI provides THREAD_MULTIPLE
+_depth = 0                         # windows open (nested: the outermost one counts)
+
+
+class window:
+    """``with window():`` around a blocking call into MPI made while staged
+    operations have stages to post: the helper thread drives them until the
+    call returns. Does nothing in the helper itself, or without
+    ``MPI_THREAD_MULTIPLE``."""
+
+    __slots__ = ("helper",)
+
+    def __enter__(self) -> window:
+        global _helper, _usable, _depth
+        self.helper = None
+        me = threading.get_ident()
+        if _depth or not _active or (_helper is not None and me == _helper.ident):
+            return self
+        for driver in list(_active):
+            driver.blocking()
+        if _usable is None:
+            _usable = MPI.Query_thread() >= MPI.THREAD_MULTIPLE
+        if not _usable or not _active:
+            return self
+        if _helper is None:
+            _helper = _Helper()
+        _depth += 1
+        _helper.open(me)
+        self.helper = _helper
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        global _depth
+        if self.helper is not None:
+            self.helper.close()
+            _depth -= 1
+
+
+# this module is the core's progress engine: its waits, tests and blocking
+# calls drive what is enlisted here (pump_all, window, before_collective)
+_core._set_engine(sys.modules[__name__])
