@@ -162,8 +162,8 @@ class _Bucket:
 
     def add(self, index: int, inp: Any, out: Any, n: int) -> list[Any]:
         """Add call `index` (`n` elements from `inp` into `out`); the list of
-        handles its request waits on (the core's _fuse_quick adds the same
-        way)."""
+        handles its request waits on. The core's fast path (_fuse_quick)
+        calls it too, and reads ``nbytes`` and ``itemsize``."""
         handles = [self]
         self.calls.append(index)
         self.works.append(handles)
@@ -207,7 +207,7 @@ class _Bucket:
         class methods ask once per turn for all the calls of the bucket)."""
         if self.state == _POSTED:
             f = self.fusion
-            if f._timed and f._open:
+            if f._st.timed and f._st.open:
                 f._tick()
             assert self.req is not None
             if not self.req.Test():
@@ -256,7 +256,7 @@ class _Bucket:
         self.outs = []
         self.calls = []
         self.works = []
-        if f._driven and not f._open:
+        if f._driven and not f._st.open:
             f._quiet()
 
 
@@ -294,9 +294,8 @@ class Fusion:
 
     __slots__ = ("_comm", "_torch", "_tensor", "_in_place", "_work_request", "_meta", "_quick",
                  "_pack", "_unpack", "_ops",
-                 "_rank", "_size", "_leader", "_limit", "_cycle", "_timed", "_since",
-                 "_backend", "_open", "_count", "_ctl", "_sends", "_rbuf", "_rreq",
-                 "_queue", "_next_at", "_closed", "_posted",
+                 "_rank", "_size", "_leader", "_st", "_cycle", "_since",
+                 "_backend", "_ctl", "_sends", "_rbuf", "_rreq", "_queue", "_posted",
                  "_driving", "_quiet_calls", "_thread", "_busy", "_cuda", "_driven", "trace")
 
     def __init__(self, comm: Comm, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
@@ -337,14 +336,18 @@ class Fusion:
         self._rank = comm.Get_rank()
         self._size = comm.Get_size()
         self._leader = self._rank == 0
-        self._limit = bucket_bytes
+        # what the core's fast path (_fuse_quick) reads and updates: the open
+        # buckets, the calls so far, the bucket size, the next call a decision
+        # ends at, whether it is closed or timed
+        self._st = _core._FusionState()
+        self._st.limit = bucket_bytes
         self._cycle = float(cycle) if cycle is not None else 0.0
-        self._timed = cycle is not None and self._leader
+        self._st.timed = cycle is not None and self._leader
         self._since = 0.0
         self._backend = backend
-        self._open: dict[tuple[Any, ...], _Bucket] = {}
-        self._count = 0                      # fused calls so far
-        self._closed = False
+        self._st.open = {}                   # key -> its open _Bucket
+        self._st.count = 0                   # fused calls so far
+        self._st.closed = False
         self._posted: deque[_Bucket] = deque()   # posted, not yet seen complete
         # driven by every wait of the process while buckets are open
         # (mcr.stages): the thread that opened the newest bucket, whether the
@@ -361,7 +364,7 @@ class Fusion:
         self._sends: list[Any] = []
         self._rbuf = array("q", (0, 0))
         self._queue: deque[tuple[int, int]] = deque()
-        self._next_at = _NEVER
+        self._st.next_at = _NEVER
         self._rreq = (self._ctl.Irecv(self._rbuf, 0, _TAG)
                       if self._ctl is not None and not self._leader else None)
 
@@ -375,11 +378,11 @@ class Fusion:
         Arguments as ``mcr.Comm.Iallreduce`` (`op` None: ``SUM``)."""
         if op is None:
             op = self._ops[0]
-        quick: Request | None = self._quick(self, sendbuf, recvbuf, op, backend)
+        quick: Request | None = self._quick(self._st, sendbuf, recvbuf, op, backend)
         if quick is not None:
             return quick
         meta = self._meta(recvbuf)
-        if meta is not None and not self._closed:
+        if meta is not None and not self._st.closed:
             # a contiguous host tensor the core reads directly (the common
             # case, the call fitting in the open bucket with nothing else
             # due, is the core's _fuse_quick): one call for (bytes, element
@@ -393,7 +396,7 @@ class Fusion:
                     return req
             return self._unfused("Iallreduce", sendbuf, recvbuf, op, backend=backend)
         T = self._tensor
-        if type(recvbuf) is T and recvbuf.is_contiguous() and not self._closed:
+        if type(recvbuf) is T and recvbuf.is_contiguous() and not self._st.closed:
             n = recvbuf.numel()
             dtype = recvbuf.dtype
             device = recvbuf.get_device()
@@ -415,7 +418,7 @@ class Fusion:
     def Ibcast(self, buf: Any, root: int = 0, *, backend: str | None = None) -> Request:
         """Start a broadcast, fused when eligible; return a ``Request``.
         Arguments as ``mcr.Comm.Ibcast``."""
-        if (type(buf) is self._tensor and buf.is_contiguous() and not self._closed
+        if (type(buf) is self._tensor and buf.is_contiguous() and not self._st.closed
                 and type(root) is int and 0 <= root < self._size):
             flat = buf if buf.dim() == 1 else buf.view(-1)
             req = self._add((_BCAST, root, buf.dtype, buf.get_device(), backend), _BCAST,
@@ -428,7 +431,7 @@ class Fusion:
         """Start an allgather, fused when eligible; return a ``Request``.
         Arguments as ``mcr.Comm.Iallgather``."""
         T = self._tensor
-        if type(recvbuf) is T and recvbuf.is_contiguous() and not self._closed:
+        if type(recvbuf) is T and recvbuf.is_contiguous() and not self._st.closed:
             size, rank = self._size, self._rank
             total = recvbuf.numel()
             n = total // size
@@ -454,33 +457,34 @@ class Fusion:
         """Add a call to the open bucket of `key`; None if it is not fused (too
         large, or an op/dtype/device that is not). Rank 0 closes the bucket
         once it is full."""
-        b = self._open.get(key)
+        st = self._st
+        b = st.open.get(key)
         if b is None:
             b = self._bucket(key, kind, arg, backend, out)
             if b is None:
                 return None
         nbytes = n * b.itemsize
-        limit = self._limit
+        limit = st.limit
         if nbytes > limit:
             if not b.calls:
-                del self._open[key]
+                del st.open[key]
             return None
         leader = self._leader
         if leader and b.nbytes + nbytes > limit and b.calls:
             self._close(b)
-            b = self._open.get(key) or self._bucket(key, kind, arg, backend, out)
+            b = st.open.get(key) or self._bucket(key, kind, arg, backend, out)
             assert b is not None
-        index = self._count
-        self._count = index + 1
+        index = st.count
+        st.count = index + 1
         req: Request = self._work_request("fusion", b.add(index, inp, out, n))
         if self._posted and not index & 31:
             self._progress()
         if leader:
             if b.nbytes >= limit:
                 self._close(b)
-            if self._timed:
+            if st.timed:
                 self._tick()
-        elif (b.nbytes >= limit and not index & 7) or index >= self._next_at:
+        elif (b.nbytes >= limit and not index & 7) or index >= st.next_at:
             # this bucket is due: look for rank 0's decision (every 8th call:
             # a look costs more than a call)
             self._advance()
@@ -509,8 +513,8 @@ class Fusion:
             known = [k for k, op in enumerate(self._ops) if arg is op]
             if not known or dtype == self._torch.bool or (dtype.is_complex and known[0] >= 2):
                 return None
-        if not self._open:
-            if self._timed:
+        if not self._st.open:
+            if self._st.timed:
                 self._since = time.perf_counter()
             if not self._driven:
                 self._driven = True
@@ -520,7 +524,7 @@ class Fusion:
             self._cuda = True
         b = _Bucket(self, key, kind, arg, backend if backend is not None else self._backend,
                     tensor.element_size())
-        self._open[key] = b
+        self._st.open[key] = b
         return b
 
     # ------------------------------------------------------------------
@@ -528,19 +532,19 @@ class Fusion:
 
     def _close(self, b: _Bucket) -> None:
         """Rank 0: post bucket `b` and tell the others where it ends."""
-        del self._open[b.key]
+        del self._st.open[b.key]
         # tell first: posting may block until the others post too (a backend's
         # first use makes its communicator, collectively)
-        self._send(b.first, self._count)
+        self._send(b.first, self._st.count)
         self._posting([b])
 
     def _flush_all(self) -> None:
         """Rank 0: post every open bucket (in the order of their first calls)."""
-        if not self._open:
+        if not self._st.open:
             return
-        buckets = sorted(self._open.values(), key=_first)
-        self._open.clear()
-        self._send(_EVERY, self._count)
+        buckets = sorted(self._st.open.values(), key=_first)
+        self._st.open.clear()
+        self._send(_EVERY, self._st.count)
         self._posting(buckets)
 
     def _posting(self, buckets: list[_Bucket]) -> None:
@@ -568,7 +572,7 @@ class Fusion:
 
     def _tick(self) -> None:
         """Rank 0: flush everything once the cycle time has passed."""
-        if self._open and time.perf_counter() - self._since >= self._cycle:
+        if self._st.open and time.perf_counter() - self._since >= self._cycle:
             self._flush_all()
 
     def _wanted(self, b: _Bucket) -> None:
@@ -576,7 +580,7 @@ class Fusion:
         the others take the decisions that have come."""
         if self._leader:
             self._close(b)
-            if self._timed:
+            if self._st.timed:
                 self._tick()
         else:
             self._advance()
@@ -589,12 +593,12 @@ class Fusion:
             self._queue.append((self._rbuf[0], self._rbuf[1]))
             self._rreq = self._ctl.Irecv(self._rbuf, 0, _TAG)
         queue = self._queue
-        while queue and queue[0][1] <= self._count:
+        while queue and queue[0][1] <= self._st.count:
             first, end = queue.popleft()
             if first == _EVERY:
-                buckets = sorted((b for b in self._open.values() if b.first < end), key=_first)
+                buckets = sorted((b for b in self._st.open.values() if b.first < end), key=_first)
             else:
-                buckets = [b for b in self._open.values() if b.first == first]
+                buckets = [b for b in self._st.open.values() if b.first == first]
                 if not buckets:
                     raise RuntimeError(
                         f"fusion: rank 0 closed a bucket starting at call {first}, which "
@@ -603,12 +607,12 @@ class Fusion:
             for b in buckets:
                 rest = b.split(end)
                 if rest is None:
-                    del self._open[b.key]
+                    del self._st.open[b.key]
                 else:
-                    self._open[b.key] = rest
+                    self._st.open[b.key] = rest
             self._posting(buckets)
         # a decision read early applies when this rank reaches its end call
-        self._next_at = queue[0][1] - 1 if queue else _NEVER
+        self._st.next_at = queue[0][1] - 1 if queue else _NEVER
 
     # ------------------------------------------------------------------
     # Driven by every wait of the process while a bucket is open (mcr.stages)
@@ -627,7 +631,7 @@ class Fusion:
                 return False
         elif threading.get_ident() != self._thread:
             return False
-        if not self._open or self._closed:
+        if not self._st.open or self._st.closed:
             if self._driven:
                 self._quiet()
             return False
@@ -666,14 +670,14 @@ class Fusion:
         on ranks other than 0, it waits until rank 0's decisions cover every
         call made so far (rank 0 flushes at the same point).
         """
-        if self._closed:
+        if self._st.closed:
             return
         if self._leader:
             self._flush_all()
             return
-        end = self._count
+        end = self._st.count
         self._advance()
-        while any(b.first < end for b in self._open.values()):
+        while any(b.first < end for b in self._st.open.values()):
             assert self._rreq is not None
             # blocked in MPI: the helper drives the staged operations
             # meanwhile, not this fusion (its request is being waited for)
@@ -688,10 +692,10 @@ class Fusion:
     def close(self) -> None:
         """Flush, and release the private communicator; collective. Afterwards
         every call is forwarded unfused. Closing twice is harmless."""
-        if self._closed:
+        if self._st.closed:
             return
         self.flush()
-        self._closed = True
+        self._st.closed = True
         if self._driven:
             self._quiet()
         if self._ctl is None:
@@ -726,7 +730,7 @@ class Fusion:
     @property
     def bucket_bytes(self) -> int:
         """Largest bucket, in bytes each rank contributes."""
-        return self._limit
+        return self._st.limit
 
     def _unfused(self, name: str, *args: Any, backend: str | None) -> Request:
         """Flush, then start `name` on the communicator itself (on this
@@ -752,8 +756,8 @@ class Fusion:
         return flushed
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else f"{len(self._open)} open buckets"
-        return f"<mcr.Fusion of {self._comm!r}, bucket_bytes={self._limit}, {state}>"
+        state = "closed" if self._st.closed else f"{len(self._st.open)} open buckets"
+        return f"<mcr.Fusion of {self._comm!r}, bucket_bytes={self._st.limit}, {state}>"
 
 
 def _first(b: _Bucket) -> int:

@@ -78,7 +78,21 @@ def _unpack(object src, list tensors):
         PyMem_Free(size)
 
 
-def _fuse_quick(f, sendbuf, recvbuf, op, backend):
+cdef class _FusionState:
+    """The part of an mcr.Fusion that its compiled fast path (_fuse_quick)
+    reads and updates: the open buckets by key, the calls fused so far, the
+    bucket size in bytes, the next call a decision of rank 0 ends at,
+    whether the fusion is closed, and whether rank 0 closes buckets on a
+    timer (the Python path then decides)."""
+    cdef public dict open
+    cdef public Py_ssize_t count
+    cdef public Py_ssize_t limit
+    cdef public Py_ssize_t next_at
+    cdef public bint closed
+    cdef public bint timed
+
+
+def _fuse_quick(_FusionState f, sendbuf, recvbuf, op, backend):
     """mcr.Fusion.Iallreduce's common case, compiled: `recvbuf` (and
     `sendbuf`, or IN_PLACE) contiguous host tensors the core reads directly,
     whose call fits in the open bucket of its kind, with nothing else due
@@ -96,21 +110,14 @@ def _fuse_quick(f, sendbuf, recvbuf, op, backend):
         inp = sendbuf
     if torch_dtypes is None:
         torch_dtypes = [getattr(_torch, name, None) for name in TYPE_NAMES]
-    b = f._open.get((id(op), torch_dtypes[r.tindex], -1, backend))
-    if b is None or f._closed or f._timed:
+    b = f.open.get((id(op), torch_dtypes[r.tindex], -1, backend))
+    if b is None or f.closed or f.timed:
         return None
-    cdef Py_ssize_t index = f._count
-    cdef Py_ssize_t nbytes = b.nbytes
-    if nbytes + r.nbytes >= f._limit or not (index & 31) or index >= f._next_at:
+    cdef Py_ssize_t index = f.count
+    if <Py_ssize_t>b.nbytes + r.nbytes >= f.limit or not (index & 31) or index >= f.next_at:
         return None
-    f._count = index + 1
-    cdef list handles = [b]
-    b.calls.append(index)
-    b.works.append(handles)
-    b.ins.append(inp)
-    b.outs.append(recvbuf)
-    b.counts.append(r.nbytes // <Py_ssize_t>b.itemsize)
-    b.nbytes = nbytes + r.nbytes
+    f.count = index + 1
+    cdef list handles = b.add(index, inp, recvbuf, r.nbytes // <Py_ssize_t>b.itemsize)
     cdef Request req = Request.__new__(Request)
     cdef _Work w = _Work.__new__(_Work)
     w.backend = "fusion"
