@@ -364,11 +364,8 @@ cdef class Comm(_CommBase):
 
     cdef object post_call(self, _Call c):
         """The end of the chain: post the call on its backend."""
-        if c.op == COMM_OP:
+        if c.op == COMM_OP or c.op == COMM_P2P_OP:
             return c.make(self, *c.makeargs)
-        if c.op == COMM_P2P_OP:
-            a, b, d, e, f, g, h = c.makeargs + (None,) * (7 - len(c.makeargs))
-            return obj_p2p_plain(self, c.p2p, a, b, d, e, f, g, h)
         if c.op >= CALL_COUNT:
             return nb_run(self, c.op - CALL_COUNT, c.form, c.sendbuf, c.recvbuf, c.backend,
                           c.info)

@@ -104,7 +104,6 @@ cdef double ENV_TIMEOUT = _env_seconds("MCR_TIMEOUT")
 cdef object FLIGHT_DIR = _os.environ.get("MCR_FLIGHT_RECORDER") or None
 cdef Py_ssize_t FLIGHT_KEEP = int(_os.environ.get("MCR_FLIGHT_KEEP") or 1000)
 cdef bint recorder_on = FLIGHT_DIR is not None
-cdef Py_ssize_t watched_comms = 0  # communicators with a _Watch (requests may time out)
 
 
 cdef double as_timeout(object value) except -1:
@@ -898,6 +897,10 @@ cdef object watched_comm_call(Comm comm, _Call c, Py_ssize_t i):
     except BaseException:
         if p is not None:
             pend_end(<_Pend>p, PEND_FAILED)
+        if c.callname == "Free" and comm.watch is not None and not comm.unlogged:
+            # not freed (a sub-communicator timed out): its barrier stays
+            # posted, and Free made again waits for it, as this number
+            comm.watch.seq -= 1
         raise
     if c.kind == COMM_MADE:
         if p is not None:
@@ -908,28 +911,54 @@ cdef object watched_comm_call(Comm comm, _Call c, Py_ssize_t i):
     return comm.watched_request(p, result)
 
 
-cdef object obj_p2p(Comm comm, _Call call_, Py_ssize_t i):
-    """mpi4py's point-to-point method `call_` (one of OBJ_P2P_NAMES; its
-    arguments in order), the i-th interceptor's. With a timeout or the
-    recorder, the call gets a record. With a timeout, it is polled: a send is
-    posted non-blocking (isend, issend) and waited for as a Request (a
-    TimeoutError carries it as `request`, pending); a receive or probe tests
-    for a matching message (improbe, iprobe) until one comes (at the timeout,
-    nothing is left posted), then receives it (the message is matched: its
-    sender has sent it). A receive's `buf` only bounds the message then: a
-    longer one is received and raises MPI's truncation error, as mpi4py's
-    receive into `buf` does. A sendrecv whose send times out after its
-    receive completed gives the object received with the TimeoutError
-    (`received`)."""
-    cdef int call = call_.p2p
-    a, b, c, d, e, f, g = call_.makeargs + (None,) * (7 - len(call_.makeargs))
+cdef int name_p2p(_Call c) except -1:
+    """Name the arguments of mpi4py's point-to-point method `c` (in
+    c.makeargs, in the method's order): the object sent is `sendbuf`, a
+    receive's `buf` is `recvbuf`, sendrecv's sendtag is `tag`."""
+    cdef int call = c.p2p
+    if call == P2P_SEND or call == P2P_SSEND or call == P2P_ISEND or call == P2P_ISSEND:
+        c.sendbuf, c.dest, c.tag = c.makeargs
+    elif call == P2P_RECV:
+        c.recvbuf, c.source, c.tag, c.status = c.makeargs
+    elif call == P2P_IRECV:
+        c.recvbuf, c.source, c.tag = c.makeargs
+    elif call == P2P_SENDRECV:
+        c.sendbuf, c.dest, c.tag, c.recvbuf, c.source, c.recvtag, c.status = c.makeargs
+    else:                                       # probe, mprobe
+        c.source, c.tag, c.status = c.makeargs
+    return 0
+
+
+cdef _Pend p2p_pend(Comm comm, _Watch w, _Call c):
+    """The record of mpi4py's point-to-point call `c`."""
+    cdef int call = c.p2p
+    cdef bint sends = call == P2P_SEND or call == P2P_SSEND or call == P2P_ISEND or \
+        call == P2P_ISSEND or call == P2P_SENDRECV
+    return obj_p2p_pend(comm, w, call, c.dest if sends else c.source, c.tag,
+                        c.source if call == P2P_SENDRECV else None, c.recvtag)
+
+
+cdef object obj_p2p(Comm comm, _Call c, Py_ssize_t i):
+    """mpi4py's point-to-point method `c` (one of OBJ_P2P_NAMES; its
+    arguments named by name_p2p), the i-th interceptor's. With a timeout or
+    the recorder, the call gets a record. With a timeout, it is polled: a
+    send is posted non-blocking (isend, issend) and waited for as a Request
+    (a TimeoutError carries it as `request`, pending); a receive or probe
+    tests for a matching message (improbe, iprobe) until one comes (at the
+    timeout, nothing is left posted), then receives it (the message is
+    matched: its sender has sent it). A receive's `buf` only bounds the
+    message then: a longer one is received and raises MPI's truncation
+    error, as mpi4py's receive into `buf` does. A sendrecv whose send times
+    out after its receive completed gives the object received with the
+    TimeoutError (`received`)."""
+    cdef int call = c.p2p
     cdef _Watch w = p2p_watch(comm)
     if w is None:
-        return proceed(comm, call_, i + 1)
+        return proceed(comm, c, i + 1)
     cdef double timeout = w.timeout
-    cdef _Pend p = obj_p2p_pend(comm, w, call, b, c, e, f)
-    if timeout > 0 and ((call == P2P_RECV and a is not None)
-                        or (call == P2P_SENDRECV and d is not None)):
+    cdef _Pend p = p2p_pend(comm, w, c)
+    room = c.recvbuf                # (a receive's buf, sendrecv's recvbuf)
+    if timeout > 0 and room is not None:
         import warnings             # (as mpi4py's own methods warn)
         warnings.warn("the 'buf' argument is deprecated", UserWarning)
     cdef Request sent = None
@@ -938,23 +967,23 @@ cdef object obj_p2p(Comm comm, _Call call_, Py_ssize_t i):
     cdef bint got = False
     try:
         if timeout == 0:
-            result = proceed(comm, call_, i + 1)
+            result = proceed(comm, c, i + 1)
         else:
             if call == P2P_SEND or call == P2P_SSEND or call == P2P_SENDRECV:
                 sent = as_mcr_request((_obj_issend if call == P2P_SSEND else _obj_isend)(
-                    comm, a, b, c), timeout, p)
+                    comm, c.sendbuf, c.dest, c.tag), timeout, p)
                 if call != P2P_SENDRECV:
                     timed_wait(sent, None)          # (it ends the record)
                     return None
                 sent.obs = None                     # (the record ends with the receive)
                 observe(sent, _Limit.__new__(_Limit, timeout))
-            source, tag, status = (e, f, g) if call == P2P_SENDRECV else (b, c, d)
-            st = status if status is not None or call == P2P_PROBE else _MPI.Status()
+            st = c.status if c.status is not None or call == P2P_PROBE else _MPI.Status()
+            rtag = c.recvtag if call == P2P_SENDRECV else c.tag     # (the receive's tag)
             while True:
                 if call == P2P_PROBE:
-                    found = _obj_iprobe(comm, source, tag, st) or None
+                    found = _obj_iprobe(comm, c.source, rtag, st) or None
                 else:
-                    found = _obj_improbe(comm, source, tag, st)
+                    found = _obj_improbe(comm, c.source, rtag, st)
                 if found is not None:
                     break
                 if now_ns() > deadline:
@@ -965,13 +994,12 @@ cdef object obj_p2p(Comm comm, _Call call_, Py_ssize_t i):
                 MPI_Get_count(&(<_MPI.Status>st).ob_mpi, MPI_BYTE, &nbytes)
                 p.nbytes = nbytes
             result = True if call == P2P_PROBE else found if call == P2P_MPROBE else \
-                _msg_recv(found, status)
+                _msg_recv(found, c.status)
             got = True
-            room = d if call == P2P_SENDRECV else a if call == P2P_RECV else None
             room_bytes = memoryview(room).nbytes if room is not None else nbytes
             if sent is not None:
                 timed_wait(sent, None)
-            if nbytes > room_bytes:        # (recv's `buf`, sendrecv's `recvbuf`)
+            if nbytes > room_bytes:
                 exc = Exception(MPI_ERR_TRUNCATE)
                 add_note(exc, f"{'recvbuf' if call == P2P_SENDRECV else 'buf'}: the message "
                               f"of {nbytes} bytes (pickled) is longer than the buffer's "
@@ -992,20 +1020,18 @@ cdef object obj_p2p(Comm comm, _Call call_, Py_ssize_t i):
     return result
 
 
-cdef object obj_posted(Comm comm, _Call call_, Py_ssize_t i):
-    """mpi4py's non-blocking method `call_` (isend, issend, irecv; its
-    arguments in order), the i-th interceptor's: with a timeout or the
-    recorder, its request as an mcr Request with the timeout and a record
-    (pending until a wait or test completes it: Request.wait and the other
-    lowercase methods unpickle a received object as mpi4py's do)."""
+cdef object obj_posted(Comm comm, _Call c, Py_ssize_t i):
+    """mpi4py's non-blocking method `c` (isend, issend, irecv), the i-th
+    interceptor's: with a timeout or the recorder, its request as an mcr
+    Request with the timeout and a record (pending until a wait or test
+    completes it: Request.wait and the other lowercase methods unpickle a
+    received object as mpi4py's do)."""
     cdef _Watch w = p2p_watch(comm)
     if w is None:
-        return proceed(comm, call_, i + 1)
-    cdef int call = call_.p2p
-    a, b, c = call_.makeargs
-    cdef _Pend p = obj_p2p_pend(comm, w, call, b, c, None, None)
+        return proceed(comm, c, i + 1)
+    cdef _Pend p = p2p_pend(comm, w, c)
     try:
-        q = proceed(comm, call_, i + 1)
+        q = proceed(comm, c, i + 1)
     except BaseException:
         pend_end(p, PEND_FAILED)
         raise
@@ -1021,28 +1047,6 @@ cdef _Watch p2p_watch(Comm comm):
     if comm.watch is not None and comm.watch.timeout > 0:
         return comm.watch
     return comm.recorded_watch() if recorder_on else None
-
-
-cdef object obj_p2p_plain(Comm comm, int call, object a, object b, object c, object d,
-                          object e, object f, object g):
-    """mpi4py's method `call` itself."""
-    if call == P2P_SEND:
-        return _obj_send(comm, a, b, c)
-    if call == P2P_SSEND:
-        return _obj_ssend(comm, a, b, c)
-    if call == P2P_RECV:
-        return _obj_recv(comm, a, b, c, d)
-    if call == P2P_SENDRECV:
-        return _obj_sendrecv(comm, a, b, c, d, e, f, g)
-    if call == P2P_PROBE:
-        return _obj_probe(comm, b, c, d)
-    if call == P2P_MPROBE:
-        return _obj_mprobe(comm, b, c, d)
-    if call == P2P_ISEND:
-        return _obj_isend(comm, a, b, c)
-    if call == P2P_ISSEND:
-        return _obj_issend(comm, a, b, c)
-    return _obj_irecv(comm, a, b, c)
 
 
 cdef Request as_mcr_request(object request, double timeout, _Pend p):

@@ -36,11 +36,6 @@ cdef class _CommBase(_MPI.Intracomm):
         if ENV_CHECK or ENV_TIMEOUT > 0:
             self.set_watch(ENV_CHECK, ENV_TIMEOUT)
 
-    def __dealloc__(self):
-        global watched_comms
-        if self.watch is not None:
-            watched_comms -= 1
-
     @property
     def backend(self):
         """The backend used when a call passes ``backend=None`` (``"mpi"``,
@@ -116,10 +111,8 @@ cdef class _CommBase(_MPI.Intracomm):
         self.set_watch(self.watch is not None and self.watch.checked, as_timeout(value))
 
     cdef int set_watch(self, bint checked, double timeout) except -1:
-        global watched_comms
         if self.watch is None:
             self.watch = _Watch.__new__(_Watch)
-            watched_comms += 1
         self.watch.checked = checked
         self.watch.timeout = timeout
         self.epoch = 0                # its chain: watched or not
@@ -221,45 +214,45 @@ cdef class _CommBase(_MPI.Intracomm):
 
     def send(self, obj, dest, tag=0):
         """Send a Python object (mpi4py's method, pickled)."""
-        return self.pickled_p2p(P2P_SEND, (obj, dest, tag))
+        return self.pickled_p2p(P2P_SEND, _obj_send, (obj, dest, tag))
 
     def ssend(self, obj, dest, tag=0):
         """Send a Python object in synchronous mode (mpi4py's method, pickled)."""
-        return self.pickled_p2p(P2P_SSEND, (obj, dest, tag))
+        return self.pickled_p2p(P2P_SSEND, _obj_ssend, (obj, dest, tag))
 
     def recv(self, buf=None, source=ANY_SOURCE, tag=ANY_TAG, status=None):
         """Receive a Python object (mpi4py's method, pickled)."""
-        return self.pickled_p2p(P2P_RECV, (buf, source, tag, status))
+        return self.pickled_p2p(P2P_RECV, _obj_recv, (buf, source, tag, status))
 
     def sendrecv(self, sendobj, dest, sendtag=0, recvbuf=None, source=ANY_SOURCE,
                  recvtag=ANY_TAG, status=None):
         """Send a Python object and receive one (mpi4py's method, pickled)."""
-        return self.pickled_p2p(P2P_SENDRECV, (sendobj, dest, sendtag, recvbuf, source,
-                                               recvtag, status))
+        return self.pickled_p2p(P2P_SENDRECV, _obj_sendrecv, (sendobj, dest, sendtag, recvbuf,
+                                                              source, recvtag, status))
 
     def isend(self, obj, dest, tag=0):
         """Start sending a Python object (mpi4py's method, pickled): a
         request (an ``mcr.Request`` on a watched communicator)."""
-        return self.pickled_p2p(P2P_ISEND, (obj, dest, tag))
+        return self.pickled_p2p(P2P_ISEND, _obj_isend, (obj, dest, tag))
 
     def issend(self, obj, dest, tag=0):
         """Start sending a Python object in synchronous mode (mpi4py's
         method, pickled)."""
-        return self.pickled_p2p(P2P_ISSEND, (obj, dest, tag))
+        return self.pickled_p2p(P2P_ISSEND, _obj_issend, (obj, dest, tag))
 
     def irecv(self, buf=None, source=ANY_SOURCE, tag=ANY_TAG):
         """Start receiving a Python object (mpi4py's method, pickled):
         ``wait()`` returns it."""
-        return self.pickled_p2p(P2P_IRECV, (buf, source, tag))
+        return self.pickled_p2p(P2P_IRECV, _obj_irecv, (buf, source, tag))
 
     def probe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
         """Wait for a message, without receiving it (mpi4py's method)."""
-        return self.pickled_p2p(P2P_PROBE, (None, source, tag, status))
+        return self.pickled_p2p(P2P_PROBE, _obj_probe, (source, tag, status))
 
     def mprobe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
         """Wait for a message and match it, as an ``mpi4py.MPI.Message``
         (mpi4py's method)."""
-        return self.pickled_p2p(P2P_MPROBE, (None, source, tag, status))
+        return self.pickled_p2p(P2P_MPROBE, _obj_mprobe, (source, tag, status))
 
     # -- Communicator management -------------------------------------------------
 
@@ -297,32 +290,7 @@ cdef class _CommBase(_MPI.Intracomm):
             # MPI_Comm_free would report it through the communicator's error
             # handler, which may be ERRORS_ARE_FATAL: raise MPI's error here
             raise Exception(MPI_ERR_COMM)
-        progress_collective(self)       # a Fusion's open buckets are posted first
-        p = meet(self, "Free")
-        if _backends is not None:
-            try:
-                _backends.release(self)   # the Gloo/NCCL sub-communicators first
-            except BaseException:
-                if p is not None:
-                    pend_end(<_Pend>p, PEND_FAILED)
-                if self.watch is not None and not self.unlogged:   # (meet numbered it)
-                    # its barrier stays posted: Free made again waits for it, as this number
-                    self.watch.seq -= 1
-                raise
-        if self.watch is not None:
-            self.watch.free_priv()
-        cdef int ierr = MPI_SUCCESS
-        if self.pending > 0:
-            # MPI: pending operations complete normally. Open MPI would free
-            # a pending collective's schedule with the communicator, so MPI
-            # frees it when the last of them completes (settle, Request.pyx)
-            self.deferred, self.ob_mpi = self.ob_mpi, MPI_COMM_NULL
-        else:
-            with nogil:
-                ierr = MPI_Comm_free(&self.ob_mpi)
-        if p is not None:
-            pend_end(<_Pend>p, PEND_DONE if ierr == MPI_SUCCESS else PEND_FAILED)
-        CHKERR(ierr)
+        self.made("Free", _free_comm, ())   # (on the chain: a Fusion's open buckets first)
 
     def Dup(self, info=None):
         """Duplicate the communicator: same processes, new context; the copy
@@ -383,6 +351,26 @@ cdef class _CommBase(_MPI.Intracomm):
             return req
         return as_mcr_request(request, self.watch.timeout, <_Pend>p)
 
+    cdef int free_now(self) except -1:
+        """Free's own work, at the end of its chain: the backends'
+        sub-communicators shut down, then the MPI communicator freed, or,
+        with operations still pending, handed to the last of them."""
+        if _backends is not None:
+            _backends.release(self)       # the Gloo/NCCL sub-communicators first
+        if self.watch is not None:
+            self.watch.free_priv()
+        cdef int ierr = MPI_SUCCESS
+        if self.pending > 0:
+            # MPI: pending operations complete normally. Open MPI would free
+            # a pending collective's schedule with the communicator, so MPI
+            # frees it when the last of them completes (settle, Request.pyx)
+            self.deferred, self.ob_mpi = self.ob_mpi, MPI_COMM_NULL
+        else:
+            with nogil:
+                ierr = MPI_Comm_free(&self.ob_mpi)
+        CHKERR(ierr)
+        return 0
+
     cdef object made(self, str call, object make, tuple args, int root=-1, bint inner=False):
         """mpi4py's method `make(self, *args)` for a collective call outside
         the buffer methods (`call`, such as "Dup" or "bcast"; `root`, or -1),
@@ -391,13 +379,14 @@ cdef class _CommBase(_MPI.Intracomm):
         chain already (a neighbourhood collective's)."""
         return self.comm_call(COMM_MADE, BLOCKING, call, make, args, root, inner)
 
-    cdef object pickled_p2p(self, int p2p, tuple args):
+    cdef object pickled_p2p(self, int p2p, object make, tuple args):
         """mpi4py's point-to-point method `p2p` on pickled objects (one of
-        OBJ_P2P_NAMES; its arguments, in order), through the chain (with a
-        timeout or the recorder: obj_p2p, checkimpl.pxi)."""
+        OBJ_P2P_NAMES; `make`: the method, `args`: its arguments in order),
+        through the chain (with a timeout or the recorder: obj_p2p,
+        checkimpl.pxi)."""
         cdef bint posted = p2p >= P2P_ISEND
         return self.comm_call(COMM_P2P_POSTED if posted else COMM_P2P,
-                              NONBLOCKING if posted else BLOCKING, OBJ_P2P_NAMES[p2p], None,
+                              NONBLOCKING if posted else BLOCKING, OBJ_P2P_NAMES[p2p], make,
                               args, -1, False, p2p)
 
     cdef object comm_call(self, int kind, int form, str name, object make, tuple args,
@@ -405,14 +394,14 @@ cdef class _CommBase(_MPI.Intracomm):
         """A call outside the buffer methods, as a _Call on the chain (none:
         mpi4py's function at once)."""
         cdef tuple chain = self.current_chain()
-        if chain is None and kind < COMM_P2P:
+        if chain is None:
             return make(self, *args)
         cdef _Call c = _Call.__new__(_Call)
         c.op = COMM_P2P_OP if kind >= COMM_P2P else COMM_OP
         c.form, c.kind, c.p2p, c.callname, c.make, c.makeargs = form, kind, p2p, name, make, args
         c.iroot, c.inner, c.name = root, inner, "mpi"
-        if chain is None:
-            return (<Comm>self).post_call(c)
+        if kind >= COMM_P2P:
+            name_p2p(c)
         c.chain = chain
         return proceed(<Comm>self, c, 0)
 
@@ -563,3 +552,8 @@ cdef class _CommBase(_MPI.Intracomm):
         if self.ob_mpi == MPI_COMM_SELF:
             return (_newobj, (type(self), COMM_SELF))
         return _MPI.Intracomm.__reduce__(self)
+
+
+def _free_comm(_CommBase comm):
+    """Free's own work (_CommBase.free_now), as the function its call runs."""
+    comm.free_now()
