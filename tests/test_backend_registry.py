@@ -147,13 +147,15 @@ def test_builtins_are_the_entry_points_of_distribution_mcr():
 
 
 def test_without_mcrs_metadata_the_registry_says_to_install_it(tmp_path):
-    # this interpreter's packages and mcr's source, but not mcr's metadata:
-    # mcr as a source tree that was never installed
+    # this interpreter's packages and mcr's package, but not mcr's metadata:
+    # mcr as a source tree that was never installed (mcr's package is where
+    # this process imports it from: the source tree of an editable install,
+    # or site-packages)
     site = sysconfig.get_paths()["purelib"]
     for entry in os.listdir(site):
-        if not entry.startswith(("mcr-", "__editable__.mcr")):
+        if entry != "mcr" and not entry.startswith(("mcr-", "__editable__.mcr")):
             os.symlink(os.path.join(site, entry), tmp_path / entry)
-    os.symlink(ROOT / "src" / "mcr", tmp_path / "mcr")
+    os.symlink(Path(mcr.__file__).parent, tmp_path / "mcr")
     code, out = run_python_isolated(
         "import mcr.backends\nmcr.backends.check_name('gloo')", PYTHONPATH=str(tmp_path))
     assert code != 0 and "RuntimeError" in out, out
