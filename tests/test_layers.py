@@ -193,7 +193,7 @@ def test_the_graph_is_read_from_every_module(graph):
     assert len(graph.files) > 40
     assert "mcr._core" in graph.edges["mcr.backends.base"]      # a module-level import
     assert {"mcr.errors", "mcr._services"} <= graph.edges[CORE]  # the core's (.pxi) imports
-    assert "mcr.backends.message" in graph.edges["mcr"]   # in a function: from .backends import
+    assert "mcr.log.config" in graph.edges["mcr"]        # in a function: from .log.config
     assert "mcr.backends.compose" in graph.edges["mcr.backends.torchpg"]   # relative
 
 

@@ -52,46 +52,16 @@ from . import _services   # noqa: E402
 
 # The modules the compiled core calls, provided to it here (the core lies
 # below them: they import it), each imported at the core's first need.
-def _backends() -> Any:
-    from . import backends
-    return backends
+def _module(name: str) -> Any:
+    import importlib
+    return lambda: importlib.import_module(f"{__name__}.{name}")
 
 
-def _stages() -> Any:
-    from . import stages
-    return stages
-
-
-def _tuning() -> Any:
-    from . import tuning
-    return tuning
-
-
-def _compress() -> Any:
-    from . import compress
-    return compress
-
-
-def _device() -> Any:
-    from . import device
-    return device
-
-
-def _launch() -> Any:
-    from . import launch
-    return launch
-
-
-def _message() -> Any:
-    from .backends import message
-    return message
-
-
-for _name, _loader in (("backends", _backends), ("stages", _stages), ("tuning", _tuning),
-                       ("compress", _compress), ("device", _device), ("launch", _launch),
-                       ("message", _message)):
-    _services.provide(_name, _loader)
-del _name, _loader
+for _name, _path in (("backends", "backends"), ("stages", "stages"), ("tuning", "tuning"),
+                     ("compress", "compress"), ("device", "device"), ("launch", "launch"),
+                     ("message", "backends.message")):
+    _services.provide(_name, _module(_path))
+del _name, _path
 
 
 def _check_default_backend() -> None:
