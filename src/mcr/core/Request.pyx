@@ -546,7 +546,7 @@ cdef object polled(list requests, object test):
     """Wait, in until_done, until `test()` -> (done, result) says done."""
     cdef _Turn turn = _Turn.__new__(_Turn)
     turn.test = test
-    return until_done(requests, turn, True)
+    return until_done(requests, turn, True, requests_limit(requests))
 
 
 cdef tuple pickled_all(list requests, object statuses):
@@ -1097,7 +1097,8 @@ cdef object completion(int kind, object requests, object st, bint wait):
         check_status(st)
     else:
         check_statuses(st)
-    if not has_work(requests) and (not wait or requests_limit(requests) == 0):
+    cdef double limit = requests_limit(requests) if wait else 0
+    if not has_work(requests) and limit == 0:
         window = progress_enter() if wait else None
         try:
             if kind == K_ALL:
@@ -1110,7 +1111,7 @@ cdef object completion(int kind, object requests, object st, bint wait):
     cdef _Turn turn = _Turn.__new__(_Turn)
     turn.kind, turn.requests, turn.st, turn.wait = kind, requests, st, wait
     turn.works, turn.plain = split_work(requests)
-    return until_done(requests, turn, wait)
+    return until_done(requests, turn, wait, limit)
 
 
 cdef class _Turn:
@@ -1204,14 +1205,13 @@ cdef bint all_tested(list requests, list indices) except -1:
     return done
 
 
-cdef object until_done(list requests, _Turn turn, bint wait):
+cdef object until_done(list requests, _Turn turn, bint wait, double limit):
     """The one loop of the completion methods (the class methods, mpi4py's
     lowercase ones on pickled objects, a Wait with a time limit): a test
     runs one turn; a wait runs turns until one completes, driving MPI,
     freed requests' works and the progress engine between them (idle),
-    within the shortest time limit of the requests' observers
-    (TimeoutError naming the requests still pending)."""
-    cdef double limit = requests_limit(requests) if wait else 0
+    within `limit` seconds (0: none; the shortest limit of the requests'
+    observers: TimeoutError naming the requests still pending)."""
     cdef long long deadline = now_ns() + <long long>(limit * 1e9)
     cdef int spins = 0
     while True:

@@ -610,10 +610,8 @@ cdef class _Pend(_Observer):
         # freed: no longer waited for; dropped: pending till the operation
         # is over (the record follows it); else it stays with its request (a
         # persistent one is pending anew at each start)
-        if how == OBS_FREED:
-            pend_end(self, PEND_DONE)
-        elif how != OBS_DROPPED:
-            pend_end(self, PEND_DONE if how == OBS_DONE else PEND_FAILED)
+        if how != OBS_DROPPED:
+            pend_end(self, PEND_FAILED if how == OBS_FAILED else PEND_DONE)
         return how != OBS_FREED
 
     cdef double limit(self) noexcept:
