@@ -15,7 +15,7 @@ from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release,
                              PyBUF_ANY_CONTIGUOUS)
 from cpython.long cimport PyLong_AsVoidPtr, PyLong_AsSsize_t
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
-from cpython.ref cimport PyObject, Py_INCREF
+from cpython.ref cimport PyObject, Py_INCREF, Py_REFCNT
 from libc.limits cimport INT_MAX
 from libc.string cimport memcpy, memset
 

@@ -347,7 +347,11 @@ cdef class Comm(_CommBase):
         cdef object sub = self.sub(c.backend)
         if self.current_chain() is None and c.compress is None:
             if sub is None:
-                return self.on_mpi(c, False)
+                if c.form != BLOCKING:
+                    return self.on_mpi(c, False)
+                self.on_mpi(c, False)
+                recycle(c)
+                return None
             if sub is AUTO_SUB:
                 return self.on_auto(c)
             return self.on_backend(sub, c, c.backend)
@@ -1063,24 +1067,28 @@ cdef class Comm(_CommBase):
 
 cdef inline _Call send_call(int op, int form, object backend, object buf, object dest,
                             object tag):
-    cdef _Call c = _Call.__new__(_Call)
-    c.op, c.form, c.backend = op, form, backend
-    c.sendbuf, c.dest, c.tag = buf, dest, tag
+    cdef _Call c = new_call()
+    c.op, c.form, c.sendbuf, c.dest, c.tag = op, form, buf, dest, tag
+    if backend is not None:           # (a new call's fields are None)
+        c.backend = backend
     return c
 
 
 cdef inline _Call recv_call(int form, object backend, object buf, object source, object tag,
                             object status):
-    cdef _Call c = _Call.__new__(_Call)
-    c.op, c.form, c.backend = CALL_RECV, form, backend
-    c.recvbuf, c.source, c.tag, c.status = buf, source, tag, status
+    cdef _Call c = new_call()
+    c.op, c.form, c.recvbuf, c.source, c.tag = CALL_RECV, form, buf, source, tag
+    if backend is not None:           # (a new call's fields are None)
+        c.backend = backend
+    if status is not None:
+        c.status = status
     return c
 
 
 cdef inline _Call sendrecv_call(int form, object backend, object sendbuf, object dest,
                                 object sendtag, object recvbuf, object source, object recvtag,
                                 object status):
-    cdef _Call c = _Call.__new__(_Call)
+    cdef _Call c = new_call()
     c.op, c.form, c.backend = CALL_SENDRECV, form, backend
     c.sendbuf, c.dest, c.tag = sendbuf, dest, sendtag
     c.recvbuf, c.source, c.recvtag, c.status = recvbuf, source, recvtag, status
@@ -1100,10 +1108,25 @@ cdef inline _Call coll_call(int op, int form, object backend, object info, objec
                             object redop=None, object recvcounts=None):
     """A collective's call: `compress` is its ``compress`` argument (None:
     the communicator's default); Bcast's `buf` is `recvbuf`."""
-    cdef _Call c = _Call.__new__(_Call)
-    c.op, c.form, c.backend, c.info, c.compress = op, form, backend, info, compress
-    c.sendbuf, c.recvbuf, c.root, c.redop, c.recvcounts = sendbuf, recvbuf, root, redop, \
-        recvcounts
+    cdef _Call c = new_call()
+    c.op, c.form = op, form
+    # (a new call's fields are None: set only the others)
+    if backend is not None:
+        c.backend = backend
+    if info is not None:
+        c.info = info
+    if compress is not None:
+        c.compress = compress
+    if sendbuf is not None:
+        c.sendbuf = sendbuf
+    if recvbuf is not None:
+        c.recvbuf = recvbuf
+    if root is not None:
+        c.root = root
+    if redop is not None:
+        c.redop = redop
+    if recvcounts is not None:
+        c.recvcounts = recvcounts
     return c
 
 

@@ -586,6 +586,42 @@ cdef class _Call:
     cdef bint live           # staged and started: the result is still to copy back
     cdef object parts        # a composed Isendrecv's _Work, for its Request (isendrecv.pxi)
 
+    cdef void forget(self):
+        """Let go of everything a call set (the object is then as new; see
+        recycle): only the fields that are not None are written, so a small
+        call pays no reference counting on those it never set."""
+        if self.backend is not None: self.backend = None
+        if self.compress is not None: self.compress = None
+        if self.info is not None: self.info = None
+        if self.sendbuf is not None: self.sendbuf = None
+        if self.recvbuf is not None: self.recvbuf = None
+        if self.dest is not None: self.dest = None
+        if self.source is not None: self.source = None
+        if self.tag is not None: self.tag = None
+        if self.recvtag is not None: self.recvtag = None
+        if self.status is not None: self.status = None
+        if self.root is not None: self.root = None
+        if self.redop is not None: self.redop = None
+        if self.recvcounts is not None: self.recvcounts = None
+        if self.w is not None: self.w = None
+        if self.chain is not None: self.chain = None
+        if self.sub is not None: self.sub = None
+        if self.name is not None: self.name = None
+        if self.why is not None: self.why = None
+        if self.rec is not None: self.rec = None
+        if self.callname is not None: self.callname = None
+        if self.make is not None: self.make = None
+        if self.makeargs is not None: self.makeargs = None
+        if self.sown is not None: self.sown = None
+        if self.rown is not None: self.rown = None
+        if self.staged is not None: self.staged = None
+        if self.parts is not None: self.parts = None
+        self.parsed = self.inner = self.live = False
+        self.kind = self.p2p = self.sblocks = self.rblocks = 0
+        self.idest = self.isource = self.itag = self.irecvtag = self.iroot = 0
+        memset(&self.s, 0, sizeof(side))
+        memset(&self.r, 0, sizeof(side))
+
     cdef object arg(self, int a):
         """The argument `a` (A_SENDBUF, ...)."""
         if a == A_SENDBUF:
@@ -967,6 +1003,31 @@ cdef object parse_vector_w(object spec, char **addr, int **counts, int **displs,
     displs[0] = d.data
     types[0] = ts.data
     return (owner, c, d, ts)
+
+
+# One _Call kept for the next call: a blocking call that nobody else holds
+# when it returns (no Request, record or interceptor kept it) gives its
+# object back (recycle), cleared; the next call takes it (new_call) instead
+# of allocating one and setting all its fields to None.
+cdef _Call spare_call = None
+
+
+cdef inline _Call new_call():
+    global spare_call
+    cdef _Call c = spare_call
+    if c is None:
+        return _Call.__new__(_Call)
+    spare_call = None
+    return c
+
+
+cdef inline void recycle(_Call c):
+    """Keep `c` for the next call if only its caller's reference is left
+    (the buffer method's own, as it returns)."""
+    global spare_call
+    if spare_call is None and Py_REFCNT(c) == 1:
+        c.forget()
+        spare_call = c
 
 
 @cython.no_gc

@@ -115,6 +115,8 @@ cdef inline int release_buffers(_MPI.Request req) except -1:
         unstage(<_Call>buf)
     if req.ob_mpi == MPI_REQUEST_NULL:
         req.ob_buf = None
+        if type(buf) is _Call:
+            recycle(<_Call>buf)       # (kept for the next call, if nothing else holds it)
     return 0
 
 
