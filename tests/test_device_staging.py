@@ -1,14 +1,12 @@
 """Staging of device buffers on the MPI backend, tested on host memory.
 
-A CUDA buffer given to an MPI library that is not CUDA-aware is staged through
-host memory: copied there before the call, copied back at completion. The
-private switch ``mcr._core._set_host_staging`` (``opmatrix.staging``) stages
-host buffers through the same code (``mcr.device.HostInterface``); the operation
-matrix runs every collective so (backend "staged"). Here: ``mcr.device`` unit
-tests; point-to-point in every form, staged and not; when staged results land;
-what a receive may change; inactive and freed requests, staged and not.
-"""
+A CUDA buffer given to an MPI library that is not CUDA-aware is copied to host memory before
+the call and back at completion; ``opmatrix.staging`` stages host buffers through the same code
+(``mcr.device.HostInterface``), as the matrix's backend "staged" does for every collective.
+Here: ``mcr.device`` unit tests; point-to-point in every form, staged and not; when staged
+results land; what a receive may change; inactive and freed requests, staged and not."""
 
+import itertools
 import os
 import subprocess
 import sys
@@ -30,8 +28,6 @@ MODES = (False, True)                 # host staging off (control), on
 
 
 # -- mcr.device (in-process) ---------------------------------------------------------------
-
-
 def as_bytes(x):
     """The bytes of a tensor or array, as a uint8 tensor (a copy)."""
     if isinstance(x, torch.Tensor):
@@ -185,9 +181,7 @@ def test_numpy_only_program_does_not_import_torch():
     assert out.split() == ["False"], out
 
 
-
 # -- point-to-point, staged and not (the matrix has collectives only) ------------------------
-
 P2P_KINDS = (torch.float32, np.float64, torch.bool, bytearray)
 
 
@@ -211,52 +205,46 @@ def expect_received(kind, got, sent):
         expect(got, place(sentinel(N + 4, kind), [sent], [2]))
 
 
-@case
-def point_to_point_in_every_form(comm):
-    """Send/Recv of tensors, numpy arrays and bytearrays: blocking (Send to a
-    posted Irecv), non-blocking and persistent (started twice, new contents
-    written in place), completed every way; Sendrecv and Sendrecv_replace."""
+@case.matrix(staged=MODES)
+def point_to_point_in_every_form(comm, staged):
+    """Tensors, arrays and bytearrays: Send to a posted Irecv, non-blocking and persistent
+    (started twice, new contents written in place), completed every way; Sendrecv(_replace)."""
     size, rank = comm.size, comm.rank
     right, left = (rank + 1) % size, (rank - 1) % size
-    found, turn = Findings(), 0
-    for staged in MODES:
-        with staging(staged):
-            assert _core._set_host_staging(staged) == staged       # returns the previous
-            for kind in P2P_KINDS:
-                send = message(kind, rank, 0)
-                recv, spec = receive_buffer(kind)
-                persistent = [comm.Recv_init(spec, left, 8), comm.Send_init(send, right, 8)]
-                for seed, form in enumerate(("blocking", "nonblocking", "persistent",
-                                             "persistent"), 1):
-                    send[:] = message(kind, rank, seed)
-                    recv[:] = receive_buffer(kind)[0]
-                    how = COMPLETIONS[turn % len(COMPLETIONS)]
-                    turn += 1
-                    if form == "blocking":
-                        req = comm.Irecv(spec, left, 7)
-                        comm.Send(send, right, 7)
-                        req.Wait()
-                    elif form == "nonblocking":
-                        complete([comm.Irecv(spec, left, 7), comm.Isend(send, right, 7)], how)
-                    else:
-                        mcr.Prequest.Startall(persistent)
-                        complete(persistent, how)
-                    with found.check(f"{kind} {form} {how} staged={staged}"):
-                        expect_received(kind, recv, message(kind, left, seed))
-                for req in persistent:
-                    req.Free()
-            recv, both = sentinel(N, torch.complex64), message(torch.bfloat16, rank, 6)
-            comm.Sendrecv(message(torch.complex64, rank, 5), right, 9, recv, left, 9)
-            comm.Sendrecv_replace(both, right, 9, left, 9)
-            with found.check(f"Sendrecv, Sendrecv_replace staged={staged}"):
-                expect(recv, message(torch.complex64, left, 5))
-                expect(both, message(torch.bfloat16, left, 6))
+    found, turns = Findings(), itertools.cycle(COMPLETIONS)
+    with staging(staged):
+        assert _core._set_host_staging(staged) == staged       # returns the previous
+        for kind in P2P_KINDS:
+            send = message(kind, rank, 0)
+            recv, spec = receive_buffer(kind)
+            persistent = [comm.Recv_init(spec, left, 8), comm.Send_init(send, right, 8)]
+            for seed, form in enumerate(("blocking", "nonblocking", "persistent", "persistent"), 1):
+                send[:] = message(kind, rank, seed)
+                recv[:] = receive_buffer(kind)[0]
+                how = next(turns)
+                if form == "blocking":
+                    req = comm.Irecv(spec, left, 7)
+                    comm.Send(send, right, 7)
+                    req.Wait()
+                elif form == "nonblocking":
+                    complete([comm.Irecv(spec, left, 7), comm.Isend(send, right, 7)], how)
+                else:
+                    mcr.Prequest.Startall(persistent)
+                    complete(persistent, how)
+                with found.check(f"{kind} {form} {how}"):
+                    expect_received(kind, recv, message(kind, left, seed))
+            for req in persistent:
+                req.Free()
+        recv, both = sentinel(N, torch.complex64), message(torch.bfloat16, rank, 6)
+        comm.Sendrecv(message(torch.complex64, rank, 5), right, 9, recv, left, 9)
+        comm.Sendrecv_replace(both, right, 9, left, 9)
+        with found.check("Sendrecv, Sendrecv_replace"):
+            expect(recv, message(torch.complex64, left, 5))
+            expect(both, message(torch.bfloat16, left, 6))
     found.report()
 
 
 # -- when staged results land --------------------------------------------------------------
-
-
 def spin_until_complete(request):
     """Poll `request` without completing it (Get_status)."""
     while not request.Get_status():
@@ -267,60 +255,56 @@ def total(n, dtype, seed, ranks):
     return torch.stack([rank_data(r, n, dtype, seed) for r in ranks]).sum(0).to(dtype)
 
 
-@case
-def staged_results_land_only_at_completion(comm):
+@case.matrix(how=COMPLETIONS)
+def staged_results_land_only_at_completion(comm, how):
     size, rank = comm.size, comm.rank
     right, left = (rank + 1) % size, (rank - 1) % size
     counts = vcounts(size)
     displs, length = layout(counts, "gaps")
+    seed = 30 + 3 * COMPLETIONS.index(how)
     with staging(True):
-        for k, how in enumerate(COMPLETIONS):
-            seed = 30 + 3 * k
-            out, summed = sentinel(N, torch.int64), sentinel(N, torch.float32)
-            gathered = sentinel(length, torch.float16)
-            requests = [comm.Irecv(out, left, seed),
-                        comm.Iallreduce(rank_data(rank, N, torch.float32, seed + 1), summed),
-                        comm.Iallgatherv(rank_data(rank, counts[rank], torch.float16, seed + 2),
-                                         [gathered, counts, displs])]
-            sreq = comm.Isend(rank_data(rank, N, torch.int64, seed), right, seed)
-            for r in requests:
-                spin_until_complete(r)
-            # complete at MPI level, not yet for the caller: nothing copied back
-            for buf in (out, summed, gathered):
-                assert_equal(buf, sentinel(len(buf), buf.dtype))
-            complete(requests + [sreq], how)
-            assert_equal(out, rank_data(left, N, torch.int64, seed))
-            assert_equal(summed, total(N, torch.float32, seed + 1, range(size)))
-            assert_equal(gathered, place(sentinel(length, torch.float16),
-                                         [rank_data(r, counts[r], torch.float16, seed + 2)
-                                          for r in range(size)], displs))
+        out, summed = sentinel(N, torch.int64), sentinel(N, torch.float32)
+        gathered = sentinel(length, torch.float16)
+        requests = [comm.Irecv(out, left, seed),
+                    comm.Iallreduce(rank_data(rank, N, torch.float32, seed + 1), summed),
+                    comm.Iallgatherv(rank_data(rank, counts[rank], torch.float16, seed + 2),
+                                     [gathered, counts, displs])]
+        sreq = comm.Isend(rank_data(rank, N, torch.int64, seed), right, seed)
+        for r in requests:
+            spin_until_complete(r)
+        # complete at MPI level, not yet for the caller: nothing copied back
+        for buf in (out, summed, gathered):
+            assert_equal(buf, sentinel(len(buf), buf.dtype))
+        complete(requests + [sreq], how)
+        assert_equal(out, rank_data(left, N, torch.int64, seed))
+        assert_equal(summed, total(N, torch.float32, seed + 1, range(size)))
+        assert_equal(gathered, place(sentinel(length, torch.float16), [
+            rank_data(r, counts[r], torch.float16, seed + 2) for r in range(size)], displs))
 
 
-@case
-def each_staged_request_lands_when_it_is_reported(comm):
+@case.matrix(how=("waitany", "testany", "waitsome", "testsome"))
+def each_staged_request_lands_when_it_is_reported(comm, how):
     # Waitany/Testsome report requests one at a time: only those land
     rank, ranks = comm.rank, range(comm.size)
     with staging(True):
-        for how in ("waitany", "testany", "waitsome", "testsome"):
-            outs = [sentinel(N, torch.int32) for _ in range(4)]
-            requests = [comm.Iallreduce(rank_data(rank, N, torch.int32, 40 + k), outs[k])
-                        for k in range(4)]
-            for r in requests:
-                spin_until_complete(r)
-            reported = set()
-            while len(reported) < 4:
-                if how == "waitany":
-                    new = [mcr.Request.Waitany(requests)]
-                elif how == "testany":
-                    index, flag = mcr.Request.Testany(requests)
-                    new = [index] if flag else []
-                else:
-                    some = mcr.Request.Waitsome if how == "waitsome" else mcr.Request.Testsome
-                    new = some(requests)
-                reported.update(new)
-                for k in range(4):
-                    assert_equal(outs[k], total(N, torch.int32, 40 + k, ranks)
-                                 if k in reported else sentinel(N, torch.int32))
+        outs = [sentinel(N, torch.int32) for _ in range(4)]
+        requests = [comm.Iallreduce(rank_data(rank, N, torch.int32, 40 + k), outs[k])
+                    for k in range(4)]
+        for r in requests:
+            spin_until_complete(r)
+        reported = set()
+        while len(reported) < 4:
+            if how == "waitany":
+                new = [mcr.Request.Waitany(requests)]
+            elif how == "testany":
+                index, flag = mcr.Request.Testany(requests)
+                new = [index] if flag else []
+            else:
+                new = getattr(mcr.Request, how.capitalize())(requests)
+            reported.update(new)
+            for k in range(4):
+                assert_equal(outs[k], total(N, torch.int32, 40 + k, ranks)
+                             if k in reported else sentinel(N, torch.int32))
 
 
 @case
@@ -351,115 +335,96 @@ def staged_persistent_requests_land_at_each_completion(comm):
 
 
 # -- staging must not change what the caller observes ------------------------------------------
-
-
-@case
-def a_receive_changes_nothing_outside_its_message(comm):
+@case.matrix(staged=MODES)
+def a_receive_changes_nothing_outside_its_message(comm, staged):
     # MPI: a receive writes its message and nothing else; the rest of the
     # buffer's memory is the caller's, even while the receive is pending
     size, rank = comm.size, comm.rank
     right, left = (rank + 1) % size, (rank - 1) % size
     found = Findings()
 
-    def sent(seed):
-        return rank_data(rank, N, torch.float32, seed)
-
-    def received(seed):
-        return rank_data(left, N, torch.float32, seed)
-
-    for staged in MODES:
-        with staging(staged):
-            # two receives into the two halves of one tensor, completed in reverse
-            buf = torch.zeros(2 * N)
-            first = comm.Irecv([buf, N, 0], left, 60)
-            second = comm.Irecv([buf, N, N], left, 61)
-            comm.Send(sent(60), right, 60)
-            comm.Send(sent(61), right, 61)
-            second.Wait()
-            first.Wait()
-            with found.check(f"two halves, staged={staged}"):
-                expect(buf, torch.cat([received(60), received(61)]))
-            # the caller writes past the message while the receive is pending
-            buf = torch.zeros(2 * N)
-            req = comm.Irecv([buf, N], left, 62)
-            buf[N:] = 7.0
-            comm.Send(sent(62), right, 62)
+    def msg(r, seed):
+        return rank_data(r, N, torch.float32, seed)
+    with staging(staged):
+        # two receives into the two halves of one tensor, completed in reverse
+        buf = torch.zeros(2 * N)
+        first = comm.Irecv([buf, N, 0], left, 60)
+        second = comm.Irecv([buf, N, N], left, 61)
+        comm.Send(msg(rank, 60), right, 60)
+        comm.Send(msg(rank, 61), right, 61)
+        second.Wait()
+        first.Wait()
+        with found.check("two halves"):
+            expect(buf, torch.cat([msg(left, 60), msg(left, 61)]))
+        # the caller writes past the message while the receive is pending
+        req = comm.Irecv([buf := torch.zeros(2 * N), N], left, 62)
+        buf[N:] = 7.0
+        comm.Send(msg(rank, 62), right, 62)
+        req.Wait()
+        with found.check("write past a pending receive"):
+            expect(buf, torch.cat([msg(left, 62), torch.full((N,), 7.0)]))
+        # a persistent receive into the first half, the second written between starts
+        req = comm.Recv_init([buf := torch.zeros(2 * N), N], left, 63)
+        for it in range(2):
+            req.Start()
+            buf[N:] = float(it + 1)
+            comm.Send(msg(rank, 63 + it), right, 63)
             req.Wait()
-            with found.check(f"write past a pending receive, staged={staged}"):
-                expect(buf, torch.cat([received(62), torch.full((N,), 7.0)]))
-            # a persistent receive into the first half, the second written between starts
-            buf = torch.zeros(2 * N)
-            req = comm.Recv_init([buf, N], left, 63)
-            for it in range(2):
-                req.Start()
-                buf[N:] = float(it + 1)
-                comm.Send(sent(63 + it), right, 63)
-                req.Wait()
-                with found.check(f"persistent receive, start {it}, staged={staged}"):
-                    expect(buf, torch.cat([received(63 + it), torch.full((N,), it + 1.0)]))
-            req.Free()
+            with found.check(f"persistent receive, start {it}"):
+                expect(buf, torch.cat([msg(left, 63 + it), torch.full((N,), it + 1.0)]))
+        req.Free()
     found.report()
 
 
-@case
-def completing_an_inactive_persistent_request_changes_nothing(comm):
+@case.matrix(staged=MODES, emulated=(False, True))
+def completing_an_inactive_persistent_request_changes_nothing(comm, staged, emulated):
     # MPI: Wait/Test on an inactive persistent request return at once, and
     # leave the buffers to the caller
     size, rank = comm.size, comm.rank
     right, left = (rank + 1) % size, (rank - 1) % size
     found = Findings()
-    for staged in MODES:
-        for emulated in (False, True):
-            with staging(staged), emulation(emulated):
-                out, summed = torch.zeros(N), torch.zeros(N)
-                requests = [comm.Recv_init(out, left, 70),
-                            comm.Allreduce_init(torch.ones(N), summed)]
-                send = comm.Isend(rank_data(rank, N, torch.float32, 70), right, 70)
-                mcr.Prequest.Startall(requests)
-                mcr.Request.Waitall(requests)
-                send.Wait()
-                assert_equal(out, rank_data(left, N, torch.float32, 70))
-                assert_equal(summed, torch.full((N,), float(size)))
-                for how in ("wait", "test", "waitall", "testall", "waitany", "waitsome"):
-                    out.fill_(-1.0)
-                    summed.fill_(-2.0)
-                    with found.check(f"{how} on inactive, staged={staged} emulated={emulated}"):
-                        if how == "waitany":        # nothing active: UNDEFINED at once
-                            assert mcr.Request.Waitany(requests) == mcr.UNDEFINED
-                        else:
-                            complete(requests, how)
-                        expect(out, torch.full((N,), -1.0))
-                        expect(summed, torch.full((N,), -2.0))
-                for r in requests:
-                    r.Free()
+    with staging(staged), emulation(emulated):
+        out, summed = torch.zeros(N), torch.zeros(N)
+        requests = [comm.Recv_init(out, left, 70), comm.Allreduce_init(torch.ones(N), summed)]
+        send = comm.Isend(rank_data(rank, N, torch.float32, 70), right, 70)
+        mcr.Prequest.Startall(requests)
+        mcr.Request.Waitall(requests)
+        send.Wait()
+        assert_equal(out, rank_data(left, N, torch.float32, 70))
+        assert_equal(summed, torch.full((N,), float(size)))
+        for how in ("wait", "test", "waitall", "testall", "waitany", "waitsome"):
+            out.fill_(-1.0)
+            summed.fill_(-2.0)
+            with found.check(f"{how} on inactive"):
+                if how == "waitany":        # nothing active: UNDEFINED at once
+                    assert mcr.Request.Waitany(requests) == mcr.UNDEFINED
+                else:
+                    complete(requests, how)
+                expect(out, torch.full((N,), -1.0))
+                expect(summed, torch.full((N,), -2.0))
+        for r in requests:
+            r.Free()
     found.report()
 
 
-@case
-def a_freed_receive_still_delivers(comm):
+@case.matrix(staged=MODES)
+def a_freed_receive_still_delivers(comm, staged):
     # MPI: a freed request's operation goes on. A later message from the same
     # source and tag is matched after it (no overtaking), so once that one has
     # arrived the freed receive has its data too.
     if comm.size == 1:
         return
-    found = Findings()
-    for staged in MODES:
-        with staging(staged):
-            if comm.rank == 0:
-                first, second = torch.zeros(N), torch.zeros(N)
-                req = comm.Irecv(first, 1, 80)
-                req.Free()
-                comm.Recv(second, 1, 80)
-                comm.Barrier()
-                with found.check(f"freed receive, staged={staged}"):
-                    expect(first, rank_data(1, N, torch.float32, 80))
-            elif comm.rank == 1:
-                comm.Send(rank_data(1, N, torch.float32, 80), 0, 80)
-                comm.Send(rank_data(1, N, torch.float32, 81), 0, 80)
-                comm.Barrier()
-            else:
-                comm.Barrier()
-    found.report()
+    with staging(staged):
+        if comm.rank == 0:
+            req = comm.Irecv(first := torch.zeros(N), 1, 80)
+            req.Free()
+            comm.Recv(torch.zeros(N), 1, 80)
+        elif comm.rank == 1:
+            comm.Send(rank_data(1, N, torch.float32, 80), 0, 80)
+            comm.Send(rank_data(1, N, torch.float32, 81), 0, 80)
+        comm.Barrier()
+        if comm.rank == 0:
+            expect(first, rank_data(1, N, torch.float32, 80))
 
 
 @case

@@ -1,8 +1,6 @@
-"""Tensor fusion (mcr.Fusion): small collectives packed into buckets, on MPI
-and Gloo. Results are checked against opref's; the groups a run made
-(``Fusion.trace``) must be the same on every rank, as the agreement rule
-promises even when the ranks' clocks and tests disagree.
-"""
+"""Tensor fusion (mcr.Fusion): small collectives packed into buckets, on MPI and Gloo. Results
+are checked against opref's; the groups a run made (``Fusion.trace``) must be the same on every
+rank, as the agreement rule promises even when the ranks' clocks and tests disagree."""
 
 import os
 import random
@@ -23,8 +21,8 @@ BACKENDS = ("mpi", "gloo")
 
 
 class Calls:
-    """Calls on a Fusion `f`, numbered in order (call i's data: opref's, seed
-    i), with their outputs and expected values (opref's, on every rank's data)."""
+    """Calls on a Fusion `f`, call i with opref's data of seed i, their outputs and expected
+    values (opref's, on every rank's data)."""
 
     def __init__(self, comm, f):
         self.comm, self.f, self.outs = comm, f, []
@@ -118,8 +116,8 @@ def completion_calls_on_fused_requests(comm, backend):
     assert got and set(got) <= {3}, got
     calls.check()
     reqs = post(2)                              # mixed with an unfused request
-    other = torch.empty(16)
-    plain = comm.Iallreduce(torch.full((16,), float(comm.rank)), other, backend=backend)
+    plain = comm.Iallreduce(torch.full((16,), float(comm.rank)), other := torch.empty(16),
+                            backend=backend)
     # a Gloo request's Status has no source: only Waitall's result here
     assert mcr.Request.Waitall([reqs[0], plain, reqs[1]])
     calls.check()
@@ -168,8 +166,7 @@ def flush_points(comm, backend):
 
 @case.matrix(backend=BACKENDS)
 def cycle_rule_holds_when_clocks_disagree(comm, backend):
-    """Rank 0 pauses longer than the cycle twice, the others elsewhere: only
-    rank 0's clock counts, and every rank makes the groups rank 0 made."""
+    """Rank 0 pauses longer than the cycle twice, the others elsewhere: rank 0's clock counts."""
     f = mcr.Fusion(comm, bucket_bytes=1 << 20, cycle=0.2, backend=backend, trace=True)
     calls, reqs = Calls(comm, f), []
     for i in range(12):
@@ -187,9 +184,8 @@ def cycle_rule_holds_when_clocks_disagree(comm, backend):
 
 @case.matrix(backend=BACKENDS)
 def random_programs_agree(comm, backend):
-    """The same random program on every rank (kinds, sizes, Waitany, Testany,
-    flush), with timing of its own per rank (pauses, a 2 ms cycle): every
-    rank makes rank 0's groups, and every result is right."""
+    """One random program (kinds, sizes, Waitany, Testany, flush), random timing per rank (pauses,
+    a 2 ms cycle): every rank makes rank 0's groups, and every result is right."""
     program, timing = random.Random(7), random.Random(100 + comm.rank)
     f = mcr.Fusion(comm, bucket_bytes=256, cycle=0.002, backend=backend, trace=True)
     calls, pending = Calls(comm, f), []

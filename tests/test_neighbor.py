@@ -1,12 +1,9 @@
-"""Neighborhood collectives (Neighbor_allgather(v), Neighbor_alltoall(v)) in
-their three forms, on MPI (also host-staged) and composed on Gloo, on
-Cartesian grids (periodic dimensions of 1 and 2: one process is both
-neighbours), graphs with repeated edges and distributed graphs. Expected
-values come from the topology's definition: the i-th receive block comes
-from the i-th source; on a grid the slot of the neighbour in the negative
-direction holds what it sent towards the positive one (MPI 4.0); between two
-processes joined by several edges, blocks match in the order of the edges.
-"""
+"""Neighborhood collectives (Neighbor_allgather(v), Neighbor_alltoall(v)) in their three forms,
+on MPI (also host-staged) and composed on Gloo, on Cartesian grids (periodic dimensions of 1 and
+2: one process is both neighbours), graphs with repeated edges and distributed graphs. Expected
+values come from the topology's definition: the i-th receive block comes from the i-th source;
+on a grid the slot of the neighbour in the negative direction holds what it sent towards the
+positive one (MPI 4.0); between two processes joined by several edges, blocks match in order."""
 
 import collections
 import itertools
@@ -15,6 +12,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import torch
 from mpi4py import MPI as M4
 
@@ -32,7 +30,6 @@ FORMS = ("blocking", "nonblocking", "persistent")
 
 
 # -- The topologies, and where each block goes ----------------------------------------
-
 # every process's sources and destinations; origin(r, k): the (process, send
 # slot) that receive slot k of process r comes from; create(comm): the communicator
 Topology = collections.namedtuple("Topology", "name sources dests origin create")
@@ -65,9 +62,8 @@ def cartesian(dims, periods):
 
 
 def graph(name, dests, sources=None):
-    """A graph from every process's destination list (an edge repeated is a
-    block sent twice): the sources follow from it, in rank order, unless
-    given (a Create_graph topology's are its destinations)."""
+    """A graph from every process's destinations (an edge repeated: a block sent twice); the
+    sources follow, in rank order, unless given (a Create_graph topology's are its dests)."""
     if sources is None:
         sources = [[i for i, d in enumerate(dests) for j in d if j == r]
                    for r in range(len(dests))]
@@ -94,10 +90,8 @@ def topologies(size):
 
 
 # -- Data -------------------------------------------------------------------------------
-
 def block(rank, slot, n, shift=0):
-    """What `rank` sends in its send slot `slot`: n float64 values, distinct
-    for every (rank, slot) so that a block in the wrong slot shows."""
+    """What `rank` sends in send slot `slot`: n float64 values, distinct per (rank, slot)."""
     return torch.arange(n, dtype=torch.float64) + 1000 * rank + 10 * slot + 0.5 + shift
 
 
@@ -180,7 +174,6 @@ def check_topology(comm, t, backend):
 
 
 # -- Cases ------------------------------------------------------------------------------
-
 @case.matrix(backend=("mpi", "staged", "gloo"), quick=lambda backend: backend != "staged")
 def every_topology_and_form_moves_the_right_blocks(comm, backend):
     # Create_graph (symmetric, with repeated edges): each process joined twice
@@ -253,13 +246,10 @@ def bad_arguments_are_refused_before_communicating(comm):
     # slot holds 2): on Gloo every process raises MPI's truncation error
     # before any data moves, where Gloo itself would abort the process
     n = 3 if rank == 0 else 2
-    with raises(mcr.Exception):
-        try:
-            ring.Neighbor_alltoallv([torch.ones(2 * n), [n, n], [0, n]],
-                                    [torch.zeros(4), [2, 2], [0, 2]], backend="gloo")
-        except mcr.Exception as exc:
-            assert exc.Get_error_class() == M4.ERR_TRUNCATE, exc
-            raise
+    with pytest.raises(mcr.Exception) as info:
+        ring.Neighbor_alltoallv([torch.ones(2 * n), [n, n], [0, n]],
+                                [torch.zeros(4), [2, 2], [0, 2]], backend="gloo")
+    assert info.value.Get_error_class() == M4.ERR_TRUNCATE, info.value
     # the same call completes once the arguments are right
     got = torch.zeros(4)
     ring.Neighbor_alltoall(torch.ones(4) * rank, got, backend="gloo")
@@ -314,8 +304,7 @@ test_mpi = mpi_cases(__name__)
 
 
 def test_bench_neighbor_tiny():
-    """``python -m mcr.bench.neighbor`` starts its own job and prints one row,
-    checked against the ring's definition, per operation, form and size."""
+    """``python -m mcr.bench.neighbor``: a row per operation, form and size, checked."""
     from mcr import launch
     env = {k: v for k, v in os.environ.items() if k not in launch.LAUNCHER_VARS}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [MCR_ROOT, env.get("PYTHONPATH")]))

@@ -1,16 +1,14 @@
-"""Persistent requests beyond the operation matrix (which makes every
-collective's *_init form, native and emulated, and starts it with new data
-written in place): Send_init/Recv_init, their statuses and PROC_NULL, the Info
-argument, Startall over mixed requests, the mode fixed at creation, buffers
-kept alive, Free, starting an active or freed request, and bad input at
-*_init time. Collectives run in both modes: MPI-4 native persistent
-collectives and the emulation that posts the non-blocking form at each Start
-(the private switch mcr._core._set_persistent_emulation).
-"""
+"""Persistent requests beyond the operation matrix (which starts every collective's *_init form
+with new data written in place): Send_init/Recv_init, their statuses and PROC_NULL, Info,
+Startall over mixed requests, the mode fixed at creation, buffers kept alive, Free, starting an
+active or freed request, bad input at *_init time. Collectives run in both modes: MPI-4 native
+and emulated (the non-blocking form posted at each Start: opmatrix.emulation)."""
 
 import gc
+import itertools
 
 import numpy as np
+import pytest
 import torch
 from mpi4py import MPI as _mpi4py
 
@@ -29,11 +27,9 @@ MODES = (False, True)                 # emulated?
 
 
 # -- point-to-point -----------------------------------------------------------------------
-
-
 def ring(comm, dtype, seed, n=N, tag=5, source=None, recv_tag=None, extra=0):
-    """A persistent send to the right and receive from the left, the receive
-    buffer `extra` elements longer than the message: (send, recv, fill, check)."""
+    """A persistent send to the right and receive from the left into `extra` more elements than
+    the message: (send, recv, fill, check)."""
     size, rank = comm.size, comm.rank
     right, left = (rank + 1) % size, (rank - 1) % size
     sbuf, rbuf = sentinel(n, dtype), sentinel(n + extra, dtype)
@@ -55,21 +51,18 @@ def ring(comm, dtype, seed, n=N, tag=5, source=None, recv_tag=None, extra=0):
 
 @case.quick
 def send_init_recv_init(comm):
-    """A ring restarted with new contents, by Start or Startall, completed
-    every way, in both modes (p2p is always native: the switch must not
-    disturb it)."""
-    found, k = Findings(), 0
+    """A ring restarted with new contents by Start or Startall, completed every way, in both
+    modes (p2p is always native: the switch must not disturb it)."""
+    found, turns = Findings(), itertools.cycle(COMPLETIONS)
     for emulated in MODES:
         with emulation(emulated):
             for seed, dtype in enumerate([torch.float32, torch.float16, torch.bfloat16,
-                                          torch.int64, torch.bool, torch.complex128,
-                                          torch.int8]):
+                                          torch.int64, torch.bool, torch.complex128, torch.int8]):
                 send, recv, fill, check = ring(comm, dtype, 10 * seed)
                 assert isinstance(send, mcr.Prequest) and isinstance(recv, mcr.Prequest)
                 for it in range(ITERATIONS):
                     fill(it)
-                    how = COMPLETIONS[k % len(COMPLETIONS)]
-                    k += 1
+                    how = next(turns)
                     if it % 2:
                         mcr.Prequest.Startall([recv, send])
                     else:
@@ -99,8 +92,7 @@ def send_init_numpy_and_proc_null(comm):
         mcr.Request.Waitall(requests, statuses)
         np.testing.assert_array_equal(rbuf, np.arange(5) * (left + 1) + it)
         np.testing.assert_array_equal(null_buf, np.full(2, 7.0))
-        assert statuses[3].Get_source() == mcr.PROC_NULL
-        assert statuses[3].Get_count() == 0
+        assert (statuses[3].Get_source(), statuses[3].Get_count()) == (mcr.PROC_NULL, 0)
     for req in requests:
         req.Free()
     assert_comm_works(comm)
@@ -120,9 +112,8 @@ def complete_with_statuses(requests, how, statuses):
 
 @case
 def recv_init_status_counts_elements(comm):
-    """Status of a completed persistent ANY_SOURCE/ANY_TAG receive: Get_count()
-    counts elements of the receive's type, source and tag are the sender's,
-    for every way of completing it."""
+    """A persistent ANY_SOURCE/ANY_TAG receive's Status, completed every way: Get_count() counts
+    elements of the receive's type, source and tag are the sender's."""
     left = (comm.rank - 1) % comm.size
     found = Findings()
     for seed, dtype in enumerate([torch.float64, torch.int16, torch.complex64]):
@@ -136,21 +127,18 @@ def recv_init_status_counts_elements(comm):
             st = statuses[0]
             with found.check(f"Recv_init {dtype} completed by {how}"):
                 check(it)
-                assert st.Get_source() == left and st.source == left, (st.source, left)
-                assert st.Get_tag() == 7 + seed and st.tag == 7 + seed, st.tag
-                assert st.Get_count(MPI.BYTE) == 3 * dtype.itemsize, st.Get_count(MPI.BYTE)
-                assert st.Get_count() == 3, f"Get_count() is {st.Get_count()}, not 3 {dtype}"
+                got = (st.Get_source(), st.source, st.Get_tag(), st.tag)
+                assert got == (left, left, 7 + seed, 7 + seed), got
+                got = (st.Get_count(MPI.BYTE), st.Get_count())
+                assert got == (3 * dtype.itemsize, 3), (got, dtype)
         send.Free()
         recv.Free()
     found.report()
 
 
 # -- collectives: what the matrix does not vary ----------------------------------------------
-
-
 def with_info(make, info):
-    """`make` with `info` appended to its arguments (Bcast_init's and
-    Allreduce_init's last positional argument)."""
+    """`make` with `info` appended to its arguments (Bcast_init's, Allreduce_init's last)."""
     def made(seed):
         args, check = make(seed)
         return (*args, info), check
@@ -193,9 +181,8 @@ def mixed_makers(comm):
 
 @case
 def startall_mixed_requests(comm):
-    """One Startall over collectives (vector counts and displacements as a
-    tensor and an array, numpy buffers) made in one mode or in both, and a
-    Send_init/Recv_init ring."""
+    """One Startall over collectives made in one mode or in both (vector counts and displacements
+    as a tensor and an array, numpy buffers) and a Send_init/Recv_init ring."""
     found = Findings()
     for k, (label, modes) in enumerate([("native", (False,)), ("emulated", (True,)),
                                         ("mixed", (False, True)), ("mixed2", (True, False))]):
@@ -227,115 +214,97 @@ def startall_mixed_requests(comm):
     assert_comm_works(comm)
 
 
-@case
-def startall_rejects_non_persistent_before_starting_any(comm):
-    for emulated in MODES:
-        with emulation(emulated):
-            x, y = torch.ones(3), torch.zeros(3)
-            req = comm.Allreduce_init(x, y)
-            with raises(TypeError, "requests[1]", "Prequest"):
-                mcr.Prequest.Startall([req, mcr.Request()])
-            # req was not started (emulated would say "still active" otherwise)
-            req.Start()
-            req.Wait()
-            assert_equal(y, torch.full((3,), float(comm.size)))
-            assert mcr.Prequest.Startall([]) is None
-            req.Free()
+@case.matrix(emulated=MODES)
+def startall_rejects_non_persistent_before_starting_any(comm, emulated):
+    with emulation(emulated):
+        req = comm.Allreduce_init(torch.ones(3), y := torch.zeros(3))
+        with raises(TypeError, "requests[1]", "Prequest"):
+            mcr.Prequest.Startall([req, mcr.Request()])
+        req.Start()         # req was not started (emulated would say "still active" otherwise)
+        req.Wait()
+        assert_equal(y, torch.full((3,), float(comm.size)))
+        assert mcr.Prequest.Startall([]) is None
+        req.Free()
     assert_comm_works(comm)
 
 
-@case
-def init_mode_is_fixed_at_creation(comm):
+@case.matrix(emulated=MODES)
+def init_mode_is_fixed_at_creation(comm, emulated):
     """A request made in one mode keeps working after the switch changes."""
-    size = comm.size
-    for emulated in MODES:
-        with emulation(emulated):
-            x, y = torch.zeros(2), torch.zeros(2)
-            req = comm.Allreduce_init(x, y)
-        with emulation(not emulated):
-            for it in range(ITERATIONS):
-                x.fill_(float(comm.rank + it))
-                req.Start()
-                req.Wait()
-                assert_equal(y, torch.full((2,), float(sum(range(size)) + size * it)))
+    with emulation(emulated):
+        req = comm.Allreduce_init(x := torch.zeros(2), y := torch.zeros(2))
+    with emulation(not emulated):
+        for it in range(ITERATIONS):
+            x.fill_(float(comm.rank + it))
+            req.Start()
+            req.Wait()
+            assert_equal(y, torch.full((2,), float(sum(range(comm.size)) + comm.size * it)))
+    req.Free()
+
+
+@case.matrix(emulated=MODES)
+def request_keeps_buffers_alive(comm, emulated):
+    """The caller may drop its references: the Prequest keeps the buffers."""
+    with emulation(emulated):
+        out = torch.zeros(1000 * comm.size)
+        req = comm.Allgather_init(torch.full((1000,), float(comm.rank)), out)
+        gc.collect()
+        junk = [torch.full((1000,), -1.0) for _ in range(50)]
+        for _ in range(2):
+            out.zero_()
+            req.Start()
+            req.Wait()
+            assert_equal(out, torch.cat([torch.full((1000,), float(r)) for r in range(comm.size)]))
+        del junk
         req.Free()
 
 
-@case
-def request_keeps_buffers_alive(comm):
-    """The caller may drop its references: the Prequest keeps the buffers."""
-    size = comm.size
-    for emulated in MODES:
-        with emulation(emulated):
-            out = torch.zeros(1000 * size)
-            req = comm.Allgather_init(torch.full((1000,), float(comm.rank)), out)
-            gc.collect()
-            junk = [torch.full((1000,), -1.0) for _ in range(50)]
-            for _ in range(2):
-                out.zero_()
-                req.Start()
-                req.Wait()
-                assert_equal(out, torch.cat([torch.full((1000,), float(r))
-                                             for r in range(size)]))
-            del junk
-            req.Free()
-
-
 # -- Free, restarting, misuse -----------------------------------------------------------
-
-
-@case
-def free_after_use_and_twice(comm):
-    for emulated in MODES:
-        with emulation(emulated):
-            x, y = torch.ones(3), torch.zeros(3)
-            coll = comm.Allreduce_init(x, y)
-            send, recv, fill, check = ring(comm, torch.float32, 0)
-            for it in range(2):
-                fill(it)
-                mcr.Prequest.Startall([coll, recv, send])
-                mcr.Request.Waitall([coll, recv, send])
-                check(it)
-                assert_equal(y, torch.full((3,), float(comm.size)))
-            never = comm.Bcast_init(torch.zeros(2), 0)      # freed without a start
-            for req in (coll, recv, send, never):
-                assert req.Free() is None
-                assert not req                      # null after Free, as in mpi4py
-                req.Free()                          # twice: harmless
-                assert not req
-                with raises(ValueError, "freed"):
-                    req.Start()
-                with raises(ValueError, "freed"):
-                    mcr.Prequest.Startall([req])
-                assert req.Wait() is True           # a null request is complete
-                assert req.Test() is True
-            assert_comm_works(comm)
+@case.matrix(emulated=MODES)
+def free_after_use_and_twice(comm, emulated):
+    with emulation(emulated):
+        coll = comm.Allreduce_init(torch.ones(3), y := torch.zeros(3))
+        send, recv, fill, check = ring(comm, torch.float32, 0)
+        for it in range(2):
+            fill(it)
+            mcr.Prequest.Startall([coll, recv, send])
+            mcr.Request.Waitall([coll, recv, send])
+            check(it)
+            assert_equal(y, torch.full((3,), float(comm.size)))
+        never = comm.Bcast_init(torch.zeros(2), 0)      # freed without a start
+        for req in (coll, recv, send, never):
+            assert req.Free() is None
+            assert not req                      # null after Free, as in mpi4py
+            req.Free()                          # twice: harmless
+            assert not req
+            with raises(ValueError, "freed"):
+                req.Start()
+            with raises(ValueError, "freed"):
+                mcr.Prequest.Startall([req])
+            assert req.Wait() is True and req.Test() is True    # a null request is complete
+        assert_comm_works(comm)
 
 
 @case
 def start_while_active_says_still_active_in_both_modes(comm):
-    """Start, or Startall, on a request that has not completed: ValueError
-    "still active" naming the request, natively (MPI's MPI_ERR_REQUEST
-    translated, kept as the cause) as emulated; the running operation
-    completes with the right result and the request starts again."""
+    """Start or Startall on a request not completed: ValueError "still active" naming it, native
+    (MPI's MPI_ERR_REQUEST kept as the cause) as emulated; the operation completes right and the
+    request starts again."""
     size = comm.size
     for emulated in MODES:
         with emulation(emulated):
-            x, y = torch.zeros(3), torch.zeros(3)
-            req = comm.Allreduce_init(x, y)
+            req = comm.Allreduce_init(x := torch.zeros(3), y := torch.zeros(3))
             other = comm.Barrier_init()
             for it in range(ITERATIONS):
                 x.fill_(float(comm.rank + it))
                 req.Start()
-                try:
+                with pytest.raises(ValueError) as info:
                     req.Start()
-                except ValueError as exc:
-                    assert "request: still active" in str(exc) and "Wait/Test" in str(exc), exc
-                    if not emulated:
-                        assert isinstance(exc.__cause__, mcr.Exception), exc.__cause__
-                        assert exc.__cause__.Get_error_class() == MPI.ERR_REQUEST
-                else:
-                    raise AssertionError("starting an active request did not raise")
+                exc = info.value
+                assert "request: still active" in str(exc) and "Wait/Test" in str(exc), exc
+                if not emulated:
+                    assert isinstance(exc.__cause__, mcr.Exception), exc.__cause__
+                    assert exc.__cause__.Get_error_class() == MPI.ERR_REQUEST
                 with raises(ValueError, "requests[0]: still active"):
                     mcr.Prequest.Startall([req])
                 with raises(ValueError, "requests[1]: still active"):
@@ -362,23 +331,21 @@ def start_while_active_says_still_active_in_both_modes(comm):
     assert_comm_works(comm)
 
 
-@case
-def request_lifecycle_is_the_same_in_both_modes(comm):
-    for on in MODES:
-        with emulation(on):
-            y = torch.zeros(2)
-            req = comm.Allreduce_init(torch.ones(2), y)
-            assert req                                  # alive before any start
-            req.Start()
-            if on:
-                with raises(ValueError, "still active", "before freeing"):
-                    req.Free()
-            req.Wait()
-            assert_equal(y, torch.full((2,), float(comm.size)))
-            assert req                                  # inactive, not freed
-            req.Free()
-            assert not req
-            req.Free()                                  # harmless
+@case.matrix(emulated=MODES)
+def request_lifecycle_is_the_same_in_both_modes(comm, emulated):
+    with emulation(emulated):
+        req = comm.Allreduce_init(torch.ones(2), y := torch.zeros(2))
+        assert req                                  # alive before any start
+        req.Start()
+        if emulated:
+            with raises(ValueError, "still active", "before freeing"):
+                req.Free()
+        req.Wait()
+        assert_equal(y, torch.full((2,), float(comm.size)))
+        assert req                                  # inactive, not freed
+        req.Free()
+        assert not req
+        req.Free()                                  # harmless
 
 
 @case
@@ -401,27 +368,23 @@ def startall_checks_before_starting_any(comm):
             mcr.Prequest.Startall([first])
 
 
-@case
-def start_after_the_communicator_was_freed_raises(comm):
-    for on in MODES:
-        with emulation(on):
-            dup = comm.Dup()
-            req = dup.Allreduce_init(torch.ones(2), torch.zeros(2))
-            dup.Free()
-            with raises(ValueError, "communicator was freed"):
-                req.Start()
-            with raises(ValueError, "requests[0]", "communicator was freed"):
-                mcr.Prequest.Startall([req])
-            req.Free()
+@case.matrix(emulated=MODES)
+def start_after_the_communicator_was_freed_raises(comm, emulated):
+    with emulation(emulated):
+        dup = comm.Dup()
+        req = dup.Allreduce_init(torch.ones(2), torch.zeros(2))
+        dup.Free()
+        with raises(ValueError, "communicator was freed"):
+            req.Start()
+        with raises(ValueError, "requests[0]", "communicator was freed"):
+            mcr.Prequest.Startall([req])
+        req.Free()
     assert_comm_works(comm)
 
 
 # -- bad input at *_init time -----------------------------------------------------------
-
-
 def bad_inits(comm):
-    """(exception, message fragments, method, args, kwargs): errors every rank
-    detects."""
+    """(exception, message fragments, method, args, kwargs): errors every rank detects."""
     size, rank = comm.size, comm.rank
     one, two, right, left = torch.ones(2), torch.zeros(2), (rank + 1) % size, (rank - 1) % size
     return [
@@ -447,8 +410,7 @@ def bad_inits(comm):
         (TypeError, ["info"], "Barrier_init", (5,)),
         (ValueError, ["backend", "nccl-x"], "Allgather_init",
          (one, torch.zeros(2 * size)), {"backend": "nccl-x"}),
-        (BufferError, ["not contiguous"], "Allreduce_init",
-         (torch.ones(4, 2).t(), torch.zeros(8))),
+        (BufferError, ["not contiguous"], "Allreduce_init", (torch.ones(4, 2).t(), torch.zeros(8))),
         # point-to-point
         (IndexError, ["dest", f"rank {size}"], "Send_init", (one, size)),
         (IndexError, ["source", "rank -7"], "Recv_init", (two, -7)),
@@ -478,9 +440,8 @@ def check_inits(comm, table):
 
 @case
 def bad_input_at_init(comm):
-    """Errors every rank detects: every rank makes the call and gets the error
-    before any MPI call; errors only the root sees: only the root calls. The
-    communicator works afterwards, and so do persistent requests made then."""
+    """Errors every rank detects: every rank gets them before any MPI call; errors only the root
+    sees: only the root calls. The communicator and new persistent requests work afterwards."""
     root = comm.size - 1
     for emulated in MODES:
         with emulation(emulated):

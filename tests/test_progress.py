@@ -1,15 +1,11 @@
-"""Staged operations (mcr.stages: compressed collectives, composed
-non-blocking neighborhood collectives, a Fusion's open buckets) under MPI's
-progress rule and in call order, at 1-4 ranks.
+"""Staged operations (mcr.stages: compressed collectives, composed non-blocking neighborhood
+collectives, a Fusion's open buckets) under MPI's progress rule and in call order.
 
-A progress case is a correct MPI program that deadlocks (the harness's
-timeout) unless a process blocked in another call posts the later stages of
-an operation it started: rank 0 starts the operation, then blocks in a call
-that the last rank satisfies only after its own Wait on it has returned. The
-order cases post staged operations and other collectives on the same
-communicators, tested in a different order on every rank: stages posted in
-test order would pair different operations across ranks.
-"""
+A progress case is a correct MPI program that deadlocks (the harness's timeout) unless a process
+blocked in another call posts the later stages of an operation it started: rank 0 starts it,
+then blocks in a call the last rank satisfies only after its own Wait on it. The order cases
+post staged operations and collectives on the same communicators, tested in a different order
+on every rank: stages posted in test order would pair different operations across ranks."""
 
 import random
 import time
@@ -43,9 +39,8 @@ def spin(req):
 
 
 class Ctx:
-    """A periodic ring (composed on Gloo, and on MPI at 1-2 ranks: Open MPI's
-    order), and a Fusion of `comm` per backend (its buckets' collectives on
-    `comm` itself, as the case's own collectives)."""
+    """A periodic ring (composed on Gloo, and on MPI at 1-2 ranks: Open MPI's order), and a Fusion
+    of `comm` per backend (its buckets' collectives on `comm`, as the case's own)."""
 
     def __init__(self, comm):
         self.topo = comm.Create_cart([comm.size], periods=[True])
@@ -79,9 +74,9 @@ def start(comm, kind, ctx):
     return req, lambda: assert_equal(y, summed(comm, n))
 
 
-def blocked_until_last_waits(comm, block, unblock):
-    """For every kind: the ranks but the last start it and `block()`; the last
-    rank waits for it first, then `unblock()`s."""
+def blocked_until_last_waits(comm, block, unblock=None):
+    """Every kind: the ranks but the last start it and `block()`; the last waits, then
+    `unblock()`s (default: `block()`)."""
     ctx = Ctx(comm)
     for kind in KINDS:
         req, check = start(comm, kind, ctx)
@@ -91,17 +86,16 @@ def blocked_until_last_waits(comm, block, unblock):
         else:
             time.sleep(0.05)        # (the others are in their blocking call by now)
             req.Wait()
-            unblock()
+            (unblock or block)()
         check()
     ctx.close(comm)
 
 
 @case
 def a_blocking_collective_drives_stages(comm):
-    blocked_until_last_waits(comm, comm.Barrier, comm.Barrier)
+    blocked_until_last_waits(comm, comm.Barrier)
     x = torch.ones(2)
-    blocked_until_last_waits(comm, lambda: comm.Allreduce(mcr.IN_PLACE, x),
-                             lambda: comm.Allreduce(mcr.IN_PLACE, x))
+    blocked_until_last_waits(comm, lambda: comm.Allreduce(mcr.IN_PLACE, x))
     assert_equal(x, torch.full((2,), float(comm.size ** len(KINDS))))
 
 
@@ -131,18 +125,15 @@ def mpi4py_methods_drive_stages(comm):
     assert got == ([{"from": last}] * len(KINDS) if blocking else [])
     blocked_until_last_waits(comm, lambda: comm.bcast(None, root=last),
                              lambda: comm.bcast("x", root=last))
-    blocked_until_last_waits(comm, lambda: made.append(comm.Dup()),
-                             lambda: made.append(comm.Dup()))
+    blocked_until_last_waits(comm, lambda: made.append(comm.Dup()))
     for dup in made:
         dup.Free()
 
 
 @case.matrix(backend=("mpi", "gloo"))
 def fused_calls_progress_while_any_rank_blocks(comm, backend):
-    """Open buckets while ranks block (Recv, Probe, a Test loop, a collective
-    elsewhere). Rank 0 decides where buckets end: blocked, it posts its open
-    buckets first; the others, blocked while rank 0 waits, post theirs as
-    rank 0's decisions come."""
+    """Open buckets while ranks block (Recv, Probe, a Test loop, a collective elsewhere): blocked,
+    rank 0 (which decides where buckets end) posts its buckets; the others as its decisions come."""
     other, got, v = comm.Dup(), torch.zeros(1), torch.ones(1)
     with mcr.Fusion(comm, backend=backend, trace=True) as f:
         for waiter in (comm.size - 1, 0):
@@ -176,10 +167,8 @@ def fused_calls_progress_while_any_rank_blocks(comm, backend):
 
 @case
 def direct_collectives_come_after_fused_calls(comm):
-    """Collectives on the fused communicator itself while buckets are open,
-    rank 0 deciding at rank-dependent times: every rank posts the same
-    collectives in the same order, each bucket before the direct call made
-    after its fused calls (as the call hooks see them)."""
+    """Collectives on the fused communicator while buckets are open (rank 0 deciding at rank-
+    dependent times): every rank posts, as hooks see, each bucket before the next direct call."""
     fused, seen = comm.Dup(), []
 
     def hook(call):
@@ -215,9 +204,8 @@ def direct_collectives_come_after_fused_calls(comm):
 
 @case
 def making_private_comms_drives_stages(comm):
-    """The first compressed call on a backend makes its private communicators
-    (a Dup, collective): rank 0 is blocked in it while the last rank waits
-    for rank 0's next stage of an earlier call."""
+    """Rank 0 blocks in the first compressed call on a backend (making its private communicators,
+    collectively) while the last rank waits for rank 0's next stage of an earlier call."""
     fresh = comm.Dup()
     x, y, z = torch.arange(4.0) + fresh.rank, torch.zeros(4), torch.zeros(4)
     first = fresh.Iallreduce(x, y, compress="bf16")
@@ -233,8 +221,7 @@ def making_private_comms_drives_stages(comm):
 
 @case
 def stages_are_posted_in_call_order(comm):
-    """Staged operations and plain collectives on the same communicators,
-    tested in a different order on every rank."""
+    """Staged operations and plain collectives on the same communicators, tested in rank order."""
     ctx = Ctx(comm)
     dgraph = comm.Create_dist_graph_adjacent([(comm.rank - 1) % comm.size],
                                              [(comm.rank + 1) % comm.size])
@@ -269,10 +256,8 @@ def stages_are_posted_in_call_order(comm):
 
 @case
 def random_interleavings_complete(comm):
-    """Every kind, then a blocking call (Barrier, Allreduce, a ring of
-    Send/Irecv, pickled bcast, or none) before the operations complete on half
-    the ranks and after on the others, each testing and waiting in its own
-    random order."""
+    """Every kind, then a blocking call (Barrier, Allreduce, Send/Irecv ring, bcast, none) before
+    they complete on half the ranks, after on the others, in random orders of Test and Wait."""
     rng = random.Random(1234 + comm.rank)
     ctx = Ctx(comm)
     left, right = (comm.rank - 1) % comm.size, (comm.rank + 1) % comm.size
@@ -287,12 +272,10 @@ def random_interleavings_complete(comm):
         if what == 0:
             comm.Barrier()
         elif what == 1:
-            v = torch.ones(1)
-            comm.Allreduce(mcr.IN_PLACE, v)
+            comm.Allreduce(mcr.IN_PLACE, v := torch.ones(1))
             assert v.item() == comm.size
         elif what == 2:
-            got = torch.zeros(1)
-            q = comm.Irecv(got, source=left, tag=3)
+            q = comm.Irecv(got := torch.zeros(1), source=left, tag=3)
             comm.Send(torch.full((1,), float(comm.rank)), dest=right, tag=3)
             q.Wait()
             assert got.item() == left
@@ -310,8 +293,7 @@ def random_interleavings_complete(comm):
 
 @case
 def a_failed_stage_fails_its_own_request(comm):
-    """A stage whose local work raises (a codec's decode, on every rank)
-    fails that operation's request only: the one posted after it completes."""
+    """A stage whose local work raises (a codec's decode) fails its own request only."""
     def bad_decode(payload, like):
         raise ValueError("this decode refuses")
 
