@@ -1,10 +1,9 @@
 """Buffers as mpi4py reads them: DLPack exporters, long double, explicit datatypes.
 
-A ctypes DLPack exporter (no torch) whose capsule frees its managed tensor, as
-mpi4py's test helper's does: its tensor is handed back once, when the message
-is done; versioned and 0.x; malformed exporters raise naming the argument.
-numpy longdouble/clongdouble with their typecodes, datatypes and reductions;
-explicit datatypes trusted over the buffer's format. In-process, on
+A ctypes DLPack exporter (no torch) whose capsule frees its managed tensor, as mpi4py's test
+helper's does: its tensor is handed back once, when the message is done; versioned and 0.x;
+malformed exporters raise naming the argument. numpy longdouble/clongdouble with their typecodes,
+datatypes and reductions; explicit datatypes trusted over the buffer's format. In-process, on
 COMM_SELF; expected values come from numpy.
 """
 
@@ -19,8 +18,6 @@ import mcr
 from mcr import MPI
 
 # -- a ctypes DLPack exporter --------------------------------------------------------------
-
-
 class DLDevice(ctypes.Structure):
     _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
 
@@ -65,8 +62,8 @@ _live = {}      # managed tensors by address, freed when their capsule is collec
 
 @CAPSULE_DESTRUCTOR
 def _capsule_destructor(capsule):
-    # DLPack's rule: an unconsumed capsule hands its tensor back; then (as
-    # mpi4py's test exporter) the managed tensor's memory goes with the capsule
+    # DLPack's rule: an unconsumed capsule hands its tensor back; then (as mpi4py's test exporter)
+    # the managed tensor's memory goes with the capsule
     for name in (b"dltensor_versioned", b"dltensor"):
         if _api.PyCapsule_IsValid(capsule, name):
             pointer = _api.PyCapsule_GetPointer(capsule, name)
@@ -76,8 +73,8 @@ def _capsule_destructor(capsule):
 
 
 class Exporter:
-    """Exports a numpy array's memory through ``__dlpack__`` (a fresh capsule each
-    call); counts the calls of its deleter."""
+    """Exports a numpy array's memory through ``__dlpack__`` (a fresh capsule each call); counts the
+    calls of its deleter."""
 
     def __init__(self, array, versioned=True, flags=0, device=(KDL_CPU, 0), dtype=None,
                  shape=None, strides=None):
@@ -127,7 +124,6 @@ def collected():
 
 
 # -- DLPack ---------------------------------------------------------------------------------
-
 @pytest.mark.parametrize("versioned", [True, False])
 def test_dlpack_exporter_freeing_its_tensor_with_the_capsule(versioned):
     src = Exporter(np.arange(5, dtype=np.int32), versioned)
@@ -276,7 +272,6 @@ def test_host_memory_claimed_as_cuda_gets_mcrs_error():
 
 
 # -- long double ----------------------------------------------------------------------------
-
 def test_long_double_typecodes_datatypes_and_reductions():
     a = np.arange(1, 6, dtype=np.longdouble) / 7
     z = a * (1 - 2j)
@@ -299,7 +294,6 @@ def test_long_double_typecodes_datatypes_and_reductions():
 
 
 # -- explicit datatypes ---------------------------------------------------------------------
-
 def test_explicit_datatype_overrides_the_buffer_format():
     big, out = np.arange(4, dtype=">i4"), np.zeros(4, ">i4")
     sendrecv([big, MPI.INT], [out, MPI.INT])

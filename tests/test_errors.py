@@ -1,8 +1,7 @@
-"""Bad input raises a Python exception naming the argument and the numbers
-involved, before any communication, and the communicator works afterwards;
-MPI's own errors come back as mcr.Exception without aborting the job.
-Where only some ranks can detect an error (the root's receive buffer), only
-they make the call and the others keep step, so that no peer waits.
+"""Bad input raises a Python exception naming the argument and the numbers involved, before any
+communication, and the communicator works afterwards; MPI's own errors come back as mcr.Exception
+without aborting the job. Where only some ranks can detect an error (the root's receive buffer),
+only they make the call and the others keep step, so that no peer waits.
 """
 
 from functools import partial
@@ -24,8 +23,8 @@ def ring(comm):
 
 
 def check(comm, exc, rows, here=True):
-    """Each row ("fragment|fragment", fn, *args): fn(*args) raises `exc` with
-    every fragment (only where `here`); then comm works, on every rank."""
+    """Each row ("fragment|fragment", fn, *args): fn(*args) raises `exc` with every fragment (only
+    where `here`); then comm works, on every rank."""
     for fragments, fn, *args in rows:
         if here:
             with raises(exc, *fragments.split("|")):
@@ -34,16 +33,12 @@ def check(comm, exc, rows, here=True):
 
 
 class FakeCudaArray:
-    """Looks like a CUDA array to consumers (CuPy, Numba): device memory only."""
-
-    def __init__(self, n):
-        self.__cuda_array_interface__ = {"shape": (n,), "typestr": "<f4",
-                                         "data": (0x7f0000000000, False), "version": 3}
+    """Looks like a CUDA array of 4 float32 to consumers (CuPy, Numba): device memory only."""
+    __cuda_array_interface__ = {"shape": (4,), "typestr": "<f4", "data": (0x7f0000000000, False),
+                                "version": 3}
 
 
 # -- counts and displacements -------------------------------------------------------------
-
-
 @case
 def vector_counts(comm):
     s, r = comm.size, comm.rank
@@ -78,8 +73,8 @@ def vector_counts(comm):
         (f"sendbuf|has {s + 1} elements|sum(recvcounts) is {s}",
          rs, torch.ones(s + 1), torch.zeros(1), [1] * s),
         (f"recvbuf|counts must be 1-D|(1, {s})", ag, x, [out2, torch.full((1, s), 2)]),
-        # Reduce_scatter without recvcounts gathers every process's counts: a
-        # send count wrong at one rank is refused on all (none hangs)
+        # Reduce_scatter without recvcounts gathers every process's counts: a send count wrong at
+        # one rank is refused on all (none hangs)
         (f"sendbuf|has {s + 1} elements at rank {s - 1}|sum to {s}",
          rs, torch.ones(s + 1 if r == s - 1 else s), torch.zeros(1), None, mcr.SUM)])
     check(comm, TypeError, [
@@ -103,8 +98,8 @@ def vector_counts(comm):
          comm.Scatterv, [x4, [2] * (s - 1)], torch.zeros(2), root)], here=r == root)
     if s < 2:
         return
-    # MPI forbids receiving into one location twice: overlapping blocks are
-    # refused, naming the blocks and their elements (in any order)
+    # MPI forbids receiving into one location twice: overlapping blocks are refused, naming the
+    # blocks and their elements (in any order)
     check(comm, ValueError, [
         ("recvbuf|blocks 0 (elements 0..1) and 1 (elements 1..2) overlap|twice",
          ag, x, [out2, [2] * s, [0, 1] + d[2:]]),
@@ -119,8 +114,7 @@ def vector_counts(comm):
 
 @case
 def in_place_and_none_where_no_buffer_may_be(comm):
-    """IN_PLACE is a sendbuf marker and None no result buffer: refused, naming
-    the argument; IN_PLACE at a non-root where only the root may pass it."""
+    """IN_PLACE and None where no such marker may be: refused, naming the argument (and rank)."""
     (dst, src), r = ring(comm), comm.rank
     no, ip, x = "IN_PLACE is not a buffer", MPI.IN_PLACE, torch.ones(2)
     check(comm, ValueError, [
@@ -144,8 +138,6 @@ def in_place_and_none_where_no_buffer_may_be(comm):
 
 
 # -- message specs, receive buffers too small, element types --------------------------------
-
-
 @case
 def message_specs(comm):
     buf, (dst, src), of4 = torch.zeros(4), ring(comm), "buffer of 4 elements"
@@ -296,15 +288,13 @@ def ops_that_do_not_apply(comm):
 
 
 # -- objects that are not (usable) buffers ------------------------------------------------
-
-
 @case
 def not_buffers(comm):
     dst, src = ring(comm)
     expected = "expected a torch.Tensor, a numpy array or an object with the buffer protocol"
-    # a CUDA buffer, a tensor on another device, sparse layouts (a COO tensor is
-    # refused for its layout: t.contiguous() would not make it usable)
-    cuda, meta = FakeCudaArray(4), torch.zeros(4, device="meta")
+    # a CUDA buffer, a tensor on another device, sparse layouts (a COO tensor is refused for its
+    # layout: t.contiguous() would not make it usable)
+    cuda, meta = FakeCudaArray(), torch.zeros(4, device="meta")
     csr, coo = torch.eye(3).to_sparse_csr(), torch.zeros(3).to_sparse()
     rows = [("sendbuf|got object", comm.Allreduce, object(), torch.zeros(2)),
             ("recvbuf|got object", comm.Allreduce, torch.ones(2), object()),
@@ -376,8 +366,8 @@ def conjugate_and_negative_bits(comm):
     y = torch.zeros(4, dtype=torch.complex64)   # resolved, it sends the conjugated values
     comm.Sendrecv(x.resolve_conj(), dst, 0, y, src, 0)
     assert_equal(y, rank_data(src, 4, torch.complex64).conj().resolve_conj())
-    # the negative bit (x.conj().imag): memory holds the un-negated values, which
-    # must not be sent as they are: refused, or sent as the tensor shows them
+    # the negative bit (x.conj().imag): memory holds the un-negated values, which must not be sent
+    # as they are: refused, or sent as the tensor shows them
     neg = rank_data(comm.rank, 1, torch.complex64).conj().imag
     assert neg.is_neg() and neg.is_contiguous()
     out = torch.zeros(1)
@@ -391,8 +381,6 @@ def conjugate_and_negative_bits(comm):
 
 
 # -- ranks, tags, backends, status, requests, communicators --------------------------------
-
-
 @case
 def ranks_and_tags_out_of_range(comm):
     s, x, z, (dst, src) = comm.size, torch.ones(2), torch.zeros(2), ring(comm)
@@ -517,8 +505,6 @@ def aliased_buffers_and_null_communicators(comm):
 
 
 # -- MPI's own errors ---------------------------------------------------------------------
-
-
 def started(preq):
     try:
         preq.Start()
@@ -534,10 +520,8 @@ def until_done(req):
 
 @case
 def mpi_errors_come_back_as_mcr_exceptions(comm):
-    """MPI_ERR_TRUNCATE (a message longer than the receive buffer) comes back as
-    an mcr.Exception of that class from every way to receive, with a note giving
-    the sizes, source and tag (as the Gloo path words it); so does an uncommitted
-    datatype's error; nothing aborts."""
+    """MPI_ERR_TRUNCATE as an mcr.Exception from every way to receive, with a note giving the sizes,
+    source and tag (as the Gloo path words it); an uncommitted datatype's error too."""
     dst, src = ring(comm)
     data, z, trunc = torch.arange(10.0), torch.zeros, MPI.ERR_TRUNCATE     # 40 bytes
     # (argument, its bytes, error class, receive of the message of tag t that sreq sends)
@@ -595,8 +579,7 @@ def mpi_errors_come_back_as_mcr_exceptions(comm):
 
 @case
 def errors_do_not_leak_requests_or_block(comm):
-    """Many failing calls in a row, then a real exchange: nothing was left
-    half-posted (no stray message is received)."""
+    """Many failing calls, then a real exchange: nothing was left half-posted (no stray message)."""
     dst, src = ring(comm)
     for i in range(50):
         with raises(ValueError):

@@ -1,21 +1,18 @@
 """Any object in any argument of any buffer method: a Python exception or a correct result.
 
-Every buffer method of mcr.Comm, the neighborhood collectives of mcr.Cartcomm
-(on a periodic ring), every method of mcr.Request/Prequest (mpi4py's lowercase
-forms with the recipe of the uppercase one) and Status.Get_count is called with
-each of OBJECTS in each argument in turn, the others valid, on MPI and Gloo.
-Methods come from the signatures Cython embeds in the docstrings, so a new one
-is covered without editing this file (or fails methods_have_recipes). A trial
-passes when the call raises an Exception other than SystemError, or returns
-results equal to what torch/numpy compute from what the arguments mean; then an
-Allreduce on MPI and on the trial's backend must still work. Each trial is named
-on stderr before it starts, so a crash (faulthandler) or a hang names it.
-Collectives get the same object on every rank (a check raising on some ranks
-only hangs the job: a bug); point-to-point and request trials run on COMM_SELF.
+Every buffer method of mcr.Comm, the neighborhood collectives of mcr.Cartcomm (on a periodic ring),
+every method of mcr.Request/Prequest (lowercase forms with the uppercase one's recipe) and
+Status.Get_count get each of OBJECTS in each argument in turn, the others valid, on MPI and Gloo;
+the methods come from the signatures Cython embeds (a new one fails methods_have_recipes). A trial
+passes when the call raises an Exception other than SystemError, or returns what torch/numpy
+compute from what the arguments mean; then Allreduce on MPI and on its backend must still work.
+Trials are named on stderr first, so a crash or a hang names its trial. Collectives get the same
+object on every rank; point-to-point and request trials run on COMM_SELF.
 """
 
 import ast
 import collections
+import contextlib
 import faulthandler
 import fnmatch
 import itertools
@@ -40,21 +37,16 @@ TAG_UB = 32767              # MPI's guaranteed minimum; tags above may be refuse
 BACKENDS = ("mpi", "gloo")
 VERBOSE = bool(os.environ.get("MCR_FUZZ_VERBOSE"))  # each trial's outcome to stderr
 TRIAL_DEADLINE = 5.0        # seconds a message accepted by a send may take to arrive
-# MPICH's collectives may hang where one rank's message does not match its peers'
-# (Open MPI raises MPI_ERR_TRUNCATE on every rank, MPICH on some): there the
-# collective trials run in checked mode, whose MismatchError every rank raises.
+# MPICH's collectives may hang on a message that does not match its peers' (Open MPI raises
+# MPI_ERR_TRUNCATE on every rank): there collectives run in checked mode (MismatchError everywhere)
 MPICH = "MPICH" in _mpi4py.Get_library_version()
-
-# Not fuzzed: communicator management, no buffers (Free frees collectively; bad
-# Create_cart dims are tested in test_comm)
+# Not fuzzed: communicator management (no buffers; bad Create_cart dims: test_comm)
 EXCLUDED = {"Comm." + n for n in (
     "Free", "Dup", "Split", "Split_type", "Create", "Create_group", "Clone", "Dup_with_info",
     "Idup", "Idup_with_info", "Create_cart", "Create_graph", "Create_dist_graph",
     "Create_dist_graph_adjacent")}
-
-# Trials known to fail in today's build, skipped (a crash or a hang would hide
-# every later trial): (method, parameter, object, backend) fnmatch patterns ->
-# the reason. Remove a line when its fix lands.
+# Trials known to fail, skipped (a crash or a hang would hide every later trial): (method,
+# parameter, object, backend) fnmatch patterns -> the reason. Remove a line when its fix lands.
 KNOWN_FAILURES: dict[tuple[str, str, str, str], str] = {
     (f"Cartcomm.{method}", param, obj, "mpi"): (
         "Open MPI 5.0's non-blocking and persistent MPI_Neighbor_alltoallw on a ring of 2 "
@@ -65,17 +57,12 @@ KNOWN_FAILURES: dict[tuple[str, str, str, str], str] = {
                                ("Neighbor_alltoallw_init", "info", "None"),
                                ("Neighbor_alltoallw_init", "info", "Info"))}
 KNOWN_FAILURES[("Cartcomm.*eighbor_all*v*", "recvbuf", "tensor-0d", "mpi")] = (
-    "a receive buffer of one element for the blocks of 2 neighbours: counts [1, 0], "
-    "truncated; Open MPI 5.0 aborts the schedule (\"NBC_Progress: an error 15\") and "
-    "writes past the buffer: in 1 run of 6 the heap was corrupt afterwards, which kills "
-    "every later case of the job. Plain mpi4py does the same on the same memory (numpy "
-    "views of torch's 8-byte allocations: a segfault within 300 calls, 2 runs of 2, with "
-    "MALLOC_CHECK_=3). mcr cannot see the neighbours' counts before calling MPI")
+    "one element for the blocks of 2 neighbours (counts [1, 0]) truncates; Open MPI 5.0 aborts "
+    "the schedule and writes past the buffer (heap corrupt in 1 run of 6; plain mpi4py too, "
+    "MALLOC_CHECK_=3); mcr cannot see the neighbours' counts before calling MPI")
 
 
 # -- Objects ------------------------------------------------------------------------
-
-
 def _readonly_array():
     a = np.arange(N, dtype=np.float64) + 100
     a.flags.writeable = False
@@ -106,16 +93,11 @@ OBJECTS = [Obj(*o) for o in [
 
 
 def as_int(value):
-    """The int a call reads from `value`, with int() as mpi4py does (1.5 is 1,
-    a 0-d tensor 5.0 is 5, IN_PLACE an int too); None if it reads none."""
-    try:
-        return operator.index(value)
-    except Exception:
-        pass
-    try:
-        return int(value)
-    except Exception:
-        return None
+    """The int a call reads from `value` (int() as in mpi4py: 1.5 is 1, IN_PLACE too), or None."""
+    for read in (operator.index, int):
+        with contextlib.suppress(Exception):
+            return read(value)
+    return None
 
 
 def lenient_tag(value):
@@ -125,11 +107,8 @@ def lenient_tag(value):
 
 
 # -- Methods, from the embedded signatures ----------------------------------------------
-
-
 def parameters(cls, name):
-    """The parameter names of method `name` of `cls` (no self/cls) and whether
-    it is a class method."""
+    """The parameter names of `cls`.`name` (no self/cls), and whether it is a class method."""
     doc = (getattr(cls, name).__doc__ or "").strip()
     first = doc.splitlines()[0] if doc else ""
     if not first.startswith(name + "("):
@@ -141,8 +120,7 @@ def parameters(cls, name):
 
 
 def own_methods(cls, lowercase=False):
-    """Public methods `cls` defines itself (not inherited from mpi4py): the
-    uppercase ones, and with `lowercase` mpi4py's lowercase forms too."""
+    """Public methods `cls` defines itself: uppercase ones, with `lowercase` mpi4py's too."""
     return sorted(n for n, v in vars(cls).items()
                   if (n[:1].isupper() or lowercase and n[:1].isalpha())
                   and callable(getattr(cls, n)) and f"{cls.__name__}.{n}" not in EXCLUDED)
@@ -153,8 +131,8 @@ def uppercase(name):
     return name[:1].upper() + name[1:]
 
 
-# Send modes are sends here: the receive is posted before the send, so a ready or
-# synchronous send completes; a buffered one uses the buffer point_to_point attaches
+# Send modes are sends here: the receive is posted before the send, so a ready or synchronous send
+# completes; a buffered one uses the buffer point_to_point attaches
 SEND_MODES = {"Bsend": "Send", "Ssend": "Send", "Rsend": "Send"}
 
 
@@ -170,17 +148,13 @@ def operation(name):
 
 
 # -- Results ------------------------------------------------------------------------
-
-
 def values(obj):
     """What a data object holds, as a flat numpy array, or None if it is not one."""
     if type(obj).__name__ == "PyCapsule":
         return CAPSULE.copy()
     if isinstance(obj, torch.Tensor):
         return obj.detach().cpu().reshape(-1).numpy().copy()
-    if isinstance(obj, np.ndarray):
-        return obj.reshape(-1).copy()
-    return None
+    return obj.reshape(-1).copy() if isinstance(obj, np.ndarray) else None
 
 
 def raw(obj):
@@ -218,14 +192,12 @@ def read_only(buf):
 
 
 # -- Collectives ----------------------------------------------------------------------
-
 UFUNC = {id(_mpi4py.SUM): np.add, id(_mpi4py.MAX): np.maximum, id(_mpi4py.MIN): np.minimum,
          id(_mpi4py.PROD): np.multiply}
 
 
 def sends(args, valid, size, inplace_ok=True):
-    """Each rank's send block (a float64 array) from args['sendbuf'], `valid`
-    being the valid one (the rank's own data)."""
+    """Each rank's send block (float64) from args['sendbuf']; `valid`: the rank's own data."""
     s = args["sendbuf"]
     if s is None or s is mcr.IN_PLACE:
         if not inplace_ok:
@@ -261,8 +233,7 @@ def vspec(buf, size, n):
 
 
 def coll_recipe(base, comm, fresh):
-    """(valid args, check(args) -> [(label, buffer, expected)]) of a collective;
-    `fresh`: an unused copy of the object tried."""
+    """(valid args, check(args) -> [(label, buffer, expected)]); `fresh`: a copy of the object."""
     size, rank = comm.size, comm.rank
     x, k = data(rank), N // size
     mine = slice(rank * k, (rank + 1) * k)
@@ -319,11 +290,10 @@ def coll_recipe(base, comm, fresh):
                               "displs, datatypes] spec")
             if a["recvbuf"] is not rbuf:
                 raise Outcome(f"accepted recvbuf {type(a['recvbuf']).__name__}")
-            return [("recvbuf", recv, np.concatenate(
-                [data(r).numpy()[mine] for r in range(size)]))]
+            return [("recvbuf", recv, np.concatenate([data(r).numpy()[mine] for r in range(size)]))]
         return {"sendbuf": sbuf, "recvbuf": rbuf}, out_alltoallw
-    # the others: a result computed from every rank's send block, of which
-    # Alltoall(v) and Reduce_scatter(_block) keep this rank's part
+    # the others: a result computed from every rank's send block, of which Alltoall(v) and
+    # Reduce_scatter(_block) keep this rank's part
     v, rooted, pick = base.endswith("v"), base in ("Gather", "Gatherv", "Reduce"), mine
     if base in ("Gather", "Gatherv", "Allgather", "Allgatherv"):
         recv = torch.zeros(size * N, dtype=torch.float64)
@@ -335,9 +305,8 @@ def coll_recipe(base, comm, fresh):
         args = {"sendbuf": vspec(x, size, k) if v else x,
                 "recvbuf": vspec(recv, size, k) if v else recv}
     else:
-        # IN_PLACE reduces what recvbuf holds: Reduce_scatter(_block)'s is the
-        # whole vector at size 1; at more ranks, size blocks of k // size (as
-        # mpi4py splits it)
+        # IN_PLACE reduces what recvbuf holds: Reduce_scatter(_block)'s is the whole vector at size
+        # 1; at more ranks, size blocks of k // size (as mpi4py splits it)
         scatter = base.startswith("Reduce_scatter")
         recv = x[:k].clone() if scatter else x.clone()
         args = {"sendbuf": x, "recvbuf": recv, "op": _mpi4py.SUM}
@@ -372,27 +341,22 @@ def coll_recipe(base, comm, fresh):
     return dict(args), out
 
 
-# Where a trial of a collective runs on COMM_SELF, not on all ranks:
-# - arguments only the root reads (at 2 ranks a bad one is seen by the root
-#   alone, by MPI's design as in C and mpi4py, and the others would wait);
+# Where a trial of a collective runs on COMM_SELF, not on all ranks (elsewhere the others wait):
+# - arguments only the root reads (by MPI's design, as in C and mpi4py);
 ROOT_ONLY = {("Gather", "recvbuf"), ("Gatherv", "recvbuf"), ("Scatter", "sendbuf"),
              ("Scatterv", "sendbuf"), ("Reduce", "recvbuf")}
-# - arguments every rank passes but the root alone checks against its own other
-#   buffer (the type and size of Gather's sendbuf against the root's recvbuf):
-#   a buffer the root refuses and the others accept is an erroneous program
-#   only an agreement step could report on every rank (issue 14); the others
-#   would wait for the root or leave messages for a later call. Buffer objects
-#   are tried there, and IN_PLACE, valid at the root only, and None, which the
-#   root reads as IN_PLACE and the others as an empty message (as mpi4py 4.1.2);
-#   objects that are no buffer are refused alike everywhere;
+# - arguments the root alone checks against its own other buffer (Gather's sendbuf against its
+#   recvbuf): only an agreement step could report that on every rank (issue 14). Buffers are
+#   tried there, IN_PLACE (valid at the root only) and None (the root's IN_PLACE, the others'
+#   empty message, as mpi4py 4.1.2); objects that are no buffer are refused alike everywhere;
 ROOT_CHECKED = {("Gather", "sendbuf"), ("Gatherv", "sendbuf"), ("Scatter", "recvbuf"),
                 ("Scatterv", "recvbuf"), ("Reduce", "sendbuf")}
 ROOT_CHECKED_OBJECTS = {"bytes", "bytearray", "dlpack-capsule", "tensor-noncontiguous",
                         "tensor-0d", "tensor-float32", "ndarray-readonly", "IN_PLACE", "None"}
-# - read-only memory as Bcast's buffer: valid at the root only, whose message
-#   would reach no receive (MPI sends it eagerly and it poisons a later trial;
-#   Gloo's root waits forever); test_errors checks the others refuse it.
+# - read-only memory as Bcast's buffer: valid at the root only, whose message would poison a later
+#   trial (MPI) or never end (Gloo); test_errors checks the others refuse it.
 READ_ONLY_OBJECTS = {"bytes", "ndarray-readonly"}
+
 
 
 def on_self(base, param, obj_name):
@@ -402,8 +366,6 @@ def on_self(base, param, obj_name):
 
 
 # -- Point-to-point (on COMM_SELF: messages to oneself) --------------------------------------
-
-
 def drain(comm, backend):
     """Receive every message still queued on `comm` (a rejected or stray send)."""
     st = mcr.Status()
@@ -437,16 +399,15 @@ def run_form(comm, method, form, args, backend):
 
 
 class P2P:
-    """One point-to-point trial on COMM_SELF: the valid partner of the call (a
-    receive for a send, a send for a receive), and the check of its result."""
+    """A point-to-point trial on COMM_SELF: the valid partner of the call, and its check."""
 
     def __init__(self, comm, base, backend, param, value):
         self.comm, self.base, self.backend, self.param = comm, base, backend, param
         self.partner, self.sent = None, data(0)
         tag = lenient_tag(value) if param in ("tag", "sendtag", "recvtag") else None
         self.tag = tag = TAG if tag is None else tag
-        # a dest or source that reads as PROC_NULL (on MPICH -1, so IN_PLACE,
-        # address -1, too): nothing is sent, or received
+        # a dest or source that reads as PROC_NULL (on MPICH -1, so IN_PLACE, address -1, too):
+        # nothing is sent, or received
         self.null = param in ("dest", "source") and as_int(value) == _mpi4py.PROC_NULL
         self.receiving = base == "Send" or (          # the partner is a receive
             self.null and param == "source" and base in ("Sendrecv", "Sendrecv_replace"))
@@ -469,8 +430,8 @@ class P2P:
             # (Sendrecv(_replace) to PROC_NULL: the message it receives comes from here)
             self.partner = c.Isend(self.sent, 0, self.tag, **kw)
         elif self.null:
-            # Sendrecv(_replace) from PROC_NULL: its message to itself is received
-            # here (a send to oneself that nothing receives may block: MPICH's does)
+            # Sendrecv(_replace) from PROC_NULL: its message to itself is received here (a send to
+            # oneself that nothing receives may block: MPICH's does)
             self.partner = c.Irecv(self.pbuf, 0, mcr.ANY_TAG, **kw)
 
     def check(self, args, result):
@@ -495,8 +456,8 @@ class P2P:
             want = self.sent.numpy().tobytes() if b == "Recv" else message(args["sendbuf"])
             if want is None:
                 raise Outcome(f"accepted sendbuf {type(args['sendbuf']).__name__}")
-            # Open MPI does not report truncation of a message to oneself (neither
-            # through mpi4py): what fits must have arrived
+            # Open MPI does not report truncation of a message to oneself (neither through mpi4py):
+            # what fits must have arrived
             n = min(len(got), len(want))
             if got[:n] != want[:n]:
                 raise Outcome(f"{key} holds {got!r}, expected {want!r}")
@@ -513,8 +474,7 @@ class P2P:
             self.check_status(st)
 
     def check_null(self, args, result):
-        """A call with PROC_NULL for `dest` (nothing sent: the receive posted for
-        it is satisfied at cleanup) or `source` (nothing received)."""
+        """PROC_NULL as `dest` (the receive posted is satisfied at cleanup) or as `source`."""
         b, key = self.base, "recvbuf" if self.base == "Sendrecv" else "buf"
         if self.param == "dest":
             if b in ("Sendrecv", "Sendrecv_replace"):
@@ -556,11 +516,8 @@ COMM_RECIPES = set(P2P_BASES) | set(COLL_BASES)
 
 
 # -- Trials ----------------------------------------------------------------------------
-
-
 class Fuzzer:
-    """Runs trials and records what went wrong (never raises mid-case, so that
-    every rank keeps making the same calls)."""
+    """Runs trials, recording (never raising) what went wrong: every rank makes the same calls."""
 
     def __init__(self, world):
         self.rank, self.found, self.trials = world.rank, [], 0
@@ -608,8 +565,7 @@ class Fuzzer:
 
 
 def collective(recipe, comm, method, param, obj, backend):
-    """Call collective `method` with `obj` as `param`, the other arguments from
-    `recipe`, and check what it returned."""
+    """Call `method` with `obj` as `param`, the other arguments from `recipe`; check the result."""
     base, form = operation(method)
     value = obj.make()
     args, out = recipe(base, comm, obj.make())
@@ -658,8 +614,6 @@ def comm_methods():
 
 
 # -- Neighborhood collectives (on a periodic ring) ------------------------------------
-
-
 def filled(before, slots):
     """`before` (a float64 array) with each (offset, block) written at offset."""
     out = before.copy()
@@ -669,17 +623,15 @@ def filled(before, slots):
 
 
 def ngh_sends(args, valid, size):
-    """Each rank's send buffer (a float64 array): None is an empty message, as
-    in mpi4py; IN_PLACE is refused (MPI has none for these)."""
+    """Each rank's send buffer (float64): None is an empty message (mpi4py), IN_PLACE refused."""
     if args["sendbuf"] is None:
         return [np.zeros(0)] * size
     return sends(args, valid, size, inplace_ok=False)
 
 
 def ngh_recipe(base, ring, fresh):
-    """coll_recipe of a neighborhood collective on a periodic ring: block 0 goes
-    left and block 1 right; slot 0 holds what the left neighbour sent right,
-    slot 1 what the right one sent left (MPI 4.0's order)."""
+    """coll_recipe on a periodic ring: block 0 goes left and block 1 right; slot 0 holds what the
+    left neighbour sent right, slot 1 what the right one sent left (MPI 4.0's order)."""
     size, rank = ring.size, ring.rank
     left, right = (rank - 1) % size, (rank + 1) % size
     x, k = data(rank), N // 2
@@ -741,8 +693,6 @@ def neighborhood_collectives(comm):
 
 
 # -- Requests and statuses (on COMM_SELF) ----------------------------------------------
-
-
 def request_trial(fz, comm, cls, method, params, param, obj, backend):
     persistent, base = cls is mcr.Prequest, uppercase(method)
 
@@ -801,17 +751,13 @@ def request_trial(fz, comm, cls, method, params, param, obj, backend):
         finally:
             # leave nothing pending: complete what the trial left
             for r in reqs:
-                try:
+                with contextlib.suppress(Exception):
                     if r or (persistent and started):
                         r.Wait()
-                except Exception:
-                    pass
             drain(comm, backend)
             for r in reqs if persistent else ():
-                try:
+                with contextlib.suppress(Exception):
                     r.Free()
-                except Exception:
-                    pass
 
     fz.trial(f"{cls.__name__}.{method}", param, obj, backend, run, comm)
 
@@ -827,8 +773,6 @@ def request_methods():
 
 
 # -- Cases -----------------------------------------------------------------------------------
-
-
 @case
 def methods_have_recipes(comm):
     missing = [n for n in comm_methods() if operation(n)[0] not in COMM_RECIPES]

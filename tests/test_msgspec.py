@@ -1,14 +1,10 @@
 """Message specs, as tables, at world sizes 1-4 and on COMM_SELF.
 
-Simple messages (`buf`, `[buf, count]`, `[buf, datatype]`, `[buf, count,
-datatype]`, `[buf, (count, displ)]`, `[buf, (count, displ), datatype]`,
-`[buf, count, displ, datatype]`, mcr's `[buf, count, displ]`), sender and
-receiver specs that differ, vector messages (`[buf, counts]`, `[buf, (counts,
-displs)]`, `[buf, counts, displs(, datatype)]`, ...) with counts and
-displacements as every kind of integer sequence, None (empty, or IN_PLACE)
-and BOTTOM, explicit datatypes as mpi4py Datatype objects and typecodes, and
-unusual buffers: 0-d and empty tensors, nn.Parameter, tensor subclasses,
-objects that only speak DLPack. Expected values come from opref.
+Simple messages (`buf`, `[buf, count]`, `[buf, (count, displ), datatype]`, ..., mcr's `[buf,
+count, displ]`), different specs on the two sides, vector messages with counts and displacements
+as every kind of integer sequence, None (empty, or IN_PLACE) and BOTTOM, explicit datatypes as
+mpi4py Datatype objects and typecodes, and unusual buffers: 0-d and empty tensors, nn.Parameter,
+tensor subclasses, objects that only speak DLPack. Expected values come from opref.
 """
 
 import itertools
@@ -79,11 +75,8 @@ SIMPLE_FORMS = [
 
 @case
 def simple_forms(comm):
-    """Every pair of forms on the two sides of a message (each side's spec
-    parsed on its own; none that would truncate), by Sendrecv or by Isend
-    and Recv; each form on both sides of an Allreduce and a Sendrecv on
-    COMM_SELF, an Allreduce on the communicator, and a Bcast (whose root
-    keeps its buffer whole)."""
+    """Every pair of forms (none that truncates) by Sendrecv or Isend and Recv; each form on both
+    sides of Allreduce and Sendrecv on COMM_SELF, Allreduce, and Bcast (the root's buffer whole)."""
     size, rank = comm.size, comm.rank
     (right, left), xs = ring(comm), all_data(size, N)
     total = reduce_ref(xs, "SUM")
@@ -122,9 +115,7 @@ def simple_forms(comm):
 
 @case
 def block_collective_counts_are_per_process(comm):
-    """As in mpi4py, an explicit count in the message of a block collective
-    is the count per process (MPI's recvcount/sendcount), not the total; the
-    rest of the buffer is untouched."""
+    """As in mpi4py, a block collective's explicit count is per process; the rest stays."""
     size, rank = comm.size, comm.rank
     xs = all_data(size, 5)
     for rspec in (lambda b: [b, 3], lambda b: [b, 3, MPI.FLOAT], lambda b: [b, 3, "f"],
@@ -139,8 +130,6 @@ def block_collective_counts_are_per_process(comm):
 
 
 # -- vector messages ---------------------------------------------------------------------
-
-
 def vector_forms(buf, counts, displs):
     """Every vector form for explicit counts and displacements."""
     return [[buf, counts, displs], [buf, (counts, displs)], [buf, counts, displs, MPI.FLOAT],
@@ -150,20 +139,16 @@ def vector_forms(buf, counts, displs):
 
 @case
 def allgatherv_vector_forms(comm):
-    """Uneven counts with a zero, reversed blocks with gaps: every form with
-    counts and displacements as every kind of integer sequence; then
-    displacements left out (blocks packed in rank order)."""
+    """Uneven counts, reversed blocks with gaps, every form and integer sequence; then no displs."""
     size, rank = comm.size, comm.rank
     counts = vcounts(size)
     displs, total = layout(counts, "reversed")
     blocks = [data(r, counts[r]) for r in range(size)]
     want = place(blank(total), blocks, displs)
-    for c in int_forms(counts):
-        for d in int_forms(displs):
-            for k in range(6):
-                out = blank(total)
-                comm.Allgatherv(blocks[rank], vector_forms(out, c, d)[k])
-                expect(out, want)
+    for c, d, k in itertools.product(int_forms(counts), int_forms(displs), range(6)):
+        out = blank(total)
+        comm.Allgatherv(blocks[rank], vector_forms(out, c, d)[k])
+        expect(out, want)
     packed = cat(blocks + [blank(2)])
     for spec_of in (lambda b, c: [b, c], lambda b, c: [b, (c, None)],
                     lambda b, c: [b, c, None], lambda b, c: [b, c, MPI.FLOAT],
@@ -178,12 +163,9 @@ def allgatherv_vector_forms(comm):
 
 @case
 def vector_specs_without_displacements(comm):
-    """Equal blocks from a plain buffer, a scalar count, typed specs; mpi4py's
-    forms with a single count or an integer (strided) displacement (a tuple
-    in `[buf, (count, displ)]` is always (counts, displs), an integer displs
-    puts block i at i * displs; on COMM_SELF, so that a rejection cannot
-    leave other ranks waiting); no counts at all: the buffer split as mpi4py
-    splits it, the first n % size blocks one element longer."""
+    """Equal blocks: plain buffers, scalar counts, typed specs; mpi4py's single count or integer
+    (strided: block i at i * displs) displacement, on COMM_SELF (a rejection leaves no rank
+    waiting); no counts: split as mpi4py does, the first n % size blocks one element longer."""
     size, rank = comm.size, comm.rank
     xs = all_data(size, 3, torch.int32)
     for spec_of in (lambda b: b, lambda b: [b], lambda b: [b, 3], lambda b: [b, np.int32(3)],
@@ -214,8 +196,7 @@ def vector_specs_without_displacements(comm):
 
 @case
 def alltoallv_vector_forms_both_sides(comm):
-    """Rank i sends (i + j) % 3 elements to rank j from a layout with gaps,
-    received in reversed order; every form on both sides, integer kinds mixed."""
+    """(i + j) % 3 elements from i to j, gaps to reversed blocks; every form on both sides."""
     size, rank = comm.size, comm.rank
     scounts = [(rank + j) % 3 for j in range(size)]
     rcounts = [(i + rank) % 3 for i in range(size)]
@@ -235,9 +216,8 @@ def alltoallv_vector_forms_both_sides(comm):
 
 @case
 def gatherv_scatterv_specs_at_the_root(comm):
-    """A vector spec at the root (tensor counts and numpy displacements with a
-    datatype object; a (counts, displs) pair with a typecode), a count on the
-    receive side of Scatterv; the unused buffer None elsewhere."""
+    """Vector specs at the root (tensor counts, numpy displs and a datatype; a (counts, displs) pair
+    and a typecode), a count on Scatterv's receive side; None for the buffers not used."""
     size, rank = comm.size, comm.rank
     counts = vcounts(size)
     displs, total = layout(counts, "reversed")
@@ -257,9 +237,7 @@ def gatherv_scatterv_specs_at_the_root(comm):
 
 @case
 def reduce_scatter_counts_are_each_recvbuf(comm):
-    """Reduce_scatter without recvcounts: each process receives what its
-    recvbuf holds (rank r: r + 1 elements), as in mpi4py, in each form;
-    numpy buffers with an empty block on rank 0."""
+    """No recvcounts: each rank receives as much as its recvbuf holds (mpi4py), in each form."""
     size, rank = comm.size, comm.rank
     counts = [r + 1 for r in range(size)]
     xs = all_data(size, sum(counts))
@@ -281,13 +259,9 @@ def reduce_scatter_counts_are_each_recvbuf(comm):
 
 
 # -- None, BOTTOM -----------------------------------------------------------------------
-
-
 @case
 def none_and_bottom_buffers_make_empty_messages(comm):
-    """[None, datatype], [None, 0, datatype], [BOTTOM, 0, BYTE], None: empty
-    messages, in point-to-point (a probed message of zero bytes too) and
-    collectives."""
+    """[None, datatype], [BOTTOM, 0, BYTE], None, ...: empty messages, p2p and collectives."""
     right, left = ring(comm)
     empties = [[None, MPI.INT], [None, 0, MPI.INT], [None, 0, "i"], [None, "B"],
                [MPI.BOTTOM, 0, MPI.BYTE], [MPI.BOTTOM, "B"], [None, 0, 0, MPI.INT],
@@ -319,9 +293,7 @@ def none_and_bottom_buffers_make_empty_messages(comm):
 
 @case
 def none_sendbuf_is_in_place(comm):
-    """As in mpi4py, None stands for IN_PLACE where IN_PLACE is allowed: the
-    sendbuf of Allgather(v), Alltoall and the reductions, at the root of
-    Gather and Reduce, and the recvbuf of Scatter at its root."""
+    """As in mpi4py, None stands for IN_PLACE where IN_PLACE is allowed (Scatter: the recvbuf)."""
     size, rank = comm.size, comm.rank
     xs = all_data(size, 3)
     total = reduce_ref(xs, "SUM")
@@ -364,8 +336,6 @@ def none_sendbuf_is_in_place(comm):
 
 
 # -- explicit datatypes: mpi4py Datatype objects and typecodes ------------------------
-
-
 TYPED = [  # (torch dtype, mpi4py datatype, typecodes)
     (torch.float32, MPI.FLOAT, ["f", "f4"]), (torch.float64, MPI.DOUBLE, ["d", "f8"]),
     (torch.float16, None, ["e"]), (torch.int8, MPI.INT8_T, ["b", "i1"]),
@@ -382,10 +352,8 @@ TYPED = [  # (torch dtype, mpi4py datatype, typecodes)
 
 @case
 def explicit_datatypes_and_typecodes(comm):
-    """Allreduce (the reduction follows the explicit datatype), Allgather and
-    Sendrecv with each datatype object and typecode of each element type."""
-    size, rank = comm.size, comm.rank
-    right, left = ring(comm)
+    """Allreduce (by the datatype's reduction), Allgather and Sendrecv with each datatype/code."""
+    size, rank, (right, left) = comm.size, comm.rank, ring(comm)
     for seed, (dtype, datatype, codes) in enumerate(TYPED):
         op = "LOR" if dtype == torch.bool else "SUM"
         xs = [data(r, 3, dtype, op, seed) for r in range(size)]
@@ -403,11 +371,8 @@ def explicit_datatypes_and_typecodes(comm):
 
 @case
 def mpi4py_datatypes_on_numpy_bytes_and_derived(comm):
-    """MPI.BYTE moves raw bytes (counts in bytes); an explicit datatype
-    overrides the buffer's element type; a derived datatype (pairs of floats)
-    counts its own elements."""
-    size, rank = comm.size, comm.rank
-    right, left = ring(comm)
+    """BYTE moves raw bytes; a datatype overrides the buffer's; derived ones count their own."""
+    size, rank, (right, left) = comm.size, comm.rank, ring(comm)
     xs = all_data(size, 4, np.float64)
     g = np.zeros(4 * size)
     comm.Allgather([xs[rank], MPI.DOUBLE], [g, MPI.DOUBLE])
@@ -436,12 +401,9 @@ def mpi4py_datatypes_on_numpy_bytes_and_derived(comm):
 
 
 # -- unusual buffers -----------------------------------------------------------------------
-
-
 @case
 def zero_d_tensors(comm):
-    size, rank = comm.size, comm.rank
-    right, left = ring(comm)
+    size, rank, (right, left) = comm.size, comm.rank, ring(comm)
     x, y = torch.tensor(float(rank + 1)), torch.tensor(0.0)
     comm.Allreduce(x, y)
     assert y.shape == () and y.item() == sum(range(1, size + 1))
@@ -461,8 +423,7 @@ def zero_d_tensors(comm):
 
 @case
 def empty_tensors(comm):
-    size, rank = comm.size, comm.rank
-    right, left = ring(comm)
+    size, rank, (right, left) = comm.size, comm.rank, ring(comm)
     for e in (torch.empty(0), torch.empty(0, 3), torch.empty(2, 0, dtype=torch.float64),
               np.empty(0), bytearray()):
         st = mcr.Status()
@@ -487,8 +448,7 @@ def empty_tensors(comm):
 
 @case
 def parameters_and_tensor_subclasses(comm):
-    size, rank = comm.size, comm.rank
-    right, left = ring(comm)
+    size, rank, (right, left) = comm.size, comm.rank, ring(comm)
     total = float(sum(range(1, size + 1)))
     p = torch.nn.Parameter(torch.full((3,), float(rank + 1)))
     out = torch.nn.Parameter(torch.zeros(3))
@@ -509,10 +469,8 @@ def parameters_and_tensor_subclasses(comm):
 
 @case
 def dlpack_only_objects(comm):
-    """As buffers, inside message specs, in collectives, around numpy arrays,
-    and held by a request while the wrapper is dropped."""
-    size, rank = comm.size, comm.rank
-    right, left = ring(comm)
+    """As buffers, in specs and collectives, around numpy arrays, and held by a request."""
+    size, rank, (right, left) = comm.size, comm.rank, ring(comm)
     assert not hasattr(DLPackOnly(torch.zeros(1)), "__array__")
     dst, st = torch.zeros(5, dtype=torch.int32), mcr.Status()
     comm.Sendrecv(DLPackOnly(data(rank, 5, torch.int32)), right, 0, DLPackOnly(dst), left, 0, st)
@@ -547,8 +505,6 @@ def mixed_buffer_kinds_in_one_call(comm):
 
 
 # -- in-process, COMM_SELF ------------------------------------------------------------------
-
-
 def test_simple_and_vector_forms_in_process():
     comm = mcr.COMM_SELF
     full = data(0, N)
@@ -557,11 +513,10 @@ def test_simple_and_vector_forms_in_process():
         comm.Sendrecv(form(full), 0, i, form(out), 0, i)
         expect(out, region(full, lo, hi), f"form {i}")
     x = data(0, 3)
-    for c in int_forms([3]):
-        for d in int_forms([2]):
-            for spec in vector_forms(blank(6), c, d):
-                comm.Allgatherv(x, spec)
-                expect(spec[0], cat([blank(2), x, blank(1)]))
+    for c, d in itertools.product(int_forms([3]), int_forms([2])):
+        for spec in vector_forms(blank(6), c, d):
+            comm.Allgatherv(x, spec)
+            expect(spec[0], cat([blank(2), x, blank(1)]))
 
 
 def test_wrapping_mpi4py_comm_self():
@@ -575,9 +530,8 @@ test_mpi = mpi_cases(__name__)
 
 
 def test_error_types_are_mcrs_and_mpi4pys():
-    """A type mismatch is a TypeError (mcr) and a ValueError (mpi4py); an
-    unknown typecode a ValueError and a KeyError; a 0-d count that is no
-    integer a TypeError (mpi4py's test_msgspec expects these)."""
+    """Errors of mcr's class and mpi4py's (its test_msgspec): type mismatch TypeError/ValueError,
+    unknown typecode ValueError/KeyError; a 0-d count that is no integer a TypeError."""
     comm = mcr.COMM_SELF
     for exc in (TypeError, ValueError):
         with raises(exc, "element types must match"):

@@ -1,12 +1,9 @@
 """Point-to-point on buffers.
 
-The matrix cases: each send mode (Send, Bsend, Ssend, Rsend) in each form
-(blocking, I-, _init) against each receive form (Recv, Irecv, Recv_init), and
-Sendrecv, Isendrecv (native and composed) and their _replace forms, on MPI and
-Gloo, over every torch and numpy element type, with the Status of each
-message. Then PROC_NULL, wildcards, matching order, large messages, buffer
-kinds (views, numpy orders, bytes, memoryview, array.array), Bsend's attached
-buffer, Issend's completion, composed Isendrecv requests and bad arguments.
+The matrix cases: each send mode in each form against each receive form, and Sendrecv, Isendrecv
+(native and composed) and their _replace forms, on MPI and Gloo, over every torch and numpy element
+type, with each message's Status. Then PROC_NULL, wildcards, matching order, large messages,
+buffer kinds, Bsend's buffer, Issend's completion, composed Isendrecv requests and bad arguments.
 Expected values come from opref; what a message does not cover must stay.
 """
 
@@ -21,14 +18,13 @@ import torch
 import mcr
 from mcr import MPI
 from mpiharness import case, mpi_cases
-from opmatrix import Findings, name
+from opmatrix import FORMS, Findings, name
 from opref import MOVE, cat, copy, data, expect, place, sentinel
 from util import assert_comm_works, raises
 
 TYPES = MOVE + [np.float32, np.float64, np.float16, np.int8, np.uint8, np.int16, np.uint16,
                 np.int32, np.uint32, np.int64, np.uint64, np.complex64, np.complex128, np.bool_]
 MODES = ("Send", "Bsend", "Ssend", "Rsend")
-FORMS = ("blocking", "nonblocking", "persistent")
 BACKENDS = ("mpi", "gloo")
 F64 = torch.float64
 
@@ -50,21 +46,18 @@ def blank(want):
 
 
 def message(sender, tag, dtype, n=None):
-    """What `sender` sends with `tag`: by default 0 to 4 elements, the length
-    depending on both."""
+    """What `sender` sends with `tag`: by default 0 to 4 elements, the length depending on both."""
     return data(sender, (sender + tag) % 5 if n is None else n, dtype, seed=tag)
 
 
 def receive_buffer(want, extra=2):
-    """A buffer `extra` elements longer than `want`, differing from it in
-    every element, and what it holds once `want` is in (the rest stays)."""
+    """A buffer `extra` elements longer than `want`, all different, and what it holds with it."""
     tail = sentinel(extra, want.dtype)
     return cat([blank(want), tail]), cat([want, tail])
 
 
 def wildcards(tag, source):
-    """The (source, tag) to receive message `tag` with: ANY_SOURCE for odd
-    tags, ANY_TAG for every third (a single sender: they match in order)."""
+    """(source, tag) to receive message `tag`: ANY_SOURCE for odd tags, ANY_TAG every third."""
     return (MPI.ANY_SOURCE if tag % 2 else source), (MPI.ANY_TAG if tag % 3 == 0 else tag)
 
 
@@ -105,17 +98,12 @@ def finish(reqs):
 
 
 # -- every element type: the matrix ----------------------------------------------------
-
-
 @case.matrix(mode=MODES, form=FORMS, recv=("Irecv", "Recv_init"), backend=BACKENDS,
              quick=lambda mode, form, recv, backend: form == "blocking" and recv == "Irecv")
 @case.matrix(mode=MODES[:3], form=FORMS, recv=("Recv",), backend=BACKENDS)
 def send_recv(comm, mode, form, recv, backend):
-    """Irecv and Recv_init: a ring, every receive posted first (Rsend needs it),
-    all messages outstanding at once. Recv (no Rsend: it cannot be posted
-    first): pairs, the even rank sending first; the odd one out at odd sizes
-    receives from PROC_NULL, its buffer untouched. Messages of 0 to 4
-    elements into longer buffers, received with wildcards in turn."""
+    """Irecv and Recv_init: a ring, every receive posted first (Rsend needs it). Recv (no Rsend):
+    pairs, the even rank sending first; the odd one out receives from PROC_NULL."""
     found, (right, left) = Findings(), ring(comm)
     peer, dest = (partner(comm),) * 2 if recv == "Recv" else (left, right)
     comm.Barrier(backend=backend)   # Gloo's group is made here, by all (PROC_NULL makes none)
@@ -162,12 +150,8 @@ def send_recv(comm, mode, form, recv, backend):
 @case.matrix(call=("Isendrecv", "Isendrecv_replace"), backend=BACKENDS, composed=(False, True))
 @case.matrix(call=("Sendrecv", "Sendrecv_replace"), backend=BACKENDS, composed=(False,))
 def sendrecv(comm, call, backend, composed):
-    """Around the ring, every element type, received with wildcards in turn
-    (messages of 0 to 4 elements into longer buffers but for _replace); then
-    message specs in the _replace forms (only the elements they name travel).
-    composed: Isendrecv(_replace) as an Irecv and an Isend under one request,
-    as mcr runs them on MPICH (whose MPI_Isendrecv leaves the status unset)
-    and before MPI-4."""
+    """Around the ring, every element type; then message specs in the _replace forms. composed:
+    an Irecv and an Isend under one request, as on MPICH (whose Isendrecv sets no status)."""
     found, (right, left) = Findings(), ring(comm)
     replace = call.endswith("_replace")
     messages = []        # (send spec, receive spec or None, buffer, expected, count)
@@ -206,13 +190,10 @@ def sendrecv(comm, call, backend, composed):
 
 
 # -- PROC_NULL, wildcards, the Status, matching -----------------------------------------
-
-
 @case
 def proc_null_peer(comm):
-    """Sends in every mode and form, and None as an empty message, complete at
-    once; receives (Isendrecv native and composed) leave the buffer untouched
-    and fill the status with source PROC_NULL, tag ANY_TAG and count 0."""
+    """Sends in every mode and form (None too) complete at once; receives leave the buffer
+    untouched, with a status of source PROC_NULL, tag ANY_TAG and count 0."""
     null, x = MPI.PROC_NULL, torch.ones(4)
     receives = {
         "Recv": lambda y, st, b: comm.Recv(y, null, 0, st, backend=b),
@@ -244,9 +225,7 @@ def proc_null_peer(comm):
 
 @case
 def status_counts_and_many_sources(comm):
-    """Get_count in any datatype (UNDEFINED when the bytes are not a whole
-    number of it), the accessors and the error field; then rank 0 receives
-    from every rank with ANY_SOURCE/ANY_TAG, telling them apart by the status."""
+    """Get_count in any datatype, the accessors; rank 0 receiving from all by ANY_SOURCE/TAG."""
     (right, left), st = ring(comm), mcr.Status()
     comm.Sendrecv(data(comm.rank, 3, F64), right, 5, sentinel(4, F64), left, 5, st)
     assert (st.Get_source(), st.Get_tag(), st.error) == (left, 5, MPI.SUCCESS)
@@ -271,12 +250,10 @@ def status_counts_and_many_sources(comm):
 
 @case
 def matching_by_tag_then_in_order(comm):
-    """Messages match by tag, not by arrival; with one source and tag they
-    arrive in the order sent. A message to oneself, too."""
+    """By tag, not by arrival; with one source and tag in order; a message to oneself."""
     right, left = ring(comm)
     reqs = [comm.Isend(torch.full((4,), float(10 * comm.rank + t)), right, t) for t in (1, 2, 3)]
-    reqs += [comm.Isend(torch.full((4,), float(k + 100 * comm.rank)), right, 7)
-             for k in range(4)]
+    reqs += [comm.Isend(torch.full((4,), float(k + 100 * comm.rank)), right, 7) for k in range(4)]
     for tag, value in [(3, 10 * left + 3), (1, 10 * left + 1), (2, 10 * left + 2)] + \
             [(7, k + 100 * left) for k in range(4)]:
         buf = torch.zeros(4)
@@ -295,8 +272,7 @@ def matching_by_tag_then_in_order(comm):
 @case
 def large_message_ring(comm):
     """Past the eager limit (the rendezvous path)."""
-    right, left = ring(comm)
-    n = 1 << 19
+    (right, left), n = ring(comm), 1 << 19
     out = torch.zeros(n)
     r = comm.Irecv(out, left, 9)
     comm.Send(torch.arange(n, dtype=torch.float32) + comm.rank, right, 9)
@@ -305,11 +281,8 @@ def large_message_ring(comm):
 
 
 # -- buffer kinds ------------------------------------------------------------------------
-
-
 def buffer_kinds(me, src):
-    """(what, send buffer of `me`, receive buffer, what it holds once `src`'s
-    message is in, Get_count(), the object holding the receive buffer if a view)."""
+    """(what, `me`'s send buffer, receive buffer, what it then holds, count, its base if a view)."""
     mine, theirs = data(me, 12, F64), data(src, 12, F64)
     big, row = torch.full((20,), -1.0, dtype=F64), torch.zeros(2, 4, dtype=F64)
     text = [f"hello from {r:02d}".encode() for r in (me, src)]
@@ -362,13 +335,10 @@ def buffer_kinds_sent_and_received(comm):
 
 
 # -- send modes ---------------------------------------------------------------------------
-
-
 @case
 def send_modes_take_message_specs(comm):
     """[buf, count, displ, datatype] on both sides, in every mode."""
-    right, left = ring(comm)
-    x = data(comm.rank, 8, torch.int32)
+    (right, left), x = ring(comm), data(comm.rank, 8, torch.int32)
     with attached(1 << 10, 4):
         for tag, mode in enumerate(MODES):
             y = torch.zeros(8, dtype=torch.int32)
@@ -404,11 +374,9 @@ def issend_completes_only_once_received(comm):
 
 @case
 def bsend_returns_before_any_receive(comm):
-    """Bsend copies into the attached buffer. (Not tested: a Bsend larger than
-    the buffer, which raises MPI_ERR_BUFFER but leaves Open MPI 5.0 hanging in
-    a later Isendrecv, mpi4py's too.)"""
-    right, left = ring(comm)
-    x = data(comm.rank, 256, F64)
+    """Bsend copies into the attached buffer. (Not tested: a Bsend larger than the buffer, which
+    raises MPI_ERR_BUFFER but leaves Open MPI 5.0 hanging in a later Isendrecv, mpi4py's too.)"""
+    (right, left), x = ring(comm), data(comm.rank, 256, F64)
     with attached(x.nbytes, 1):
         comm.Bsend(x, right, 1)              # no receive posted yet: buffered
         x.zero_()                            # the copy went out, not the tensor
@@ -419,8 +387,6 @@ def bsend_returns_before_any_receive(comm):
 
 
 # -- composed Isendrecv requests, errors --------------------------------------------------
-
-
 def assert_truncated(call, arg, capacity, source, tag):
     """`call` raises MPI_ERR_TRUNCATE with the note of a 40-byte message."""
     try:
@@ -438,8 +404,7 @@ def assert_truncated(call, arg, capacity, source, tag):
 
 @case
 def composed_isendrecv_requests(comm):
-    """An Isendrecv composed of Irecv and Isend (see `sendrecv`): truncation,
-    Test, Waitany among other requests, and Free."""
+    """Composed (see `sendrecv`): truncation, Test, Waitany among other requests, and Free."""
     mcr._core._compose_isendrecv(True)
     right, left = ring(comm)
     try:
@@ -478,8 +443,7 @@ def composed_isendrecv_requests(comm):
 
 @case
 def bad_arguments_raise_before_anything_is_sent(comm):
-    """Naming the argument: each send in each mode and form, then the
-    Sendrecv family on MPI and Gloo."""
+    """Naming the argument: each send mode and form, then the Sendrecv family on MPI and Gloo."""
     x, y, size = torch.arange(4.), torch.zeros(4), comm.size
     with attached(1 << 10, 4):
         for mode, form in itertools.product(MODES, FORMS):

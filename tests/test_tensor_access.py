@@ -1,7 +1,7 @@
 """Reading torch tensors: the C-shim fast path agrees with the Python API.
 
-mcr reads plain tensors through torch's stable C shim (src/mcr/core/astensor.pxi)
-and anything unusual through torch's Python API: many kinds of tensors move here.
+mcr reads plain tensors through torch's stable C shim (src/mcr/core/astensor.pxi) and anything
+unusual through torch's Python API: many kinds of tensors move here.
 """
 
 import pytest
