@@ -1,14 +1,7 @@
-"""Hangs turned into errors: checked mode (MismatchError) and timeouts
-(TimeoutError), on MPI and Gloo, at 1-4 ranks.
-
-Checked: the last rank calls another collective, root, count, element type,
-reduction op, backend or form, skips one, or passes arguments only the root can
-refuse; every rank must raise before any communicates, and the communicator
-still works (at one rank the same calls simply work). Timed: every rank that
-waits raises TimeoutError within the timeout, naming its pending calls, and
-those complete once the mistake is undone. Expected values: torch on the whole
-data.
-"""
+"""Hangs turned into errors, on MPI and Gloo. Checked mode: when the last rank calls another
+collective, root, count, type, op, backend or form, or skips one, every rank raises MismatchError
+before any communicates. Timeouts: every rank that waits raises TimeoutError within the timeout,
+naming its pending calls. Then the communicator works. Expected values: torch on the whole data."""
 
 import time
 import warnings
@@ -23,8 +16,7 @@ from opmatrix import run_operation
 BACKENDS = ("mpi", "gloo")
 OTHER = {"mpi": "gloo", "gloo": "mpi"}
 TIMEOUT = 1.0
-SLACK = 20.0        # a loaded 2-core machine: the error must come well before the
-                    # harness's own timeout, not at TIMEOUT to the millisecond
+SLACK = 20.0        # a loaded 2-core machine: well before the harness's timeout, not to the ms
 
 
 def raises(exc_type, fn, *args, **kwargs):
@@ -53,23 +45,29 @@ def checked(comm):
     return c
 
 
-def timed(comm):
+def timed(comm, check=False):
+    """A duplicate of `comm` with the timeout (then checked, where `check`)."""
     c = comm.Dup()
     c.timeout = TIMEOUT
+    if check:
+        c.checked = True
     return c
 
 
+def free(*comms):
+    for c in comms:
+        c.Free()
+
+
 def expect_mismatch(c, call, deviant, *words):
-    """call(odd) on every rank, `odd` on the last: with more than one rank every
-    rank raises MismatchError naming `words`, the last rank's call showing
-    `deviant`; at one rank it works. Then the communicator still works."""
+    """call(odd), `odd` on the last rank only: every rank raises MismatchError naming `words`,
+    the last rank's call showing `deviant` (at one rank it works). Then `c` still works."""
     size = c.size
     if size == 1:
         call(False)
     else:
         exc = raises(mcr.MismatchError, call, c.rank == size - 1)
-        for word in words:
-            assert word in str(exc), (word, str(exc))
+        assert all(word in str(exc) for word in words), (words, str(exc))
         assert len(exc.calls) == size, exc.calls
         assert deviant in exc.calls[size - 1] or deviant in str(exc), exc.calls
     assert_allreduce_works(c)
@@ -81,16 +79,13 @@ def expect_timeout(call, *words):
     exc = raises(mcr.TimeoutError, call)
     took = time.monotonic() - t0
     assert TIMEOUT * 0.9 <= took < TIMEOUT + SLACK, took
-    for word in words:
-        assert word in str(exc), (word, str(exc))
+    assert all(word in str(exc) for word in words), (words, str(exc))
     return exc
 
 
 def late(comm, call, *words, again=None):
-    """The last rank comes late to call(): on the others it times out naming
-    `words` (then again[0]() times out naming again[1:]), and made again once
-    the parent `comm` lets the last rank come, it works. (The others'
-    TimeoutError or None, call's result.)"""
+    """The last rank comes late to call(): the others time out naming `words` (then again[0]()
+    naming again[1:]); once `comm` lets the last come, it works. (Their error, its result.)"""
     exc = None
     if comm.rank != comm.size - 1:
         exc = expect_timeout(call, *words)
@@ -101,10 +96,8 @@ def late(comm, call, *words, again=None):
 
 
 def late_request(comm, start, op, *words, waits=True):
-    """start() posts a non-blocking `op` (its request, or a tuple ending in it)
-    that the last rank comes late to: where `waits`, the others' Wait times out
-    naming `words`; it completes once the last rank has come. (The TimeoutError
-    or None, start's result.)"""
+    """start() posts `op` (its request, or a tuple ending in it), the last rank late: where
+    `waits`, the others' Wait times out naming `words`. (Their error, start's result.)"""
     last, exc, got = comm.rank == comm.size - 1, None, None
     if not last:
         got = start()
@@ -121,16 +114,15 @@ def late_request(comm, start, op, *words, waits=True):
 
 # -- Checked mode ----------------------------------------------------------------------
 
-@case
-def checked_calls_that_agree_run_as_usual(comm):
+@case.matrix(backend=BACKENDS)
+def checked_calls_that_agree_run_as_usual(comm, backend):
     # (the matrix's vector makers: counts that differ by rank, legitimately)
-    for backend in BACKENDS:
-        c = checked(comm)
-        assert c.checked and c.Dup().checked and c.Split(0, comm.rank).checked
-        for op in ("Allreduce", "Bcast", "Gatherv", "Allgatherv", "Alltoallv", "Barrier"):
-            run_operation(c, op, backend, "blocking", [torch.float32])
-        run_operation(c, "Allreduce", backend, "nonblocking", [torch.float32])
-        c.Free()
+    c = checked(comm)
+    assert c.checked and c.Dup().checked and c.Split(0, comm.rank).checked
+    for op in ("Allreduce", "Bcast", "Gatherv", "Allgatherv", "Alltoallv", "Barrier"):
+        run_operation(c, op, backend, "blocking", [torch.float32])
+    run_operation(c, "Allreduce", backend, "nonblocking", [torch.float32])
+    c.Free()
 
 
 def allreduce(c, backend, n=4, dtype=torch.float32, op=mcr.SUM):
@@ -230,52 +222,48 @@ def checked_constructors_are_matched_too(comm):
         exc = raises(mcr.MismatchError, lambda: c.Barrier() if rank == last else c.Free())
         assert "Free #9" in str(exc) and "Barrier #9" in str(exc), str(exc)
         assert_allreduce_works(c)   # not freed
-    for each in (*made, d, s, c):
-        each.Free()
+    free(*made, d, s, c)
 
 
-@case
-def checked_root_only_refusal_raises_everywhere(comm):
+@case.matrix(backend=BACKENDS)
+def checked_root_only_refusal_raises_everywhere(comm, backend):
     size, rank = comm.size, comm.rank
-    for backend in BACKENDS:
-        c = checked(comm)
-        # the root's receive buffer is too small: only the root can tell
-        recv = torch.zeros(max(size - 1, 0)) if rank == 0 else None
-        exc = raises(ValueError if rank == 0 else mcr.MismatchError, c.Gather, data(rank, 1),
-                     recv, root=0, backend=backend)
-        assert "recvbuf" in str(exc)
-        assert rank == 0 or "the arguments of rank 0 were refused" in str(exc), str(exc)
-        out = torch.zeros(size) if rank == 0 else None
-        c.Gather(data(rank, 1), out, root=0, backend=backend)
-        if rank == 0:
-            assert torch.equal(out, torch.tensor([10.0 * r for r in range(size)]))
-        c.Free()
+    c = checked(comm)
+    # the root's receive buffer is too small: only the root can tell
+    recv = torch.zeros(max(size - 1, 0)) if rank == 0 else None
+    exc = raises(ValueError if rank == 0 else mcr.MismatchError, c.Gather, data(rank, 1), recv,
+                 root=0, backend=backend)
+    assert "recvbuf" in str(exc)
+    assert rank == 0 or "the arguments of rank 0 were refused" in str(exc), str(exc)
+    out = torch.zeros(size) if rank == 0 else None
+    c.Gather(data(rank, 1), out, root=0, backend=backend)
+    assert rank != 0 or torch.equal(out, torch.tensor([10.0 * r for r in range(size)]))
+    c.Free()
 
 
 # -- Timeouts ---------------------------------------------------------------------------
 
-@case
-def dropped_request_is_pending_until_it_completes(comm):
+@case.matrix(backend=BACKENDS)
+def dropped_request_is_pending_until_it_completes(comm, backend):
     # a request dropped before it completes (comm.Isend(...) as a statement) is
     # among the pending calls until it completes: small (in Gloo's header) or large
     size, rank = comm.size, comm.rank
     if size == 1:
         return
     peer, source = (rank + 1) % size, (rank - 1) % size
-    for backend in BACKENDS:
-        c = timed(comm)
-        for n in (4, 1 << 15):
-            c.Isend(data(rank, n), dest=peer, tag=3, backend=backend)
-            c.Recv(y := torch.zeros(n), source=source, tag=3, backend=backend)
-            assert torch.equal(y, data(source, n))
-            c.Barrier()                 # every send has been received
-            req = c.Irecv(torch.zeros(1), source=source, tag=99)
-            exc = expect_timeout(req.Wait, "Recv float32[1]")
-            assert [p["op"] for p in exc.pending] == ["Recv"], (backend, n, exc.pending)
-            c.Barrier()                 # every rank has timed out
-            c.Send(torch.zeros(1), dest=peer, tag=99)
-            req.Wait()
-        c.Free()
+    c = timed(comm)
+    for n in (4, 1 << 15):
+        c.Isend(data(rank, n), dest=peer, tag=3, backend=backend)
+        c.Recv(y := torch.zeros(n), source=source, tag=3, backend=backend)
+        assert torch.equal(y, data(source, n))
+        c.Barrier()                 # every send has been received
+        req = c.Irecv(torch.zeros(1), source=source, tag=99)
+        exc = expect_timeout(req.Wait, "Recv float32[1]")
+        assert [p["op"] for p in exc.pending] == ["Recv"], (backend, n, exc.pending)
+        c.Barrier()                 # every rank has timed out
+        c.Send(torch.zeros(1), dest=peer, tag=99)
+        req.Wait()
+    c.Free()
 
 
 @case
@@ -295,8 +283,7 @@ def timeout_names_the_pending_calls(comm):
             c.Free()
             break
         x, y = data(rank), torch.zeros(4)
-        if rank != last:
-            # the last rank skipped this Allreduce: it waits for rank 0's message
+        if rank != last:        # the last rank skipped this Allreduce: it waits for rank 0's
             exc = expect_timeout(lambda: c.Allreduce(mcr.IN_PLACE, x, backend=backend),
                                  "Allreduce float32[4] SUM #2", f"[{backend}, blocking]")
             assert exc.pending[-1]["op"] == "Allreduce" and exc.pending[-1]["seq"] == 2
@@ -305,9 +292,7 @@ def timeout_names_the_pending_calls(comm):
                                  "Recv float32[4] from 0 tag 9")
             assert exc.pending[-1]["peer"] == 0 and exc.pending[-1]["tag"] == 9
         assert isinstance(exc.request, mcr.Request)
-        # (the parent) every rank has timed out before the last joins: the ranks'
-        # clocks start apart (the first Gloo call connects the group)
-        comm.Barrier()
+        comm.Barrier()          # (the parent) every rank has timed out: their clocks start apart
         if rank == last:        # undo the mistake: the pending calls complete
             c.Allreduce(mcr.IN_PLACE, x, backend=backend)
             exc.request.Wait()
@@ -377,8 +362,7 @@ def timeout_in_free_with_a_backend(comm):
 
 
 def objects_results(c):
-    """Every collective of mpi4py's on pickled objects, on `c`, each result
-    checked against one computed here: they work as on mpi4py."""
+    """Every collective of mpi4py's on pickled objects on `c`: they work as on mpi4py."""
     size, rank = c.size, c.rank
     c.barrier()
     assert c.bcast({"from": rank}, root=size - 1) == {"from": size - 1}
@@ -397,9 +381,8 @@ def objects_results(c):
 
 @case
 def collectives_on_objects_are_watched_too(comm):
-    # mpi4py's methods on pickled objects block inside MPI too: watched, they
-    # are numbered among the collectives and meet first (timed: a rank that
-    # skips one is a TimeoutError on the others; checked: a mismatch)
+    # mpi4py's methods on pickled objects, watched, are numbered among the collectives
+    # and meet first (timed: a rank that skips one times out the others; checked: a mismatch)
     size, rank, last = comm.size, comm.rank, comm.size - 1
     c = timed(comm)
     objects_results(c)                          # #1-#10
@@ -408,9 +391,8 @@ def collectives_on_objects_are_watched_too(comm):
                     "to call bcast (a collective on pickled objects)",
                     again=(bcast, "to call bcast"))
     assert got == {"k": 0}
-    if exc:
-        assert (exc.pending[-1]["op"], exc.pending[-1]["seq"],
-                exc.pending[-1]["desc"]) == ("bcast", 11, "bcast root=0"), exc.pending
+    assert not exc or [exc.pending[-1][k] for k in ("op", "seq", "desc")] == [
+        "bcast", 11, "bcast root=0"], exc.pending
     objects_results(c)
     assert_allreduce_works(c)
     d = checked(comm)
@@ -430,14 +412,12 @@ def collectives_on_objects_are_watched_too(comm):
 
 
 def objects_p2p_results(c):
-    """mpi4py's point-to-point methods on pickled objects, around a ring on
-    `c`, each result checked against one computed here: they work as on mpi4py."""
+    """mpi4py's point-to-point methods on pickled objects, around a ring on `c`: as on mpi4py."""
     size, rank = c.size, c.rank
     peer, source = (rank + 1) % size, (rank - 1) % size
     st = mcr.Status()
     c.send({"from": rank, "x": list(range(rank + 2))}, dest=peer, tag=5)
-    assert c.recv(source=source, tag=5, status=st) == {"from": source,
-                                                        "x": list(range(source + 2))}
+    assert c.recv(source=source, tag=5, status=st) == {"from": source, "x": list(range(source + 2))}
     assert (st.Get_source(), st.Get_tag()) == (source, 5)
     big = torch.arange(1 << 17, dtype=torch.float64) * (rank + 1)  # 1 MiB: not eager
     got = c.sendrecv(big, dest=peer, sendtag=6, source=source, recvtag=6, status=st)
@@ -457,8 +437,7 @@ def objects_p2p_results(c):
     # the non-blocking ones, completed by mpi4py's lowercase methods
     reqs = [c.irecv(source=source, tag=12), c.isend({"i": rank}, dest=peer, tag=12)]
     assert mcr.Request.waitall(reqs) == [{"i": source}, None]
-    r = c.irecv(source=source, tag=13)
-    s = c.issend(rank, dest=peer, tag=13)
+    r, s = c.irecv(source=source, tag=13), c.issend(rank, dest=peer, tag=13)
     flag, got = r.test()
     while not flag:
         flag, got = r.test()
@@ -467,9 +446,8 @@ def objects_p2p_results(c):
 
 @case
 def point_to_point_on_objects_is_timed_too(comm):
-    # mpi4py's send, recv, ... on pickled objects, timed, are polled: a receive
-    # or probe that timed out leaves nothing posted (the next one gets the
-    # message); a send leaves its request, to wait for again
+    # mpi4py's send, recv, ... on pickled objects, timed, are polled: a receive or probe that
+    # timed out leaves nothing posted (the next one gets the message); a send leaves its request
     size, rank, last = comm.size, comm.rank, comm.size - 1
     big = torch.arange(1 << 17, dtype=torch.float64)
     objects_p2p_results(comm)
@@ -491,9 +469,8 @@ def point_to_point_on_objects_is_timed_too(comm):
                 exc = expect_timeout(lambda: c.sendrecv("there", last, 11, None, last, 12),
                                      f"sendrecv to {last} tag 11, from {last} tag 12")
                 assert isinstance(exc.request, mcr.Request) and exc.received is None
-                # a sendrecv whose receive completes (the last rank sent it first)
-                # but whose send (1 MiB: not eager) is not received: the object
-                # received comes with the error
+                # its receive completes (the last rank sent it first), its send (1 MiB: not
+                # eager) is not received: the object received comes with the error
                 exc = expect_timeout(lambda: c.sendrecv(big, last, 16, None, last, 17),
                                      f"sendrecv to {last} tag 16, from {last} tag 17")
                 assert exc.received == ("seventeen", 0), exc.received
@@ -537,9 +514,8 @@ def point_to_point_on_objects_is_timed_too(comm):
 
 @case
 def a_short_receive_buffer_truncates_as_on_mpi4py(comm):
-    # recv(buf) and sendrecv(recvbuf=...) on pickled objects, on mpi4py's path
-    # and polled: MPI's truncation error, the deprecated argument warns, the
-    # next message still comes. (A ring: Open MPI ignores truncation to oneself)
+    # recv(buf) and sendrecv(recvbuf=...) on pickled objects, on mpi4py's path and polled: MPI's
+    # truncation error, a warning, the next message comes (a ring: truncation to oneself passes)
     size, rank = comm.size, comm.rank
     if size == 1:
         return
@@ -565,8 +541,8 @@ def a_short_receive_buffer_truncates_as_on_mpi4py(comm):
 
 @case
 def timeout_in_making_a_communicator(comm):
-    # MPI's constructors block uninterruptibly: timed, the ranks meet in a
-    # polled barrier first (a Dup after a Split that timed out waits for it too)
+    # MPI's constructors block uninterruptibly: timed, the ranks meet in a polled barrier
+    # first (a Dup after a Split that timed out waits for it too)
     size, rank = comm.size, comm.rank
     c = timed(comm)
     _, s = late(comm, lambda: c.Split(0, -rank), "every process of",
@@ -583,8 +559,7 @@ def timeout_in_making_a_communicator(comm):
 
 @case
 def dups_with_hints_and_nonblocking_dups_are_watched(comm):
-    # Dup_with_info blocks as Dup does; Idup does not wait at the call: its
-    # request times out. Each copy keeps the timeout and backend
+    # Dup_with_info blocks as Dup does; Idup's request times out. Copies keep timeout and backend
     c = timed(comm)
     c.backend = "gloo"
     _, hinted = late(comm, lambda: c.Dup_with_info(mpi4py.MPI.INFO_NULL),
@@ -597,8 +572,7 @@ def dups_with_hints_and_nonblocking_dups_are_watched(comm):
     copy2, req2 = c.Idup_with_info(mpi4py.MPI.INFO_NULL)
     mcr.Request.Waitall([req2])
     assert_allreduce_works(copy2, "gloo")
-    for each in (copy2, copy, hinted, c):
-        each.Free()
+    free(copy2, copy, hinted, c)
     k = checked(comm)
     made = []
 
@@ -609,14 +583,12 @@ def dups_with_hints_and_nonblocking_dups_are_watched(comm):
             req.Wait()
 
     expect_mismatch(k, idup_or_dup, "Dup #1", "different operations", "Idup #1")
-    for each in made + [k]:
-        each.Free()
+    free(*made, k)
 
 
 @case
 def topologies_are_watched_as_constructors(comm):
-    # Create_cart, the graph constructors and Cartcomm.Sub block as Split does;
-    # the topology keeps the timeout
+    # Create_cart, the graph constructors and Cartcomm.Sub block as Split does, keeping the timeout
     size, rank = comm.size, comm.rank
     c = timed(comm)
     _, ring = late(comm, lambda: c.Create_cart([size], periods=[True]), "every process of",
@@ -628,8 +600,7 @@ def topologies_are_watched_as_constructors(comm):
     for each, kind in ((ring, mcr.Cartcomm), (sub, mcr.Cartcomm), (graph, mcr.Distgraphcomm)):
         assert isinstance(each, kind) and each.timeout == TIMEOUT, each
         assert_allreduce_works(each)
-    for each in (graph, sub, ring, c):
-        each.Free()
+    free(graph, sub, ring, c)
     k = checked(comm)
     made = []
     expect_mismatch(k, lambda odd: made.append(k.Dup() if odd else k.Create_cart([size])),
@@ -639,14 +610,13 @@ def topologies_are_watched_as_constructors(comm):
     assert_allreduce_works(grid)
     expect_mismatch(grid, lambda odd: grid.Barrier() if odd else made.append(grid.Sub([True])),
                     "Barrier #2", "different operations", "Sub #2")
-    for each in made + [grid, k]:
-        each.Free()
+    free(*made, grid, k)
 
 
 @case
 def neighborhood_collectives_are_watched(comm):
-    # neighborhood collectives, timed: Neighbor_alltoall times out at the call,
-    # Ineighbor_allgather in its Wait on the skipper's neighbours only
+    # timed: Neighbor_alltoall times out at the call, Ineighbor_allgather in its Wait on the
+    # skipper's neighbours only
     size, rank, last = comm.size, comm.rank, comm.size - 1
     c = timed(comm)
     ring = c.Create_cart([size], periods=[True])
@@ -664,16 +634,15 @@ def neighborhood_collectives_are_watched(comm):
     if exc:     # mpi4py moves the data: its size is not known here, and not shown as 0
         assert exc.pending[0]["bytes"] == -1 and " bytes" not in str(exc), str(exc)
     assert torch.equal(gathered, torch.cat([data(left), data(right)]))
-    # composed on Gloo (an Alltoallv of the whole communicator): every rank waits
-    # (the first composed call, on every rank, sets up the Gloo groups)
+    # composed on Gloo (an Alltoallv of the whole communicator): every rank waits (the first
+    # composed call, on every rank, sets up the Gloo groups)
     swapped = torch.zeros(8)
     ring.Ineighbor_alltoall(blocks, swapped, backend="gloo").Wait()
     swapped.zero_()
     late_request(comm, lambda: ring.Ineighbor_alltoall(blocks, swapped, backend="gloo"),
                  "Ineighbor_alltoall", "waiting for Ineighbor_alltoall #", "[gloo]")
     assert torch.equal(swapped, got)
-    ring.Free()
-    c.Free()
+    free(ring, c)
     k = checked(comm)
     grid = k.Create_cart([size], periods=[True])
 
@@ -685,27 +654,18 @@ def neighborhood_collectives_are_watched(comm):
 
     expect_mismatch(grid, gather_or_barrier, "Barrier #1", "different operations",
                     "neighbor_allgather #1")
-    grid.Free()
-    k.Free()
+    free(grid, k)
 
 
 # -- Checked mode with a timeout ----------------------------------------------------
-
-def checked_and_timed(comm):
-    """A duplicate, checked and timed, whose private communicator (for the
-    fingerprints) exists already."""
-    c = timed(comm)
-    c.checked = True
-    c.Barrier()
-    return c
-
 
 @case
 def checked_and_timed_fingerprint_exchange_times_out(comm):
     size, rank, last = comm.size, comm.rank, comm.size - 1
     if size == 1:
         return
-    c = checked_and_timed(comm)
+    c = timed(comm, check=True)
+    c.Barrier()                 # (its private communicator, for the fingerprints, exists now)
     if rank != last:
         expect_timeout(lambda: c.Allreduce(mcr.IN_PLACE, data(rank)),
                        "checked mode's fingerprint exchange", "Allreduce float32[4] SUM #2")
@@ -722,12 +682,10 @@ def checked_and_timed_fingerprint_exchange_times_out(comm):
 
 @case
 def checked_and_timed_first_exchange_times_out_then_works(comm):
-    # the first checked call makes the private communicator (MPI_Comm_idup,
-    # collective): the others time out there until the last rank comes
-    c = timed(comm)
-    c.checked = True
-    late(comm, lambda: assert_allreduce_works(c),
-         "making the checked communicator's private copy")
+    # the first checked call makes the private communicator (MPI_Comm_idup, collective): the
+    # others time out there until the last rank comes
+    c = timed(comm, check=True)
+    late(comm, lambda: assert_allreduce_works(c), "making the checked communicator's private copy")
     assert_allreduce_works(c)
     c.Free()
 
@@ -737,7 +695,8 @@ def checked_and_timed_constructor_times_out(comm):
     # checked, the others wait in the (polled) fingerprint exchange, not in MPI's Split
     if comm.size == 1:
         return
-    c = checked_and_timed(comm)
+    c = timed(comm, check=True)
+    c.Barrier()                 # (as above)
     if comm.rank != comm.size - 1:
         expect_timeout(lambda: c.Split(0, comm.rank), "checked mode's fingerprint exchange",
                        "Split #2")

@@ -1,9 +1,6 @@
-"""Hangs turned into errors, seen from outside the job: the environment
-switches (MCR_CHECK, MCR_TIMEOUT), the flight recorder read by
-``python -m mcr.debug``, a rank that dies, and Ctrl-C on mpiexec. Each test
-runs a small program under mpiexec (mcr.launch) and checks what the job
-printed, how it ended and how long it took.
-"""
+"""Hangs turned into errors, seen from outside the job (MCR_CHECK, MCR_TIMEOUT, the flight
+recorder read by ``python -m mcr.debug``, a dying rank, Ctrl-C on mpiexec): each test runs a small
+program under mpiexec and checks what it printed, how it ended and how long it took."""
 
 import json
 import os
@@ -22,11 +19,11 @@ from test_debug import run_cli
 JOB_TIMEOUT = 120
 MPICH = "MPICH" in mcr.build_info()["mpi_library_version"]
 MODES = {"checked": {"MCR_CHECK": 1}, "timed": {"MCR_TIMEOUT": 3}}
+HEAD = "import os, signal, sys, time, mcr\ncomm = mcr.COMM_WORLD\n"    # every program's start
 
 
 def _env(**extra):
-    """The job's environment: mpiharness's, with the mcr this test imported
-    (the source tree or the installed package) first on the path."""
+    """The job's environment: mpiharness's, with the mcr imported here first on the path."""
     env = mpi_env()
     root = os.path.dirname(os.path.dirname(os.path.abspath(mcr.__file__)))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
@@ -37,9 +34,9 @@ def _env(**extra):
 
 
 def _run(tmp_path, nprocs, code, *args, **env):
-    """`code` run on `nprocs` processes: (exit status, output, seconds taken)."""
+    """HEAD and `code` run on `nprocs` processes: (exit status, output, seconds taken)."""
     script = tmp_path / "job.py"
-    script.write_text(code)
+    script.write_text(HEAD + code)
     t0 = time.monotonic()
     result = launch.run(nprocs, [sys.executable, str(script), *args], timeout=JOB_TIMEOUT,
                         env=_env(**env), stdout=subprocess.PIPE,
@@ -48,9 +45,8 @@ def _run(tmp_path, nprocs, code, *args, **env):
 
 
 def _recorded(tmp_path, nprocs, code, ok, out_has, report_has, **env):
-    """Run `code` with the flight recorder: it ends with status 0 (`ok`) or
-    another, its output holds `out_has`, and mcr.debug's report (status 1,
-    blanks squeezed: it aligns columns) holds `report_has`. (The recorder's
+    """Run `code` with the flight recorder: it ends with status 0 (`ok`) or another, its output
+    holds `out_has`, mcr.debug's report (status 1, blanks squeezed) `report_has`. (The recorder's
     directory, the output, the report.)"""
     flight = tmp_path / "flight"
     status, out, _ = _run(tmp_path, nprocs, code, MCR_FLIGHT_RECORDER=flight, **env)
@@ -70,8 +66,7 @@ def _file(flight, rank):
 
 
 SKIP = """
-import sys, torch, mcr
-comm = mcr.COMM_WORLD
+import torch
 x = torch.ones(4)
 comm.Allreduce(mcr.IN_PLACE, x)                     # 1, on every rank
 try:
@@ -101,8 +96,7 @@ def test_timeout_from_the_environment_and_the_merged_report(tmp_path, nprocs):
     assert files == [f"mcr-flight-{r}.json" for r in range(nprocs)], files
     record = _file(flight, 0)
     assert record["reason"] == "timeout" and record["comms"]["world"]["next_seq"] == 3
-    # one job: every rank wrote the name its launcher gave it (Open MPI's is
-    # PMIx's namespace; MPICH's mpiexec gives none)
+    # one job: every rank wrote its launcher's name for it (Open MPI: PMIx's namespace; MPICH: none)
     jobs = {_file(flight, r)["job"] for r in range(nprocs)}
     assert len(jobs) == 1 and (MPICH or None not in jobs), jobs
     pending = [c for c in record["calls"] if c["state"] == "pending"]
@@ -110,8 +104,7 @@ def test_timeout_from_the_environment_and_the_merged_report(tmp_path, nprocs):
 
 
 MISMATCH = """
-import torch, mcr
-comm = mcr.COMM_WORLD
+import torch
 assert comm.checked and comm.Dup().checked
 try:
     if comm.rank == comm.size - 1:
@@ -145,8 +138,7 @@ def test_checked_mode_from_the_environment(tmp_path):
 
 
 SPLIT_SKIP = """
-import sys, time, torch, mcr
-comm = mcr.COMM_WORLD
+import torch
 comm.Dup().Free()                                   # 1 and (on the copy) its 1
 try:
     if comm.rank != comm.size - 1:
@@ -167,9 +159,8 @@ except mcr.TimeoutError as exc:
 
 @pytest.mark.parametrize("mode", MODES)
 def test_a_constructor_against_another_call_is_recorded(tmp_path, mode):
-    # making and freeing communicators have their numbers among the
-    # collectives, checked and timed alike, and the recorder keeps them:
-    # mcr.debug names the call where the last rank went another way
+    # making and freeing communicators are numbered among the collectives, checked and timed
+    # alike, and recorded: mcr.debug names the call where the last rank went another way
     checked = mode == "checked"
     flight, _, _ = _recorded(
         tmp_path, 3, SPLIT_SKIP, checked,
@@ -183,16 +174,15 @@ def test_a_constructor_against_another_call_is_recorded(tmp_path, mode):
              "rank 2: Allreduce float32[4] SUM [mpi, blocking] failed after"] if checked else
             ["rank 2: no call #2 (its last on this communicator: #1 Dup [mpi, blocking], done)",
              "rank 2: Recv from 0 tag 7, 16 bytes, pending for"]), **MODES[mode])
-    # (timed: failed once it raised; pending in the file written at the timeout,
-    # if the job ended that rank before it wrote the file again at exit)
+    # (timed: failed once it raised; pending in the file written at the timeout, if the job
+    # ended that rank before it wrote the file again at exit)
     for rank in (0, 1):
         split = [(c["op"], c["state"]) for c in _file(flight, rank)["calls"] if c["seq"] == 2]
         assert split in ([("Split", "failed")], [("Split", "pending")]), (rank, split)
 
 
 REFUSED = """
-import sys, time, torch, mcr
-comm = mcr.COMM_WORLD
+import torch
 x = torch.ones(3)
 if comm.rank == 0:
     try:
@@ -215,10 +205,8 @@ except mcr.TimeoutError as exc:
 
 @pytest.mark.parametrize("mode", MODES)
 def test_a_refused_call_is_recorded(tmp_path, mode):
-    # the root refuses its Bcast's arguments. Unchecked, it goes on while the
-    # others wait for it in the Bcast; checked, every rank raises. Either way
-    # the recorder has the root's refused call, with its number, and mcr.debug
-    # shows it against the others'
+    # the root refuses its Bcast's arguments: unchecked, it goes on while the others wait in the
+    # Bcast; checked, every rank raises. The refused call is recorded with its number
     checked = mode == "checked"
     flight, _, _ = _recorded(
         tmp_path, 3, REFUSED, checked, ["rank 0: TypeError: buf: expected a torch.Tensor"] + (
@@ -236,8 +224,6 @@ def test_a_refused_call_is_recorded(tmp_path, mode):
 
 
 CROSSED = """
-import sys, time, mcr
-comm = mcr.COMM_WORLD
 peer = 1 - comm.rank
 comm.send({"hello": comm.rank}, dest=peer, tag=1)
 assert comm.recv(source=peer, tag=1) == {"hello": peer}
@@ -252,9 +238,8 @@ except mcr.TimeoutError as exc:
 
 
 def test_point_to_point_on_objects_times_out_and_is_recorded(tmp_path):
-    # mpi4py's recv on pickled objects, from the environment's timeout: two
-    # ranks that both receive first raise, and the recorder shows each one's
-    # receive (failed: nothing stays posted) after the exchange that worked
+    # mpi4py's recv on pickled objects, timed: two ranks that both receive first raise; each
+    # one's receive is recorded (failed: nothing stays posted) after the exchange that worked
     flight, _, text = _recorded(
         tmp_path, 2, CROSSED, False,
         [f"rank {r}: TimeoutError: rank {r}: no completion after 3 s (the communicator's "
@@ -268,8 +253,7 @@ def test_point_to_point_on_objects_times_out_and_is_recorded(tmp_path):
         seen = [(c["op"], c["desc"], c["seq"], c["state"]) for c in calls]
         assert seen[:2] == [("send", f"send to {1 - rank} tag 1", None, "done"),
                             ("recv", f"recv from {1 - rank} tag 1", None, "done")], seen
-        # (failed once it raised; pending in the file written at the timeout, if
-        # the job ended that rank before it wrote the file again at exit)
+        # (failed once it raised, or pending: as above)
         assert seen[2:] in ([("recv", f"recv from {1 - rank} tag 2", None, state)]
                             for state in ("failed", "pending")), seen
         assert calls[0]["bytes"] == calls[1]["bytes"] > 0, calls   # the pickled object's
@@ -277,8 +261,6 @@ def test_point_to_point_on_objects_times_out_and_is_recorded(tmp_path):
 
 
 POSTED = """
-import mcr
-comm = mcr.COMM_WORLD
 peer = 1 - comm.rank
 reqs = [comm.irecv(source=peer, tag=1), comm.isend(("hi", comm.rank), dest=peer, tag=1)]
 assert mcr.Request.waitall(reqs) == [("hi", peer), None]
@@ -292,9 +274,8 @@ comm.barrier()
 
 
 def test_nonblocking_point_to_point_on_objects_is_recorded(tmp_path):
-    # with the recorder alone (no timeout), mpi4py's isend, issend and irecv
-    # are recorded, non-blocking, done once a lowercase wait completes them;
-    # a receive nobody matched is pending in the file written at exit
+    # the recorder alone records mpi4py's isend, issend and irecv, done once a lowercase wait
+    # completes them; a receive nobody matched is pending in the file written at exit
     flight, _, _ = _recorded(tmp_path, 2, POSTED, True, [],
                              ["pending point-to-point: rank 0: irecv from 1 tag 3, pending for"])
     calls = _file(flight, 0)["calls"]
@@ -309,8 +290,7 @@ def test_nonblocking_point_to_point_on_objects_is_recorded(tmp_path):
 
 
 LEFT_AT_EXIT = """
-import torch, mcr
-comm = mcr.COMM_WORLD
+import torch
 peer = 1 - comm.rank
 comm.Barrier(backend="gloo")
 y = torch.zeros(4)
@@ -321,9 +301,8 @@ print(f"rank {comm.rank}: leaving", flush=True)
 
 
 def test_requests_left_pending_at_exit_end_quietly(tmp_path):
-    # requests still pending in a module's globals when the program ends are
-    # collected while Python tears its modules down: nothing can be waited
-    # for or warned about then, and the job ends without tracebacks
+    # requests pending in a module's globals at the end are collected while Python tears its
+    # modules down: nothing can be waited for or warned about then; no tracebacks
     code, out, _ = _run(tmp_path, 2, LEFT_AT_EXIT)
     assert code == 0, out
     assert "rank 0: leaving" in out and "rank 1: leaving" in out, out
@@ -334,13 +313,12 @@ def test_requests_left_pending_at_exit_end_quietly(tmp_path):
     ("MCR_TIMEOUT", "soon", "MCR_TIMEOUT: expected a number of seconds > 0, got 'soon'"),
     ("MCR_CHECK", "maybe", "MCR_CHECK: expected 1 (on) or 0 (off), got 'maybe'")])
 def test_bad_environment_values_are_refused(tmp_path, name, value, error):
-    code, out, _ = _run(tmp_path, 1, "import mcr\nmcr.COMM_WORLD\n", **{name: value})
+    code, out, _ = _run(tmp_path, 1, "", **{name: value})        # (HEAD makes COMM_WORLD)
     assert code != 0 and error in out, out
 
 
 DIE = """
-import os, signal, sys, time, torch, mcr
-comm = mcr.COMM_WORLD
+import torch
 where = sys.argv[1]
 backend = "mpi" if where == "mpi" else "gloo"
 if where != "bootstrap":
@@ -360,11 +338,9 @@ def test_a_dead_rank_ends_the_job_and_is_named(tmp_path, where):
     assert code not in (None, 0), out
     assert took < 30 + 15, took          # 30 s, plus the job's start on a loaded machine
     out = " ".join(out.split()).lower()
-    # Open MPI: "process rank 1 with PID ... exited on signal 9 (Killed)";
-    # MPICH: "RANK 1 PID ... KILLED BY SIGNAL: 9". On Gloo a survivor may fail
-    # first, on Gloo's error for the closed connection (which names the peer's
-    # address, not its rank), and the launcher then names that survivor: seen
-    # once in a few dozen runs over TCP
+    # Open MPI: "process rank 1 with PID ... exited on signal 9 (Killed)"; MPICH: "RANK 1 PID
+    # ... KILLED BY SIGNAL: 9". On Gloo a survivor may fail first, on the closed connection (the
+    # error names the peer's address), and the launcher names it: once in a few dozen runs
     named = "rank 1" in out and ("signal 9" in out or "signal: 9" in out)
     gloo_error = where != "mpi" and ("connection closed by peer" in out
                                      or "connection reset by peer" in out)
@@ -372,8 +348,7 @@ def test_a_dead_rank_ends_the_job_and_is_named(tmp_path, where):
 
 
 HANG = """
-import torch, mcr
-comm = mcr.COMM_WORLD
+import torch
 print(f"rank {comm.rank}: waiting", flush=True)
 comm.Recv(torch.zeros(4), source=(comm.rank + 1) % comm.size, tag=1)   # never sent
 """
@@ -381,7 +356,7 @@ comm.Recv(torch.zeros(4), source=(comm.rank + 1) % comm.size, tag=1)   # never s
 
 def test_ctrl_c_on_mpiexec_ends_every_rank(tmp_path):
     script = tmp_path / "hang.py"
-    script.write_text(HANG)
+    script.write_text(HEAD + HANG)
     with launch.start(2, [sys.executable, str(script)], env=_env(), stdout=subprocess.PIPE,
                       stderr=subprocess.STDOUT, text=True) as job:
         deadline, waiting = time.monotonic() + JOB_TIMEOUT, 0
@@ -395,9 +370,8 @@ def test_ctrl_c_on_mpiexec_ends_every_rank(tmp_path):
         t0 = time.monotonic()
         job.process.send_signal(signal.SIGINT)       # what Ctrl-C sends mpiexec
         if MPICH:
-            # MPICH's mpiexec (Hydra) passes the first Ctrl-C on to the ranks,
-            # which are inside MPI_Recv, where Python runs no handler, and says
-            # "Press Ctrl-C again to force abort"; Open MPI's ends them at once
+            # Hydra passes the first Ctrl-C on to the ranks, inside MPI_Recv (no Python handler
+            # runs), and says "Press Ctrl-C again to force abort"; Open MPI ends them at once
             try:
                 job.process.wait(timeout=5)
             except subprocess.TimeoutExpired:
@@ -421,8 +395,8 @@ def _cmdline(pid):
 
 
 def test_cost_benchmark_runs_and_checks_its_results():
-    """python -m mcr.bench.check: one line per operation, backend and size,
-    every variant timed (its results are checked inside)."""
+    """mcr.bench.check checks its results: a line per operation, backend and size, each variant
+    timed."""
     env = _env()
     env.pop("PYTHONUNBUFFERED", None)
     result = subprocess.run([sys.executable, "-m", "mcr.bench.check", "-n", "2", "--rounds",

@@ -1,13 +1,6 @@
-"""python -m mcr.debug: merging the flight-recorder files of a job's ranks.
-
-Each case plants the files of a made-up job (the file format is the contract
-with the recorder in the core) and checks the report against what was
-planted, written out by hand: divergences in operation, root, count, type or
-backend; fewer calls; missing files; calls pending on some ranks; rings that
-dropped their oldest calls; several communicators; grouped ranks; unusable
-files (exit 2, the file named, no traceback); ``--json``, ``--all`` and the
-command. No MPI: test_check_jobs.py reads real files.
-"""
+"""python -m mcr.debug, merging the flight-recorder files of a job's ranks: each case plants
+the files of a made-up job (the format is the contract with the core's recorder) and checks the
+report against the expected one, written out by hand. No MPI: test_check_jobs reads real files."""
 
 import json
 import os
@@ -68,24 +61,18 @@ def run_cli(*args):
     return proc.returncode, proc.stdout, proc.stderr
 
 
-def lines(text):
-    return text.splitlines()
-
-
 TIMEOUT30 = {"reason": "timeout", "message": "Allreduce on world did not complete in 30 s"}
 TP = {"members": [0, 1, 2], "next_seq": 2, "first_seq": 1}
 
 
 def several_communicators():
-    # world agrees; 'tp' labels two groups made by one split, {0,1} (diverges at #2)
-    # and {2,3} (agrees)
+    # world agrees; 'tp' labels two groups of one split, {0,1} (diverges at #2) and {2,3}
     for rank in range(4):
         second = (pending(2, 4.0, f"Allgather float32[{2 + rank}]", comm="tp") if rank < 2
                   else call(2, "Allgather float32[2]", comm="tp"))
         yield rank, 4, done(1, 2) + [call(1, "Allgather float32[2]", comm="tp"), second], {
             "comms": {"world": world(4, 3)["world"],
-                      "tp": {"members": [0, 1] if rank < 2 else [2, 3], "next_seq": 3,
-                             "first_seq": 1}}}
+                      "tp": dict(TP, members=[0, 1] if rank < 2 else [2, 3], next_seq=3)}}
 
 
 def check_fewer_calls(report):
@@ -93,8 +80,9 @@ def check_fewer_calls(report):
     return (at[1].kind, at[1].last_seq, at[0].kind) == ("none", 5, "call")
 
 
-# name: (files planted: (rank, size, calls[, plant's keywords]), the report's lines
-# (after its first unless given), a check of the report or None)
+# name: (files planted: (rank, size, calls[, plant's keywords]), the report's lines (after its
+# first unless given), a check of the report or None)
+EVEN, ODD = (",".join(map(str, range(first, 64, 2))) for first in (0, 1))
 REPORTS = {
     "the_issue_example": (
         [(0, 2, done(1, 16) + [pending(17, 31.2), pending(None, 40.0, "Irecv", peer=1, tag=5)],
@@ -251,12 +239,8 @@ REPORTS = {
         [(rank, 64, done(1, 7) + [pending(8, 30.0, "Barrier") if rank == 37
                                   else pending(8, 30.0 + rank / 100)],
           {} if rank % 2 else TIMEOUT30) for rank in range(64)],
-        ["mcr.debug: 64 files, ranks 0-63 of 64 (reasons: ranks 0,2,4,6,8,10,12,14,16,18,20,"
-         "22,24,26,28,30,32,34,36,38,40,42,44,46,48,50,52,54,56,58,60,62 timeout, ranks 1,3,5,"
-         "7,9,11,13,15,17,19,21,23,25,27,29,31,33,35,37,39,41,43,45,47,49,51,53,55,57,59,61,63 "
-         "exit)",
-         "  ranks 0,2,4,6,8,10,12,14,16,18,20,22,24,26,28,30,32,34,36,38,40,42,44,46,48,50,52,"
-         "54,56,58,60,62 timeout: Allreduce on world did not complete in 30 s",
+        [f"mcr.debug: 64 files, ranks 0-63 of 64 (reasons: ranks {EVEN} timeout, ranks {ODD} exit)",
+         f"  ranks {EVEN} timeout: Allreduce on world did not complete in 30 s",
          "communicator world (ranks 0-63): ranks diverge at call #8",
          "  ranks 0-36,38-63: Allreduce float32[4] SUM  [mpi, blocking] pending for 30.0-30.6 s",
          "  rank 37:          Barrier                   [mpi, blocking] pending for 30.0 s",
@@ -270,23 +254,21 @@ def test_report(tmp_path, name):
     for rank, size, calls, *kw in files:
         plant(tmp_path, rank, size, calls, **(kw[0] if kw else {}))
     report = debug.merge([tmp_path])
-    assert report.status == (0 if name in ("all_agree", "every_ring_past_the_first_calls")
-                             else 1)
+    assert report.status == (0 if name in ("all_agree", "every_ring_past_the_first_calls") else 1)
     assert report.text().endswith("\n")
-    assert lines(report.text())[0 if want[0].startswith("mcr.debug:") else 1:] == want
+    assert report.text().splitlines()[0 if want[0].startswith("mcr.debug:") else 1:] == want
     assert check is None or check(report), report
 
 
 def test_point_to_point_on_objects_and_all(tmp_path):
-    # mpi4py's recv and probe on pickled objects: a receive that timed out
-    # failed (its size unknown: nothing came), shown with how long it waited
-    # until then, not with its age at the dump; a probe is "from" its source
+    # mpi4py's recv and probe on pickled objects: a receive that timed out failed (its size
+    # unknown), shown with how long it waited, not its age at the dump; a probe is "from"
     plant(tmp_path, 0, 2, [call(None, "recv from 1 tag 2", "failed", 4.0, duration=3.0,
                                 peer=1, tag=2, nbytes=-1)])
     plant(tmp_path, 1, 2, [pending(None, 4.5, "probe from 0 tag 2", peer=0, tag=2, nbytes=-1)])
     status, out, err = run_cli("--all", tmp_path)
     assert (status, err) == (1, "")
-    assert lines(out)[1:] == [
+    assert out.splitlines()[1:] == [
         "communicator world (ranks 0-1): no collective call recorded",
         "pending point-to-point:",
         "  rank 0: recv from 1 tag 2, failed after 3.0 s",
@@ -300,10 +282,9 @@ def test_point_to_point_on_objects_and_all(tmp_path):
     plant(tmp_path, 0, 2, done(1, 1) + [pending(2, 8.0),
                                         pending(None, 9.5, "Irecv", peer=1, tag=3)])
     plant(tmp_path, 1, 2, done(1, 1) + [pending(2, 7.0)])
-    status, out, err = run_cli("--all", tmp_path / "mcr-flight-1.json",
-                               tmp_path / "mcr-flight-0.json")
+    status, out, err = run_cli("--all", *(tmp_path / f"mcr-flight-{r}.json" for r in (1, 0)))
     assert (status, err) == (1, "")
-    assert lines(out)[-6:] == [
+    assert out.splitlines()[-6:] == [
         "every call that did not complete, per rank:",
         "  rank 0 (node0 pid 1000): 2 calls",
         "    world #2: Allreduce float32[4] SUM  [mpi, blocking] pending for 8.0 s",
@@ -339,7 +320,7 @@ def test_cli_files_and_directory(tmp_path):
            "communicator world (ranks 0-2): calls #1-#2 agree, all completed\n", "")
     status, out, _ = run_cli(tmp_path / "mcr-flight-2.json", tmp_path / "mcr-flight-0.json")
     assert status == 1
-    assert lines(out)[0] == ("mcr.debug: 2 files, ranks 0,2 of 3, no file for rank 1 "
+    assert out.splitlines()[0] == ("mcr.debug: 2 files, ranks 0,2 of 3, no file for rank 1 "
                              "(reasons: ranks 0,2 exit)")
 
 

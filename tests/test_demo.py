@@ -1,9 +1,5 @@
-"""The demo (demo/demo.py) runs and its own checks pass.
-
-`python demo/demo.py` starts itself under mpiexec on 4 processes, as the
-README's quick start runs it; under an explicit mpiexec it runs at the size it
-is given (1 and an odd size here).
-"""
+"""The demo (demo/demo.py) passes its own checks: started by itself (under mpiexec on 4
+processes, as the README's quick start runs it) and under mpiexec at 1 and 3 processes."""
 
 import os
 import re

@@ -1,8 +1,5 @@
-"""Call hooks (mcr.hooks): every buffer method passes through them once, on
-every backend and in every form, before it communicates: what a recording
-hook saw (operation, form, backend, arguments, result), and that a raising
-hook stops the call on every rank, leaving the communicator usable.
-"""
+"""Call hooks (mcr.hooks): every buffer method, on every backend and in every form, passes
+through them once before it communicates; a raising hook stops the call, the comm still works."""
 
 import torch
 

@@ -1,10 +1,6 @@
-"""Importing mcr honors mpi4py.rc: programs that initialize and finalize MPI
-themselves (``rc.initialize = False`` then ``MPI.Init()``/``Init_thread()``,
-``rc.threads``, ``rc.finalize``), as mpi4py's init-fini demos, run with ``from
-mcr import MPI``. Importing mcr calls no MPI function that needs MPI initialized
-(the float16 ops, TAG_UB, the progress communicator are made at first use), and
-mcr calls no MPI after MPI_Finalize. Each program runs at 1 and 2 processes.
-"""
+"""Importing mcr honors mpi4py.rc (programs that initialize and finalize MPI themselves, as
+mpi4py's init-fini demos): it calls no MPI that needs MPI initialized (float16 ops, TAG_UB, the
+progress communicator are made at first use), and mcr calls none after MPI_Finalize."""
 
 import pytest
 

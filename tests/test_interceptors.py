@@ -1,10 +1,6 @@
-"""Interceptors (mcr.interceptors): a feature added as one class and one
-registration sees every call of the communicators it applies to, on every
-backend, in every form, the neighbourhood collectives, the constructors and
-mpi4py's methods on pickled objects too, each once; it may change what the
-call returns or refuse it; a communicator's chain holds only what applies to
-it, and is rebuilt when a setting changes.
-"""
+"""Interceptors (mcr.interceptors): one registered class sees every call (every backend and form,
+constructors, mpi4py's object methods) once, and may answer or refuse it; a communicator's chain
+holds what applies to it, rebuilt when a setting changes."""
 
 import torch
 
@@ -20,8 +16,7 @@ BUILTIN = ["progress engine", "auto", "hooks",
 
 
 class Count(icp.Interceptor):
-    """Counts the calls it sees, by (op, form, backend), on the communicators
-    it is told to watch."""
+    """Counts the calls it sees, by (op, form, backend), on the communicators `comms`."""
 
     def __init__(self, comms, order=35):
         super().__init__(order=order, name="count")
@@ -120,16 +115,8 @@ def an_interceptor_may_answer_or_refuse(comm):
 
 
 class Idle:
-    """A driver of mcr.progress with nothing to post."""
-
-    def pump(self, helper):
-        pass
-
-    def blocking(self):
-        pass
-
-    def collective(self, comm):
-        pass
+    """A driver of mcr.progress with nothing to post: pump(helper), blocking(), collective(comm)."""
+    pump = blocking = collective = staticmethod(lambda *args: None)
 
 
 @case

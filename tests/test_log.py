@@ -1,12 +1,6 @@
-"""The communication logger (mcr.log).
-
-MPI cases (1-4 ranks, MPI and Gloo) make real calls with the logger on and
-check the records against the calls (operation, form, backend, sizes by
-nccl-tests' rule, root, peer, tag, timing up to the completion the program
-saw), the totals, auto's reason, the straggler table and the results. Job
-tests run ``MCR_LOG`` end to end (table, JSON, trace, ``python -m mcr.log``);
-unit tests cover the configuration, the report and the formats without MPI.
-"""
+"""The communication logger (mcr.log): MPI cases check the records of real calls against the
+calls (sizes by nccl-tests' rule, computed here from the tensors); jobs run ``MCR_LOG`` end to
+end; the configuration, the report and the formats are tested without MPI."""
 
 import json
 import os
@@ -130,8 +124,7 @@ def sizes_follow_nccl_tests(comm):
         comm.Allgather(x, torch.zeros(n * size))
         comm.Alltoall(torch.ones(n * size), torch.zeros(n * size))
         comm.Gather(x, torch.zeros(n * size) if rank == 0 else None, 0)
-        comm.Scatter(torch.ones(n * size) if rank == size - 1 else None, torch.zeros(n),
-                     size - 1)
+        comm.Scatter(torch.ones(n * size) if rank == size - 1 else None, torch.zeros(n), size - 1)
         comm.Reduce_scatter_block(torch.ones(n * size), torch.zeros(n))
         comm.Allgatherv(torch.ones(rank + 1), [torch.zeros(sum(counts)), counts])
         comm.Gatherv(torch.ones(rank + 1),
@@ -199,24 +192,18 @@ def stragglers_show_who_waited(comm):
 
 @case.matrix(backend=BACKENDS)
 def neighborhood_collectives_are_logged(comm, backend):
-    # every form on a ring, on MPI and Gloo: a record per call (per Start of a
-    # persistent one), sized as the collectives are (what an allgather
-    # receives, what an alltoall sends, computed here from the tensors); the
-    # Alltoallv rounds of a composed call are not recorded
+    # every form on a ring: a record per call (per Start), sized as the collectives are (what an
+    # allgather receives, what an alltoall sends); a composed call's Alltoallv rounds are not
     size, rank = comm.size, comm.rank
     ring = comm.Create_cart([size], periods=[True])
     left, right = (rank - 1) % size, (rank + 1) % size
     f8, n = torch.float64, 3
-
-    def mine(r, slot):
-        return rank_data(r, n, f8, seed=slot)
-
+    mine = lambda r, slot: rank_data(r, n, f8, seed=slot)     # noqa: E731
     with logging_on() as log:
         got = torch.zeros(2 * n, dtype=f8)
         ring.Neighbor_allgather(mine(rank, 0), got, backend=backend)
         assert torch.equal(got, torch.cat([mine(left, 0), mine(right, 0)]))
-        # slot 0 goes towards the negative direction, and arrives in the
-        # slot of the positive neighbour (MPI 4.0)
+        # slot 0 goes towards the negative direction, into the positive neighbour's (MPI 4.0)
         got = torch.zeros(2 * n, dtype=f8)
         req = ring.Ineighbor_alltoall(torch.cat([mine(rank, 0), mine(rank, 1)]), got,
                                       backend=backend)
@@ -318,8 +305,7 @@ def test_mcr_log_env_writes_table_json_and_trace(tmp_path):
         assert mine[5]["bytes"] == 256 * 4 * 2
 
     events = json.loads(tpath.read_text())["traceEvents"]
-    thread = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
-              if e["name"] == "thread_name"}
+    thread = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
     # the two Iallgathers overlap (both are posted, then waited for together)
     assert {(pid, name) for (pid, _), name in thread.items()} == {
         (rank, name) for rank in (0, 1)
@@ -423,8 +409,7 @@ def test_trace_puts_overlapping_requests_on_separate_threads(tmp_path):
                rec(1, "gloo", "blocking", 0, 10)]
     events = output.trace_events(records)
     assert {e["ph"] for e in events} == {"M", "X"}
-    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
-             if e["name"] == "thread_name"}
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
     assert sorted(names.values()) == sorted(["gloo", "gloo requests", "mpi", "mpi requests",
                                              "mpi requests 2", "gloo", "mpi"]), names
     calls = [e for e in events if e["ph"] == "X"]
