@@ -10,18 +10,16 @@ def pytest_configure(config):
     import mpiharness
 
     def progress_line(text):
-        # a job of many modules runs for minutes: say which one it is at
-        # (pytest's terminal is known once every plugin is configured; the
-        # test's output capture is suspended while it writes, as for live logs)
+        # a job of many modules runs for minutes: say which one it is at (output capture
+        # suspended while it writes, as for live logs)
         reporter = config.pluginmanager.get_plugin("terminalreporter")
         capture = config.pluginmanager.get_plugin("capturemanager")
         if reporter is not None and capture is not None and config.option.verbose >= 0:
             with capture.global_and_fixture_disabled():
                 reporter.write(f" {text} ", flush=True)
     mpiharness.progress_line = progress_line
-    config.addinivalue_line(
-        "markers", "quick: the quick tier (python -m pytest -m quick): one case of each "
-        "operation on each backend at 2 processes")
+    config.addinivalue_line("markers", "quick: the quick tier (python -m pytest -m quick): "
+                            "one case of each operation on each backend at 2 processes")
 
 
 @pytest.hookimpl(trylast=True)     # after -k and -m have deselected
@@ -31,11 +29,10 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 def pytest_terminal_summary(terminalreporter, config):
-    """With ``--durations=N``: the N slowest MPI cases, as their job timed them
-    (pytest's own list charges a whole job to the case that started it).
-    With ``MCR_TEST_COVERAGE=FOLDER``: how many (operation, form, backend,
-    element type, world size) combinations the MPI cases called, as the
-    workers recorded them (the figure a reorganized suite must not lower)."""
+    """``--durations=N``: the N slowest MPI cases as their job timed them (pytest charges a
+    whole job to its first case). ``MCR_TEST_COVERAGE=FOLDER``: how many combinations the
+    MPI cases called, as the workers recorded them (what a reorganized suite must not lower)."""
+    import collections
     import json
 
     import mpiharness
@@ -55,10 +52,7 @@ def pytest_terminal_summary(terminalreporter, config):
         if name.startswith("calls-"):
             with open(os.path.join(folder, name)) as f:
                 seen |= {tuple(json.loads(line)) for line in f if line.strip()}
-    ops = {c[0] for c in seen}
-    per_backend = {}
-    for combination in seen:
-        per_backend[combination[2]] = per_backend.get(combination[2], 0) + 1
+    ops, per_backend = {c[0] for c in seen}, collections.Counter(c[2] for c in seen)
     terminalreporter.write_line(
         f"MPI cases: {len(seen)} (operation, form, backend, element type, world size) "
         f"combinations called, {len(ops)} operations; by backend: "

@@ -1,28 +1,16 @@
-"""Run test cases on real MPI processes under mpiexec, with a timeout.
+"""Run test cases on real MPI processes under mpiexec, with a timeout (docs/testing.rst).
 
-A test module registers cases with ``@case`` (``@case.quick`` for a case of
-the quick tier, ``python -m pytest -m quick``, run at 2 processes) and exposes
-them to pytest with ``test_mpi = mpi_cases(__name__)``. For each world size,
-the selected cases of all modules run in one ``mpiexec -n N`` job
-(``tests/mpiworker.py``), module after module: each process start (MPI,
-Python, torch: 1-2.5 s a rank here) is paid once per size, not once per
-module. Every rank writes a line before and after each case, so a case that
-crashes the job, or goes without finishing for its module's timeout (then
-the job is killed), fails alone: a new job goes on at the next case. Each
-(case, world size) is reported as its own pytest test; ``-k`` and ``-m``
-selections run only what they select. Jobs are started by :mod:`mcr.launch`,
-which this process imports without initializing MPI.
-
-World sizes: the cases run at 1, 2, 3 and 4 ranks (:data:`SIZES`), or at the
-sizes a module names. ``MCR_TEST_SIZES`` (sizes separated by commas, e.g.
-``2`` or ``1,2``) restricts them: the default cases run at the sizes it lists,
-a module naming its own sizes at those of them it lists (when it lists none
-of them, the module's tests are reported as skipped, with the reason). Tests
-that parametrize ``nprocs`` themselves use :func:`world_sizes` for the same.
-Tests that start one tool at one fixed size (``run_script(2, ...)``) are not
-affected.
+A module registers cases with ``@case`` (``@case.quick``: also in the quick tier, run at 2
+processes; ``@case.matrix``) and exposes them with ``test_mpi = mpi_cases(__name__)``. For each
+world size, the selected cases of all modules run in one ``mpiexec -n N`` job (tests/mpiworker.py):
+a process start is paid once per size. Every rank writes a line before and after each case, so a
+case that crashes the job, or goes without finishing for its module's timeout (then the job is
+killed), fails alone, and a new job goes on at the next case. Jobs are started by :mod:`mcr.launch`,
+which this process imports without initializing MPI. World sizes: 1 to 4 (:data:`SIZES`) or those a
+module names, restricted by ``MCR_TEST_SIZES`` (e.g. ``2`` or ``1,2``; see :func:`world_sizes`).
 """
 
+import collections
 import functools
 import itertools
 import json
@@ -30,6 +18,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 
 import pytest
@@ -62,34 +51,28 @@ DEFAULT_TIMEOUT = float(os.environ.get("MCR_TEST_TIMEOUT", "180"))
 
 def case(fn):
     """Register `fn(comm)` as an MPI test case of its module."""
-    module = sys.modules[fn.__module__]
-    registry = module.__dict__.setdefault("_mpi_cases", {})
-    registry[fn.__name__] = fn
+    sys.modules[fn.__module__].__dict__.setdefault("_mpi_cases", {})[fn.__name__] = fn
     return fn
 
 
 def _quick(fn):
-    """``@case.quick``: a case of the quick tier too (``python -m pytest -m
-    quick``), where it runs at 2 processes."""
+    """``@case.quick``: a case of the quick tier too (``pytest -m quick``, at 2 processes)."""
     case(fn)
     sys.modules[fn.__module__].__dict__.setdefault("_quick", set()).add(fn.__name__)
     return fn
 
 
 def _matrix(quick=None, **axes):
-    """``@case.matrix(backend=("mpi", "gloo"), form=FORMS)``: one case per
-    combination of the axes' values, called as ``fn(comm, backend=...,
-    form=...)``; each is its own pytest test, ``fn[backend=mpi,form=blocking]``,
-    with its own pass or fail. ``quick(**combination)``, when given, says which
-    combinations belong to the quick tier."""
+    """``@case.matrix(backend=("mpi", "gloo"), form=FORMS)``: one case per combination,
+    ``fn(comm, backend=..., form=...)``, each its own test ``fn[backend=mpi,form=blocking]``.
+    ``quick(**combination)``, when given, says which belong to the quick tier."""
     def register(fn):
         module = sys.modules[fn.__module__].__dict__
-        registry = module.setdefault("_mpi_cases", {})
         for values in itertools.product(*axes.values()):
             chosen = dict(zip(axes, values))
             label = ",".join(f"{axis}={_label(value)}" for axis, value in chosen.items())
             name = f"{fn.__name__}[{label}]"
-            registry[name] = functools.partial(fn, **chosen)
+            module.setdefault("_mpi_cases", {})[name] = functools.partial(fn, **chosen)
             if quick is not None and quick(**chosen):
                 module.setdefault("_quick", set()).add(name)
         return fn
@@ -112,21 +95,16 @@ def mpiexec_command(nprocs):
 
 
 def mpi_env():
-    """The environment of a test job: :func:`mcr.launch.job_env`, with this
-    directory (the workers import the harness) and ``tests/plugins`` on
-    PYTHONPATH."""
+    """:func:`mcr.launch.job_env` with tests/ (the harness) and tests/plugins (the
+    third-party backend "tiny", found through its entry point) on PYTHONPATH."""
     env = launch.job_env(launch.find_mpiexec())
-    # tests/plugins: the third-party backend "tiny", found through its entry point
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [HERE, os.path.join(HERE, "plugins"),
                                                       env.get("PYTHONPATH")]))
     return env
 
 
 def run_script(nprocs, args, timeout=DEFAULT_TIMEOUT):
-    """Run `python args...` on `nprocs` ranks; return (returncode, output).
-
-    returncode is None when the job was killed at the timeout.
-    """
+    """Run `python args...` on `nprocs` ranks; (returncode or None when killed, output)."""
     result = launch.run(nprocs, [sys.executable] + list(args), timeout=timeout, env=mpi_env(),
                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return result.returncode, result.stdout
@@ -139,12 +117,8 @@ LAUNCH_FAILURES = ("The PMIx server's listener thread failed to start",)
 LAUNCH_TRIES = 3
 
 
-class Module:
-    """A test module's MPI cases, as :func:`mpi_cases` registered them."""
-
-    def __init__(self, path, names, sizes, timeout, own_job):
-        self.path, self.names, self.sizes = path, names, sizes
-        self.timeout, self.own_job = timeout, own_job
+# a test module's MPI cases, as mpi_cases registered them
+Module = collections.namedtuple("Module", "path names sizes timeout own_job")
 
 
 _modules = {}       # path -> Module, in registration (collection) order
@@ -155,8 +129,7 @@ _results = {}       # (path, case, nprocs) -> (outcome record per rank, job deta
 
 
 def select(items):
-    """Note which cases pytest selected (``-k``, ``-m quick``, a file), so that
-    a job runs those only; called from conftest.py after collection."""
+    """Note the cases pytest selected (``-k``, ``-m``, a file) for the jobs (conftest.py)."""
     global _selected
     _selected = set()
     for item in items:
@@ -167,8 +140,8 @@ def select(items):
 
 
 def _plan(module, nprocs):
-    """The (path, case) pairs one job runs with `module`'s cases at `nprocs`:
-    those of every module sharing jobs at that size, or of `module` alone."""
+    """The (path, case) pairs a job runs at `nprocs`: those of every module sharing jobs,
+    or of `module` alone."""
     modules = [module] if module.own_job else [
         m for m in _modules.values() if not m.own_job and nprocs in m.sizes]
     return [(m.path, name) for m in modules for name in m.names
@@ -177,9 +150,8 @@ def _plan(module, nprocs):
 
 
 def run_cases(module, nprocs):
-    """Run `module`'s cases at `nprocs` ranks, with the other modules' cases
-    that share its job; a crash or a hang fails the case that was running,
-    and a new job goes on at the next case."""
+    """Run `module`'s cases (and those sharing its job) at `nprocs` ranks; a crash or a
+    hang fails the case that was running, and a new job goes on at the next case."""
     plan = _plan(module, nprocs)
     while plan:
         for attempt in range(1, LAUNCH_TRIES + 1):
@@ -208,8 +180,7 @@ def run_cases(module, nprocs):
 
 
 def case_seconds():
-    """{(path, case, nprocs): seconds} of the cases run so far, the slowest
-    rank's time (for ``--durations``)."""
+    """{(path, case, nprocs): the slowest rank's seconds} so far (for ``--durations``)."""
     return {key: max(rec.get("seconds", 0) for rec in per_rank.values())
             for key, (per_rank, _) in _results.items() if per_rank}
 
@@ -224,34 +195,41 @@ def _run_once(plan, nprocs):
                                  timeouts)
         records = {}
         for rank in range(nprocs):
-            try:
-                with open(os.path.join(tmp, f"rank{rank}.jsonl")) as f:
-                    lines = f.read().splitlines()
-            except FileNotFoundError:
-                lines = []
-            for line in lines:
-                try:
-                    rec = json.loads(line)
-                except ValueError:      # cut short by a crash
-                    break
+            for rec in read_jsonl(os.path.join(tmp, f"rank{rank}.jsonl")):
                 records.setdefault((rec["module"], rec["case"]), {})[rank] = rec
     return code, out, records
 
 
+def read_jsonl(path):
+    """The records of a file of JSON lines, up to a line cut short by a crash ([]: none)."""
+    records = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                records.append(json.loads(line))
+    except (FileNotFoundError, ValueError):
+        pass
+    return records
+
+
+def jsonl_bytes(folder):
+    """How much has been written to the files of JSON lines in `folder`."""
+    return sum(os.path.getsize(os.path.join(folder, name)) for name in os.listdir(folder)
+               if name.endswith(".jsonl"))
+
+
 def _run_watched(nprocs, args, outdir, timeouts):
-    """Run `python args...` on `nprocs` ranks until it exits, or until no rank
-    has written a record for the running case's module timeout (then kill it:
-    exit code None)."""
-    import time
+    """Run `python args...` on `nprocs` ranks until it exits, or until no rank has written
+    a record for the running case's module timeout (then kill it: exit code None)."""
     with tempfile.TemporaryFile("w+") as log:
         with launch.start(nprocs, [sys.executable] + list(args), env=mpi_env(), stdout=log,
                           stderr=subprocess.STDOUT, text=True) as job:
-            last, changed, current, hung = -1, time.monotonic(), None, False
-            shown = None
+            last, changed, current, shown, hung = -1, time.monotonic(), None, None, False
             while not hung and job.process.poll() is None:
                 time.sleep(0.25)
-                size, current = _progress(outdir, current)
-                now = time.monotonic()
+                size, now = jsonl_bytes(outdir), time.monotonic()
+                current = next((r["module"] for r in reversed(read_jsonl(
+                    os.path.join(outdir, "rank0.jsonl")))), current)
                 if size != last:
                     last, changed = size, now
                 if current != shown and progress_line is not None:
@@ -264,33 +242,11 @@ def _run_watched(nprocs, args, outdir, timeouts):
         return code, log.read()
 
 
-def _progress(outdir, current):
-    """How much the ranks have written, and the module of the latest record."""
-    total = 0
-    for name in os.listdir(outdir):
-        if name.endswith(".jsonl"):
-            path = os.path.join(outdir, name)
-            total += os.path.getsize(path)
-            if name == "rank0.jsonl":
-                with open(path) as f:
-                    lines = f.read().splitlines()
-                for line in reversed(lines):
-                    try:
-                        current = json.loads(line)["module"]
-                        break
-                    except (ValueError, KeyError):
-                        continue
-    return total, current
-
-
 def world_sizes(sizes=None):
-    """The pytest parameters of a test's ``nprocs``: `sizes` (default
-    :data:`SIZES`) restricted to ``$MCR_TEST_SIZES``; when that leaves none,
-    every size of `sizes`, each skipped with the reason."""
-    if sizes is None:
-        return list(SIZES)
-    if CHOSEN_SIZES is None:
-        return list(sizes)
+    """The pytest parameters of a test's ``nprocs``: `sizes` (default :data:`SIZES`)
+    restricted to ``$MCR_TEST_SIZES``; when that leaves none, each skipped with the reason."""
+    if sizes is None or CHOSEN_SIZES is None:
+        return list(SIZES if sizes is None else sizes)
     kept = [n for n in sizes if n in CHOSEN_SIZES]
     if kept:
         return kept
@@ -300,12 +256,9 @@ def world_sizes(sizes=None):
 
 
 def mpi_cases(module_name, sizes=None, timeout=DEFAULT_TIMEOUT, own_job=False):
-    """A pytest test running each registered case of `module_name` at each
-    size of `sizes` (default :data:`SIZES`; see :func:`world_sizes`).
-
-    The cases of every module run in one job per world size, module after
-    module (``own_job=True``: a job of the module's own, for a module whose
-    cases change the process for good). `timeout`: seconds one case may go
+    """A pytest test running each case of `module_name` at each of `sizes` (see
+    :func:`world_sizes`), in the one job per size (``own_job=True``: in jobs of the module's
+    own, for cases that change the process for good). `timeout`: seconds one case may go
     without finishing before its job is taken as hung."""
     module = sys.modules[module_name]
     names = list(module.__dict__.get("_mpi_cases", {}))

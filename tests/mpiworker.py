@@ -1,12 +1,9 @@
-"""Runs the MPI cases of a plan of test modules on this rank (see mpiharness.py).
+"""Runs the MPI cases of a plan on this rank (see mpiharness.py): ``mpiworker.py RESULT_DIR``.
 
-usage: mpiworker.py RESULT_DIR
-
-RESULT_DIR/plan.json lists ``[module path, case name]`` pairs, in order. Each
-rank writes RESULT_DIR/rank<N>.jsonl: a "start" line before each case and its
-outcome after it, flushed at once, so that when the job crashes or hangs the
-harness knows which case was running. With ``$MCR_TEST_COVERAGE`` set, it also
-records what the cases call (see :class:`Coverage` and conftest.py).
+RESULT_DIR/plan.json lists ``[module path, case name]`` pairs. Each rank writes
+RESULT_DIR/rank<N>.jsonl: a line before each case and its outcome after it, flushed at once,
+so that the harness knows which case a crash or hang was in. With ``$MCR_TEST_COVERAGE``, it
+also records what the cases call (:class:`Coverage`, conftest.py).
 """
 
 import importlib.util
@@ -39,9 +36,8 @@ def dtype_of(args):
 
 
 class Coverage:
-    """With ``$MCR_TEST_COVERAGE`` (a folder) set: the (operation, form,
-    backend, element type) of every buffer call the cases make, through a
-    call hook, appended to a file of this process after each case."""
+    """The (operation, form, backend, element type) of every buffer call, through a call
+    hook, appended to a file of this process in ``$MCR_TEST_COVERAGE`` after each case."""
 
     def __init__(self, folder, size):
         import mcr.hooks
@@ -69,13 +65,10 @@ def main():
     from mpi4py import MPI
 
     from mpiharness import format_exception
-
-    world = MPI.COMM_WORLD
-    rank = world.Get_rank()
-    comm = mcr.COMM_WORLD
+    world, comm = MPI.COMM_WORLD, mcr.COMM_WORLD
     folder = os.environ.get("MCR_TEST_COVERAGE")
     coverage = Coverage(folder, world.Get_size()) if folder else None
-    with open(os.path.join(outdir, f"rank{rank}.jsonl"), "w") as out:
+    with open(os.path.join(outdir, f"rank{world.Get_rank()}.jsonl"), "w") as out:
         for path, name in plan:
             out.write(json.dumps({"module": path, "case": name}) + "\n")
             out.flush()

@@ -1,28 +1,24 @@
 """The operation matrix: every collective, in every form, on every backend.
 
-An operation's *maker* builds fresh buffers for a data set (a seed) and the
-check of its result; :func:`run` calls the operation in one form on one
-backend with them:
+An operation's *maker* builds fresh buffers for a data set (a seed) and the check of its result;
+:func:`run` calls the operation in one form on one backend with them:
 
 - ``blocking``: ``comm.Allreduce(...)``;
-- ``nonblocking``: ``comm.Iallreduce(...)``, completed by one of
-  :data:`COMPLETIONS` (turn by turn);
-- ``persistent``: ``comm.Allreduce_init(...)`` made once and started twice,
-  new data written into the very same buffers before each start (on MPI both
-  native MPI-4 persistent collectives and their emulation).
+- ``nonblocking``: ``comm.Iallreduce(...)``, completed by one of :data:`COMPLETIONS` in turn;
+- ``persistent``: ``comm.Allreduce_init(...)`` made once and started twice, new data written into
+  the same buffers before each start (on MPI both native MPI-4 collectives and their emulation).
 
-Backends (:data:`BACKENDS`): ``mpi``; ``staged``, MPI with host buffers staged
-through ``mcr.device.HostInterface`` as CUDA buffers are (the private switch
-``mcr._core._set_host_staging``); ``gloo``, torch's ProcessGroupGloo; ``tiny``,
-the third-party backend of ``tests/plugins`` (found through the
-``mcr.backends`` entry points), which defines only three primitives so that
-every operation runs by composition. With a CUDA device, ``tests/gpu`` runs the
-same makers on CUDA tensors, NCCL among the backends.
+Backends (:data:`BACKENDS`): ``mpi``; ``staged``, MPI with host buffers staged through
+``mcr.device.HostInterface`` as CUDA buffers are (the private switch
+``mcr._core._set_host_staging``); ``gloo``, torch's ProcessGroupGloo; ``tiny``, the third-party
+backend of ``tests/plugins`` (found through the ``mcr.backends`` entry points), which defines only
+three primitives so that every operation runs by composition. With a CUDA device, ``tests/gpu`` runs
+the same makers on CUDA tensors, NCCL among the backends.
 
-Variants (element type, reduction, root, IN_PLACE, layout) run inside a case,
-and a wrong result is recorded, not raised (:class:`Findings`), so that every
-rank keeps making the same calls; the case fails at its end with all of them.
-Expected values come from :mod:`opref` (torch/numpy on the whole data).
+Variants (element type, reduction, root, IN_PLACE, layout) run inside a case, and a wrong result is
+recorded, not raised (:class:`Findings`), so that every rank keeps making the same calls; the case
+fails at its end with all of them. Expected values come from :mod:`opref` (torch/numpy on the whole
+data).
 """
 
 import contextlib
@@ -37,8 +33,7 @@ from opref import (LAYOUTS, MOVE, OPS, cat, copy, data, expect, layout, operands
 
 BACKENDS = ("mpi", "staged", "gloo", "tiny")
 FORMS = ("blocking", "nonblocking", "persistent")
-COMPLETIONS = ("wait", "test", "waitall", "testall", "waitany", "testany", "waitsome",
-               "testsome")
+COMPLETIONS = ("wait", "test", "waitall", "testall", "waitany", "testany", "waitsome", "testsome")
 N = 5
 # data to move: every torch element type, and numpy arrays
 MOVE_TYPES = MOVE + [np.float64, np.int32, np.uint8, np.complex64, np.bool_]
@@ -61,8 +56,7 @@ class Findings(list):
 
 @contextlib.contextmanager
 def switched(setter, on):
-    """A private switch of mcr._core (``_set_host_staging``,
-    ``_set_persistent_emulation``) set to `on` inside the block."""
+    """A private switch of mcr._core (``_set_host_staging``, ...) set to `on` inside the block."""
     previous = setter(on)
     try:
         yield
@@ -131,10 +125,8 @@ def refill(args, new_args):
 
 
 def run(comm, found, what, backend, form, method, make, turn=0):
-    """Run `method` in `form` on `backend`, recording failures in `found`.
-
-    `make(seed)` returns (args, check): fresh buffers for data set `seed`, and
-    `check(args)`, which asserts that `args` hold the result."""
+    """Run `method` in `form` on `backend`, recording failures in `found`. `make(seed)` returns
+    (args, check): fresh buffers for data set `seed`, and `check(args)` asserting the result."""
     label = f"{method} {what} [{backend} {form}]"
     kw = {"backend": "mpi" if backend == "staged" else backend}
     with staging(backend == "staged"):
@@ -174,8 +166,16 @@ def no_check(args):
     pass
 
 
-# -- makers: (args, check) for data set `seed` -----------------------------------------
+def without_root(make, count):
+    """A maker of an all-* collective from its rooted one's at root = this rank: the arguments
+    cut to the first `count`, the check the same."""
+    def cut(seed):
+        args, check = make(seed)
+        return args[:count], check
+    return cut
 
+
+# -- makers: (args, check) for data set `seed` -----------------------------------------
 
 def reduce_maker(comm, dtype, op, root, in_place):
     rank, size = comm.rank, comm.size
@@ -192,15 +192,7 @@ def reduce_maker(comm, dtype, op, root, in_place):
 
 
 def allreduce_maker(comm, dtype, op, root, in_place):
-    rank, size = comm.rank, comm.size
-
-    def make(seed):
-        xs = operands(size, N, dtype, op, seed)
-        want = reduce_ref(xs, op)
-        if in_place:
-            return (mcr.IN_PLACE, copy(xs[rank]), OPS[op]), lambda a: expect(a[1], want)
-        return (xs[rank], sentinel(N, dtype), OPS[op]), lambda a: expect(a[1], want)
-    return make
+    return without_root(reduce_maker(comm, dtype, op, comm.rank, in_place), 3)
 
 
 def reduce_scatter_block_maker(comm, dtype, op, root, in_place, k=2):
@@ -216,9 +208,8 @@ def reduce_scatter_block_maker(comm, dtype, op, root, in_place, k=2):
 
 
 def reduce_scatter_maker(comm, dtype, op, root, in_place):
-    """Uneven counts with zeros; the receive buffer one element longer than the
-    block, that element untouched. Root 1 (a second variant): recvcounts None,
-    equal blocks."""
+    """Uneven counts with zeros; the receive buffer one element longer than the block, that element
+    untouched. Root 1 (a second variant): recvcounts None, equal blocks."""
     rank, size = comm.rank, comm.size
     counts = vcounts(size) if root == 0 else [3] * size     # root: see OPERATIONS
     start, mine = sum(counts[:rank]), counts[rank]
@@ -247,9 +238,7 @@ def scan_maker(comm, dtype, op, root, in_place, exclusive=False):
         check = no_check
         if not (exclusive and rank == 0):           # undefined in MPI
             want = reduce_ref(xs[:rank] if exclusive else xs[:rank + 1], op)
-
-            def check(a):
-                expect(a[1], want)
+            check = (lambda a: expect(a[1], want))
         if in_place:
             return (mcr.IN_PLACE, copy(xs[rank]), OPS[op]), check
         return (xs[rank], sentinel(N, dtype), OPS[op]), check
@@ -346,33 +335,11 @@ def scatterv_maker(comm, dtype, root, in_place, kind):
 
 
 def allgather_maker(comm, dtype, root, in_place, kind, k=2):
-    rank, size = comm.rank, comm.size
-
-    def make(seed):
-        blocks = operands(size, k, dtype, None, seed)
-        want = cat(blocks)
-        recv = sentinel(k * size, dtype)
-        if in_place:
-            recv[rank * k:(rank + 1) * k] = blocks[rank]
-        send = mcr.IN_PLACE if in_place else blocks[rank]
-        return (send, recv), lambda a: expect(a[1], want)
-    return make
+    return without_root(gather_maker(comm, dtype, comm.rank, in_place, kind, k), 2)
 
 
 def allgatherv_maker(comm, dtype, root, in_place, kind):
-    rank, size = comm.rank, comm.size
-    counts = vcounts(size)
-    displs, length = layout(counts, kind)
-
-    def make(seed):
-        blocks = vblocks(size, counts, dtype, seed)
-        recv = sentinel(length, dtype)
-        want = place(recv, blocks, displs)
-        if in_place:
-            recv = place(recv, [blocks[rank]], [displs[rank]])
-        send = mcr.IN_PLACE if in_place else blocks[rank]
-        return (send, [recv, counts, displs]), lambda a: expect(a[1][0], want)
-    return make
+    return without_root(gatherv_maker(comm, dtype, comm.rank, in_place, kind), 2)
 
 
 def alltoall_maker(comm, dtype, root, in_place, kind, k=2):
@@ -388,8 +355,8 @@ def alltoall_maker(comm, dtype, root, in_place, kind, k=2):
 
 
 def alltoallv_maker(comm, dtype, root, in_place, kind):
-    """Send layout `kind`, receive layout the next one; IN_PLACE needs
-    symmetric counts (what rank i sends j is what j sends i)."""
+    """Send layout `kind`, receive layout the next one; IN_PLACE needs symmetric counts (what
+    rank i sends j is what j sends i)."""
     rank, size = comm.rank, comm.size
 
     def count(i, j):
@@ -408,9 +375,8 @@ def alltoallv_maker(comm, dtype, root, in_place, kind):
             buf = place(sentinel(rlength, dtype), outgoing, rdispls)
             return (mcr.IN_PLACE, [buf, rcounts, rdispls]), lambda a: expect(a[1][0], want)
         send = place(sentinel(slength, dtype), outgoing, sdispls)
-        return (([send, scounts, sdispls], [sentinel(rlength, dtype), np.array(rcounts),
-                                            rdispls]),
-                lambda a: expect(a[1][0], want))
+        recv = [sentinel(rlength, dtype), np.array(rcounts), rdispls]
+        return ([send, scounts, sdispls], recv), lambda a: expect(a[1][0], want)
     return make
 
 
@@ -423,8 +389,8 @@ class Operation:
         self.in_place, self.vector, self.root_label = in_place, vector, root_label
 
     def variants(self, comm, dtypes=None):
-        """(label, make) for each element type (and reduction), root, IN_PLACE
-        and layout; `dtypes` restricts the element types."""
+        """(label, make) for each element type (and reduction), root, IN_PLACE and layout;
+        `dtypes` restricts the element types."""
         places = (False, True) if self.in_place else (False,)
         rootset = roots(comm.size) if self.rooted else [0]
         if self.reduction:
@@ -474,8 +440,8 @@ OPERATIONS = {
 
 
 def run_operation(comm, method, backend, form, dtypes=None):
-    """Every variant of collective `method` in `form` on `backend`; raises
-    with every wrong result at the end."""
+    """Every variant of collective `method` in `form` on `backend`; raises with every wrong
+    result at the end."""
     found = Findings()
     variants = OPERATIONS[method].variants(comm, dtypes)
     if method == "Barrier":

@@ -1,16 +1,14 @@
 """Reference data and expected results for every test of an operation.
 
-Each rank's data is a deterministic function of (key, length, element type,
-reduction, seed), so any rank computes what any other sends or receives, and
-every expected value is computed here with torch/numpy on the whole data,
-never with mcr. Element types are torch dtypes or numpy dtypes (then the
-buffers are numpy arrays).
+Each rank's data is a deterministic function of (key, length, element type, reduction, seed), so any
+rank computes what any other sends or receives, and every expected value is computed here with
+torch/numpy on the whole data, never with mcr. Element types are torch dtypes or numpy dtypes (then
+the buffers are numpy arrays).
 
-Values are small integers, so every reduction order is exact in every type:
-PROD operands are 1..3, logical operands 0 and 1 (MPI returns a lone operand
-as it is), order, sum and bitwise operands of signed types include negatives,
-and uint32/uint64 values reach above 2**31/2**63 (wrong if reduced or compared
-as signed).
+Values are small integers, so every reduction order is exact in every type: PROD operands are 1..3,
+logical operands 0 and 1 (MPI returns a lone operand as it is), order, sum and bitwise operands of
+signed types include negatives, and uint32/uint64 values reach above 2**31/2**63 (wrong if reduced
+or compared as signed).
 """
 
 import functools
@@ -21,7 +19,6 @@ import torch
 import mcr
 
 # -- element types -------------------------------------------------------------------
-
 FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 SIGNED = [torch.int32, torch.int64, torch.int8, torch.int16]
 UNSIGNED = [torch.uint8, torch.uint16, torch.uint32, torch.uint64]
@@ -48,8 +45,8 @@ HIGH = {torch.uint32: 1 << 31, torch.uint64: 1 << 63}
 
 
 def reductions(dtypes=None):
-    """(element type, op name) for every op on every element type it applies
-    to, numpy types included; `dtypes` restricts the element types."""
+    """(element type, op name) for every op on every element type it applies to, numpy types
+    included; `dtypes` restricts the element types."""
     pairs = [(dt, op) for dt in FLOATS for op in ARITH + ORDER]
     pairs += [(dt, op) for dt in SIGNED + UNSIGNED for op in OPS]
     pairs += [(torch.bool, op) for op in LOGICAL]
@@ -72,17 +69,15 @@ def torch_dtype(dtype):
 
 # -- data ------------------------------------------------------------------------------
 
-
 def data(key, n, dtype=torch.float32, op=None, seed=0):
-    """`n` elements of `dtype` for `key` (a rank, or any int) and reduction
-    `op` (None: data to move, 1..7); a numpy array for a numpy `dtype`."""
+    """`n` elements of `dtype` for `key` (a rank, or any int) and reduction `op` (None: data to
+    move, 1..7); a numpy array for a numpy `dtype`."""
     if is_numpy(dtype):
         return data(key, n, torch_dtype(dtype), op, seed).numpy()
     g = torch.Generator().manual_seed(10007 * seed + key)
 
     def ints(lo, hi):
         return torch.randint(lo, hi, (n,), generator=g)
-
     if op in LOGICAL or dtype == torch.bool:
         return ints(0, 2).to(dtype)
     if dtype.is_complex:
@@ -122,8 +117,8 @@ def pair_block(src, dst, n, dtype, seed=0):
 
 
 def reduce_ref(xs, op):
-    """`op` (a name) over `xs` in rank order with numpy, in their element type
-    (bfloat16 through float32: exact on these small integers)."""
+    """`op` (a name) over `xs` in rank order with numpy, in their element type (bfloat16
+    through float32: exact on these small integers)."""
     if not len(xs):
         raise ValueError("nothing to reduce")
     if is_numpy(xs[0].dtype) or isinstance(xs[0], np.ndarray):
@@ -138,14 +133,11 @@ def reduce_ref(xs, op):
 
 # -- buffers and layouts --------------------------------------------------------------
 
-
 def sentinel(n, dtype):
-    """A receive buffer of `n` elements holding a value no result has (bool:
-    all False)."""
+    """A receive buffer of `n` elements holding a value no result has (bool: all False)."""
     if is_numpy(dtype):
         return sentinel(n, torch_dtype(dtype)).numpy()
-    return torch.zeros(n, dtype=dtype) if dtype == torch.bool else \
-        torch.full((n,), 77, dtype=dtype)
+    return torch.zeros(n, dtype=dtype) if dtype == torch.bool else torch.full((n,), 77, dtype=dtype)
 
 
 def cat(blocks):
@@ -165,12 +157,9 @@ LAYOUTS = ("packed", "gaps", "reversed")
 
 
 def layout(counts, kind):
-    """Displacements for blocks of `counts` elements, and the buffer length.
-
-    packed: rank order, no gaps (the default MPI layout); gaps: rank order with
-    holes before, between and after the blocks; reversed: the last rank's block
-    first, with a hole between blocks.
-    """
+    """Displacements for blocks of `counts` elements, and the buffer length. packed: rank order,
+    no gaps (MPI's default); gaps: rank order with holes before, between and after the blocks;
+    reversed: the last rank's block first, with a hole between blocks."""
     counts = list(counts)
     order, gap, lead = {"packed": (range(len(counts)), 0, 0),
                         "gaps": (range(len(counts)), 2, 1),

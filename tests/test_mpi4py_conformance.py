@@ -1,13 +1,10 @@
 """mpi4py's own test suite passes through mcr.MPI (the drop-in claim).
 
-The suite of the installed mpi4py version (from its sdist, fetched once and
-cached; see tests/mpi4py_conformance/sdist.py) runs with ``mcr.MPI`` in place
-of ``mpi4py.MPI`` under mpiexec at 1, 2 and 3 processes. Each size passes when
-every test that ran passes (a failure, an error, a crash, a hang, or a failed
-set-up of a class or module fails it). The tests left out, each with its
-reason, are in tests/mpi4py_conformance/exclusions.py.
-Alone: ``python -m pytest tests/test_mpi4py_conformance.py``, or
-``python tests/mpi4py_conformance/run.py -n 2 [-i REGEX]`` for the report.
+The suite of the installed mpi4py (its sdist: tests/mpi4py_conformance/sdist.py) runs with
+``mcr.MPI`` in place of ``mpi4py.MPI`` at 1, 2 and 3 processes. Each size passes when every
+test that ran passes (a failure, an error, a crash, a hang, or a failed set-up of a class or
+module fails it). Left out: tests/mpi4py_conformance/exclusions.py. The report alone:
+``python tests/mpi4py_conformance/run.py -n 2 [-i REGEX]``.
 """
 
 import pytest
@@ -37,8 +34,7 @@ def test_mpi4py_suite_through_mcr(mpi4py_tests, nprocs):
 
 
 def test_report_requires_every_test_that_ran_to_pass():
-    """The gate (no MPI): skips do not count; one failure, error, crash or
-    hang, or a failed set-up of a class, fails the size."""
+    """Skips do not count; a failure, error, crash, hang or failed class set-up fails."""
     def report(*kinds, fixture=False):
         r = driver.Report(2, "mpi4py 4.1.2 test suite through mcr.MPI")
         for i, kind in enumerate(kinds):

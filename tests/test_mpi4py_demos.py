@@ -1,19 +1,14 @@
 """mpi4py's own demo programs, ported to mcr by their import line, run as on mpi4py.
 
-The demos of the installed mpi4py version (``demo/`` in its sdist, fetched
-with its test suite: tests/mpi4py_conformance/sdist.py) are what an mpi4py
-user's programs look like: benchmarks, the examples of the MPI-1 standard,
-pi and Mandelbrot, one-sided counters, threads, ``mpi4py.rc`` options, a C
-library called through ctypes. Each demo in tests/mpi4py_conformance/demos.py
-runs under mpiexec as shipped, on mpi4py, then ported: a copy in which every
-``from mpi4py import MPI`` is ``from mcr import MPI``, the one change the
-README promises. Both runs must exit with 0 (mpi4py's own run gets a second
-try: see ``reference``); the ported run must print what mpi4py's run printed
-(as the demo's ``output`` says) and no error or warning that mpi4py's run did
-not print. The small examples of mpi-ref-v1 (``shared``) run one after
-another in one job per size, each checked alone when anything in that job
-goes wrong. Alone: ``python -m pytest
-tests/test_mpi4py_demos.py``.
+The demos of the installed mpi4py (``demo/`` of its sdist: tests/mpi4py_conformance/sdist.py)
+look like users' programs: benchmarks, the MPI-1 standard's examples, pi, Mandelbrot,
+one-sided counters, threads, ``mpi4py.rc`` options, a C library through ctypes. Each demo of
+tests/mpi4py_conformance/demos.py runs under mpiexec as shipped, on mpi4py, then ported (every
+``from mpi4py import MPI`` is ``from mcr import MPI``, the one change the README promises).
+Both runs must exit with 0 (mpi4py's gets a second try: see ``run_twice``); the ported run
+must print what mpi4py's printed (as ``output`` says) and no error or warning that mpi4py's
+did not. The ``shared`` examples of mpi-ref-v1 run in one job per size, each checked alone
+when anything in that job goes wrong.
 """
 
 import json
@@ -41,17 +36,13 @@ _EXEC = re.compile(r"open\(\"([^\"]+\.py)\"\)")   # a demo that runs another fil
 
 def _params():
     for demo in DEMOS:
-        for size in world_sizes(demo.sizes):
-            if isinstance(size, int):
-                yield pytest.param(demo, size, id=f"{demo.name}-{size}")
-            else:   # skipped by MCR_TEST_SIZES
-                yield pytest.param(demo, *size.values, marks=size.marks,
-                                   id=f"{demo.name}-{size.values[0]}")
+        for size in world_sizes(demo.sizes):    # a pytest.param: skipped by MCR_TEST_SIZES
+            n, marks = (size.values[0], size.marks) if hasattr(size, "values") else (size, ())
+            yield pytest.param(demo, n, marks=marks, id=f"{demo.name}-{n}")
 
 
 def port(tree):
-    """Rewrite the import line of every Python file below ``tree``; the
-    files that had one."""
+    """Rewrite the import line of every Python file below ``tree``; the files that had one."""
     ported = set()
     for folder, _, files in os.walk(tree):
         for name in files:
@@ -78,8 +69,7 @@ def demo_trees(tmp_path_factory):
     trees = {"mpi4py": str(base / "mpi4py"), "mcr": str(base / "mcr")}
     for tree in trees.values():
         shutil.copytree(shipped, tree)
-    ported = port(trees["mcr"])
-    return trees, ported
+    return trees, port(trees["mcr"])
 
 
 def mpicc():
@@ -96,8 +86,7 @@ def run(demo, nprocs, tree, tmp_path, label):
     folder = os.path.join(tree, os.path.dirname(demo.path))
     if demo.build:
         command = [mpicc() if word == "mpicc" else word for word in demo.build]
-        built = subprocess.run(command, cwd=folder, capture_output=True, text=True,
-                               timeout=TIMEOUT)
+        built = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=TIMEOUT)
         assert built.returncode == 0, f"{' '.join(command)} failed:\n{built.stderr}"
     stdin = tmp_path / f"stdin-{label}"
     stdin.write_text(demo.stdin)
@@ -113,9 +102,9 @@ def run(demo, nprocs, tree, tmp_path, label):
     return result.stdout, result.stderr
 
 
-# the shared demos of a folder, one after another in one job (a process start
-# costs more than most of them): on each rank, one line per demo, whether it
-# ran to its end (or to SystemExit(0), as a demo that needs more processes)
+# the shared demos of a folder, one after another in one job (a process start costs more
+# than most of them): on each rank, one line per demo, whether it ran to its end (or to
+# SystemExit(0), as a demo that needs more processes)
 SHARED_RUNNER = """\
 import json, runpy, sys, traceback
 from mcr import MPI
@@ -135,9 +124,8 @@ _shared = {}        # (tree, folder, nprocs) -> {demo path: ran cleanly on every
 
 
 def ran_shared(demo, nprocs, tree):
-    """Whether ``demo`` ran cleanly in the one job of its folder's shared
-    demos at ``nprocs`` (started at the first of them asked for): every rank
-    finished it, the job exited with 0 and printed no error or warning."""
+    """Whether ``demo`` ran cleanly in the one job of its folder's shared demos at
+    ``nprocs``: every rank finished it, the job exited with 0 and printed no error or warning."""
     folder = os.path.dirname(demo.path)
     key = (tree, folder, nprocs)
     if key not in _shared:
@@ -155,38 +143,34 @@ def ran_shared(demo, nprocs, tree):
     return _shared[key].get(os.path.basename(demo.path), False)
 
 
-def reference(demo, nprocs, tree, tmp_path):
-    """mpi4py's own run of ``demo`` (``run``), what the ported run is compared
-    with. A failed reference run is run once more: it involves no mcr code,
-    and Open MPI's one-sided layer on this machine fails one now and then
-    (nxtval-mpi3 on plain mpi4py: ``Get_accumulate`` under ``Win.Lock`` gave
-    two processes the same counter value). The ported run gets a second try
-    only where the demo's ``retry`` names such a failure."""
+def run_twice(demo, nprocs, tree, tmp_path, label, why):
+    """``run``, once more when it fails and `why` says why that is fair: mpi4py's own run (the
+    reference of the ported one) involves no mcr code, and Open MPI's one-sided layer fails one
+    now and then; the ported run only where the demo's ``retry`` names such a failure."""
     try:
-        return run(demo, nprocs, tree, tmp_path, "mpi4py")
+        return run(demo, nprocs, tree, tmp_path, label)
     except AssertionError as first:
+        if not why:
+            raise
         try:
-            return run(demo, nprocs, tree, tmp_path, "mpi4py")
+            return run(demo, nprocs, tree, tmp_path, label)
         except AssertionError as second:
-            raise AssertionError(f"mpi4py's own run failed twice:\n{first}\n{second}") \
+            raise AssertionError(f"the {label} run failed twice ({why}):\n{first}\n{second}") \
                 from None
 
 
 def mask(line):
-    """``line`` with every number as ``#`` and every run of blanks as one
-    (numbers of other widths are padded otherwise)."""
+    """``line`` with every number as ``#`` and every run of blanks as one (padding varies)."""
     return " ".join(_NUMBER.sub("#", line).split())
 
 
 def masked(text):
-    """The lines of ``text``, masked, sorted."""
     return sorted(mask(line) for line in text.splitlines())
 
 
 def numbers_close(out, expected):
-    """Whether the lines of ``out`` are those of ``expected`` (in any order)
-    once their numbers are compared to 1e-12, relative or absolute: a sum of
-    doubles added in another order differs in its last few bits."""
+    """Whether the lines of ``out`` are those of ``expected`` (in any order) with numbers
+    compared to 1e-12, relative or absolute (sums in another order differ in the last bits)."""
     def parsed(text):
         return sorted((mask(line), [float(m.group()) for m in _NUMBER.finditer(line)])
                       for line in text.splitlines())
@@ -210,18 +194,10 @@ def test_demo_ported_to_mcr(demo_trees, demo, nprocs, tmp_path):
     if demo.shared and ran_shared(demo, nprocs, trees["mcr"]):
         assert demo.output == "exit", f"{demo.name}: a shared demo is checked by its exit"
         return
-    try:
-        out, err = run(demo, nprocs, trees["mcr"], tmp_path, "mcr")
-    except AssertionError as first:
-        if not demo.retry:
-            raise
-        try:       # a failure plain mpi4py has too (demo.retry says which)
-            out, err = run(demo, nprocs, trees["mcr"], tmp_path, "mcr")
-        except AssertionError as second:
-            raise AssertionError(f"the ported run failed twice ({demo.retry}):\n"
-                                 f"{first}\n{second}") from None
+    out, err = run_twice(demo, nprocs, trees["mcr"], tmp_path, "mcr", demo.retry)
     if demo.output != "exit" or _TROUBLE.search(err):
-        expected_out, expected_err = reference(demo, nprocs, trees["mpi4py"], tmp_path)
+        expected_out, expected_err = run_twice(demo, nprocs, trees["mpi4py"], tmp_path, "mpi4py",
+                                               "mpi4py's own run: no mcr code in it")
         if demo.output == "same":
             assert sorted(out.splitlines()) == sorted(expected_out.splitlines())
         elif demo.output == "close":
@@ -231,8 +207,8 @@ def test_demo_ported_to_mcr(demo_trees, demo, nprocs, tmp_path):
             assert masked(out) == masked(expected_out)
         else:
             assert demo.output == "exit", f"{demo.name}: unknown output check {demo.output!r}"
-        # errors and warnings: only those that mpi4py's run printed too (such as
-        # Open MPI's notes on its one-sided components), numbers (process ids) aside
+        # errors and warnings: only those mpi4py's run printed too (such as Open MPI's notes on
+        # its one-sided components), numbers (process ids) aside
         known = set(masked(expected_err))
         new = [line for line in err.splitlines()
                if _TROUBLE.search(line) and mask(line) not in known]

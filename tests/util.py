@@ -1,5 +1,4 @@
-"""Helpers shared by the test cases (the data and expected values of
-operations are in opref.py)."""
+"""Helpers shared by the test cases (the data and expected values of operations are in opref.py)."""
 
 import contextlib
 

@@ -1,22 +1,19 @@
 """GPU checks for mcr: the operation matrix on CUDA tensors, and what only a GPU has.
 
-The makers of tests/opmatrix.py run on the device's buffers on MPI and NCCL;
-besides: CUDA buffer kinds, stream semantics, MPI and NCCL requests mixed,
-wrong-device errors, mcr.tune, the logger and compression, checked mode,
-torch.distributed and the workloads on the device.
+The makers of tests/opmatrix.py run on the device's buffers on MPI and NCCL; besides: CUDA
+buffer kinds, stream semantics, MPI and NCCL requests mixed, wrong-device errors, mcr.tune,
+the logger and compression, checked mode, torch.distributed and the workloads on the device.
 
     python tests/gpu/check_gpu.py                # on a machine with a CUDA device
     python tests/gpu/check_gpu.py --device cpu   # dry run: CPU tensors, Gloo for NCCL
     python tests/gpu/check_gpu.py --logdir $OUT/gpu-logs   # keep every case's log
 
-Without a CUDA device (nor ``--device cpu``) it prints ``check_gpu: skipped: no
-CUDA device`` and exits 0. This process does not initialize MPI: it runs each
-of :func:`phases` as a job under ``mpiexec`` (:mod:`mcr.launch`), each with a
-time limit, all within ``--budget`` seconds. Results are compared with
-torch/numpy on the whole data on the CPU (:mod:`opref`), never with mcr. Rank 0
-prints a PASS/FAIL line per group of checks; ``--logdir`` keeps every case and
-each job's stderr. Exit status: 0 when every check passed (or there is no CUDA
-device), 1 when one failed, 2 when the checks could not be started.
+Without a CUDA device (nor ``--device cpu``) it prints ``check_gpu: skipped: no CUDA device``
+and exits 0. This process does not initialize MPI: it runs each of :func:`phases` as a job
+under mpiexec (:mod:`mcr.launch`), each with a time limit, all within ``--budget`` seconds.
+Results are compared with torch/numpy on the whole data on the CPU (:mod:`opref`), never with
+mcr. Rank 0 prints a PASS/FAIL line per group of checks. Exit status: 0 when every check
+passed (or there is no CUDA device), 1 when one failed, 2 when the checks could not start.
 """
 
 import argparse
@@ -83,14 +80,12 @@ def phases(device, ndev):
 
 
 def threads_per_process(nprocs):
-    """Torch threads per process: half the cores shared out (OpenMP threads
-    spinning beside MPI's polling slow everything down when cores are short)."""
+    """Half the cores shared out (OpenMP threads spinning beside MPI's polling slow it all)."""
     return max(1, (os.cpu_count() or 2) // (2 * nprocs))
 
 
 def pump(stream):
-    """Echo a job's output as it comes: the progress lines."""
-    for line in stream:
+    for line in stream:         # a job's progress lines, as they come
         sys.stdout.write(line)
         sys.stdout.flush()
 
@@ -100,7 +95,7 @@ def say(text, file=sys.stdout):
 
 
 def run_phase(ph, args, mpiexec, logdir, limit):
-    """Run one phase; return (status, summary dict or None, seconds)."""
+    """Run one phase; (status, summary dict or None, seconds)."""
     summary, errlog, caselog = (os.path.join(logdir, ph.name + ext)
                                 for ext in (".json", ".stderr", ".cases"))
     for path in (summary, caselog):
@@ -111,9 +106,8 @@ def run_phase(ph, args, mpiexec, logdir, limit):
     env.update(ph.env, PYTHONUNBUFFERED="1")
     env.setdefault("OMP_NUM_THREADS", str(threads_per_process(ph.nprocs)))
     env.setdefault("MCR_BACKEND_TIMEOUT", "60")  # a stuck Gloo/NCCL call fails, not hangs
-    argv = [sys.executable, "-u", HERE, "--phase", ph.name, "--device", args.device,
-            "--summary", summary, "--caselog", caselog,
-            "--hang-after", str(max(int(limit) - 8, 5))]
+    argv = [sys.executable, "-u", HERE, "--phase", ph.name, "--device", args.device, "--summary",
+            summary, "--caselog", caselog, "--hang-after", str(max(int(limit) - 8, 5))]
     say(f"phase {ph.name}: {ph.what} (limit {limit:.0f} s)")
     t0 = time.monotonic()
     with open(errlog, "w") as err:
@@ -149,8 +143,7 @@ def parent(args):
         say(f"torch cannot be imported ({_TORCH_ERROR}); mcr needs it", sys.stderr)
         return 2
     if args.device != "cpu" and not torch.cuda.is_available():
-        say(f"skipped: no CUDA device (torch {torch.__version__}, "
-            f"CUDA build {torch.version.cuda})")
+        say(f"skipped: no CUDA device (torch {torch.__version__}, CUDA build {torch.version.cuda})")
         return 0
     device = args.device = "cpu" if args.device == "cpu" else "cuda"
     ndev = torch.cuda.device_count() if device == "cuda" else 0
@@ -179,8 +172,7 @@ def parent(args):
             rows.append((ph.name, "NOT RUN", "time budget spent", 0.0))
             failures.append(f"{ph.name}: not run, the time budget was spent")
         else:
-            status, result, seconds = run_phase(ph, args, mpiexec, logdir,
-                                                min(ph.limit, remaining))
+            status, result, seconds = run_phase(ph, args, mpiexec, logdir, min(ph.limit, remaining))
             detail = "no summary"
             if result is not None:
                 detail = f"{result['passed']} checks passed, {len(result['failed'])} failed"
@@ -238,8 +230,7 @@ def ones(n, times=1):
 
 
 class CudaArray:
-    """A CUDA buffer seen only through __cuda_array_interface__ (as CuPy or
-    Numba arrays are)."""
+    """A CUDA buffer seen only through __cuda_array_interface__ (as CuPy or Numba arrays are)."""
 
     def __init__(self, t):
         self._t = t
@@ -251,13 +242,7 @@ class DLPackArray:
     """A buffer seen only through the DLPack protocol."""
 
     def __init__(self, t):
-        self._t = t
-
-    def __dlpack__(self, *args, **kwargs):
-        return self._t.__dlpack__(*args, **kwargs)
-
-    def __dlpack_device__(self):
-        return self._t.__dlpack_device__()
+        self.__dlpack__, self.__dlpack_device__ = t.__dlpack__, t.__dlpack_device__
 
 
 def tensors(x, fn):
@@ -268,9 +253,8 @@ def tensors(x, fn):
 
 
 class AsKind:
-    """`comm` whose methods get every tensor argument as buffer `kind`: "cai"
-    (only through __cuda_array_interface__; a numpy view on the dry run) or
-    "dlpack" (only through DLPack)."""
+    """`comm` whose methods get every tensor argument as buffer `kind`: "cai" (only through
+    __cuda_array_interface__; a numpy view on the dry run) or "dlpack" (only through DLPack)."""
 
     def __init__(self, comm, kind):
         self.comm, self.kind = comm, kind
@@ -286,17 +270,15 @@ class AsKind:
 
 
 def refused_cai(kind, bfloat16, text):
-    """mcr refusing bfloat16 through __cuda_array_interface__ (it has no type
-    string for it that torch reads, "<V2"): a limitation, not a failure
-    (torch's bare message would be)."""
+    """mcr refusing bfloat16 through __cuda_array_interface__ (no type string that torch reads,
+    "<V2"): a limitation, not a failure (torch's bare message would be)."""
     return kind == "cai" and bfloat16 and "TypeError" in text and \
         "cannot be read through __cuda_array_interface__" in text
 
 
 class Ctx:
-    """Where checks run: a communicator, a backend (None: the communicator's
-    default, MPI; `staged`: on the dry run, host buffers staged as CUDA ones
-    are) and a device."""
+    """Where checks run: a communicator, a backend (None: MPI, the default; `staged`: on the
+    dry run, host buffers staged as CUDA ones are) and a device."""
 
     def __init__(self, MPI, comm, backend, device, staged=False):
         self.MPI, self.comm, self.backend, self.device = MPI, comm, backend, device
@@ -337,9 +319,8 @@ class Ctx:
 
 @contextlib.contextmanager
 def longer(n):
-    """The matrix's messages about `n` elements long (0: as they are). Its
-    makers have no length argument: opmatrix.N and opmatrix.vcounts are
-    scaled meanwhile (Bcast, the reductions, the v-collectives)."""
+    """The matrix's messages about `n` elements long (0: as they are): opmatrix.N and
+    opmatrix.vcounts scaled meanwhile (Bcast, the reductions, the v-collectives)."""
     saved = opmatrix.N, opmatrix.vcounts
     if n:
         opmatrix.N = n
@@ -351,8 +332,8 @@ def longer(n):
 
 
 def long_alltoallv(comm, dtype, n):
-    """A maker of Alltoallv with uneven counts of about n / size (those of the
-    matrix's maker do not scale), packed send and gapped receive layouts."""
+    """A maker of Alltoallv with uneven counts of about n / size (the matrix's do not scale),
+    packed send and gapped receive layouts."""
     rank, size = comm.rank, comm.size
     scounts = [max(n // size - 1 + (rank + 2 * j) % 3, 0) for j in range(size)]
     rcounts = [max(n // size - 1 + (i + 2 * rank) % 3, 0) for i in range(size)]
@@ -369,9 +350,8 @@ def long_alltoallv(comm, dtype, n):
 
 
 def matrix_case(t, method, form, kind, n=0):
-    """Every variant of collective `method` in `form` on `t` with `kind` buffers
-    on the device, checked on the host; with `n`, messages about n elements
-    long (the reductions: SUM only)."""
+    """Every variant of collective `method` in `form` on `t` with `kind` buffers, checked on
+    the host; with `n`, messages about n elements long (the reductions: SUM only)."""
     def on_device(make):              # opmatrix's makers have no device argument
         def make_there(seed):
             args, check = make(seed)
@@ -402,9 +382,9 @@ def matrix_case(t, method, form, kind, n=0):
 
 
 def p2p_case(t, kind, dtype, n, form):
-    """A ring: each process sends the next one `n` elements and receives from
-    the previous (blocking: even ranks send first); statuses checked;
-    persistent requests started twice, new data written on the stream between."""
+    """A ring: each process sends the next one `n` elements, receives from the previous (blocking:
+    even ranks send first); statuses checked; persistent requests started twice, new data
+    written on the stream between."""
     def run():
         MPI, r, kw, comm = t.MPI, t.rank, t.kw, t.as_kind(kind)
         dest, source, tag = (r + 1) % t.size, (r - 1) % t.size, 7
@@ -454,8 +434,8 @@ def p2p_case(t, kind, dtype, n, form):
 
 
 def run_matrix(rep, t, quick):
-    """Every collective of the matrix on `t`, in every form, with each kind of
-    buffer, and large messages unless `quick`; then Send/Recv in a ring."""
+    """Every collective of the matrix on `t`, in every form, with each kind of buffer, and large
+    messages unless `quick`; then Send/Recv in a ring."""
     kinds = "/".join(t.kind_name(k) for k in KINDS)
     rep.section(f"{t.name}: the operation matrix, {'/'.join(FORMS)} x {'/'.join(DTYPES)} x "
                 f"{kinds}" + ("" if quick else f"; n={t.big} for {', '.join(LARGE)}"))
@@ -468,8 +448,7 @@ def run_matrix(rep, t, quick):
     if t.size == 1 and t.backend is not None:
         rep.say(f"SKIP {t.name} Send/Recv: send to self is not supported on {t.name}")
         return
-    sizes = {"tensor": (1, 1000) if quick else (1, 1000, t.big), "cai": (1000,),
-             "dlpack": (1000,)}
+    sizes = {"tensor": (1, 1000) if quick else (1, 1000, t.big), "cai": (1000,), "dlpack": (1000,)}
     rep.group(f"{t.name} Send/Recv", [
         (f"{form} {d} {t.kind_name(kind)} n={n}", p2p_case(t, kind, getattr(torch, d), n, form))
         for form in FORMS for d in DTYPES for kind in KINDS for n in sizes[kind]
@@ -479,12 +458,11 @@ def run_matrix(rep, t, quick):
 # -- stream semantics, backends mixed, wrong devices ------------------------------------
 
 def stream_case(t, how):
-    """DESIGN.md: the communication waits for work queued on the caller's current
-    stream (here a long kernel, then the write of the send buffer); Wait() makes
-    the caller's current stream wait for the result. `how`: blocking,
-    nonblocking, persistent (made before the write), or elsewhere (Iallreduce
-    waited on another stream while the posting one is kept busy: a copy-back
-    queued on the posting stream would land after the read)."""
+    """DESIGN.md: the communication waits for work queued on the caller's current stream (a long
+    kernel, then the write of the send buffer); Wait() makes the caller's current stream wait
+    for the result. `how`: blocking, nonblocking, persistent (made before the write), or
+    elsewhere (Iallreduce waited on another stream while the posting one is kept busy: a
+    copy-back queued on the posting stream would land after the read)."""
     n, comm, kw, cuda = t.big, t.comm, t.kw, t.cuda
 
     def on(stream):
@@ -539,13 +517,13 @@ STREAM_CASES = {"blocking": "Allreduce after queued writes",
 
 
 def mixed_cases(tm, tb):
-    """Requests of MPI (tm) and of the other backend (tb: NCCL; Gloo on the dry
-    run) on the device's buffers, completed together."""
+    """Requests of MPI (tm) and of the other backend (tb: NCCL; Gloo on the dry run) on the
+    device's buffers, completed together."""
     MPI, n = tm.MPI, 1 << 16
 
     def post_all():
-        """MPI Iallreduce, backend Iallreduce, MPI Ibcast, backend Iallgatherv
-        (composed: it unpacks at completion); the inputs kept alive."""
+        """MPI Iallreduce, backend Iallreduce, MPI Ibcast, backend Iallgatherv (composed: it
+        unpacks at completion); the inputs kept alive."""
         (xa, wa), (xb, wb) = tm.operands(n, 1), tb.operands(n, 2)
         ya, yb, wc = tm.fresh(n), tb.fresh(n), tm.data(0, n, seed=3)
         c = tm.dev(wc) if tm.rank == 0 else tm.fresh(n)
@@ -591,13 +569,12 @@ def mixed_cases(tm, tb):
             compare(got, want, what)
     return [(f"MPI Iallreduce, {tb.name} Allreduce, MPI Wait", blocking_other_during_mpi)] + [
         (f"{how}{' loop' * (how != 'Waitall')} over MPI + {tb.name} requests",
-         functools.partial(completed, how)) for how in ("Waitall", "Testall", "Waitany",
-                                                        "Waitsome")]
+         functools.partial(completed, how))
+        for how in ("Waitall", "Testall", "Waitany", "Waitsome")]
 
 
 def wrong_device_cases(t):
-    """A buffer the backend cannot serve is refused, naming the backend, and the
-    communicator stays usable."""
+    """A buffer the backend cannot serve is refused, naming the backend; the comm stays usable."""
     def refused(backend, device):
         x, y = torch.ones(4, device=device), torch.empty(4, device=device)
         try:
@@ -626,8 +603,8 @@ def short(text, limit=300):
 
 
 class Reporter:
-    """Runs groups of cases on every process in the same order; rank 0 prints
-    one line per group and writes every case to the case log."""
+    """Runs groups of cases on every process in the same order; rank 0 prints one line per
+    group and writes every case to the case log."""
 
     def __init__(self, hc, phase, caselog):
         self.hc, self.phase, self.rank = hc, phase, hc.Get_rank()
@@ -701,8 +678,8 @@ class Reporter:
         seconds = time.monotonic() - self.t0
         if self.rank != 0:
             return
-        self.say(f"done: {self.passed} passed, {len(self.failed)} failed, "
-                 f"{len(self.notes)} notes, {seconds:.1f} s", log=False)
+        self.say(f"done: {self.passed} passed, {len(self.failed)} failed, {len(self.notes)} notes, "
+                 f"{seconds:.1f} s", log=False)
         if path:
             with open(path, "w") as f:
                 json.dump({"phase": self.phase, "passed": self.passed, "failed": self.failed,
@@ -715,8 +692,7 @@ def describe(rep, env):
     from mcr import _core, device as mdev
     t, ordinal, aware = env.t, env.ordinal, _core._mpi_cuda_aware()
     version = env.mcr.build_info()["mpi_library_version"].splitlines()[0].split(",")[0]
-    where = f"{torch.cuda.get_device_name(ordinal)} (cuda:{ordinal})" if t.cuda else \
-        "CPU (dry run)"
+    where = f"{torch.cuda.get_device_name(ordinal)} (cuda:{ordinal})" if t.cuda else "CPU (dry run)"
     rep.say(f"torch {torch.__version__} (CUDA {torch.version.cuda}), {where}, {t.size} "
             f"process(es), mcr {env.mcr.__version__}, {' '.join(version.split())}")
     meaning = {1: "aware", 0: "not aware", -1: "cannot tell"}.get(aware, "?")
@@ -738,14 +714,13 @@ def awareness(t, ordinal):
            f"(MCR_CUDA_AWARE={setting or 'unset'}, library says {aware})")
     if t.cuda:
         reads = mdev.interface(ordinal).mpi_reads_device
-        ensure(reads == want, f"interface({ordinal}).mpi_reads_device is {reads}, "
-                              f"expected {want}")
+        ensure(reads == want, f"interface({ordinal}).mpi_reads_device is {reads}, expected {want}")
     return f"MPI given device memory directly: {want}"
 
 
 def phase_mpi(rep, env):
-    """The MPI backend on the device's buffers at 2 processes ("mpi-aware0":
-    with MCR_CUDA_AWARE=0, no large messages)."""
+    """The MPI backend on the device's buffers at 2 processes ("mpi-aware0": with
+    MCR_CUDA_AWARE=0, no large messages)."""
     staged = not env.t.cuda and env.phase == "mpi"
     t = Ctx(env.MPI, env.MPI.COMM_WORLD, None, env.device, staged=staged)
     if not t.cuda:
@@ -767,8 +742,8 @@ def device_extras(rep, t):
 
 
 def fusion_cases(t):
-    """mcr.Fusion on this context's backend and device: many small calls run
-    in a few buckets, every result against torch's on the host."""
+    """mcr.Fusion on this context's backend and device: many small calls run in a few buckets,
+    every result against torch's on the host."""
     import mcr
     calls, n = 40, 300
 
@@ -800,15 +775,14 @@ def fusion_cases(t):
 
 
 def neighbor_cases(t):
-    """The neighborhood collectives of a periodic ring on this context's
-    backend and device (on MPI, CUDA tensors go through host copies; on
-    NCCL, rounds of Alltoallv): every form, against the ring's definition."""
+    """The neighborhood collectives of a periodic ring on this context's backend and device (on
+    MPI, CUDA tensors go through host copies; on NCCL, rounds of Alltoallv), in every form."""
     n, left, right = 1000, (t.rank - 1) % t.size, (t.rank + 1) % t.size
 
     def blocks(r):           # what process r sends its left, then its right neighbour
         return [t.data(r, n, seed=k) for k in (0, 1)]
-    # slot 0 (from the left) holds what the left one sent right, and the
-    # other way round (MPI 4.0: so also with 1 or 2 processes)
+    # slot 0 (from the left) holds what the left one sent right, and the other way round
+    # (MPI 4.0: so also with 1 or 2 processes)
     expected = torch.cat([blocks(left)[1], blocks(right)[0]])
 
     def case(form):
@@ -834,8 +808,8 @@ def neighbor_cases(t):
 
 
 def phase_nccl(rep, env):
-    """The other backend on 1 process (nccl1) or 2 (nccl2, no large messages:
-    one device each), mixed with MPI."""
+    """The other backend on 1 process (nccl1) or 2 (nccl2, no large messages: one device each),
+    mixed with MPI."""
     comm = env.MPI.COMM_WORLD.Dup()              # freed at the end: releases the backend
     t = Ctx(env.MPI, comm, env.other, env.device)
 
@@ -850,8 +824,8 @@ def phase_nccl(rep, env):
         rep.group("a buffer on the wrong device is refused", wrong_device_cases(t))
         run_matrix(rep, t, quick=env.phase == "nccl2")
         device_extras(rep, t)
-        mixed(rep, env.t, t, f"{t.name} mixed with MPI (MPI on "
-              f"{'CUDA' if t.cuda else 'host'} buffers)")
+        mixed(rep, env.t, t,
+              f"{t.name} mixed with MPI (MPI on {'CUDA' if t.cuda else 'host'} buffers)")
     if t.cuda and torch.cuda.device_count() >= 2 and t.size == 2:
         rep.group("MPI: buffers on a device other than the current one",
                   other_device_cases(env.t, env.ordinal))
@@ -889,8 +863,8 @@ TUNE_OPS = ("allreduce", "bcast", "allgather", "alltoall")
 
 
 def phase_tune(rep, env):
-    """mcr.tune on this phase's process: the other backend against MPI on the
-    device's buffers, then backend="auto" running each call where the table says."""
+    """mcr.tune: the other backend against MPI on the device's buffers, then backend="auto"
+    running each call where the table says."""
     import mcr.hooks
     from mcr import tuning
     from mcr.tune import worker
@@ -914,8 +888,8 @@ def phase_tune(rep, env):
         return "chosen: " + ", ".join(f"{op} {b}" for op, b in sorted(chosen))
 
     def auto_follows_table():
-        # as measured, and with Allreduce above 1 KiB sent to the other backend
-        # by hand (a table's choices may be edited), so that auto runs both
+        # as measured, with Allreduce above 1 KiB sent to the other backend by hand (a table's
+        # choices may be edited), so that auto runs both
         table = tuning.Table.load(path)
         for e in table.entries:
             if e.op == "Allreduce" and e.bytes > 1024:
@@ -934,8 +908,8 @@ def phase_tune(rep, env):
                 (x, want), y = tm.operands(n, n), tm.fresh(n)
                 with mcr.hooks.installed(lambda call: seen.append(call.backend)):
                     comm.Allreduce(x, y)
-                ensure(seen[-1] == e.backend, f"auto ran {4 * n} B on {seen[-1]}, "
-                                              f"table {e.backend}")
+                ensure(seen[-1] == e.backend,
+                       f"auto ran {4 * n} B on {seen[-1]}, table {e.backend}")
                 compare(y, want, f"Allreduce of {4 * n} B under auto")
         finally:
             comm.Free()
@@ -951,9 +925,8 @@ def phase_tune(rep, env):
 
 
 def phase_ext(rep, env):
-    """Issue 12 on the device's buffers, on the other backend and on MPI: the
-    logger times calls on CUDA tensors with events (no device
-    synchronization); compression encodes and decodes on the device."""
+    """Issue 12 on the other backend and on MPI: the logger times calls on CUDA tensors with
+    events (no device synchronization); compression encodes and decodes on the device."""
     import mcr.log
     tm, kind, n, backends = env.t, env.device.type, 1 << 16, ("mpi", env.other)
     comm = env.MPI.COMM_WORLD.Dup()
@@ -1009,9 +982,9 @@ def phase_ext(rep, env):
 
 
 def phase_check(rep, env):
-    """Issue 14 on the device, on the other backend and on MPI: a planted count
-    mismatch raises MismatchError on every rank in checked mode; a receive
-    nobody sends raises TimeoutError at the timeout and completes once sent."""
+    """Issue 14 on the other backend and on MPI: a planted count mismatch raises MismatchError
+    on every rank in checked mode; a receive nobody sends raises TimeoutError at the timeout
+    and completes once sent."""
     MPI, mcr, tm = env.MPI, env.mcr, env.t
     r, size = tm.rank, tm.size
 
@@ -1058,18 +1031,16 @@ def phase_check(rep, env):
 
 
 def phase_torch(rep, env):
-    """Issue 13 on the device: the 'mcr' torch.distributed backend. DDP trains
-    the same model on mcr groups running the other backend and MPI, and on
-    torch's own group of the other backend; the losses must agree."""
+    """Issue 13: the 'mcr' torch.distributed backend. DDP trains the same model on mcr groups
+    running the other backend and MPI, and on torch's own group of it; the losses must agree."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
     device, other, cuda = env.device, env.other, env.t.cuda
     # no MASTER_ADDR: rank and size from MPI; torch takes a device_id on CUDA only
     dist.init_process_group("mcr", device_id=device if cuda else None)
     rank, size = dist.get_rank(), dist.get_world_size()
-    groups = {f"mcr-{b}": dist.new_group(backend="mcr",
-                                         pg_options=env.mcr.distributed.Options(backend=b))
-              for b in (other, "mpi")}
+    groups = {f"mcr-{b}": dist.new_group(backend="mcr", pg_options=env.mcr.distributed.Options(
+        backend=b)) for b in (other, "mpi")}
     groups[f"torch-{other}"] = dist.new_group(backend=other)
 
     def full(shape, value, where=device):
@@ -1101,8 +1072,8 @@ def phase_torch(rep, env):
                                           device_ids=[env.ordinal] if cuda else None)
         opt = torch.optim.SGD(wrapped.parameters(), lr=0.05)
         gen = torch.Generator().manual_seed(3)
-        xs, ys = torch.randn(10, size, 16, 32, generator=gen), \
-            torch.randn(10, size, 16, 4, generator=gen)
+        xs, ys = torch.randn(10, size, 16, 32, generator=gen), torch.randn(10, size, 16, 4,
+                                                                           generator=gen)
         got = losses[name] = []
         for step in range(10):
             opt.zero_grad()
@@ -1129,9 +1100,8 @@ def phase_torch(rep, env):
 
 
 def phase_workloads(rep, env):
-    """Issue 13's training steps (mcr.workloads) on the device's tensors: a few
-    steps of each on mcr groups and on torch's own group of the other
-    backend, with steps/s, and the losses of every step compared."""
+    """Issue 13's training steps (mcr.workloads): a few steps of each on mcr groups and on
+    torch's own group of the other backend, with steps/s, the losses of every step compared."""
     from mcr.bench import workloads as bench
     from mcr.workloads import common
     variants = "mcr-cuda,mcr-nccl,nccl" if env.t.cuda else f"mcr,mcr-mpi,{env.other}"
@@ -1140,8 +1110,8 @@ def phase_workloads(rep, env):
 
     def run(workload):
         row = bench._bench(workload, args, groups)
-        ensure(row["agree"], f"losses differ by up to {row['max_abs_diff_warmup']:.2e}: "
-                             f"{row['losses']}")
+        ensure(row["agree"],
+               f"losses differ by up to {row['max_abs_diff_warmup']:.2e}: {row['losses']}")
         return ", ".join(f"{v} {s:.1f} steps/s" for v, s in row["steps_per_s"].items())
     rep.group(f"workloads ({variants})", [(w, functools.partial(run, w)) for w in args.workloads])
     torch.distributed.destroy_process_group()   # torch's Gloo threads may abort at exit
@@ -1198,12 +1168,11 @@ def main():
                         help="cuda (auto: when available, else skip) or cpu (dry run)")
     parser.add_argument("--budget", type=float, default=280,
                         help="seconds for all phases together (default 280)")
-    parser.add_argument("--logdir", help="where to keep per-case logs and stderr "
-                        "(default: a new temporary directory)")
+    parser.add_argument("--logdir", help="where to keep per-case logs and stderr (default: a "
+                        "new temporary directory)")
     parser.add_argument("--phases", help="comma-separated subset of: " + ",".join(PHASES))
-    parser.add_argument("--phase", help=argparse.SUPPRESS)       # a process of one phase
-    parser.add_argument("--summary", help=argparse.SUPPRESS)
-    parser.add_argument("--caselog", help=argparse.SUPPRESS)
+    for hidden in ("--phase", "--summary", "--caselog"):        # a process of one phase
+        parser.add_argument(hidden, help=argparse.SUPPRESS)
     parser.add_argument("--hang-after", type=float, default=100, help=argparse.SUPPRESS)
     args = parser.parse_args()
     return child(args) if args.phase else parent(args)

@@ -1,1 +1,1 @@
-"""mpi4py's own test suite run through mcr.MPI (see driver.py; exclusions.py lists what is left out)."""
+"""mpi4py's own test suite run through mcr.MPI (driver.py; left out: exclusions.py)."""

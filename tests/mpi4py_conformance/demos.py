@@ -1,12 +1,9 @@
-"""The one table of mpi4py's demo programs that the demo test runs ported to
-mcr, and of the demos it leaves out, each with its reason.
+"""The one table of mpi4py's demos (``demo/`` of its sdist) that the demo test runs ported to mcr,
+and of those it leaves out, each with its reason.
 
-mpi4py's source distribution ships demo programs (``demo/``) beside its test
-suite. tests/test_mpi4py_demos.py runs each demo below twice under mpiexec:
-as shipped, on mpi4py, and ported, with the one change a port makes (every
-``from mpi4py import MPI`` becomes ``from mcr import MPI``). Both must exit
-with 0, and the ported demo's output must be the shipped one's (``output``).
-docs/conf.py renders both tables into docs/porting.rst.
+tests/test_mpi4py_demos.py runs each demo as shipped, on mpi4py, and ported (every ``from mpi4py
+import MPI`` is ``from mcr import MPI``): both must exit with 0, and the ported run must print what
+the shipped one prints (``output``). docs/conf.py renders both tables into docs/porting.rst.
 """
 
 from dataclasses import dataclass
@@ -14,17 +11,11 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Demo:
-    """A demo, and how its ported run is checked.
-
-    ``output``: ``"same"``, the ported demo prints the lines mpi4py's run
-    prints (in any order: ranks print concurrently); ``"timings"``, the same
-    once every number is masked (the lines of a benchmark: which sizes it
-    ran, not how fast); ``"close"``, the same lines once numbers are
-    compared to 1e-12 (a demo whose sums arrive in any order, such as
-    one-sided ``Accumulate``: its last digits vary from run to run on mpi4py
-    too); ``"exit"``, only the exit status (a demo that prints
-    nothing on stdout, and checks its results with asserts).
-    """
+    """A demo, and how its ported run is checked: ``output`` ``"same"``, the lines mpi4py's
+    run prints, in any order; ``"timings"``, the same once every number is masked (a
+    benchmark); ``"close"``, the same with numbers compared to 1e-12 (sums that arrive in
+    any order, as one-sided ``Accumulate``'s); ``"exit"``, only the exit status (a demo that
+    checks its results with asserts)."""
 
     path: str                           # below demo/
     args: tuple[str, ...] = ()

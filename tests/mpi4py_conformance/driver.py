@@ -1,20 +1,17 @@
 """Run a unittest suite under mpiexec at one world size and report the outcome.
 
-It serves both conformance runs: mpi4py's test suite through mcr.MPI
-(worker.py here) and torch's ``DistributedTest`` on the "mcr" backend
-(tests/torch_conformance/worker.py). All selected tests run in one mpiexec job
-(the worker on every rank), which records each test's outcome per rank as it
-ends. When the job crashes or stops
-making progress, the test that was running is reported as a crash or a hang and
-the tests after it run again in a new job, so one crash hides nothing else
-(for mpi4py's suite, after a hang, the tests after it in its module are
-reported as not run: each hang costs the stall timeout). A test passes when it
-passes (or is skipped) on every rank.
+It serves both conformance runs: mpi4py's test suite through mcr.MPI (worker.py here) and torch's
+``DistributedTest`` on the "mcr" backend (tests/torch_conformance/worker.py). One job runs every
+selected test, each rank recording each test's outcome as it ends. A test that crashes the job or
+stops it making progress is reported as a crash or a hang, and the tests after it run again in a new
+job (for mpi4py's suite, the rest of a hung test's module is reported as not run: each hang costs
+the stall timeout). A test passes when it passes (or is skipped) on every rank.
 """
 
+import argparse
+import importlib.metadata
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -23,7 +20,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # tests/, for mpiharness
 
-from mpiharness import mpi_env, mpiexec_command  # noqa: E402
+from mcr import launch as mcr_launch  # noqa: E402
+from mpiharness import jsonl_bytes, mpi_env, read_jsonl  # noqa: E402
 
 from mpi4py_conformance.exclusions import EXCLUSIONS  # noqa: E402
 
@@ -53,8 +51,7 @@ class Report:
         self.outcomes = {}          # test id -> Outcome, in running order
         self.excluded = []
         self.fixture_errors = []    # setUpClass/setUpModule errors (no test id of their own)
-        self.jobs = 0
-        self.seconds = 0.0
+        self.jobs, self.seconds = 0, 0.0
 
     def count(self, kind):
         return sum(1 for o in self.outcomes.values() if o.kind == kind)
@@ -65,8 +62,7 @@ class Report:
 
     @property
     def ok(self):
-        """Every test that ran passed (a class or module whose set-up failed
-        counts as a failure), with no crash and no hang."""
+        """Every test that ran passed, no set-up failed, no crash, no hang."""
         return self.count("pass") == self.ran and not self.fixture_errors
 
     def figures(self):
@@ -78,9 +74,8 @@ class Report:
     def text(self, per_module=True, max_failures=200):
         ran = self.ran
         rate = 100.0 * self.count("pass") / ran if ran else 100.0
-        lines = [f"{self.title} at {self.nprocs} "
-                 f"process{'es' if self.nprocs > 1 else ''}: {self.seconds:.0f} s, "
-                 f"{self.jobs} job{'s' if self.jobs > 1 else ''}",
+        lines = [f"{self.title} at {self.nprocs} process{'es' if self.nprocs > 1 else ''}: "
+                 f"{self.seconds:.0f} s, {self.jobs} job{'s' if self.jobs > 1 else ''}",
                  self.figures(),
                  f"passed {self.count('pass')} of the {ran} tests that ran ({rate:.1f}%; "
                  f"every one must pass, 0 crashes, 0 hangs): {'OK' if self.ok else 'FAIL'}"]
@@ -88,8 +83,7 @@ class Report:
             lines.append(self.module_table())
         # crashes and hangs first: they are what a long list would hide
         bad = [o for kinds in (("crash", "hang"), ("fail", "error"))
-               for o in self.outcomes.values() if o.kind in kinds]
-        bad += self.fixture_errors
+               for o in self.outcomes.values() if o.kind in kinds] + self.fixture_errors
         for o in bad[:max_failures]:
             lines.append(f"{o.kind.upper()}: {o.test} (ranks {','.join(map(str, o.ranks))})")
             detail = o.detail.strip().splitlines()
@@ -113,139 +107,68 @@ class Report:
             row = modules.setdefault(test.split(".")[0], {"seconds": 0.0})
             row["excluded"] = row.get("excluded", 0) + 1
         kinds = ("pass", "fail", "error", "skip", "excluded", "crash", "hang")
-        head = f"  {'module':<24}" + "".join(f"{k:>9}" for k in kinds) + f"{'seconds':>9}"
-        rows = [head]
-        for name, row in modules.items():
-            rows.append(f"  {name:<24}" + "".join(f"{row.get(k, 0):>9}" for k in kinds)
-                        + f"{row['seconds']:>9.1f}")
+        rows = [f"  {'module':<24}" + "".join(f"{k:>9}" for k in kinds) + f"{'seconds':>9}"]
+        rows += [f"  {name:<24}" + "".join(f"{row.get(k, 0):>9}" for k in kinds)
+                 + f"{row['seconds']:>9.1f}" for name, row in modules.items()]
         return "\n".join(rows)
 
 
 def read_records(outdir, nprocs):
     """Each rank's list of records (an empty list for a rank that wrote none)."""
-    per_rank = []
-    for rank in range(nprocs):
-        records = []
-        try:
-            with open(os.path.join(outdir, f"rank{rank}.jsonl"), encoding="utf-8") as f:
-                for line in f:
-                    try:
-                        records.append(json.loads(line))
-                    except ValueError:  # a line cut short by a crash
-                        break
-        except FileNotFoundError:
-            pass
-        per_rank.append(records)
-    return per_rank
-
-
-def progress(outdir):
-    """A value that changes whenever any rank writes a record."""
-    total = 0
-    for name in os.listdir(outdir):
-        if name.endswith(".jsonl"):
-            total += os.path.getsize(os.path.join(outdir, name))
-    return total
+    return [read_jsonl(os.path.join(outdir, f"rank{rank}.jsonl")) for rank in range(nprocs)]
 
 
 def launch(nprocs, worker, outdir, selection, log_path, deadline, stall, path=()):
-    """Run one job of ``worker + [OUTDIR, SELECTION]``; return (exit code or
-    None when killed as hung, output). ``path``: folders for the ranks' PYTHONPATH."""
+    """Run one job of ``worker + [OUTDIR, SELECTION]``; return (exit code or None when
+    killed as hung, output). ``path``: folders for the ranks' PYTHONPATH."""
     selection_path = os.path.join(outdir, "selection.json")
     with open(selection_path, "w", encoding="utf-8") as f:
         json.dump(selection, f)
-    cmd = mpiexec_command(nprocs) + [sys.executable] + list(worker) + [outdir, selection_path]
     env = mpi_env()
     # mcr from wherever this process imports it (an in-place build on PYTHONPATH, or
     # installed), and the folders the worker names
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [*path, env.get("PYTHONPATH")]))
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
-        last, last_change = progress(outdir), time.monotonic()
+    argv = [sys.executable, *worker, outdir, selection_path]
+    with open(log_path, "w") as log, mcr_launch.start(nprocs, argv, env=env, stdout=log,
+                                                      stderr=subprocess.STDOUT) as job:
+        last, last_change = jsonl_bytes(outdir), time.monotonic()
         while True:
             try:
-                code = proc.wait(timeout=0.5)
+                code = job.process.wait(timeout=0.5)
                 break
             except subprocess.TimeoutExpired:
-                pass
-            now, current = time.monotonic(), progress(outdir)
+                now, current = time.monotonic(), jsonl_bytes(outdir)
             if current != last:
                 last, last_change = current, now
             elif now - last_change > stall or now > deadline:
-                stop(proc, outdir)
-                code = None
+                code = None         # hung: the job is stopped on leaving the block
                 break
     with open(log_path, errors="replace") as f:
         return code, f.read()
 
 
-def stop(proc, outdir):
-    """Kill a hung job: mpiexec, then any rank it left behind (ranks run in
-    process groups of their own, and record their pids)."""
-    proc.terminate()  # mpiexec forwards it to the ranks
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    ranks = sum(1 for name in os.listdir(outdir) if name.endswith(".jsonl"))
-    for records in read_records(outdir, ranks):
-        for r in records:
-            if r["event"] == "pid":
-                try:
-                    os.kill(r["pid"], signal.SIGKILL)
-                except OSError:  # gone already
-                    pass
-
-
 def run(nprocs, testdir, include=(), timeout=3600.0):
-    """Run the selected mpi4py test modules at `nprocs` ranks; return a Report.
-
-    Parameters
-    ----------
-    nprocs : int
-        World size.
-    testdir : str
-        mpi4py's ``test/`` folder (see sdist.test_dir).
-    include : sequence of str
-        Regexes of test module file names (mpi4py's ``-i``); all modules if empty.
-    timeout : float
-        Seconds for the whole run, reruns included.
-    """
-    import importlib.metadata
+    """Run the mpi4py test modules of `testdir` (sdist.test_dir) whose file names match
+    `include` (regexes, mpi4py's ``-i``; all if empty) at `nprocs` ranks, in `timeout` seconds
+    with the reruns; return a Report."""
     title = f"mpi4py {importlib.metadata.version('mpi4py')} test suite through mcr.MPI"
     # the test directory on the path for the workers mpi4py.futures spawns (at one
     # process), which unpickle functions of the test modules
     return run_suite(nprocs, Report(nprocs, title), [os.path.join(HERE, "worker.py"), testdir],
-                     [pattern for pattern, _ in EXCLUSIONS], include, timeout,
-                     path=[testdir])
+                     [pattern for pattern, _ in EXCLUSIONS], include, timeout, path=[testdir])
 
 
 def run_suite(nprocs, report, worker, patterns, include=(), timeout=3600.0,
               stall=STALL_TIMEOUT, hang_skips_module=True, path=(), extra=None):
-    """Run a worker's tests at `nprocs` ranks, again after each crash or hang,
-    until every selected test has an outcome; fill and return `report`.
-
-    Parameters
-    ----------
-    worker : list of str
-        The worker script and its first arguments; it gets OUTDIR and
-        SELECTION after them (see worker.py).
-    patterns : list of str
-        Test id patterns to leave out (the exclusions).
-    stall : float
-        Seconds without a record on any rank after which the job is taken as hung.
-    hang_skips_module : bool
-        After a hang, report the rest of the hung test's module as not run.
-    extra : dict, optional
-        More fields for the worker's SELECTION file.
-    """
-    order = None
-    done = set()
-    include = list(include)
+    """Run a worker's tests at `nprocs` ranks, again after each crash or hang, until every
+    selected test has an outcome; fill and return `report`. `worker`: the worker script and its
+    first arguments (OUTDIR and SELECTION follow; see worker.py); `patterns`: test ids to leave
+    out; `stall`: seconds without a record on any rank after which the job is taken as hung;
+    `hang_skips_module`: after a hang, report the rest of its module as not run; `extra`: more
+    fields for the SELECTION file."""
+    order, done, include = None, set(), list(include)
     start = time.monotonic()
-    deadline = start + timeout
+    deadline, everyone = start + timeout, set(range(nprocs))
     while True:
         with tempfile.TemporaryDirectory(prefix="mcr-conformance-") as outdir:
             selection = {"include": include, "exclude": patterns, "skip": sorted(done),
@@ -254,20 +177,19 @@ def run_suite(nprocs, report, worker, patterns, include=(), timeout=3600.0,
                                   os.path.join(outdir, "job.log"), deadline, stall, path)
             per_rank = read_records(outdir, nprocs)
         report.jobs += 1
+        kind = "hang" if code is None else "crash"
         finished = code is not None and all(
             records and records[-1].get("event") == "done" for records in per_rank)
         collected = next((r for records in per_rank for r in records
                           if r["event"] == "collected"), None)
         if collected is None:
             # died before choosing its tests: nothing to attribute it to
-            kind = "hang" if code is None else "crash"
             report.outcomes["<start-up>"] = Outcome(
                 "<start-up>", kind, f"the job {describe_exit(code, stall)} before running any test"
-                f"\n--- job output (tail) ---\n{output[-4000:]}", range(nprocs))
+                f"\n--- job output (tail) ---\n{output[-4000:]}", everyone)
             break
         if order is None:
-            order = list(collected["tests"])
-            report.excluded = list(collected["excluded"])
+            order, report.excluded = list(collected["tests"]), list(collected["excluded"])
         pending = [t for t in collected["tests"] if t not in done]
         ends, starts = {}, {}
         for rank, records in enumerate(per_rank):
@@ -279,11 +201,10 @@ def run_suite(nprocs, report, worker, patterns, include=(), timeout=3600.0,
                         Outcome(r["test"], r["outcome"], r["detail"], [rank]))
                 elif r["event"] == "end":
                     ends.setdefault(r["test"], {})[rank] = r
-        everyone = set(range(nprocs))
-        complete = [t for t in pending if set(ends.get(t, {})) == everyone]
-        for test in complete:
-            report.outcomes[test] = combine(test, ends[test])
-            done.add(test)
+        for test in pending:
+            if set(ends.get(test, {})) == everyone:
+                report.outcomes[test] = combine(test, ends[test])
+                done.add(test)
         if finished:
             for test in pending:
                 if test not in done:  # a setUpClass/setUpModule failed on some rank
@@ -296,7 +217,6 @@ def run_suite(nprocs, report, worker, patterns, include=(), timeout=3600.0,
         unfinished = [t for t in pending if t not in done]
         culprit = next((t for t in unfinished if starts.get(t, set()) - set(ends.get(t, {}))),
                        unfinished[0] if unfinished else None)
-        kind = "hang" if code is None else "crash"
         if culprit is None:
             report.outcomes["<shutdown>"] = Outcome(
                 "<shutdown>", kind, f"the job {describe_exit(code, stall)} after its last test"
@@ -309,9 +229,8 @@ def run_suite(nprocs, report, worker, patterns, include=(), timeout=3600.0,
         done.add(culprit)
         if kind == "hang" and hang_skips_module:
             # a hang costs the stall timeout each time: the rest of its module is not run
-            module = culprit.split(".")[0]
             for test in unfinished:
-                if test not in done and test.split(".")[0] == module:
+                if test not in done and test.split(".")[0] == culprit.split(".")[0]:
                     report.outcomes[test] = Outcome(
                         test, "error", f"not run: {culprit} hung before it", everyone)
                     done.add(test)
@@ -336,9 +255,7 @@ def run_suite(nprocs, report, worker, patterns, include=(), timeout=3600.0,
 
 
 def arguments(description, sizes, include_help, timeout):
-    """The command line of a conformance run.py: ``-n`` (repeatable), ``-i``
-    (repeatable) and ``--timeout``."""
-    import argparse
+    """The command line of a conformance run.py: ``-n`` and ``-i`` (repeatable), ``--timeout``."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("-n", "--nprocs", type=int, action="append",
                         help=f"world size (repeat for several; default "
@@ -353,9 +270,7 @@ def arguments(description, sizes, include_help, timeout):
 def describe_exit(code, stall=STALL_TIMEOUT):
     if code is None:
         return f"made no progress for {stall:.0f} s (killed)"
-    if code < 0:
-        return f"was killed by signal {-code}"
-    return f"exited with code {code}"
+    return f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
 
 
 def combine(test, per_rank):
@@ -365,9 +280,9 @@ def combine(test, per_rank):
     for kind in ("fail", "error"):
         ranks = [rank for rank, k in kinds.items() if k == kind]
         if ranks:
-            return Outcome(test, kind, per_rank[ranks[0]]["detail"], ranks, seconds,
-                           per_rank[ranks[0]].get("gate"))
+            first = per_rank[ranks[0]]
+            return Outcome(test, kind, first["detail"], ranks, seconds, first.get("gate"))
+    first = next(iter(per_rank.values()))
     if all(k == "skip" for k in kinds.values()):
-        first = next(iter(per_rank.values()))
         return Outcome(test, "skip", first["detail"], kinds, seconds, first.get("gate"))
-    return Outcome(test, "pass", "", kinds, seconds, next(iter(per_rank.values())).get("gate"))
+    return Outcome(test, "pass", "", kinds, seconds, first.get("gate"))

@@ -1,10 +1,9 @@
 """The one list of mpi4py tests the conformance test does not run, each with its reason.
 
-A pattern is a test id (``module.Class.test``), a prefix of one (a module or
-a class), or an ``fnmatch`` pattern; ``arrayimpl.<class>`` names an array type
-that mpi4py's buffer tests loop over, left out of every loop. Only tests whose subject mcr does not
-claim belong here; a failing test of something mcr claims is an mcr bug to fix,
-not an exclusion. docs/conf.py renders this table into docs/porting.rst.
+A pattern is a test id (``module.Class.test``), a prefix of one, or an ``fnmatch`` pattern;
+``arrayimpl.<class>``: an array type left out of every loop of mpi4py's buffer tests. Only
+tests whose subject mcr does not claim belong here (a failing test of what mcr claims is a
+bug to fix). docs/conf.py renders this table into docs/porting.rst.
 """
 
 CUDA_HOST = ("host memory presented as CUDA memory (mpi4py's fake GPU buffers): mcr reads "
@@ -27,14 +26,10 @@ EXCLUSIONS = [
     ("test_msgspec.TestMessageVectorCAIBuf", CUDA_HOST + " (``__cuda_array_interface__``)"),
     ("test_msgspec.TestMessageSimpleDLPackGPUBuf", CUDA_HOST + " (DLPack, device kDLCUDA)"),
     ("test_msgspec.TestMessageSimpleDLPackGPUBufV0", CUDA_HOST + " (DLPack, device kDLCUDA)"),
-    ("test_spawn",
-     "dynamic processes (``Spawn``, ``Spawn_multiple``): mpi4py's own methods, which mcr "
-     "does not claim, and the slowest module (about 50 s at each size)"),
-    ("test_msgspec.TestMessageVectorW.testMessageCAIBuf", CUDA_HOST + " (``__cuda_array_interface__``)"),
-    # mpi4py.util.pkl5 builds its intercommunicator class on the package's
-    # MPI.Comm; the harness sets the package attribute mpi4py.MPI to mcr.MPI,
-    # whose Comm is an intracommunicator, so pkl5.Intercomm cannot be made here.
-    # A ported program's mpi4py.util keeps mpi4py's own MPI (not substituted).
+    ("test_spawn", "dynamic processes (``Spawn``, ``Spawn_multiple``): mpi4py's own methods, "
+     "which mcr does not claim, and the slowest module (about 50 s at each size)"),
+    ("test_msgspec.TestMessageVectorW.testMessageCAIBuf",
+     CUDA_HOST + " (``__cuda_array_interface__``)"),
     ("test_util_pkl5.TestPKL5World.test*Inter", PKL5_INTER),
     ("test_util_pkl5.TestPKL5World.testBigMPI", PKL5_INTER + " (it runs testBcastInter)"),
     ("test_util_pkl5.TestPKL5Self.test*Inter", PKL5_INTER),

@@ -2,9 +2,8 @@
 
     python tests/mpi4py_conformance/run.py -n 2 [-i REGEX ...]
 
-Exits with status 1 when a test that ran does not pass (a failure, an error,
-a crash, a hang, or a class or module whose set-up failed) at some size. The suite comes from the sdist of the
-installed mpi4py version (see sdist.py).
+Exits with status 1 when a test that ran does not pass (a failure, an error, a crash, a
+hang, or a failed set-up of a class or module) at some size. The suite comes from sdist.py.
 """
 
 import os
@@ -16,10 +15,8 @@ from mpi4py_conformance import driver, sdist  # noqa: E402
 
 
 def main(argv=None):
-    parser = driver.arguments(__doc__.splitlines()[0], (1, 2, 3),
-                              "test module file names to run, e.g. 'test_p2p_buf\\.py$'",
-                              3600.0)
-    args = parser.parse_args(argv)
+    args = driver.arguments(__doc__.splitlines()[0], (1, 2, 3), "test module file names to "
+                            "run, e.g. 'test_p2p_buf\\.py$'", 3600.0).parse_args(argv)
     try:
         testdir = sdist.test_dir()
     except sdist.SuiteUnavailable as exc:

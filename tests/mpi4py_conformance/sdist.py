@@ -1,12 +1,9 @@
 """Find mpi4py's own test suite (and its demo programs) for the installed mpi4py version.
 
-mpi4py's wheels do not ship its tests; its source distribution does (``test/``,
-and ``demo/`` beside it).
-The suite is taken from the sdist of exactly the installed version, fetched
-once from the package index with pip and kept unpacked in
+mpi4py's wheels do not ship them; its sdist does (``test/``, ``demo/``). The sdist of the
+installed version is fetched once with pip and kept unpacked in
 ``$XDG_CACHE_HOME/mcr/mpi4py-<version>/`` (``~/.cache/mcr/...`` by default).
-``MCR_MPI4PY_SDIST`` may name a local sdist (``.tar.gz``) or an unpacked tree
-instead, for machines without access to the index.
+``MCR_MPI4PY_SDIST`` may name a local sdist (``.tar.gz``) or an unpacked tree instead.
 """
 
 import importlib.metadata
@@ -20,13 +17,12 @@ import tempfile
 ENV_VAR = "MCR_MPI4PY_SDIST"
 
 
+def installed_version():
+    return importlib.metadata.version("mpi4py")
+
+
 class SuiteUnavailable(RuntimeError):
     """mpi4py's test suite could not be found or fetched."""
-
-
-def installed_version():
-    """The version of the installed mpi4py distribution."""
-    return importlib.metadata.version("mpi4py")
 
 
 def cache_dir(version):
@@ -39,6 +35,16 @@ def how_to_provide(version):
             f"--no-deps -d DIR` on a machine with access to the package index, then "
             f"set {ENV_VAR}=DIR/mpi4py-{version}.tar.gz (or to the unpacked tree), or "
             f"unpack it into {cache_dir(version)}/ so that its test/main.py is there.")
+
+
+def demo_dir():
+    """The folder of mpi4py's demo programs, beside the test suite (:func:`test_dir`)."""
+    tests = test_dir()
+    found = os.path.join(os.path.dirname(tests), "demo")
+    if not os.path.isdir(found):
+        raise SuiteUnavailable(f"no demo/ folder beside mpi4py's test suite in {tests}: give "
+                               f"{ENV_VAR} the whole sdist. {how_to_provide(installed_version())}")
+    return found
 
 
 def find_test_dir(tree):
@@ -60,11 +66,8 @@ def unpack(archive, dest):
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".unpack-", dir=parent)
     try:
-        with tarfile.open(archive) as tar:
-            if hasattr(tarfile, "data_filter"):
-                tar.extractall(tmp, filter="data")
-            else:  # Python < 3.12 without the backported filters
-                tar.extractall(tmp)
+        with tarfile.open(archive) as tar:  # no filter on Python < 3.12 without the backport
+            tar.extractall(tmp, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
         try:
             os.rename(tmp, dest)
         except OSError:  # another process unpacked it first
@@ -76,9 +79,8 @@ def unpack(archive, dest):
 
 def download(version, dest_dir):
     """`pip download` the sdist of mpi4py `version` into `dest_dir`; its path."""
-    cmd = [sys.executable, "-m", "pip", "download", f"mpi4py=={version}",
-           "--no-binary", ":all:", "--no-deps", "--disable-pip-version-check",
-           "-d", dest_dir]
+    cmd = [sys.executable, "-m", "pip", "download", f"mpi4py=={version}", "--no-binary", ":all:",
+           "--no-deps", "--disable-pip-version-check", "-d", dest_dir]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -96,22 +98,18 @@ def test_dir():
     Raises
     ------
     SuiteUnavailable
-        When neither ``MCR_MPI4PY_SDIST``, the cache nor the package index
-        gives it; the message says how to provide it.
+        When neither ``MCR_MPI4PY_SDIST``, the cache nor the package index gives it; the
+        message says how to provide it.
     """
     version = installed_version()
-    cached = cache_dir(version)
-    local = os.environ.get(ENV_VAR)
+    cached, local = cache_dir(version), os.environ.get(ENV_VAR)
     if local:
-        if os.path.isdir(local):
-            found = find_test_dir(local)
-        elif os.path.isfile(local):
+        found = find_test_dir(local) if os.path.isdir(local) else None
+        if os.path.isfile(local):
             found = find_test_dir(cached)
             if found is None:
                 unpack(local, cached)
                 found = find_test_dir(cached)
-        else:
-            found = None
         if found is None:
             raise SuiteUnavailable(f"{ENV_VAR}={local} is not an mpi4py sdist or an unpacked "
                                    f"tree with test/main.py. {how_to_provide(version)}")
@@ -130,22 +128,4 @@ def test_dir():
     if found is None:
         raise SuiteUnavailable(f"the sdist of mpi4py {version} unpacked in {cached} has no "
                                f"test/main.py. {how_to_provide(version)}")
-    return found
-
-
-def demo_dir():
-    """The folder of mpi4py's demo programs (``demo/``), beside the test suite
-    in the same sdist.
-
-    Raises
-    ------
-    SuiteUnavailable
-        As ``test_dir``, or when the tree it found has no ``demo/`` beside
-        ``test/``.
-    """
-    tests = test_dir()
-    found = os.path.join(os.path.dirname(tests), "demo")
-    if not os.path.isdir(found):
-        raise SuiteUnavailable(f"no demo/ folder beside mpi4py's test suite in {tests}: give "
-                               f"{ENV_VAR} the whole sdist. {how_to_provide(installed_version())}")
     return found

@@ -1,14 +1,12 @@
 """Run torch's ``DistributedTest`` on "mcr" and on torch's Gloo, and compare them.
 
-The "mcr" run tries each test under the gates of "mcr", then of Gloo, then of
-MPI (worker.py): a test torch runs only for Gloo or only for MPI runs on "mcr"
-with that gate. The Gloo run is the baseline. The comparison passes when every
-test that ran on "mcr" passed (no failure, error, crash or hang) and every
-test that passed on Gloo passed on "mcr" too. Tests left out, each with its
-reason, are in exclusions.py; tests that skip for want of CUDA are counted
-apart.
+"mcr" tries each test under the gates of "mcr", Gloo, then MPI (worker.py); Gloo is the
+baseline. The comparison passes when every test that ran on "mcr" passed (no failure,
+error, crash or hang) and every test that passed on Gloo passed on "mcr" too. Tests left
+out are in exclusions.py; tests that skip for want of CUDA are counted apart.
 """
 
+import collections
 import importlib.metadata
 import os
 import re
@@ -22,20 +20,18 @@ from mpi4py_conformance import driver  # noqa: E402
 from torch_conformance.exclusions import EXCLUSIONS  # noqa: E402
 
 GATES = {"mcr": ["mcr", "gloo", "mpi"], "gloo": ["gloo"]}
-# a test that records nothing for this long is taken as hung (some of torch's
-# tests wait on purpose: monitored_barrier and store timeouts of 10-30 s)
+# a test that records nothing for this long is taken as hung (some of torch's tests wait
+# on purpose: monitored_barrier and store timeouts of 10-30 s)
 STALL_TIMEOUT = float(os.environ.get("MCR_TORCH_CONFORMANCE_STALL_TIMEOUT", "90"))
 CUDA = re.compile(r"cuda|gpu|nccl|accelerator", re.IGNORECASE)
 
 
 def run(nprocs, backend, include=(), timeout=1800.0):
-    """torch's DistributedTest at `nprocs` ranks on the default group `backend`
-    ("mcr" or "gloo"); a :class:`driver.Report`. `include`: regexes of test names."""
-    title = (f"torch {importlib.metadata.version('torch')} DistributedTest on "
-             f"{backend!r}")
-    report = driver.Report(nprocs, title)
+    """torch's DistributedTest at `nprocs` ranks on the default group `backend` ("mcr" or
+    "gloo"); a :class:`driver.Report`. `include`: regexes of test names."""
+    title = f"torch {importlib.metadata.version('torch')} DistributedTest on {backend!r}"
     return driver.run_suite(
-        nprocs, report, [os.path.join(HERE, "worker.py")],
+        nprocs, driver.Report(nprocs, title), [os.path.join(HERE, "worker.py")],
         [pattern for pattern, _ in EXCLUSIONS], include, timeout, stall=STALL_TIMEOUT,
         hang_skips_module=False, extra={"backend": backend, "gates": GATES[backend]})
 
@@ -70,10 +66,8 @@ class Comparison:
 
     def text(self, max_failures=100):
         m, g = self.mcr, self.gloo
-        gates = {}
-        for o in m.outcomes.values():
-            if o.kind != "skip" and o.gate and o.gate != "mcr":
-                gates[o.gate] = gates.get(o.gate, 0) + 1
+        gates = collections.Counter(o.gate for o in m.outcomes.values()
+                                    if o.kind != "skip" and o.gate and o.gate != "mcr")
         lost = self.lost()
         lines = [f"torch's DistributedTest at {m.nprocs} processes",
                  f"  torch's Gloo (baseline): {self.figures(g)}",

@@ -2,8 +2,7 @@
 
     python tests/torch_conformance/run.py -n 2 [-i REGEX ...] [--no-baseline]
 
-Exits with status 1 when a test that ran on "mcr" does not pass, or a test
-that passes on Gloo does not pass on "mcr" (see report.py).
+Exits with status 1 when a test that ran on "mcr", or passes on Gloo, does not pass on "mcr".
 """
 
 import os
@@ -23,10 +22,8 @@ def main(argv=None):
     ok = True
     for nprocs in args.nprocs or (2, 3):
         mcr = report.run(nprocs, "mcr", args.include, args.timeout)
-        if args.no_baseline:
-            gloo = report.driver.Report(nprocs, "(not run)")
-        else:
-            gloo = report.run(nprocs, "gloo", args.include, args.timeout)
+        gloo = report.driver.Report(nprocs, "(not run)") if args.no_baseline else \
+            report.run(nprocs, "gloo", args.include, args.timeout)
         comparison = report.Comparison(mcr, gloo)
         print(comparison.text(), flush=True)
         ok = ok and comparison.ok

@@ -1,26 +1,15 @@
 """One rank of a torch conformance job: torch's ``DistributedTest`` on one default group.
 
-Started by tests/mpi4py_conformance/driver.py under mpiexec as ``python
-worker.py OUTDIR SELECTION``. SELECTION is a JSON file: ``backend`` (the
-process group under test, "mcr" or torch's "gloo"), ``gates`` (the backend
-names whose skip decorators a test is tried under, in order), ``include``
-(regexes of test names), ``exclude`` (patterns of test ids, see
-exclusions.py) and ``skip`` (ids already run by an earlier job).
-
-torch's own harness (``TestDistBackend``) starts fresh processes per test;
-here the processes are MPI's, and the default group is made under mpiexec,
-as a user's program makes it, and made again after each test that ran. torch's test bodies run unchanged:
-this file supplies what ``TestDistBackend`` supplies (``rank``,
-``world_size``, the temporary directory of its file barrier) and maps torch's
-skip exit codes (``sys.exit(TEST_SKIPS[...])``) to skips.
-
-torch's skip decorators read the module constant ``BACKEND`` when the module
-is imported. The module is imported once per gate, with ``BACKEND`` set to
-that name for the decorators, then set to the backend under test for the
-bodies. A test all ranks skip under one gate is tried under the next, so a
-test that torch runs for Gloo only, or for MPI only, runs on "mcr" with that
-gate; its record names the gate it ran under (MPI's from 3 processes on,
-the size torch runs its MPI tests at: their subgroups need 3).
+Started by tests/mpi4py_conformance/driver.py under mpiexec as ``python worker.py OUTDIR
+SELECTION``. SELECTION is a JSON file: ``backend`` (the group under test, "mcr" or "gloo"),
+``gates`` (the backends whose skip decorators a test is tried under, in order), ``include``
+(regexes of test names), ``exclude`` (see exclusions.py) and ``skip`` (ids run by an earlier
+job). The processes are MPI's; the default group is made as a user's program makes it, and
+again after each test that ran. torch's test bodies run unchanged: this file supplies what
+``TestDistBackend`` does (``rank``, ``world_size``, its file barrier's directory) and maps
+torch's skip exit codes to skips. The module is imported once per gate (its skip decorators
+read ``BACKEND`` at import); a test every rank skips under one gate is tried under the next,
+and its record names the gate it ran under (MPI's from 3 processes on: their subgroups need 3).
 """
 
 import faulthandler
@@ -37,18 +26,15 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # tests/
 
-from mpi4py_conformance.worker import Recorder, excluded  # noqa: E402
+from mpi4py_conformance.worker import Outcome, Recorder, excluded  # noqa: E402
 
 TEST_ID = "distributed_test.{}"
 
 
 def import_for_gate(gate, backend):
-    """torch's distributed_test module, its decorators evaluated for ``gate``.
-
-    Its bodies see ``BACKEND`` as the backend under test for its own gate, as
-    the gate's name for another (they branch on it: ``if BACKEND == "gloo"``
-    picks the CPU set-up), and so do torch's run-time skips, which read the
-    environment's ``BACKEND`` (see :func:`attempt`)."""
+    """torch's distributed_test module, its decorators evaluated for ``gate``. Its bodies
+    (and torch's run-time skips, see :func:`attempt`) see ``BACKEND`` as the backend under
+    test for its own gate, as the gate's name for another (``if BACKEND == "gloo"``)."""
     path = importlib.util.find_spec("torch.testing._internal.distributed.distributed_test")
     name = f"distributed_test_{gate}"
     os.environ["BACKEND"] = gate
@@ -76,59 +62,33 @@ def test_class(module, world):
     return MPITestDist
 
 
-class Result(unittest.TestResult):
-    """One attempt's outcome: pass, fail, error or skip, with its detail.
-    ``sys.exit`` with one of torch's skip codes is torch's way to skip."""
+class Result(Outcome, unittest.TestResult):
+    """One attempt's outcome; ``sys.exit`` with one of torch's skip codes is a skip."""
 
     def __init__(self, skip_codes):
         super().__init__()
         self.skip_codes = skip_codes
-        self.kind, self.detail = "pass", ""
-
-    def _note(self, kind, detail):
-        if self.kind in ("pass", "skip"):
-            self.kind, self.detail = kind, detail
 
     def addError(self, test, err):
         if issubclass(err[0], SystemExit) and err[1].code in self.skip_codes:
-            self._note("skip", self.skip_codes[err[1].code])
+            self._note(test, "skip", self.skip_codes[err[1].code])
         else:
-            self._note("error", self._exc_info_to_string(err, test))
-
-    def addFailure(self, test, err):
-        self._note("fail", self._exc_info_to_string(err, test))
-
-    def addSubTest(self, test, subtest, err):
-        if err is not None:
-            kind = "fail" if issubclass(err[0], test.failureException) else "error"
-            self._note(kind, f"{subtest}\n" + self._exc_info_to_string(err, test))
-
-    def addSkip(self, test, reason):
-        if self.kind == "pass":
-            self.kind, self.detail = "skip", reason
-
-    def addUnexpectedSuccess(self, test):
-        self._note("fail", "unexpected success of a test marked expectedFailure")
+            super().addError(test, err)
 
 
 def attempt(name, cls, module, world, skip_codes):
-    """Run test `name` once, with torch's view of the backend the module's."""
+    """Run test `name` once, with torch's view of the backend the module's, after resetting
+    torch's file barrier (``Barrier.init`` on one rank deletes the other ranks' files)."""
     os.environ["BACKEND"] = module.BACKEND
-    fresh_barrier(module, world)
+    if world.Get_rank() == 0:
+        barrier = os.path.join(os.environ["TEMP_DIR"], "barrier")
+        for entry in os.listdir(barrier):
+            os.unlink(os.path.join(barrier, entry))
+    world.Barrier()
+    module.Barrier.barrier_id = 0
     result = Result(skip_codes)
     cls(name).run(result)
     return result
-
-
-def fresh_barrier(module, world):
-    """Reset torch's file barrier (``Barrier.init`` on one rank: it deletes the
-    other ranks' files) before a test."""
-    if world.Get_rank() == 0:
-        barrier = os.path.join(os.environ["TEMP_DIR"], "barrier")
-        for name in os.listdir(barrier):
-            os.unlink(os.path.join(barrier, name))
-    world.Barrier()
-    module.Barrier.barrier_id = 0
 
 
 def main():
@@ -140,45 +100,36 @@ def main():
     world = MPI.COMM_WORLD
     rank = world.Get_rank()
     recorder = Recorder(os.path.join(outdir, f"rank{rank}.jsonl"))
-    recorder.write(event="pid", pid=os.getpid())  # for the driver, to kill a hung rank
-
-    # what TestDistBackend's set-up gives the tests: one temporary directory
-    # (its file barrier, its lock file, the init file), shared by the ranks
+    # what TestDistBackend's set-up gives the tests: one temporary directory (its file
+    # barrier, its lock file, the init file), shared by the ranks
     temp = world.bcast(tempfile.mkdtemp(prefix="mcr-torchdist-") if rank == 0 else None)
     if rank == 0:
         for sub in ("barrier", "test_dir", "init_dir"):
             os.makedirs(os.path.join(temp, sub), exist_ok=True)
     world.Barrier()
-    os.environ.update(TEMP_DIR=temp, WORLD_SIZE=str(world.Get_size()),
-                      INIT_METHOD="env://")
+    os.environ.update(TEMP_DIR=temp, WORLD_SIZE=str(world.Get_size()), INIT_METHOD="env://")
 
     import mcr  # noqa: F401  (registers the "mcr" backend)
     import torch.distributed as dist
     from torch.testing._internal import common_distributed
     backend = selection["backend"]
-    # "mcr" joins the feature sets torch's tests are gated on, as a backend
-    # that supports DDP, subgroups and is a plug-in
+    # "mcr" joins the feature sets torch's tests are gated on (DDP, subgroups, a plug-in)
     for feature in ("plugin", "ddp", "subgroup"):
         common_distributed.DistTestCases.backend_feature[feature].add("mcr")
-    skip_codes = {skip.exit_code: skip.message
-                  for skip in common_distributed.TEST_SKIPS.values()}
+    skip_codes = {skip.exit_code: skip.message for skip in common_distributed.TEST_SKIPS.values()}
     # torch runs its MPI tests at 3 processes (their subgroups need 3)
     gates = [gate for gate in selection["gates"] if gate != "mpi" or world.Get_size() >= 3]
     modules = {gate: import_for_gate(gate, backend) for gate in gates}
     classes = {gate: test_class(module, world) for gate, module in modules.items()}
-
     dist.init_process_group(backend)
-
-    names = sorted(name for name in dir(classes[gates[0]])
-                   if name.startswith("test_"))
+    names = sorted(name for name in dir(classes[gates[0]]) if name.startswith("test_"))
     include = [re.compile(regex) for regex in selection["include"]]
     chosen, dropped = [], []
     for name in names:
         test_id = TEST_ID.format(name)
-        if test_id in selection["skip"] or (include and not any(r.search(name)
-                                                                for r in include)):
-            continue
-        (dropped if excluded(test_id, selection["exclude"]) else chosen).append(name)
+        if test_id not in selection["skip"] and (not include or any(r.search(name)
+                                                                     for r in include)):
+            (dropped if excluded(test_id, selection["exclude"]) else chosen).append(name)
     recorder.write(event="collected", tests=[TEST_ID.format(n) for n in chosen],
                    excluded=[TEST_ID.format(n) for n in dropped])
 
@@ -193,9 +144,8 @@ def main():
                 break
         kind, detail = result.kind, result.detail   # a skip: the last gate's reason
         if kind != "skip":
-            # a fresh default group for the next test, as torch's own harness
-            # gives each test (a test may leave the group out of step on
-            # purpose: monitored_barrier with a rank that never arrives)
+            # a fresh default group for the next test, as torch's harness gives each (a test
+            # may leave it out of step on purpose: monitored_barrier with a missing rank)
             dist.destroy_process_group()
             dist.init_process_group(backend)
         recorder.write(event="end", test=test_id, outcome=kind, detail=detail, gate=gate,
