@@ -344,14 +344,18 @@ cdef class Comm(_CommBase):
     # Prequest.
 
     cdef object call(self, _Call c):
+        if (c.backend is None and self.dflt is None and c.compress is None
+                and self.epoch == chain_epoch and self.chain is None and c.form == BLOCKING):
+            # the fast path, in pointer tests (no reference counting on None):
+            # blocking, on MPI, no interceptor
+            self.parse(c)
+            self.post_mpi(c, BLOCKING, MPI_INFO_NULL, NULL)
+            recycle(c)
+            return None
         cdef object sub = self.sub(c.backend)
         if self.current_chain() is None and c.compress is None:
             if sub is None:
-                if c.form != BLOCKING:
-                    return self.on_mpi(c, False)
-                self.on_mpi(c, False)
-                recycle(c)
-                return None
+                return self.on_mpi(c, False)
             if sub is AUTO_SUB:
                 return self.on_auto(c)
             return self.on_backend(sub, c, c.backend)
@@ -1110,23 +1114,10 @@ cdef inline _Call coll_call(int op, int form, object backend, object info, objec
     the communicator's default); Bcast's `buf` is `recvbuf`."""
     cdef _Call c = new_call()
     c.op, c.form = op, form
-    # (a new call's fields are None: set only the others)
-    if backend is not None:
-        c.backend = backend
-    if info is not None:
-        c.info = info
-    if compress is not None:
-        c.compress = compress
-    if sendbuf is not None:
-        c.sendbuf = sendbuf
-    if recvbuf is not None:
-        c.recvbuf = recvbuf
-    if root is not None:
-        c.root = root
-    if redop is not None:
-        c.redop = redop
-    if recvcounts is not None:
-        c.recvcounts = recvcounts
+    c.sendbuf, c.recvbuf, c.root, c.redop = sendbuf, recvbuf, root, redop
+    # (a new call's fields are None: the rare ones are set only when given)
+    if backend is not None or info is not None or compress is not None or recvcounts is not None:
+        c.backend, c.info, c.compress, c.recvcounts = backend, info, compress, recvcounts
     return c
 
 
