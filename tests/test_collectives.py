@@ -474,8 +474,7 @@ def request_lifetime(comm):
         pass
     assert not req
     expect(buf, torch.arange(3.0))
-    assert mcr.Request.Waitall([]) is True
-    assert mcr.Request.Testall([]) is True
+    assert mcr.Request.Waitall([]) is True and mcr.Request.Testall([]) is True
 
 
 # -- Alltoallw: a count, a byte displacement and a datatype per process on each side ----
@@ -491,10 +490,6 @@ def w_block(src, dst, salt=0):
     return mpitype, 1000 * src + 10 * dst + salt + np.arange((src + dst) % 3 + 1, dtype=nptype)
 
 
-def put(raw, displ, values):
-    raw[displ:displ + values.nbytes] = values.view(np.uint8)
-
-
 def w_side(comm, kind, sending, salt=0):
     """[buf, counts, displs, datatypes] of a send side (blocks in rank order, written) or a
     receive side (reverse order), and the buffer's bytes."""
@@ -506,15 +501,16 @@ def w_side(comm, kind, sending, salt=0):
         at += -(-blocks[p][1].nbytes // 8) * 8 + 8
     raw = np.full(at, GAP, np.uint8)
     buf = torch.from_numpy(raw) if kind == "torch" else raw     # the same memory
-    for p in range(size) if sending else ():
-        put(raw, displs[p], blocks[p][1])
+    for p, (_, values) in enumerate(blocks if sending else ()):
+        raw[displs[p]:displs[p] + values.nbytes] = values.view(np.uint8)
     return [buf, [len(v) for _, v in blocks], displs, [t for t, _ in blocks]], raw
 
 
 def check_received(comm, raw, displs, salt=0):
     want = np.full(raw.nbytes, GAP, np.uint8)
-    for i in range(comm.size):
-        put(want, displs[i], w_block(i, comm.rank, salt)[1])
+    for i, d in enumerate(displs):
+        values = w_block(i, comm.rank, salt)[1]
+        want[d:d + values.nbytes] = values.view(np.uint8)
     np.testing.assert_array_equal(raw, want)
 
 
