@@ -1,15 +1,11 @@
 """backend="auto": tuning tables decide which backend runs each collective.
 
-MPI cases: rank 0 writes a table sending some sizes of some operations to
-Gloo, every rank reads it through ``MCR_TUNING``, and real calls run under
-auto in every form. Which backend ran is seen at the Gloo sub-communicator,
-whose typed methods are wrapped to count their calls (they still run).
-Tables that differ across ranks, or that one rank cannot use, raise on every
-rank, never hang. Plain tests: the table format (round trip, ranges, merge,
-one backend for some operations, errors naming the file and the field).
+MPI cases: every rank reads, through ``MCR_TUNING``, a table sending some sizes of some
+operations to Gloo; calls run under auto in every form, and counting wrappers on the Gloo
+sub-communicator's typed methods show which ran there. Tables that differ across ranks, or
+that one rank cannot use, raise on every rank. Plain tests: the table format.
 """
 
-import collections
 import contextlib
 import json
 import os
@@ -45,7 +41,6 @@ def routing_table():
 
 
 # -- helpers of the MPI cases ----------------------------------------------------------
-
 @contextlib.contextmanager
 def shared_dir(comm):
     """A temporary folder, the same on every rank (rank 0 makes and removes it)."""
@@ -85,47 +80,32 @@ def dup(comm):
         c.Free()
 
 
-class GlooCounter:
-    """Counts the calls of the Gloo sub-communicator's typed methods (which
-    still run): how the cases see that auto ran an operation on Gloo."""
+@contextlib.contextmanager
+def gloo_counter(comm):
+    """`take()`: {method: calls} of the Gloo sub-communicator's typed methods since the last
+    take (spies: the methods still run), how a case sees that auto chose Gloo."""
+    sub = backends.subcomm(comm, "gloo")
+    with contextlib.ExitStack() as stack:
+        spies = {name: stack.enter_context(mock.patch.object(sub, name, wraps=getattr(sub, name)))
+                 for name in ("allreduce", "bcast", "allgather", "alltoallv",
+                              "reduce_scatter_block", "barrier", "send", "recv")}
 
-    METHODS = ("allreduce", "bcast", "allgather", "alltoallv", "reduce_scatter_block",
-               "barrier", "send", "recv")
-
-    def __init__(self, comm):
-        self.sub = backends.subcomm(comm, "gloo")
-        self.counts = collections.Counter()
-        for name in self.METHODS:
-            setattr(self.sub, name, self.counted(name, getattr(self.sub, name)))
-
-    def counted(self, name, method):
-        def call(*args, **kwargs):
-            self.counts[name] += 1
-            return method(*args, **kwargs)
-        return call
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        for name in self.METHODS:
-            delattr(self.sub, name)
-
-    def take(self):
-        """The methods called since the last take, with their counts."""
-        seen, self.counts = dict(self.counts), collections.Counter()
-        return seen
+        def take():
+            seen = {name: spy.call_count for name, spy in spies.items() if spy.call_count}
+            for spy in spies.values():
+                spy.reset_mock()
+            return seen
+        yield take
 
 
 # -- MPI cases -----------------------------------------------------------------------
-
 @case
 def table_sends_chosen_sizes_to_gloo(comm):
     size, rank = comm.size, comm.rank
     right, left = (rank + 1) % size, (rank - 1) % size
     with shared_dir(comm) as folder:
         path = save_table(comm, os.path.join(folder, "table.json"))
-        with environ(MCR_TUNING=path), dup(comm) as c, GlooCounter(c) as gloo:
+        with environ(MCR_TUNING=path), dup(comm) as c, gloo_counter(c) as taken:
             c.backend = "auto"
             # Allreduce: 4 and 16 floats are 16 and 64 bytes (MPI), 17 and 100 floats Gloo
             for n, backend in ((4, "mpi"), (16, "mpi"), (17, "gloo"), (100, "gloo")):
@@ -141,16 +121,16 @@ def table_sends_chosen_sizes_to_gloo(comm):
                 want = sum(torch.arange(n, dtype=torch.float32) + r for r in range(size))
                 assert all(torch.equal(y, want) for y in ys), (n, ys, want)
                 # the persistent form on Gloo posts the non-blocking one at Start
-                assert gloo.take() == ({"allreduce": 3} if backend == "gloo" else {}), n
+                assert taken() == ({"allreduce": 3} if backend == "gloo" else {}), n
             b = torch.arange(5.0) if rank == 0 else torch.zeros(5)
             c.Bcast(b, 0)                   # Gloo at every size
-            assert torch.equal(b, torch.arange(5.0)) and gloo.take() == {"bcast": 1}
+            assert torch.equal(b, torch.arange(5.0)) and taken() == {"bcast": 1}
             # Allgather by block size: 4 floats (16 B) on MPI, 8 floats on Gloo
             for n, seen in ((4, {}), (8, {"allgather": 1})):
                 out = torch.zeros(size * n)
                 c.Allgather(torch.full((n,), float(rank)), out)
                 assert torch.equal(out, torch.arange(float(size)).repeat_interleave(n))
-                assert gloo.take() == seen, n
+                assert taken() == seen, n
             # Alltoallv: one backend whatever the size (Gloo here); as many elements
             # go to rank r as come from it, a different count for every pair
             counts = [r + rank + 1 for r in range(size)]
@@ -159,31 +139,31 @@ def table_sends_chosen_sizes_to_gloo(comm):
             c.Alltoallv([send, counts], [recv, counts])
             assert torch.equal(recv, torch.cat([torch.full((k,), 100.0 * r + rank)
                                                 for r, k in enumerate(counts)]))
-            assert gloo.take() == {"alltoallv": 1}
+            assert taken() == {"alltoallv": 1}
             assert c.choose("Alltoallv", 1 << 30).backend == "gloo"
             # Reduce_scatter_block: MPI; Barrier: Gloo
             r = torch.zeros(2)
             c.Reduce_scatter_block(torch.ones(size * 2), r)
-            assert torch.equal(r, torch.full((2,), float(size))) and gloo.take() == {}
+            assert torch.equal(r, torch.full((2,), float(size))) and taken() == {}
             c.Barrier()
-            assert gloo.take() == {"barrier": 1}
+            assert taken() == {"barrier": 1}
             # point-to-point under auto is MPI, whatever the table
             if size > 1:
                 got = torch.zeros(3)
                 c.Sendrecv(torch.full((3,), float(rank)), right, 5, got, left, 5)
-                assert torch.equal(got, torch.full((3,), float(left))) and gloo.take() == {}
+                assert torch.equal(got, torch.full((3,), float(left))) and taken() == {}
             assert c.choose("Send", 10**6).backend == "mpi"
             # an explicit backend still wins over the default auto
             y = torch.zeros(100)
             c.Allreduce(torch.ones(100), y, backend="mpi")
-            assert torch.equal(y, torch.full((100,), float(size))) and gloo.take() == {}
+            assert torch.equal(y, torch.full((100,), float(size))) and taken() == {}
             # the hooks see the backend auto chose
             seen = []
             with mcr.hooks.installed(lambda call: seen.append((call.op, call.backend))):
                 c.Allreduce(torch.ones(4), torch.zeros(4))
                 c.Allreduce(torch.ones(64), torch.zeros(64))
             assert seen == [("Allreduce", "mpi"), ("Allreduce", "gloo")], seen
-            assert gloo.take() == {"allreduce": 1}
+            assert taken() == {"allreduce": 1}
 
 
 @case
@@ -266,7 +246,6 @@ test_mpi = mpi_cases(__name__, timeout=240)
 
 
 # -- the table format (no MPI) ------------------------------------------------------------
-
 def test_round_trip_and_ranges(tmp_path):
     t = routing_table()
     path = str(tmp_path / "t.json")

@@ -1,11 +1,9 @@
-"""Backend "gloo" (torch's ProcessGroupGloo) beyond the collectives of the
-operation matrix (tests/test_ops.py), compared with backend "mpi" and with
-torch/numpy on the whole data: Split/Dup sub-communicators; point-to-point with
-MPI's matching (to oneself, tags out of order, ANY_SOURCE/ANY_TAG, Probe/Iprobe,
-counts, PROC_NULL, ERR_TRUNCATE, both sides of the eager limit, many large
-sends, Free with operations pending), Sendrecv(_replace), Send_init/Recv_init;
-request sets; errors as on MPI, raised before communicating; TypeError for what
-Gloo cannot run; the store at MCR_STORE_HOST.
+"""Backend "gloo" beyond the operation matrix (tests/test_ops.py), compared with "mpi" and
+with torch/numpy on the whole data: Split/Dup sub-communicators; point-to-point with MPI's
+matching (to oneself, tags out of order, ANY_SOURCE/ANY_TAG, Probe/Iprobe, counts, PROC_NULL,
+ERR_TRUNCATE, both sides of the eager limit, many large sends, Free with operations pending),
+Sendrecv(_replace), Send_init/Recv_init; request sets; errors as on MPI, raised before
+communicating; TypeError for what Gloo cannot run; the store at MCR_STORE_HOST.
 """
 
 import contextlib
@@ -34,9 +32,8 @@ EAGER = mcr.backends.gloo.BACKEND.eager_limit      # bytes
 
 
 def checked(min_size=1, quick=False, **axes):
-    """Register ``fn(comm, found, **axes)`` as a case (one per combination of
-    `axes`), run at `min_size` ranks or more, failing at its end with what
-    `found` recorded (so that every rank keeps making the same calls)."""
+    """Register ``fn(comm, found, **axes)`` as a case per combination of `axes`, run at
+    `min_size` ranks or more, failing at its end with what `found` recorded."""
     def register(fn):
         @functools.wraps(fn)
         def run(comm, **chosen):
@@ -64,10 +61,10 @@ def post(found, what, call):
     return None
 
 
-def wait_posted(found, what, requests, statuses=None):
+def wait_posted(found, what, requests):
     """Waitall on the requests that were posted (None: the post failed)."""
     with found.check(what):
-        mcr.Request.Waitall([r for r in requests if r is not None], statuses)
+        mcr.Request.Waitall([r for r in requests if r is not None])
 
 
 def status_of(st):
@@ -95,14 +92,10 @@ def sub_communicators(comm, found):
 
 
 # -- Point-to-point --------------------------------------------------------------------
-
-
 @checked(quick=True, backend=BACKENDS)
 def eager_and_backend_payloads(comm, found, backend):
-    """Small messages and both sides of the eager limit (payload inside the MPI
-    header, or over Gloo after it): to the neighbours and to oneself (Isend and
-    Sendrecv), received by tag out of order; truncated (ERR_TRUNCATE at Recv, or
-    at Wait for Irecv), then ANY_SOURCE after a Probe; every payload and status."""
+    """Both sides of the eager limit, to the neighbours and to oneself, received by tag out of
+    order; truncated (at Recv, or at Wait for Irecv), then ANY_SOURCE after a Probe."""
     right, left = ring(comm)
     for n in (4, EAGER // 4, EAGER // 4 + 1, 3 * EAGER // 4 + 5):     # float32 elements
         comm.Barrier()
@@ -123,9 +116,8 @@ def eager_and_backend_payloads(comm, found, backend):
             expect(buf, data(comm.rank, n, seed=4))
         if comm.size == 1:
             continue
-        # truncated at Recv, and at Wait (5 elements: a large message truncated there
-        # corrupts Open MPI's heap, with mpi4py alone too); the next message still
-        # matches: Probe, then ANY_SOURCE into exactly the probed size
+        # truncated at Recv, and at Wait (5 elements: a large message truncated there corrupts
+        # Open MPI's heap); the next still matches: Probe, then ANY_SOURCE into the probed size
         sends = [post(found, f"Isend {k} tag {20 + t}", lambda t=t, k=k: comm.Isend(
             data(comm.rank, k, seed=9 - t), right, 20 + t, backend=backend))
             for t, k in ((0, n), (1, n), (2, 5))]
@@ -148,11 +140,8 @@ def eager_and_backend_payloads(comm, found, backend):
 
 @case.matrix(backend=BACKENDS)
 def free_with_operations_pending(comm, backend):
-    """MPI lets a communicator be freed with operations pending, which then
-    complete: Irecv/Isend around a ring and to self, above and below the eager
-    limit, Free (one rank late), Waitall. On Gloo a rank's Free waits for its
-    sends, whose payloads wait for the receiver to match their headers: Free
-    matches them (it hung, every rank waiting for its own sends)."""
+    """Free with Irecv/Isend pending (ring and self, both sides of the eager limit), then
+    Waitall: on Gloo, Free matches the headers its sends wait on (it hung)."""
     right, left = ring(comm)
     sub = comm.Dup()
     sub.timeout = 60.0                  # a hang fails this case
@@ -175,15 +164,14 @@ def free_with_operations_pending(comm, backend):
 
 @checked(backend=BACKENDS)
 def any_source_any_tag_with_statuses(comm, found, backend):
-    """Every other rank sends rank elements, tag 50+rank, to rank 0, which takes
-    them with ANY_SOURCE/ANY_TAG into a larger buffer and learns the source,
-    tag and count (in elements) from the status."""
+    """Rank r sends r elements, tag 50+r, to rank 0, which takes them with ANY_SOURCE/ANY_TAG
+    into a larger buffer and reads source, tag and count from the status."""
     for dtype in (torch.float64, torch.bfloat16, torch.uint64):
         comm.Barrier()                 # no message of the last round is left
         if comm.rank != 0:
-            send = post(found, f"Isend {dtype}", lambda: comm.Isend(
-                data(comm.rank, comm.rank, dtype), 0, 50 + comm.rank, backend=backend))
-            wait_posted(found, f"Isend {dtype}", [send])
+            with found.check(f"Isend {dtype}"):
+                comm.Isend(data(comm.rank, comm.rank, dtype), 0, 50 + comm.rank,
+                           backend=backend).Wait()
             continue
         seen = []
         for _ in range(comm.size - 1):
@@ -237,9 +225,7 @@ def probe_and_iprobe_then_recv(comm, found, backend):
 
 @checked(min_size=2, quick=True, backend=BACKENDS)
 def ring_messages_of_every_element_type(comm, found, backend):
-    """To the right neighbour: Send into a longer Irecv buffer (its tail left
-    untouched; Status counts in elements and bytes), Sendrecv, Sendrecv_replace;
-    numpy arrays, a message shorter than the receive buffer."""
+    """Send into a longer Irecv buffer, Sendrecv, Sendrecv_replace, numpy: to the right."""
     right, left = ring(comm)
     for seed, dtype in enumerate([torch.uint8, torch.bfloat16, torch.float16, torch.bool,
                                   torch.uint32, torch.uint64, torch.int8, torch.complex64,
@@ -318,8 +304,7 @@ def proc_null(comm, found, backend):
 
 
 def assert_truncated(call, source, tag, capacity, nbytes=20):
-    """ERR_TRUNCATE, noted in the same words on every backend (the message's
-    size, `nbytes`, only where it is known)."""
+    """ERR_TRUNCATE, noted alike on every backend (the size `nbytes` where it is known)."""
     try:
         call()
     except mcr.Exception as exc:
@@ -336,9 +321,8 @@ def assert_truncated(call, source, tag, capacity, nbytes=20):
 
 @case
 def truncation_of_a_message_to_itself(comm):
-    """A rank's Gloo message to itself, longer than the receive posted for it:
-    ERR_TRUNCATE as between two ranks (the header carrying it is truncated
-    silently by Open MPI between a process and itself), then the next one."""
+    """A Gloo message to oneself longer than its receive: ERR_TRUNCATE as between two ranks
+    (Open MPI truncates the header silently to oneself), then the next one."""
     me = comm.rank
     req = comm.Irecv(torch.zeros(2), me, 7, backend=GLOO)
     comm.Send(torch.ones(5), me, 7, backend=GLOO)
@@ -351,12 +335,9 @@ def truncation_of_a_message_to_itself(comm):
 
 @checked(min_size=2)
 def many_large_sends_then_receives(comm, found):
-    """More buffered sends above the eager limit than threads waiting for sends,
-    the receives waited one at a time after all of them (a thread per send once
-    deadlocked with the receives polled behind them); many sizes, each received
-    intact, the send buffer overwritten right after each Send (its copy
-    travels). Payloads reuse the buffers of delivered sends, smaller and larger
-    than the message; the sub-communicator keeps at most a few."""
+    """More sends above the eager limit than sender threads, receives waited after all of
+    them (a thread per send once deadlocked), each send buffer overwritten after Send; the
+    buffers of delivered payloads are reused, a few kept."""
     right, left = ring(comm)
     sizes = [EAGER // 4 + 1, 3 * EAGER, EAGER // 2 + 7, 2 * EAGER + 3, EAGER // 4 + 1,
              3 * EAGER, 5 * EAGER // 4]                  # float32 elements
@@ -388,12 +369,9 @@ def many_large_sends_then_receives(comm, found):
 
 
 # -- Request sets ----------------------------------------------------------------------
-
-
 @checked(min_size=2, how=("Waitany", "Waitsome", "Testall"))
 def request_sets_over_gloo(comm, found, how):
-    """Four Gloo receives (tags 20.., sent in reverse order) completed by `how`,
-    with the index and status of each."""
+    """Four Gloo receives, sent in reverse order, completed by `how`; index and status of each."""
     right, left = ring(comm)
     bufs = [sentinel(t + 1, torch.int64) for t in range(4)]
     with found.check("posting"):
@@ -427,8 +405,7 @@ def request_sets_over_gloo(comm, found, how):
 
 @checked()
 def gloo_and_mpi_requests_mixed(comm, found):
-    """Collectives (and, at 2+ ranks, point-to-point) on both backends
-    outstanding at once, completed by each of opmatrix.COMPLETIONS."""
+    """Collectives and point-to-point on both backends at once, completed by each COMPLETIONS."""
     rank, size, u64 = comm.rank, comm.size, torch.uint64
     right, left = ring(comm)
     for how in COMPLETIONS:
@@ -459,8 +436,6 @@ def gloo_and_mpi_requests_mixed(comm, found):
 
 
 # -- Errors ----------------------------------------------------------------------------
-
-
 def bad_calls(comm):
     """(what, method, args) with arguments that are wrong on every rank."""
     size, right, z = comm.size, (comm.rank + 1) % comm.size, torch.zeros
@@ -506,9 +481,9 @@ def allreduce_works(comm, found, dtype, op):
 
 
 @checked()
-def validation_errors_as_on_mpi(comm, found):
-    """Every rank makes the same bad call: Gloo raises what MPI raises, naming
-    the same argument."""
+def validation_errors_as_on_mpi_before_communicating(comm, found):
+    """Every rank makes the same bad call: Gloo raises what MPI raises, naming the argument.
+    Then the last rank alone makes each on Gloo: each raises at once, with no other rank."""
     for what, method, args in bad_calls(comm):
         on_mpi, on_gloo = (raised(getattr(comm, method), *args, backend=b) for b in BACKENDS)
         with found.check(what):
@@ -518,17 +493,9 @@ def validation_errors_as_on_mpi(comm, found):
             named = [str(exc).split(":")[0] for exc in (on_mpi, on_gloo)]   # the argument
             assert named[0] == named[1], (str(on_gloo), str(on_mpi))
     allreduce_works(comm, found, torch.int64, "SUM")
-
-
-@checked()
-def validation_before_communication(comm, found):
-    """The last rank alone makes each bad call on Gloo: each must raise at once,
-    with no other process taking part; then everyone communicates as usual."""
-    comm.Barrier(backend=GLOO)             # the Gloo sub-communicator exists
-    if comm.rank == comm.size - 1:
-        for what, method, args in bad_calls(comm):
-            with found.check(what):
-                assert raised(getattr(comm, method), *args, backend=GLOO) is not None
+    for what, method, args in bad_calls(comm) if comm.rank == comm.size - 1 else ():
+        with found.check(f"{what}, on the last rank alone"):
+            assert raised(getattr(comm, method), *args, backend=GLOO) is not None
     allreduce_works(comm, found, torch.uint64, "MAX")
 
 
@@ -574,12 +541,8 @@ def gloo_rejects_derived_datatypes_and_user_ops(comm, found):
 
 @checked(min_size=2)
 def bad_first_call_on_a_new_communicator_raises_alone(comm, found):
-    """The first Gloo call on a communicator creates its Gloo group (collective);
-    a bad call must raise before that, on the one rank that makes it. Rank 0
-    makes it in a thread while the others wait for its word (on MPI): not
-    raised within 2 s, it is blocked waiting for them. Either way the others
-    then make a valid Gloo call, completing the group if rank 0 blocked, and
-    rank 0 joins in once its thread is done, so that no rank hangs."""
+    """A bad first call raises before the (collective) Gloo group is made. Rank 0 makes it in a
+    thread (not raised in 2 s: blocked); then every rank makes a valid Gloo call, so none hangs."""
     fresh = comm.Dup()
     if comm.rank == 0:
         outcome = []
@@ -605,7 +568,6 @@ test_mpi = mpi_cases(__name__)
 
 
 # -- the store across nodes: MCR_STORE_HOST ------------------------------------------------
-
 STORE_AT_ADDRESS = """
 import torch
 import mcr
@@ -635,8 +597,7 @@ def non_loopback_address():
 
 
 def test_store_at_mcr_store_host():
-    """With MCR_STORE_HOST set to a non-loopback address (as across nodes), the
-    ranks meet at that address and Gloo runs over it."""
+    """MCR_STORE_HOST a non-loopback address (as across nodes): the ranks meet and run there."""
     address = non_loopback_address()
     if address is None:
         pytest.skip("this machine has no IPv4 address but loopback")

@@ -1,19 +1,11 @@
-"""Programs that mix the MPI and Gloo backends on one communicator.
-
-- Progress: a rank waiting on Gloo work (in every way mcr offers) drives MPI,
-  so peers waiting on MPI finish (a large Iallreduce, a rendezvous Isend), and
-  the converse: a rank blocked in MPI while its peers wait on Gloo.
-- One Request class: Wait/Test{all,any,some} over any mix of MPI and Gloo
-  requests (null and persistent ones too), each reported once, with statuses; a
-  completion peeked at (Get_status) or seen by a failed Testall is still
-  reported later, as MPI does.
-- Randomized interleavings (seeds shared by the ranks): collectives of the
-  operation matrix on random backends, completed in per-rank random orders;
-  blocking calls on one backend while the other has requests outstanding;
-  messages on both backends with the same tags, which must not cross.
-- Communicators: Dup/Split/Create have their own Gloo groups, made at their
-  first Gloo call (any call); Free releases them; freed and null
-  communicators refuse every backend alike.
+"""Programs that mix the MPI and Gloo backends on one communicator: progress (waiting on Gloo
+drives MPI for peers waiting on MPI, and the converse); one Request class (Wait/Test{all,any,
+some} over any mix, null and persistent requests too, each reported once with its status, even
+after Get_status or a failed Testall); randomized interleavings with seeds shared by the ranks
+(matrix collectives on random backends, blocking calls on one backend while the other has
+requests outstanding, same tags on both backends); communicators (own Gloo groups made at any
+first Gloo call, released by Free; freed and null ones refuse every backend). Expected values:
+torch on the whole data.
 """
 
 import itertools
@@ -28,6 +20,7 @@ from mcr import MPI
 from mpiharness import case, mpi_cases, run_script, world_sizes
 from opmatrix import COMPLETIONS, OPERATIONS, nonblocking
 from opref import rank_data
+from test_backend_gloo import ring, status_of
 from util import Failures, assert_comm_works, assert_equal, raises
 
 BACKENDS = ("mpi", "gloo")
@@ -38,40 +31,29 @@ DTYPES = [torch.float32, torch.float64, torch.int32, torch.int64, torch.float16,
           torch.bfloat16]
 
 
-def ring(comm):
-    return (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
-
-
 def warm_up(comm):
-    """Make comm's Gloo group now, while every rank is at the same point (it is
-    made collectively over MPI at the first Gloo call)."""
+    """Make comm's Gloo group (collective, at the first Gloo call) with every rank here."""
     comm.Barrier(backend="gloo")
 
 
 def poller():
-    """A function to call after each unsuccessful poll: past 1000 polls it lets
-    the other ranks run (4 processes share 2 cores)."""
+    """To call after each failed poll: past 1000 it lets the other ranks run (on 2 cores)."""
     polls = itertools.count()
     return lambda: next(polls) > 1000 and time.sleep(0.0002)
 
 
-def full(n, value, dtype=torch.float32):
-    return torch.full((n,), float(value), dtype=dtype)
-
-
-def status_of(st):
-    return st.source, st.tag, st.Get_count()
+def full(n, value):
+    return torch.full((n,), float(value))
 
 
 def complete(requests, how, rng):
-    """Complete `requests` by `how` (one of COMPLETIONS; `rng` orders the
-    one-by-one forms); {index: Status} of each, which must be reported once."""
+    """Complete `requests` by `how` (COMPLETIONS; `rng` orders the one-by-one forms);
+    {index: Status}, each reported once."""
     got, poll = {}, poller()
 
     def report(i, status):
         assert i not in got, f"{how}: request {i} reported twice"
         got[i] = status
-
     if how in ("wait", "test"):
         for i in rng.sample(range(len(requests)), len(requests)):
             status = mcr.Status()
@@ -114,11 +96,8 @@ def complete(requests, how, rng):
 
 
 # -- progress ----------------------------------------------------------------------------------
-
-
 def gloo_wait(comm, how, x):
-    """A Gloo Allreduce of `x` in place, completed by `how`: "blocking", or one
-    of COMPLETIONS on its request."""
+    """A Gloo Allreduce of `x` in place, "blocking" or completed by `how` of COMPLETIONS."""
     if how == "blocking":
         comm.Allreduce(mcr.IN_PLACE, x, backend="gloo")
     else:
@@ -127,8 +106,7 @@ def gloo_wait(comm, how, x):
 
 @case
 def waiting_on_gloo_drives_mpi_progress(comm):
-    # rank 0 posts a large MPI Iallreduce, then waits on Gloo; the others
-    # wait for that Iallreduce first, which needs rank 0's MPI to progress
+    # rank 0 waits on Gloo after a large MPI Iallreduce the others wait for first
     warm_up(comm)
     size, failures = comm.size, Failures(comm)
     for k, how in enumerate(("blocking",) + COMPLETIONS):
@@ -158,12 +136,12 @@ def waiting_on_gloo_completes_a_large_mpi_send(comm):
             sreq = comm.Isend(full(BIG, k), 1, tag=k)
             gloo_wait(comm, how, small)
             sreq.Wait()
-        else:
-            if comm.rank == 1:
-                out = torch.zeros(BIG)
-                comm.Recv(out, 0, tag=k)
-                failures.check(f"4 MiB MPI message while rank 0 waits on gloo ({how})",
-                               out[-3:], full(3, k))
+        elif comm.rank == 1:
+            out = torch.zeros(BIG)
+            comm.Recv(out, 0, tag=k)
+            failures.check(f"4 MiB MPI message while rank 0 waits on gloo ({how})", out[-3:],
+                           full(3, k))
+        if comm.rank != 0:
             gloo_wait(comm, how, small)
         failures.check(f"gloo Allreduce ({how})", small, full(2, comm.size))
     failures.done()
@@ -188,12 +166,9 @@ def blocking_on_mpi_while_peers_wait_on_gloo(comm):
 
 
 # -- one Request class --------------------------------------------------------------------------
-
-
 def mixed_requests(comm, n, tag0):
-    """Receives, collectives (numpy arrays among them) and a null request on
-    both backends, alternating; (requests, checks, sends), checks[i] None or
-    (status expected of a receive or None, output, expected output)."""
+    """Receives, collectives (numpy too) and a null request on both backends, alternating;
+    (requests, checks, sends), checks[i] None or (status of a receive or None, out, want)."""
     right, left = ring(comm)
     size, rank, i64, i32 = comm.size, comm.rank, torch.int64, torch.int32
     requests, checks, sends = [], [], []
@@ -308,14 +283,13 @@ def persistent_requests_on_both_backends(comm):
     size, n, failures = comm.size, 3, Failures(comm)
     bufs = {b: (torch.zeros(n, dtype=torch.int32), torch.zeros(n, dtype=torch.int32),
                 torch.zeros(n), torch.zeros(n * size)) for b in BACKENDS}
-    requests, labels = [], []
+    requests, recv_index = [], {}       # recv_index: where each backend's Recv_init is
     for b, (send, recv, mine, gathered) in bufs.items():
         if size > 1:
+            recv_index[b] = len(requests)
             requests += [comm.Recv_init(recv, left, 7, backend=b),
                          comm.Send_init(send, right, 7, backend=b)]
-            labels += [f"Recv_init on {b}", f"Send_init on {b}"]
         requests.append(comm.Allgather_init(mine, gathered, backend=b))
-        labels.append(f"Allgather_init on {b}")
     assert all(isinstance(r, mcr.Prequest) for r in requests)
     rng = random.Random(comm.rank)
     for it, how in enumerate(COMPLETIONS):
@@ -332,7 +306,7 @@ def persistent_requests_on_both_backends(comm):
             if size > 1:
                 failures.check(f"{label}: Recv_init on {b}", recv,
                                rank_data(left, n, torch.int32, seed))
-                st = got[labels.index(f"Recv_init on {b}")]
+                st = got[recv_index[b]]
                 if status_of(st) != (left, 7, n):
                     failures.found.append(f"{label}: status on {b} {status_of(st)}")
             failures.check(f"{label}: Allgather_init on {b}", gathered,
@@ -343,12 +317,9 @@ def persistent_requests_on_both_backends(comm):
 
 
 # -- randomized interleavings ------------------------------------------------------------
-
-
 def draw_ops(comm, rng, count, backends=BACKENDS):
-    """`count` collectives drawn from `rng` (the same draws on every rank): a
-    variant of the operation matrix's on a drawn element type and data set,
-    and a backend from `backends`; each (label, method, args, check, backend)."""
+    """`count` (label, method, args, check, backend) drawn from `rng` (alike on every rank):
+    matrix variants on a drawn element type, data set and backend of `backends`."""
     ops = []
     for _ in range(count):
         method = rng.choice(list(OPERATIONS))
@@ -486,8 +457,6 @@ def random_messages_on_both_backends(comm):
 
 
 # -- communicators ----------------------------------------------------------------------------
-
-
 @case
 def derived_communicators_have_their_own_gloo_groups(comm):
     size, rank = comm.size, comm.rank
@@ -514,11 +483,8 @@ def derived_communicators_have_their_own_gloo_groups(comm):
         req.Wait()
     for label, out, want in checks:
         failures.check(label, out, want)
-    for name in ("dup", "split", "create"):
-        if name in comms:
-            comms[name].Free()
-    if "create" not in comms:
-        first.Free()                                    # a null communicator: no-op
+    for c in (comms["dup"], comms["split"], first):     # first: null (a no-op) on some ranks
+        c.Free()
     failures.done()
     assert_comm_works(comm)
 
@@ -533,14 +499,13 @@ def the_first_gloo_call_on_a_communicator_can_be_any_call(comm):
     for first in ("Irecv", "Recv", "Ibarrier", "Iallgather", "Bcast"):
         dup = comm.Dup()
         out = torch.zeros(2 * size)
-        if first == "Irecv" and size > 1:
-            req = dup.Irecv(out[:2], left, 1, backend="gloo")
-            dup.Send(full(2, rank), right, 1, backend="gloo")
-            req.Wait()
-            failures.check(f"first call {first}", out[:2], full(2, left))
-        elif first == "Recv" and size > 1:
-            req = dup.Isend(full(2, rank), right, 1, backend="gloo")
-            dup.Recv(out[:2], left, 1, backend="gloo")
+        if first in ("Irecv", "Recv") and size > 1:
+            if first == "Irecv":
+                req = dup.Irecv(out[:2], left, 1, backend="gloo")
+                dup.Send(full(2, rank), right, 1, backend="gloo")
+            else:
+                req = dup.Isend(full(2, rank), right, 1, backend="gloo")
+                dup.Recv(out[:2], left, 1, backend="gloo")
             req.Wait()
             failures.check(f"first call {first}", out[:2], full(2, left))
         elif first == "Ibarrier":
@@ -618,9 +583,9 @@ def messages_to_self_on_every_backend(comm):
 test_mpi = mpi_cases(__name__, timeout=150)
 
 
-# A freed receive goes on (MPI): freeing its communicator must not wait
-# forever for it. Its own short job, as a hang here would otherwise cost the
-# whole module's timeout.
+# A freed receive goes on (MPI): freeing its communicator must not wait forever for it. Its
+# own short job, as a hang here would otherwise cost the whole module's timeout. One write per
+# rank: MPICH's mpiexec mixes unbuffered ranks' output.
 FREED_RECEIVE = """
 import torch, mcr
 comm = mcr.COMM_WORLD
@@ -631,7 +596,7 @@ dup.Irecv(freed, left, 5, backend="gloo").Free()
 dup.Send(torch.full((2,), float(comm.rank)), right, 5, backend="gloo")
 dup.Free()
 assert freed.tolist() == [float(left)] * 2, freed
-print(f"delivered on rank {comm.rank}", flush=True)   # one write: MPICH's mpiexec mixes unbuffered ranks' output
+print(f"delivered on rank {comm.rank}", flush=True)
 """
 
 

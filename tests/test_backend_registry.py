@@ -1,22 +1,13 @@
-"""The backend registry and how a call picks its backend.
-
-- ``mcr.backends.names()``/``get(name)``: what each backend declares (devices,
-  native operations, reductions), checked against the Comm methods and torch's
-  dtypes; bad names.
-- mcr's own backends are entry points of distribution mcr, as a plug-in's
-  are: pyproject.toml declares every module of src/mcr/backends that defines
-  ``BACKEND``, the installed metadata has them, ``get`` gives what they load;
-  without that metadata the registry says to install mcr.
-- ``backend=`` on every Comm buffer method (read from their signatures): bad
-  values rejected before communicating; the spellings None and "auto" run every
-  collective form right ("mpi" and "gloo": the operation matrix), every spelling
-  every point-to-point form; "nccl" refuses host buffers, naming nccl.
-- The default backend: the ``backend`` property, ``$MCR_BACKEND`` at import (in
-  fresh processes), inheritance by Dup/Split/Split_type/Create/Create_group; a
-  user-defined op (only MPI runs it) shows which backend ran.
+"""The backend registry and how a call picks its backend: what each backend declares (devices,
+native operations, reductions) against the Comm methods and torch's dtypes; mcr's own backends
+as entry points of distribution mcr (pyproject.toml, installed metadata); ``backend=`` on every
+Comm buffer method (bad values rejected before communicating, None and "auto" on every form,
+"nccl" refusing host buffers); the default backend (the property, ``$MCR_BACKEND`` at import,
+inheritance by derived communicators; a user-defined op, MPI only, shows which backend ran).
 """
 
 import ast
+import itertools
 import os
 import subprocess
 import sys
@@ -67,8 +58,6 @@ def buffer_methods():
 
 
 # -- the registry (in-process) -----------------------------------------------------------
-
-
 def test_names_lists_the_backend_modules_mpi_first():
     names = mcr.backends.names()
     assert isinstance(names, tuple) and names[0] == "mpi" and len(set(names)) == len(names)
@@ -156,8 +145,8 @@ def test_without_mcrs_metadata_the_registry_says_to_install_it(tmp_path):
         if entry != "mcr" and not entry.startswith(("mcr-", "__editable__.mcr")):
             os.symlink(os.path.join(site, entry), tmp_path / entry)
     os.symlink(Path(mcr.__file__).parent, tmp_path / "mcr")
-    code, out = run_python_isolated(
-        "import mcr.backends\nmcr.backends.check_name('gloo')", PYTHONPATH=str(tmp_path))
+    code, out = run_python("import mcr.backends\nmcr.backends.check_name('gloo')", "-S",
+                           PYTHONPATH=str(tmp_path))
     assert code != 0 and "RuntimeError" in out, out
     for fragment in ("'mcr.backends'", "distribution 'mcr'", "none found", "pip install"):
         assert fragment in out, (fragment, out)
@@ -180,19 +169,15 @@ def test_device_errors_name_the_backend_and_the_memory(name, device, fragments):
         assert fragment in str(err), (fragment, str(err))
 
 
-@pytest.mark.parametrize("value, exc, fragments", BAD_BACKENDS)
+# "auto": a valid backend= value but no Backend: say so, do not fail importing a module
+@pytest.mark.parametrize("value, exc, fragments",
+                         BAD_BACKENDS + [("auto", ValueError, ["backend:", "'auto'"])])
 def test_get_rejects_what_is_not_a_backend(value, exc, fragments):
     with raises(exc, *fragments):
         mcr.backends.get(value)
     if exc is ValueError:
         with raises(ValueError, *mcr.backends.names()):
             mcr.backends.get(value)
-
-
-def test_get_auto_is_a_clear_error():
-    # a valid backend= value but no Backend: say so, do not fail importing a module
-    with raises(ValueError, "auto"):
-        mcr.backends.get("auto")
 
 
 def test_backend_keyword_is_on_every_buffer_method():
@@ -203,8 +188,6 @@ def test_backend_keyword_is_on_every_buffer_method():
 
 
 # -- the backend property (in-process) -------------------------------------------------------
-
-
 def test_default_backend_property():
     expected = os.environ.get("MCR_BACKEND") or "mpi"
     assert mcr.COMM_WORLD.backend == expected
@@ -226,21 +209,13 @@ def test_default_backend_property():
         comm.Free()
 
 
-def run_python(code, **env):
-    """Run `code` in a fresh interpreter with `env` added; (returncode, output)."""
+def run_python(code, *flags, **env):
+    """Run `code` in a fresh interpreter (`flags`: "-S", no site packages but those `env` puts
+    on PYTHONPATH) with `env` added, outside the MPI job; (returncode, output)."""
     full = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_COMM_WORLD",
                                                                      "PMIX_", "PMI_"))}
-    full.update(env)
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full,
-                          capture_output=True, text=True, timeout=120)
-    return proc.returncode, proc.stdout + proc.stderr
-
-
-def run_python_isolated(code, **env):
-    """``run_python`` with no site packages but those ``env`` puts on PYTHONPATH."""
-    full = dict(os.environ, **env)
-    proc = subprocess.run([sys.executable, "-S", "-c", code], env=full, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run([sys.executable, *flags, "-c", textwrap.dedent(code)],
+                          env=dict(full, **env), capture_output=True, text=True, timeout=120)
     return proc.returncode, proc.stdout + proc.stderr
 
 
@@ -295,19 +270,16 @@ def test_mcr_backend_routes_calls_without_backend(monkeypatch):
 
 
 # -- every buffer method ------------------------------------------------------------------
-
 N = 2
 NULL = mcr.PROC_NULL
 # point-to-point with PROC_NULL peers: they run anywhere and move nothing
-SEND, RECV = (torch.ones(N), NULL), (torch.zeros(N), NULL)
 P2P_NULL = {"Probe": (NULL,), "Iprobe": (NULL,),
             "Sendrecv": (torch.ones(N), NULL, 0, torch.zeros(N), NULL),
             "Sendrecv_replace": (torch.ones(N), NULL, 0, NULL)}
 P2P_NULL.update({"I" + k.lower(): v for k, v in P2P_NULL.items() if k.startswith("Sendrecv")})
-for _mode, _args in (("Send", SEND), ("Bsend", SEND), ("Ssend", SEND), ("Rsend", SEND),
-                     ("Recv", RECV)):
-    for _form in (_mode, "I" + _mode.lower(), _mode + "_init"):
-        P2P_NULL[_form] = _args
+P2P_NULL.update({form: (torch.zeros(N) if mode == "Recv" else torch.ones(N), NULL)
+                 for mode in ("Send", "Bsend", "Ssend", "Rsend", "Recv")
+                 for form in (mode, "I" + mode.lower(), mode + "_init")})
 COLLECTIVE_FORMS = {form: name for name in OPERATIONS
                     for form in (name, nonblocking(name), name + "_init")}
 # backend="mpi" only (a datatype per process): other backends refuse them
@@ -353,37 +325,24 @@ def every_method_rejects_bad_backends_before_communicating(comm):
     assert_comm_works(comm)
 
 
-def collective_forms(comm, backend, failures):
-    """Every collective, blocking, non-blocking and persistent, on `backend`."""
-    found = Findings()
-    for method in OPERATIONS:
-        what, make = first_variant(comm, method)
-        for turn, form in enumerate(FORMS):
-            run(comm, found, what, backend, form, method, make, turn)
-    failures.found += found
-
-
 @case
 def every_collective_form_runs_with_the_default_and_auto_spellings(comm):
     # "mpi" and "gloo" spelled out: the operation matrix (tests/test_ops.py)
-    failures = Failures(comm)
-    for backend in (None, "auto"):
-        collective_forms(comm, backend, failures)
-    failures.done()
-
-
-def data(rank, n, seed=0):
-    return rank_data(rank, n, torch.float32, seed)
+    found = Findings()
+    for backend, method in itertools.product((None, "auto"), OPERATIONS):
+        what, make = first_variant(comm, method)
+        for turn, form in enumerate(FORMS):
+            run(comm, found, what, backend, form, method, make, turn)
+    found.report()
 
 
 def ring_messages(comm, backend, failures):
-    """Every send form against every receive form, Sendrecv, Sendrecv_replace
-    and Probe/Iprobe, to the right neighbour on a ring of at least 2 ranks."""
+    """Send forms against receive forms, Sendrecv(_replace), Probe/Iprobe, on a ring of 2+."""
     size, rank = comm.size, comm.rank
     right, left = (rank + 1) % size, (rank - 1) % size
     for k, (send, recv) in enumerate([("Isend", "Recv"), ("Send", "Irecv"),
                                       ("Send_init", "Recv_init")]):
-        out, tag, mine = torch.zeros(N), 10 + k, data(rank, N, k)
+        out, tag, mine = torch.zeros(N), 10 + k, rank_data(rank, N, seed=k)
         if recv == "Recv":
             sreq = comm.Isend(mine, right, tag, backend=backend)
             comm.Recv(out, left, tag, backend=backend)
@@ -399,22 +358,22 @@ def ring_messages(comm, backend, failures):
             mcr.Request.Waitall(reqs)
             for r in reqs:
                 r.Free()
-        failures.check(f"{send} -> {recv} (backend={backend!r})", out, data(left, N, k))
+        failures.check(f"{send} -> {recv} (backend={backend!r})", out, rank_data(left, N, seed=k))
     out, status = torch.zeros(N), mcr.Status()
-    comm.Sendrecv(data(rank, N, 5), right, 20, out, left, 20, status, backend=backend)
-    failures.check(f"Sendrecv (backend={backend!r})", out, data(left, N, 5))
+    comm.Sendrecv(rank_data(rank, N, seed=5), right, 20, out, left, 20, status, backend=backend)
+    failures.check(f"Sendrecv (backend={backend!r})", out, rank_data(left, N, seed=5))
     assert (status.source, status.tag, status.Get_count()) == (left, 20, N), backend
-    buf = data(rank, N, 6)
+    buf = rank_data(rank, N, seed=6)
     comm.Sendrecv_replace(buf, right, 21, left, 21, backend=backend)
-    failures.check(f"Sendrecv_replace (backend={backend!r})", buf, data(left, N, 6))
-    sreq = comm.Isend(data(rank, N, 7), right, 22, backend=backend)
+    failures.check(f"Sendrecv_replace (backend={backend!r})", buf, rank_data(left, N, seed=6))
+    sreq = comm.Isend(rank_data(rank, N, seed=7), right, 22, backend=backend)
     assert comm.Probe(left, 22, status, backend=backend) is True
     assert (status.source, status.tag) == (left, 22), backend
     while not comm.Iprobe(left, 22, backend=backend):
         pass
     comm.Recv(out, left, 22, backend=backend)
     sreq.Wait()
-    failures.check(f"Probe, Recv (backend={backend!r})", out, data(left, N, 7))
+    failures.check(f"Probe, Recv (backend={backend!r})", out, rank_data(left, N, seed=7))
 
 
 @case
@@ -464,8 +423,8 @@ USER_OP = MPI.Op.Create(lambda a, b, datatype: None, commute=True)
 
 
 def default_runs_on(comm, backend):
-    """Whether `comm`'s calls without backend= run on `backend` ("mpi" or
-    "gloo"): a user-defined op runs on MPI and is refused naming any other."""
+    """Whether `comm`'s calls run on `backend` by default: MPI runs a user-defined op, others
+    refuse it by name."""
     x, y = torch.ones(2), torch.zeros(2)
     try:
         comm.Allreduce(x, y, op=USER_OP)
@@ -473,16 +432,6 @@ def default_runs_on(comm, backend):
         assert "user-defined" in str(exc), exc
         return f"'{backend}'" in str(exc)
     return backend == "mpi"
-
-
-def derived_comms(comm):
-    """Communicators made from `comm` in every way mcr offers (all collective)."""
-    group = comm.Get_group()
-    made = {"Dup": comm.Dup(), "Split": comm.Split(comm.rank % 2, comm.rank),
-            "Split_type": comm.Split_type(MPI.COMM_TYPE_SHARED),
-            "Create": comm.Create(group), "Create_group": comm.Create_group(group)}
-    group.Free()
-    return made
 
 
 @case
@@ -493,7 +442,12 @@ def derived_communicators_inherit_the_default_backend(comm):
     parent.backend = "gloo"
     assert comm.backend == world_default              # the original is untouched
     assert default_runs_on(parent, "gloo")
-    for how, child in derived_comms(parent).items():
+    group = parent.Get_group()          # every way mcr offers to make a communicator
+    derived = {"Dup": parent.Dup(), "Split": parent.Split(comm.rank % 2, comm.rank),
+               "Split_type": parent.Split_type(MPI.COMM_TYPE_SHARED),
+               "Create": parent.Create(group), "Create_group": parent.Create_group(group)}
+    group.Free()
+    for how, child in derived.items():
         assert child.backend == "gloo", (how, child.backend)
         assert default_runs_on(child, "gloo"), how
         # the default does give the right result, and backend= still overrides it

@@ -1,17 +1,9 @@
-"""A third-party backend, added through the ``mcr.backends`` entry-point group.
-
-- ``tiny`` (tests/plugins, on every test job's PYTHONPATH): a sub-communicator
-  defining only ``tensor_alltoall``, ``tensor_send`` and ``tensor_recv`` on
-  mpi4py, so every operation runs by composition; found through its entry
-  point, its ``native`` empty. Every send mode, receive, Sendrecv(_replace) and
-  Probe/Iprobe runs here (its collectives and reductions: the operation matrix,
-  tests/test_ops.py, backend "tiny").
-- distribution ``brokenbackend``, written to a temporary directory: an entry
-  point ``broken`` whose module does not import (the error names the entry
-  point and the distribution, when the backend is asked for, not before), and
-  one named ``gloo``, which mcr's own gloo (an entry point of distribution
-  mcr) overrides (a warning says so, once: the entry points are read once).
-- in-process: ``native`` is derived from the methods a Subcomm defines.
+"""A third-party backend, added through the ``mcr.backends`` entry-point group: ``tiny``
+(tests/plugins) defines only ``tensor_alltoall``/``tensor_send``/``tensor_recv``, so all runs
+by composition (its point-to-point here, its collectives in test_ops.py); distribution
+``brokenbackend`` (a temporary directory) has entry point ``broken``, which does not import
+(the error names it and the distribution), and ``gloo``, which mcr's own overrides (one
+warning). In-process: ``native`` is what a Subcomm defines.
 """
 
 import os
@@ -49,19 +41,14 @@ def broken_distribution_on_the_path():
 
 
 # -- in-process: native is what a Subcomm class defines ------------------------------
-
-
 class PrimitivesOnly(Subcomm):
     def tensor_alltoall(self, output, input, output_split, input_split): ...
-
     def tensor_send(self, tensor, dest, tag): ...
-
     def tensor_recv(self, tensor, source, tag): ...
 
 
 class OwnBcastAndProbe(PrimitivesOnly):
     def bcast(self, msg, root): ...
-
     def probe(self, source, tag, status, blocking): ...
 
 
@@ -81,8 +68,6 @@ def test_native_is_derived_from_the_methods_a_subcomm_defines():
 
 
 # -- the plugins, under mpiexec -------------------------------------------------------
-
-
 @case
 def entry_points_are_read_once_mcrs_own_with_the_plugins(comm):
     # the first case of this module's job: the first to ask for a backend

@@ -1,11 +1,8 @@
-"""Collectives beyond the operation matrix (tests/test_ops.py).
-
-Message specs of every form (counts, displacements and datatypes; counts and
-displacements as every int_forms kind), default op and root, empty, one-element
-and large messages, the numpy element types and reductions the matrix does not
-run, buffer-protocol objects, the mpi4py namespace, many requests outstanding
-at once, and Alltoallw (every form, IN_PLACE, derived datatypes, errors).
-Expected values come from opref (torch/numpy on the whole data).
+"""Collectives beyond the operation matrix (tests/test_ops.py): message specs of every form
+(counts and displacements as every int_forms kind), default op and root, empty, one-element
+and large messages, numpy types and reductions the matrix does not run, buffer-protocol
+objects, the mpi4py namespace, many requests at once, and Alltoallw (every form, IN_PLACE,
+derived datatypes, errors). Expected values come from opref (torch/numpy on the whole data).
 """
 
 import array
@@ -20,7 +17,7 @@ from mpi4py import MPI as _mpi4py
 import mcr
 from mcr import MPI
 from mpiharness import case, mpi_cases
-from opmatrix import (MOVE_TYPES, OPERATIONS, Findings, allgather_maker, alltoall_maker,
+from opmatrix import (FORMS, MOVE_TYPES, OPERATIONS, Findings, allgather_maker, alltoall_maker,
                       gather_maker, name, nonblocking, run, scatter_maker)
 from opref import (LAYOUTS, OPS, all_data, cat, copy, expect, int_forms, layout, operands,
                    pair_block, place, rank_data, reduce_ref, roots, sentinel, vcounts)
@@ -41,19 +38,15 @@ def padded(x, lead, trail):
 
 def call(comm, form, method, *args, **kw):
     """`method` blocking, or its nonblocking form waited on at once."""
-    if form == "blocking":
-        getattr(comm, method)(*args, **kw)
-    else:
-        getattr(comm, nonblocking(method))(*args, **kw).Wait()
+    req = getattr(comm, method if form == "blocking" else nonblocking(method))(*args, **kw)
+    if form != "blocking":
+        req.Wait()
 
 
 # -- message specs of Bcast, Gather, Scatter, Allgather, Alltoall ------------------------
-
-
 @case
 def bcast_spec_forms(comm):
-    """Counts, displacements and datatypes select part of the buffer; the rest
-    is untouched on the receivers."""
+    """Counts, displacements and datatypes select part of the buffer; the rest is untouched."""
     n, root, rank = 8, comm.size - 1, comm.rank
     full, blank = rank_data(root, n), sentinel(n, F32)
     for tail, lo, hi in [([3], 0, 3), ([0], 0, 0), ([MPI.FLOAT], 0, n), (["f"], 0, n),
@@ -76,8 +69,7 @@ def bcast_spec_forms(comm):
 
 @case
 def block_spec_forms(comm):
-    """Gather, Scatter and Allgather with every spec of the block and of the
-    whole buffer on either side, Alltoall with every whole-buffer spec on both."""
+    """Gather/Scatter/Allgather: every spec of block and whole buffer; Alltoall: whole-buffer."""
     size, rank, w = comm.size, comm.rank, comm.size * N
     for dtype, dt, char in ((F32, MPI.FLOAT, "f"), (F64, MPI.DOUBLE, "d")):
         # (tail, buffer length, offset of the data): a rank's block of N ...
@@ -122,13 +114,9 @@ def block_spec_forms(comm):
 
 
 # -- message specs of Gatherv, Allgatherv, Scatterv, Alltoallv --------------------------
-
-
 def vector_forms(counts, dt, char, k=2, stride=3):
-    """(tail, counts, displs, length) for every vector spec: uneven `counts` and
-    displacements (reversed layout) as every int_forms kind, the packed layout
-    where the spec has no displacements; then equal blocks of `k` (no counts, a
-    scalar count, (count, stride)). Two lists: uneven, equal."""
+    """Two lists of (tail, counts, displs, length), every vector spec: uneven `counts` with
+    reversed displacements (packed if none) as every int_forms kind; equal blocks of `k`."""
     displs, length = layout(counts, "reversed")
     given, packed = (counts, displs, length), (counts, *layout(counts, "packed"))
     uneven = []
@@ -147,9 +135,8 @@ def vector_forms(counts, dt, char, k=2, stride=3):
 
 
 def check_vector(comm, form, method, dtype, vside, rside=None, root=0):
-    """`method` with its vector side `vside` = (tail, counts, displs, length),
-    the other side a plain block (Scatterv: received into the middle of a
-    larger buffer); Alltoallv: `vside` sends, `rside` receives."""
+    """`method` with vector side `vside` (tail, counts, displs, length), the other a block
+    (Scatterv: into the middle of a larger one); Alltoallv: `vside` sends, `rside` receives."""
     size, rank = comm.size, comm.rank
     tail, counts, displs, length = vside
     what = f"{method} {form} {tail}{'' if rside is None else rside[0]} on {dtype}"
@@ -205,8 +192,6 @@ def vector_spec_and_count_forms(comm):
 
 
 # -- message specs and defaults of reductions ----------------------------------------
-
-
 @case
 def reduction_spec_forms_and_defaults(comm):
     size, rank, root = comm.size, comm.rank, comm.size - 1
@@ -261,8 +246,6 @@ def reduction_spec_forms_and_defaults(comm):
 
 
 # -- empty, one-element and large messages --------------------------------------------
-
-
 @case
 def empty_and_one_element_messages(comm):
     size, rank = comm.size, comm.rank
@@ -303,8 +286,7 @@ def empty_and_one_element_messages(comm):
 
 @case
 def large_messages(comm):
-    """Large enough for segmented and pipelined algorithms (the user-defined
-    ops of the half types then see partial counts)."""
+    """Segmented and pipelined algorithms (the half types' user-defined ops see partial counts)."""
     size, rank, root = comm.size, comm.rank, comm.size - 1
     n = (1 << 16) + 3
     for seed, (dtype, op) in enumerate([(torch.float16, "SUM"), (torch.bfloat16, "SUM"),
@@ -352,7 +334,6 @@ def large_messages(comm):
 
 
 # -- numpy, buffer-protocol objects, the mpi4py namespace -----------------------------
-
 NUMPY_MOVE = [np.float32, np.float16, np.int64, np.int8, np.complex128]
 NUMPY_REDUCE = [(np.float64, "PROD"), (np.float64, "SUM"), (np.float16, "MAX"),
                 (np.float16, "MIN"), (np.int32, "BAND"), (np.int32, "MAX"), (np.int32, "BOR"),
@@ -361,24 +342,21 @@ NUMPY_REDUCE = [(np.float64, "PROD"), (np.float64, "SUM"), (np.float16, "MAX"),
                 (np.complex128, "PROD")]
 
 
-def numpy_variants(comm, operation):
-    """Operation.variants for the numpy element types and reductions above."""
-    pairs = NUMPY_REDUCE if operation.reduction else [(t, None) for t in NUMPY_MOVE]
-    places = (False, True) if operation.in_place else (False,)
-    for i, (dtype, op) in enumerate(pairs):
-        for in_place, root in itertools.product(
-                places, roots(comm.size) if operation.rooted else [0]):
-            kind = LAYOUTS[(i + root + in_place) % len(LAYOUTS)]
-            args = (op, root, in_place) if op else (root, in_place, kind)
-            yield (f"{op or kind} on {name(dtype)}{' IN_PLACE' * in_place} root {root}",
-                   operation.maker(comm, dtype, *args))
-
-
 @case
 def numpy_types_beyond_the_matrix(comm):
+    """Operation.variants on the numpy element types and reductions above, on MPI."""
     found = Findings()
     for method, operation in OPERATIONS.items():
-        for what, make in numpy_variants(comm, operation) if method != "Barrier" else ():
+        if method == "Barrier":
+            continue
+        pairs = NUMPY_REDUCE if operation.reduction else [(t, None) for t in NUMPY_MOVE]
+        places = (False, True) if operation.in_place else (False,)
+        for (i, (dtype, op)), in_place, root in itertools.product(
+                enumerate(pairs), places, roots(comm.size) if operation.rooted else [0]):
+            kind = LAYOUTS[(i + root + in_place) % len(LAYOUTS)]
+            make = operation.maker(comm, dtype, *((op, root, in_place) if op else
+                                                  (root, in_place, kind)))
+            what = f"{op or kind} on {name(dtype)}{' IN_PLACE' * in_place} root {root}"
             for form in ("blocking", "nonblocking"):
                 run(comm, found, what, "mpi", form, method, make)
     found.report()
@@ -409,8 +387,7 @@ def buffer_protocol_objects(comm):
 
 @case
 def mpi4py_namespace_and_backend(comm):
-    """`mcr.MPI.COMM_WORLD` is an mcr.Comm, backend None/"mpi"/"auto" run the
-    call, and an mcr.Comm can wrap an mpi4py communicator."""
+    """MPI.COMM_WORLD is an mcr.Comm, backend None/mpi/auto run, mcr.Comm wraps mpi4py's."""
     world = MPI.COMM_WORLD
     assert isinstance(world, mcr.Comm)
     for backend in (None, "mpi", "auto"):
@@ -423,7 +400,6 @@ def mpi4py_namespace_and_backend(comm):
 
 
 # -- nonblocking: many requests at once -------------------------------------------------
-
 MODES = ("waitall", "testall", "reversed", "shuffled", "rotated", "test", "half")
 
 
@@ -455,9 +431,8 @@ def complete_together(requests, mode, rank, seed):
 
 @case.quick
 def many_requests_outstanding(comm):
-    """Every variant of every operation on one element type posted at once, in
-    the same order on every rank (so any completion order is deadlock-free),
-    completed together in one of MODES."""
+    """Every variant of every operation on one type posted at once, in the same order on every
+    rank (any completion order is deadlock-free), completed together in one of MODES."""
     found = Findings()
     for seed, dtype in enumerate(MOVE_TYPES):
         mode, posted = MODES[seed % len(MODES)], []
@@ -475,8 +450,7 @@ def many_requests_outstanding(comm):
 
 @case
 def request_lifetime(comm):
-    """The caller may drop the send buffers of a nonblocking call: the Request
-    keeps them alive until completion, and is MPI_REQUEST_NULL after it."""
+    """The Request keeps dropped send buffers alive until completion, then is REQUEST_NULL."""
     size, rank = comm.size, comm.rank
     outs, requests = [], []
     for k in range(4):
@@ -500,15 +474,12 @@ def request_lifetime(comm):
         pass
     assert not req
     expect(buf, torch.arange(3.0))
-    assert mcr.Request.Waitall([]) is True
-    assert mcr.Request.Testall([]) is True
+    assert mcr.Request.Waitall([]) is True and mcr.Request.Testall([]) is True
 
 
 # -- Alltoallw: a count, a byte displacement and a datatype per process on each side ----
-# Rank i sends rank j a block whose type and count depend on i + j (so both ends
-# agree, and a rank's blocks differ in type), at 8-byte aligned byte
-# displacements with a gap before each, in a byte buffer (numpy or torch).
-
+# Rank i sends rank j a block whose type and count depend on i + j (both ends agree, a rank's
+# blocks differ in type), at 8-byte aligned displacements with a gap before each, in bytes.
 W_KINDS = [(np.int32, MPI.INT), (np.float64, MPI.DOUBLE), (np.int16, MPI.SHORT)]
 GAP = 0xA5
 
@@ -519,40 +490,34 @@ def w_block(src, dst, salt=0):
     return mpitype, 1000 * src + 10 * dst + salt + np.arange((src + dst) % 3 + 1, dtype=nptype)
 
 
-def put(raw, displ, values):
-    raw[displ:displ + values.nbytes] = values.view(np.uint8)
-
-
 def w_side(comm, kind, sending, salt=0):
-    """[buf, counts, displs, datatypes] of a send side (blocks in rank order,
-    written) or a receive side (in reverse order), and the buffer's bytes."""
+    """[buf, counts, displs, datatypes] of a send side (blocks in rank order, written) or a
+    receive side (reverse order), and the buffer's bytes."""
     size, rank = comm.size, comm.rank
     blocks = [w_block(rank, p, salt) if sending else w_block(p, rank) for p in range(size)]
     displs, at = [0] * size, 8
     for p in range(size) if sending else reversed(range(size)):
         displs[p] = at
         at += -(-blocks[p][1].nbytes // 8) * 8 + 8
-    buf = torch.full((at,), GAP, dtype=torch.uint8) if kind == "torch" else np.full(at, GAP,
-                                                                                   np.uint8)
-    raw = buf.numpy() if kind == "torch" else buf       # the same memory
-    for p in range(size) if sending else ():
-        put(raw, displs[p], blocks[p][1])
+    raw = np.full(at, GAP, np.uint8)
+    buf = torch.from_numpy(raw) if kind == "torch" else raw     # the same memory
+    for p, (_, values) in enumerate(blocks if sending else ()):
+        raw[displs[p]:displs[p] + values.nbytes] = values.view(np.uint8)
     return [buf, [len(v) for _, v in blocks], displs, [t for t, _ in blocks]], raw
 
 
 def check_received(comm, raw, displs, salt=0):
     want = np.full(raw.nbytes, GAP, np.uint8)
-    for i in range(comm.size):
-        put(want, displs[i], w_block(i, comm.rank, salt)[1])
+    for i, d in enumerate(displs):
+        values = w_block(i, comm.rank, salt)[1]
+        want[d:d + values.nbytes] = values.view(np.uint8)
     np.testing.assert_array_equal(raw, want)
 
 
 @case.quick
 def alltoallw_every_form(comm):
-    """Blocking, nonblocking, persistent (started again on new data in the same
-    buffers); torch and numpy buffers; the 4- and 3-item spec forms."""
-    for kind, form in itertools.product(("torch", "numpy"),
-                                        ("blocking", "nonblocking", "persistent")):
+    """Blocking, nonblocking, persistent (restarted on new data); torch, numpy; 4 and 3 items."""
+    for kind, form in itertools.product(("torch", "numpy"), FORMS):
         smsg, sraw = w_side(comm, kind, True)
         (rbuf, rcounts, rdispls, rtypes), rraw = w_side(comm, kind, False)
         rmsg = [rbuf, (rcounts, rdispls), rtypes]
@@ -576,10 +541,8 @@ def alltoallw_every_form(comm):
 
 @case
 def alltoallw_other_forms(comm):
-    """IN_PLACE (what is sent to process i is taken from where i's block
-    lands); [buf, datatypes] (one element of each type from the start of buf);
-    a strided datatype (every other element); blocks of zero elements (any
-    displacement, nothing moves)."""
+    """IN_PLACE (what goes to i is taken where i's block lands); [buf, datatypes] (one element
+    each from the start); a strided datatype; blocks of zero elements (nothing moves)."""
     size, rank = comm.size, comm.rank
     msg, raw = w_side(comm, "torch", True)     # (rank, i) and (i, rank): the same type
     comm.Alltoallw(MPI.IN_PLACE, msg)
@@ -608,8 +571,7 @@ def alltoallw_other_forms(comm):
 
 @case
 def alltoallw_errors(comm):
-    """Each mistake raises on every rank before communicating; the comm still
-    works."""
+    """Each mistake raises on every rank before communicating; the comm still works."""
     size = comm.size
     x, y = np.zeros(8, np.float64), np.zeros(8, np.float64)
     doubles, ones, zeros = [MPI.DOUBLE] * size, [1] * size, [0] * size
