@@ -25,12 +25,10 @@ VECTOR = ["gatherv", "scatterv", "allgatherv", "alltoallv", "reduce_scatter",
           "reduce_scatter_block"]
 GLOO, NUMPY = ["allreduce", "alltoallv", "scan", "latency", "bw"], ["allgather", "reduce", "bw"]
 
-AVG = "       Avg Latency(us)"
-MINMAX = "   Min Latency(us)   Max Latency(us)"
+AVG, MINMAX = "       Avg Latency(us)", "   Min Latency(us)   Max Latency(us)"
 COMPUTE = "       Compute(us)    Pure Comm.(us)"
-NB = "           Overall(us)" + COMPUTE
 COMM_MINMAX = "     Min Comm.(us)     Max Comm.(us)"
-OVERLAP, ITERS = "        Overlap(%)", "  Iterations"
+NB, OVERLAP, ITERS = "           Overall(us)" + COMPUTE, "        Overlap(%)", "  Iterations"
 COLUMNS = {
     "latency": "# Size          Latency (us)",
     "bw": "# Size      Bandwidth (MB/s)",
@@ -170,8 +168,8 @@ BAD_OPTIONS = {
     "allreduce -m 1:2": "-m 1:2: no message size holds one float32 element (4 bytes)",
     "allreduce -i 0": "-i 0: must be >= 1",
     "allreduce -x -1": "-x -1: must be >= 0",
-    "allreduce --backend nccl": "--backend nccl serves CUDA buffers only; --buffer torch is "
-                                "in host memory",
+    "allreduce --backend nccl": "--backend nccl serves CUDA buffers only; --buffer torch is in "
+                                "host memory",
     "allreduce --backend nccl --buffer numpy": "--backend nccl serves CUDA",
     "allreduce --buffer numpy --dtype bfloat16": "--buffer numpy --dtype bfloat16: numpy has "
                                                  "no element type for torch.bfloat16",
@@ -184,8 +182,7 @@ BAD_OPTIONS = {
     "allgatherx": "argument name: invalid choice: 'allgatherx'",
 }
 if not torch.cuda.is_available():
-    BAD_OPTIONS["allreduce --buffer torch-cuda"] = \
-        "--buffer torch-cuda: CUDA is not available here"
+    BAD_OPTIONS["allreduce --buffer torch-cuda"] = "--buffer torch-cuda: CUDA is not available here"
 
 
 @pytest.mark.parametrize("argv", list(BAD_OPTIONS))
@@ -196,12 +193,10 @@ def test_bad_options_in_process(argv, capsys):
 
 
 def test_message_sizes():
-    assert osu.message_sizes("4:64", 1) == SIZES
-    assert osu.message_sizes("3:33", 1) == [4, 8, 16, 32]
-    assert osu.message_sizes("0:4", 1) == [0, 1, 2, 4]
-    assert osu.message_sizes("16", 1) == [1, 2, 4, 8, 16]
-    assert osu.message_sizes(None, 0)[:2] == [0, 1]
-    assert osu.message_sizes(None, 1)[-1] == 1 << 20
+    for text, sizes in [("4:64", SIZES), ("3:33", [4, 8, 16, 32]), ("0:4", [0, 1, 2, 4]),
+                        ("16", [1, 2, 4, 8, 16])]:
+        assert osu.message_sizes(text, 1) == sizes, text
+    assert osu.message_sizes(None, 0)[:2] == [0, 1] and osu.message_sizes(None, 1)[-1] == 1 << 20
     with pytest.raises(ValueError, match="no power of two between 5 and 7"):
         osu.message_sizes("5:7", 1)
 

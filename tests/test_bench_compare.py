@@ -1,9 +1,9 @@
 """python -m mcr.bench compare: the peers side by side, their tables and targets.
 
-One short comparison at 2 ranks (allreduce and bcast, 4 to 64 bytes, one round):
-its tables, targets section, --json file and --plot figure. The C reference
-(mcr/bench/osu_c.c) is compiled and checks its own results for every operation
-and form. The report's arithmetic on made-up numbers.
+One short comparison at 2 ranks (allreduce and bcast, 4 to 64 bytes, one round): its tables,
+targets section, --json file and --plot figure. The C reference (mcr/bench/osu_c.c) is
+compiled and checks its own results for every operation and form. The report's arithmetic
+on made-up numbers.
 """
 
 import importlib.util
@@ -122,10 +122,10 @@ def test_osu_c_builds_and_checks_itself(tmp_path):
     assert driver.build_c(mpicc, cache=str(tmp_path)) == exe  # cached
     argv = [exe, "-o", ",".join(cli.OPS), "-f", "blocking,nonblocking,persistent", "-i", "3",
             "-w", "1", "-r", "2", "4", "12"]
-    result = launch.run(2, argv, timeout=120, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                        text=True)
-    assert result.returncode == 0, result.stderr
-    results = [json.loads(line) for line in result.stdout.splitlines()]
+    job = launch.run(2, argv, timeout=120, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                     text=True)
+    assert job.returncode == 0, job.stderr
+    results = [json.loads(line) for line in job.stdout.splitlines()]
     # every operation in every form at both sizes (barrier: one, no data)
     assert len(results) == 3 * (1 + 2 * (len(cli.OPS) - 1))
     for r in results:
@@ -134,8 +134,7 @@ def test_osu_c_builds_and_checks_itself(tmp_path):
 
 def test_sizes_and_lists():
     args = cli.parse_args(["-m", "3:20", "--ops", "all", "--forms", "persistent"])
-    assert args.sizes == [3, 6, 12]
-    assert args.ops == list(cli.OPS)
+    assert (args.sizes, args.ops) == ([3, 6, 12], list(cli.OPS))
     assert args.forms == ["blocking", "persistent"]
     assert "mcr-nccl" not in args.peers           # CPU tensors: no NCCL peers
     assert cli.parse_args(["-m", "64"]).sizes == [1, 2, 4, 8, 16, 32, 64]
@@ -197,5 +196,4 @@ def test_summary_table():
     names = report.columns_of(args) + report._ratio_columns(args)
     kib = dict(zip(names, rows[2][3:]))                   # after "allreduce 1 KiB"
     assert (kib["mcr-Cmt (us)"], kib["mcr/C-mt"]) == ("+0.30", "1.03"), kib
-    assert cli.parse_args(["--summary"]).summary == [int(x) for x in
-                                                     cli.SUMMARY_SIZES.split(",")]
+    assert cli.parse_args(["--summary"]).summary == [int(x) for x in cli.SUMMARY_SIZES.split(",")]

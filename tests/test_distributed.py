@@ -1,9 +1,8 @@
 """The torch.distributed backend "mcr" (mcr.distributed).
 
-MPI cases (1-4 ranks, one job, ``init_process_group("mcr")`` with no
-MASTER_ADDR): torch.distributed's API on "mcr" groups running MPI and Gloo
-against torch on every rank's data; DDP and a ZeRO-style step against torch's
-own Gloo group. Single-process tests: what ``import mcr`` does and does not do.
+MPI cases (1-4 ranks, ``init_process_group("mcr")`` with no MASTER_ADDR): torch.distributed's
+API on "mcr" groups running MPI and Gloo against torch on every rank's data; DDP and a
+ZeRO-style step against torch's own Gloo group. Then what ``import mcr`` does and does not do.
 """
 
 import os
@@ -35,11 +34,8 @@ def group(backend):
     if not dist.is_initialized():
         dist.init_process_group("mcr")
     if backend not in _groups:
-        if backend == "torch-gloo":
-            _groups[backend] = dist.new_group(backend="gloo")
-        else:
-            options = mcr.distributed.Options(backend=backend)
-            _groups[backend] = dist.new_group(backend="mcr", pg_options=options)
+        _groups[backend] = dist.new_group(backend="gloo") if backend == "torch-gloo" else \
+            dist.new_group(backend="mcr", pg_options=mcr.distributed.Options(backend=backend))
     return _groups[backend]
 
 
@@ -164,8 +160,7 @@ def point_to_point_and_batches(comm, backend):
         work.wait()
     assert torch.equal(got, rank_data(left, 3))
     send = dist.isend(rank_data(rank, 2), right, group=g, tag=3)
-    recv = dist.irecv(got := torch.empty(2), left, group=g, tag=3)
-    recv.wait()
+    dist.irecv(got := torch.empty(2), left, group=g, tag=3).wait()
     send.wait()
     assert torch.equal(got, rank_data(left, 2))
 
@@ -282,22 +277,23 @@ def unsupported_and_bad_calls_raise_clearly(comm):
     assert torch.equal(t, full(2, size))
 
 
-def batches(steps, size, n, d_in, d_out, seed):
+def setup(steps, size, d_in, hidden, d_out, activation, n, seed):
+    """A seeded MLP d_in -> hidden -> d_out, and batches x, y of (steps, size, n, d)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(d_in, hidden), activation(),
+                                torch.nn.Linear(hidden, d_out))
     data = torch.Generator().manual_seed(seed)
-    return (torch.randn(steps, size, n, d_in, generator=data),
-            torch.randn(steps, size, n, d_out, generator=data))
+    return model, torch.randn(steps, size, n, d_in, generator=data), \
+        torch.randn(steps, size, n, d_out, generator=data)
 
 
 def train_ddp(g, size, rank, steps=8):
     """A small MLP trained with DDP on group `g`: the losses and final weights."""
     from torch.nn.parallel import DistributedDataParallel
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(12, 24), torch.nn.Tanh(),
-                                torch.nn.Linear(24, 3))
+    model, x, y = setup(steps, size, 12, 24, 3, torch.nn.Tanh, 6, seed=1)
     # tiny buckets: several allreduces per step, as in a large model
     ddp = DistributedDataParallel(model, process_group=g, bucket_cap_mb=0.0005)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
-    x, y = batches(steps, size, 6, 12, 3, seed=1)
     losses = []
     for step in range(steps):
         optimizer.zero_grad()
@@ -309,11 +305,9 @@ def train_ddp(g, size, rank, steps=8):
 
 
 def train_zero(g, size, rank, steps=6):
-    """ZeRO/FSDP-style data parallelism on group `g`: each rank keeps a shard of
-    the flat parameters; a step all-gathers them, computes gradients, and
-    reduce-scatters the gradients onto the shards."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(10, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    """ZeRO/FSDP-style on group `g`: each rank keeps a shard of the flat parameters; a step
+    all-gathers them, computes gradients, and reduce-scatters those onto the shards."""
+    model, x, y = setup(steps, size, 10, 16, 2, torch.nn.ReLU, 5, seed=2)
     params = list(model.parameters())
     n = sum(p.numel() for p in params)
     per = -(-n // size)
@@ -321,7 +315,6 @@ def train_zero(g, size, rank, steps=6):
     def padded(flat):
         return torch.nn.functional.pad(flat, (0, per * size - n))
     shard = padded(parameters_to_vector(params).detach())[rank * per:(rank + 1) * per].clone()
-    x, y = batches(steps, size, 5, 10, 2, seed=2)
     losses = []
     for step in range(steps):
         whole = torch.empty(per * size)
@@ -341,8 +334,7 @@ def train_zero(g, size, rank, steps=6):
 
 @case.matrix(train=(train_ddp, train_zero))
 def training_matches_torch_gloo(comm, train):
-    """`train` on torch's own Gloo group, then on each mcr group: the same
-    losses and parameters."""
+    """`train` on torch's own Gloo group, then on each mcr group: the same losses, parameters."""
     size, rank = comm.size, comm.rank
     reference, ref_params = train(group("torch-gloo"), size, rank)
     for backend in BACKENDS:
@@ -358,8 +350,7 @@ def training_matches_torch_gloo(comm, train):
 
 @case
 def groups_are_found_by_name_and_destroyed(comm):
-    """torch looks groups up by name (destroy_process_group, functional
-    collectives): every "mcr" group has the name torch gave it."""
+    """torch looks groups up by name (destroy_process_group, functional collectives)."""
     from torch.distributed.distributed_c10d import _resolve_process_group
     group("mpi")
     sub = dist.new_group(list(range(comm.size)))
@@ -404,8 +395,7 @@ def sparse_all_reduce_sums_as_dense(comm, backend):
 
 @case
 def barrier_gives_up_after_its_timeout(comm):
-    """A rank alone in a barrier raises after the barrier's timeout, or the
-    group's; with every rank there, it passes."""
+    """A rank alone in a barrier raises after the barrier's timeout, or the group's."""
     group("mpi")
     lonely = dist.new_group(list(range(comm.size)), timeout=timedelta(seconds=1.5))
     dist.barrier(group=lonely)
@@ -451,8 +441,7 @@ test_mpi = mpi_cases(__name__)
 # -- single process: what import mcr does ----------------------------------------
 
 def _with_mcr(env):
-    """``env`` whose Python finds the mcr this test imported (the source tree
-    built in place, or the installed package)."""
+    """``env`` whose Python finds the mcr this test imported (source tree or installed)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(mcr.__file__)))
     return dict(env, PYTHONPATH=os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")])))
 
@@ -495,13 +484,12 @@ def test_outside_mpi_without_master_addr_torch_error_unchanged():
     """A process that says it has peers (RANK set) and no MASTER_ADDR gets torch's error."""
     result = _python("import mcr, torch.distributed as dist\n"
                      "dist.init_process_group('gloo')\n", _outside_mpi_env(RANK="1"), ok=False)
-    assert result.returncode != 0
-    assert "environment variable WORLD_SIZE expected" in result.stderr, result.stderr
+    assert result.returncode != 0 and "environment variable WORLD_SIZE expected" in \
+        result.stderr, result.stderr
 
 
 def test_one_process_without_mpiexec_is_a_world_of_one():
-    """python prog.py: init_process_group("mcr") is MPI's singleton, as
-    ``from mcr import MPI`` is."""
+    """python prog.py: init_process_group("mcr") is MPI's singleton, as ``from mcr import MPI``."""
     _python("import mcr, torch, torch.distributed as dist\n"
             "dist.init_process_group('mcr')\n"
             "assert (dist.get_rank(), dist.get_world_size()) == (0, 1)\n"
@@ -512,8 +500,7 @@ def test_one_process_without_mpiexec_is_a_world_of_one():
 
 
 def test_torch_ranks_that_are_not_mpi_ranks_are_refused():
-    """Two processes started as torchrun would (env://, no mpiexec): each is
-    MPI's rank 0 of 1, so the 'mcr' group refuses, naming both views."""
+    """Two processes as torchrun starts them: each is MPI's rank 0 of 1; the group refuses."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -554,8 +541,7 @@ def test_plain_gloo_init_under_mpiexec(nprocs, tmp_path):
 
 @pytest.mark.parametrize("nprocs", world_sizes([2]))
 def test_init_times_out_when_a_rank_never_calls_it(nprocs, tmp_path):
-    """Without MASTER_ADDR the rendezvous runs over MPI; init_process_group's
-    timeout bounds it there as it bounds torch's own store rendezvous."""
+    """Without MASTER_ADDR, init_process_group's timeout bounds the rendezvous over MPI too."""
     out = _job(tmp_path, nprocs, (
         "import datetime, time, mcr, torch.distributed as dist\n"
         "from mpi4py import MPI\n"
@@ -581,8 +567,7 @@ def test_init_times_out_when_a_rank_never_calls_it(nprocs, tmp_path):
 
 
 def test_bench_torchdist_tiny():
-    """python -m mcr.bench.torchdist starts its own job and prints one checked
-    row per operation and size, with the ratios to torch's Gloo."""
+    """python -m mcr.bench.torchdist: a checked row per operation and size, ratios to Gloo."""
     from mcr.bench.torchdist import parse_args
     for bad in (["--ops", "all_reduce,nope"], ["--sizes", "2"]):
         with pytest.raises(SystemExit):

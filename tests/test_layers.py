@@ -1,16 +1,12 @@
 """mcr's layers: the graph of which module imports which has no cycle.
 
 The graph is read from the source files, not from an imported mcr: every
-``import`` and ``from ... import`` of src/mcr/**/*.py, those inside functions
-included (an import made at call time is an edge like any other), leaving out
-``if TYPE_CHECKING:`` blocks, which never run. The compiled core counts as
-one module, ``mcr._core``: the Python imports of src/mcr/_core.pyx and
-src/mcr/core/*.pyx/*.pxi (``cimport`` is C-level and does not count).
-
-``from mcr import name`` is an edge to ``mcr.name`` when that is a module,
-else to the package ``mcr``. The package's ``__init__`` is the top layer: it
-may import anything, and a module below that imports a name from it closes a
-cycle, which this check reports like any other.
+``import`` of src/mcr/**/*.py, those inside functions included, leaving out
+``if TYPE_CHECKING:`` blocks, which never run. The compiled core is one module,
+``mcr._core``: the Python imports of src/mcr/_core.pyx and src/mcr/core/*.pyx/*.pxi
+(``cimport`` is C-level and does not count). ``from mcr import name`` is an edge
+to ``mcr.name`` when that is a module, else to ``mcr``, whose ``__init__`` is the
+top layer: a module below that imports a name from it closes a cycle.
 """
 
 import ast
@@ -30,21 +26,9 @@ CYTHON_IMPORT = re.compile(r"^\s*import\s+(.+)$")
 
 
 def module_name(path: Path) -> str:
-    """``src/mcr/backends/base.py`` -> ``mcr.backends.base``; a package's
-    ``__init__.py`` -> the package."""
+    """``src/mcr/backends/base.py`` -> ``mcr.backends.base``; ``__init__.py`` -> the package."""
     parts = list(path.relative_to(SRC).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-def python_files() -> dict[str, Path]:
-    return {module_name(p): p for p in sorted((SRC / "mcr").rglob("*.py"))}
-
-
-def core_files() -> list[Path]:
-    core = SRC / "mcr" / "core"
-    return [SRC / "mcr" / "_core.pyx", *sorted(core.glob("*.pyx")), *sorted(core.glob("*.pxi"))]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def is_type_checking(test: ast.expr) -> bool:
@@ -53,8 +37,7 @@ def is_type_checking(test: ast.expr) -> bool:
 
 
 def statements(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
-    """The import statements of ``tree`` that can run: all but those under
-    ``if TYPE_CHECKING:`` (its ``else`` runs, and counts)."""
+    """The imports of ``tree`` that can run: not under ``if TYPE_CHECKING:`` (its else is)."""
     if isinstance(tree, ast.If) and is_type_checking(tree.test):
         children: list[ast.AST] = list(tree.orelse)
     else:
@@ -70,42 +53,35 @@ class Graph:
     """mcr's modules and, for each, the mcr modules it imports."""
 
     def __init__(self) -> None:
-        self.files = python_files()
+        self.files = {module_name(p): p for p in sorted((SRC / "mcr").rglob("*.py"))}
         self.modules = set(self.files) | {CORE}
         self.edges: dict[str, set[str]] = {name: set() for name in self.modules}
         for name, path in self.files.items():
             for node in statements(ast.parse(path.read_text(), str(path))):
                 self.add(name, path.name == "__init__.py", node)
-        for path in core_files():
+        core = SRC / "mcr" / "core"
+        for path in [SRC / "mcr" / "_core.pyx", *sorted(core.glob("*.pyx")),
+                     *sorted(core.glob("*.pxi"))]:
             for line in path.read_text().splitlines():
                 self.add_cython_line(line)
 
     def package_of(self, module: str, is_package: bool, level: int) -> str:
         """The package a relative import of ``level`` dots in ``module`` starts from."""
-        parts = module.split(".")
-        if not is_package:
-            parts.pop()
+        parts = module.split(".") if is_package else module.split(".")[:-1]
         return ".".join(parts[:len(parts) - (level - 1)])
 
-    def known(self, dotted: str) -> str | None:
-        """The deepest mcr module that ``dotted`` names or is inside of."""
-        parts = dotted.split(".")
-        while parts:
-            if ".".join(parts) in self.modules:
-                return ".".join(parts)
-            parts.pop()
-        return None
-
     def link(self, source: str, dotted: str) -> None:
-        target = self.known(dotted)
-        if target is not None and target != source:
-            self.edges[source].add(target)
+        """An edge to the deepest mcr module that ``dotted`` names or is inside of."""
+        parts = dotted.split(".")
+        while parts and ".".join(parts) not in self.modules:
+            parts.pop()
+        if parts and ".".join(parts) != source:
+            self.edges[source].add(".".join(parts))
 
     def link_from(self, source: str, origin: str, names: list[str]) -> None:
         """``from origin import names``: each name a module, else origin itself."""
         for name in names:
-            self.link(source, f"{origin}.{name}" if f"{origin}.{name}" in self.modules
-                      else origin)
+            self.link(source, f"{origin}.{name}" if f"{origin}.{name}" in self.modules else origin)
 
     def add(self, source: str, is_package: bool, node: ast.Import | ast.ImportFrom) -> None:
         if isinstance(node, ast.Import):
@@ -122,19 +98,14 @@ class Graph:
         if line.lstrip().startswith("#") or "cimport" in line:
             return
         line = line.split("#", 1)[0]
-        found = CYTHON_FROM.match(line)
-        if found:
-            origin = found.group(1)
+        if found := CYTHON_FROM.match(line):
+            origin, rest = found.group(1), found.group(1).lstrip(".")
             if origin.startswith("."):         # relative to the package mcr
-                level = len(origin) - len(origin.lstrip("."))
-                rest = origin.lstrip(".")
-                base = self.package_of(CORE, False, level)
+                base = self.package_of(CORE, False, len(origin) - len(rest))
                 origin = f"{base}.{rest}" if rest else base
             names = [n.split(" as ")[0].strip(" ()") for n in found.group(2).split(",")]
             self.link_from(CORE, origin, [n for n in names if n])
-            return
-        found = CYTHON_IMPORT.match(line)
-        if found:
+        elif found := CYTHON_IMPORT.match(line):
             for name in found.group(1).split(","):
                 self.link(CORE, name.split(" as ")[0].strip())
 
@@ -147,8 +118,7 @@ class Graph:
         return less
 
     def cycles(self) -> list[list[str]]:
-        """For each import on a cycle, a shortest cycle through it, written
-        from its least module in sorted order, without repeats."""
+        """For each import on a cycle, a shortest cycle through it, from its least module."""
         found: list[list[str]] = []
         for source in sorted(self.modules):
             for target in sorted(self.edges[source]):
@@ -163,8 +133,7 @@ class Graph:
         return found
 
     def path(self, start: str, goal: str) -> list[str] | None:
-        """The modules of a shortest import path from ``start`` to ``goal``
-        (breadth first), both included; None if there is none."""
+        """A shortest import path from ``start`` to ``goal`` (both included), or None."""
         before: dict[str, str] = {start: start}
         frontier = [start]
         while frontier and goal not in before:

@@ -1,11 +1,10 @@
 """DeviceMesh, DTensor and FSDP2 (``fully_shard``) on CPU over the "mcr" backend.
 
-At 2 and 4 ranks, default group "mcr", on three 1-D meshes over all ranks:
-``init_device_mesh`` on the default group (mcr on MPI), an "mcr" group running
-Gloo, and torch's own Gloo group; each against plain torch on the whole data in
-one process (the full tensor, the unsharded model on the whole batch).
-The meshes' dimension names differ: ``DeviceMesh`` equality ignores the group,
-so DTensor's caches would send one mesh's collectives to another's group.
+At 2 and 4 ranks, default group "mcr", on three 1-D meshes over all ranks: the default group
+(mcr on MPI), an "mcr" group running Gloo, and torch's own Gloo group; each against plain
+torch on the whole data in one process (the full tensor, the unsharded model on the whole
+batch). The meshes' dimension names differ: ``DeviceMesh`` equality ignores the group, so
+DTensor's caches would send one mesh's collectives to another's group.
 """
 
 import torch
@@ -29,18 +28,15 @@ def meshes():
         assert dist.get_backend() == "mcr", dist.get_backend()
         size = dist.get_world_size()
         _meshes["mcr"] = init_device_mesh("cpu", (size,), mesh_dim_names=("mcr",))
-        on_gloo = dist.new_group(backend="mcr",
-                                 pg_options=mcr.distributed.Options(backend="gloo"))
-        _meshes["mcr-gloo"] = DeviceMesh.from_group(on_gloo, "cpu",
-                                                    mesh_dim_names=("mcr_gloo",))
+        on_gloo = dist.new_group(backend="mcr", pg_options=mcr.distributed.Options(backend="gloo"))
+        _meshes["mcr-gloo"] = DeviceMesh.from_group(on_gloo, "cpu", mesh_dim_names=("mcr_gloo",))
         _meshes["torch-gloo"] = DeviceMesh.from_group(dist.new_group(backend="gloo"), "cpu",
                                                       mesh_dim_names=("torch_gloo",))
     return _meshes
 
 
 def shard_of(full, dim, rank, size):
-    """Rank `rank`'s block of `full` along `dim` as Shard lays it out: ceil(n / size)
-    per rank, the last ranks' blocks short or empty."""
+    """Rank `rank`'s block of `full` along `dim` as Shard lays it out (the last short or empty)."""
     per = -(-full.shape[dim] // size)
     return full.narrow(dim, min(rank * per, full.shape[dim]),
                        max(0, min(per, full.shape[dim] - rank * per)))
@@ -121,8 +117,8 @@ def step(model, optimizer, x, y):
 
 
 def train_sharded(mesh, size, rank):
-    """fully_shard on each Linear and on the model, rank r training on its part of
-    each batch: the losses and the full final parameters."""
+    """fully_shard on each Linear and the model, rank r on its part of each batch: the losses
+    and the full final parameters."""
     model = mlp()
     for layer in model:
         if isinstance(layer, torch.nn.Linear):
@@ -131,14 +127,12 @@ def train_sharded(mesh, size, rank):
     assert all(isinstance(p, DTensor) for p in model.parameters())
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     x, y = batches(size)
-    losses = torch.stack([step(model, optimizer, x[i, rank], y[i, rank])
-                          for i in range(len(x))])
+    losses = torch.stack([step(model, optimizer, x[i, rank], y[i, rank]) for i in range(len(x))])
     return losses, [p.full_tensor() for p in model.parameters()]
 
 
 def train_whole(size, rank):
-    """The unsharded model on each whole batch: the losses on rank `rank`'s part
-    (what that rank reports) and the final parameters."""
+    """The unsharded model on each whole batch: the losses on `rank`'s part, final parameters."""
     model = mlp()
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     x, y = batches(size)
@@ -156,8 +150,7 @@ def fully_shard_trains_as_the_whole_model(comm):
     ref_losses, ref_params = train_whole(size, rank)
     results = {name: train_sharded(mesh, size, rank) for name, mesh in meshes().items()}
     for name, (losses, params) in results.items():
-        assert torch.allclose(losses, ref_losses, rtol=1e-5, atol=1e-6), (name, losses,
-                                                                         ref_losses)
+        assert torch.allclose(losses, ref_losses, rtol=1e-5, atol=1e-6), (name, losses, ref_losses)
         for p, ref in zip(params, ref_params):
             assert torch.allclose(p, ref, rtol=1e-4, atol=1e-6), (name, (p - ref).abs().max())
     gloo_losses, gloo_params = results["torch-gloo"]
@@ -170,8 +163,8 @@ def fully_shard_trains_as_the_whole_model(comm):
 
 @case
 def gradient_divide_factor_needs_sum_reductions_as_on_gloo(comm):
-    """set_gradient_divide_factor makes FSDP2 reduce-scatter with PREMUL_SUM, which
-    neither Gloo nor mcr has; set_force_sum_reduction_for_comms: SUM, then divide."""
+    """set_gradient_divide_factor makes FSDP2 reduce-scatter with PREMUL_SUM, which neither Gloo
+    nor mcr has; set_force_sum_reduction_for_comms: SUM, then divide."""
     size, rank = comm.size, comm.rank
     x = torch.randn(size, 3, 8, generator=torch.Generator().manual_seed(4))
     whole = mlp()
@@ -179,18 +172,16 @@ def gradient_divide_factor_needs_sum_reductions_as_on_gloo(comm):
     for name, mesh in meshes().items():
         model = fully_shard(mlp(), mesh=mesh)
         model.set_gradient_divide_factor(3.0)
-        error = (RuntimeError, "Cannot use ReduceOp.PREMUL_SUM with Gloo") \
-            if name == "torch-gloo" else (ValueError, "PREMUL_SUM is not supported by the "
-                                                      "'mcr' backend")
-        with raises(*error):
+        gloo = name == "torch-gloo"
+        with raises(*(RuntimeError, "Cannot use ReduceOp.PREMUL_SUM with Gloo") if gloo
+                    else (ValueError, "PREMUL_SUM is not supported by the 'mcr' backend")):
             model(x[rank]).sum().backward()
         model = fully_shard(mlp(), mesh=mesh)
         model.set_gradient_divide_factor(3.0)
         model.set_force_sum_reduction_for_comms(True)
         model(x[rank]).sum().backward()
         for p, ref in zip(model.parameters(), whole.parameters()):
-            assert torch.allclose(p.grad.full_tensor(), ref.grad / 3.0, rtol=1e-5,
-                                  atol=1e-6), name
+            assert torch.allclose(p.grad.full_tensor(), ref.grad / 3.0, rtol=1e-5, atol=1e-6), name
 
 
 # a job of its own: the meshes and DTensor's caches are the process's for good

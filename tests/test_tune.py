@@ -1,10 +1,9 @@
 """python -m mcr.tune: the tuning suite, its table, merging, figure and errors.
 
-One short run at 2 ranks writes a table, checked against choices computed
-here from its latencies; a second run with another operation merges into it.
-Bad options exit with status 2 naming the option (an unusable ``--out`` before
-anything is measured), a wrong result (a hidden option) with status 1. Counts,
-sizes, summary and progress are checked on made-up numbers, in this process.
+One short run at 2 ranks writes a table, checked against choices computed here from its
+latencies; a second run with another operation merges into it. Bad options exit with status
+2 naming the option (an unusable ``--out`` before anything is measured), a wrong result with
+status 1. Counts, sizes, summary and progress: on made-up numbers, in this process.
 """
 
 import io
@@ -25,8 +24,7 @@ from mpiharness import run_script
 
 JOB_TIMEOUT = 150           # the driver stops the job after this (--timeout)
 TIMEOUT = JOB_TIMEOUT + 60  # and this test stops the driver
-FIRST = ["--ops", "allreduce,bcast,alltoallv", "-m", "4:64", "--rounds", "1",
-         "--time-budget", "5"]
+FIRST = ["--ops", "allreduce,bcast,alltoallv", "-m", "4:64", "--rounds", "1", "--time-budget", "5"]
 SIZES = [4, 8, 16, 32, 64]
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -51,8 +49,8 @@ def runs(tmp_path_factory):
     code, first_out = tune(*FIRST, "--out", str(out), "--plot", str(png))
     assert code == 0, f"exit {code}:\n{first_out}"
     first = json.loads(out.read_text())
-    code, second_out = tune("--ops", "allgather", "-m", "4:16", "--rounds", "1",
-                            "--time-budget", "3", "--out", str(out))
+    code, second_out = tune("--ops", "allgather", "-m", "4:16", "--rounds", "1", "--time-budget",
+                            "3", "--out", str(out))
     assert code == 0, f"exit {code}:\n{second_out}"
     return {"out": out, "png": png, "first": first, "first_out": first_out,
             "second": json.loads(out.read_text()), "second_out": second_out}
@@ -96,8 +94,7 @@ def test_first_run_summary(runs):
     out = runs["first_out"]
     assert f"table written to {runs['out']} (15 entries)" in out, out
     rows = [line.split() for line in out.splitlines()
-            if line.split()[:2] in (["Allreduce", "cpu"], ["Bcast", "cpu"],
-                                    ["Alltoallv", "cpu"])]
+            if line.split()[:2] in (["Allreduce", "cpu"], ["Bcast", "cpu"], ["Alltoallv", "cpu"])]
     assert {r[0] for r in rows} == {"Allreduce", "Bcast", "Alltoallv"}, out
     for r in rows:                                # the chosen backend after the sizes
         assert r[4 if r[0] == "Alltoallv" else 3] in ("mpi", "gloo"), r
@@ -175,8 +172,8 @@ def test_wrong_result_stops_the_run(tmp_path):
     path = tmp_path / "table.json"
     code, out = tune("--ops", "allreduce", "-m", "4:8", "--rounds", "1",
                      "--inject-wrong-result", "1", "--out", str(path))
-    assert code == 1 and ("Allreduce on cpu, backend mpi, 4 bytes: wrong result: allreduce: "
-                          "rank 1") in out, out
+    assert code == 1 and "Allreduce on cpu, backend mpi, 4 bytes: wrong result: allreduce: rank 1" \
+        in out, out
     assert not path.exists()
 
 

@@ -1,12 +1,10 @@
 """Programs in the style of mpi4py's tutorial, unchanged under either import.
 
-Each program is written as an mpi4py user writes it (``MPI`` the module,
-``comm`` its COMM_WORLD, ``np`` numpy) and returns a dict of its results on
-this process. ``tutorial`` runs it with ``mcr.MPI`` and with ``mpi4py.MPI``:
-identical results, equal to values computed independently with numpy.
-``tutorial_torch`` runs it under mcr with ``np=torch`` (``arange``, ``empty``,
-``zeros``, ``full``, ... exist in torch too, so the buffers are tensors): the
-same results as on numpy arrays.
+Each program is written as an mpi4py user writes it (``MPI`` the module, ``comm`` its
+COMM_WORLD, ``np`` numpy) and returns a dict of its results on this process. ``tutorial``
+runs it with ``mcr.MPI`` and with ``mpi4py.MPI``: identical results, equal to values computed
+independently with numpy. ``tutorial_torch`` runs it under mcr with ``np=torch`` (the buffers
+are tensors): the same results as on numpy arrays.
 """
 
 import math
@@ -20,36 +18,22 @@ from mpiharness import case, mpi_cases
 
 
 def point_to_point(MPI, comm, np=numpy):
-    """Send/Recv of arrays: an explicit ``[data, MPI.INT]``, automatic datatype
-    discovery, a count, and a Probe that sizes the receive buffer."""
+    """Send/Recv: ``[data, MPI.INT]``, automatic datatypes, a count; Probe sizes a receive."""
     rank, size = comm.Get_rank(), comm.Get_size()
     results = {}
-    if size > 1:
-        if rank == 0:
-            data = np.arange(1000, dtype=np.int32)
-            comm.Send([data, MPI.INT], dest=1, tag=77)
-        elif rank == 1:
-            data = np.empty(1000, dtype=np.int32)
-            comm.Recv([data, MPI.INT], source=0, tag=77)
-            results["explicit"] = data
-        # automatic MPI datatype discovery
-        if rank == 0:
-            data = np.arange(100, dtype=np.float64)
-            comm.Send(data, dest=1, tag=13)
-        elif rank == 1:
-            data = np.empty(100, dtype=np.float64)
-            comm.Recv(data, source=0, tag=13)
-            results["automatic"] = data
-        # the first 10 elements only, into a larger buffer
-        if rank == 0:
-            data = np.arange(1000, dtype=np.int32) * 3
-            comm.Send([data, 10, MPI.INT], dest=1, tag=21)
-        elif rank == 1:
-            data = np.full((20,), -1, dtype=np.int32)
-            status = MPI.Status()
-            comm.Recv([data, MPI.INT], source=0, tag=21, status=status)
-            results["partial"] = data
-            results["partial_count"] = status.Get_count(MPI.INT)
+    if size > 1 and rank == 0:
+        comm.Send([np.arange(1000, dtype=np.int32), MPI.INT], dest=1, tag=77)
+        comm.Send(np.arange(100, dtype=np.float64), dest=1, tag=13)     # datatype discovery
+        comm.Send([np.arange(1000, dtype=np.int32) * 3, 10, MPI.INT], dest=1, tag=21)  # 10 only
+    elif size > 1 and rank == 1:
+        results["explicit"] = np.empty(1000, dtype=np.int32)
+        comm.Recv([results["explicit"], MPI.INT], source=0, tag=77)
+        results["automatic"] = np.empty(100, dtype=np.float64)
+        comm.Recv(results["automatic"], source=0, tag=13)
+        results["partial"] = np.full((20,), -1, dtype=np.int32)        # a larger buffer
+        status = MPI.Status()
+        comm.Recv([results["partial"], MPI.INT], source=0, tag=21, status=status)
+        results["partial_count"] = status.Get_count(MPI.INT)
     # every process to the next: the receiver learns the length with Probe
     right, left = (rank + 1) % size, (rank - 1) % size
     req = comm.Isend([np.full((rank + 1,), 1.5 * rank, dtype=np.float64), MPI.DOUBLE],
@@ -60,9 +44,7 @@ def point_to_point(MPI, comm, np=numpy):
     inbox = np.empty(n, dtype=np.float64)
     comm.Recv([inbox, n, MPI.DOUBLE], source=status.Get_source(), tag=status.Get_tag())
     req.Wait()
-    results["probed"] = inbox
-    results["probed_from"] = status.Get_source()
-    return results
+    return dict(results, probed=inbox, probed_from=status.Get_source())
 
 
 def expected_point_to_point(size, rank):
@@ -77,29 +59,21 @@ def expected_point_to_point(size, rank):
 
 
 def nonblocking(MPI, comm, np=numpy):
-    """Isend/Irecv completed by Wait, by Waitall with statuses, by Waitany and
-    Waitsome until no request is active, and by polling Testall."""
+    """Isend/Irecv completed by Wait, Waitall with statuses, Waitany and Waitsome until no
+    request is active, and by polling Testall."""
     rank, size = comm.Get_rank(), comm.Get_size()
     right, left = (rank + 1) % size, (rank - 1) % size
     results = {}
-    if size > 1:
-        if rank == 0:
-            data = np.arange(50, dtype=np.float32)
-            req = comm.Isend([data, MPI.FLOAT], dest=1, tag=11)
-            req.Wait()
-        elif rank == 1:
-            data = np.empty(50, dtype=np.float32)
-            req = comm.Irecv([data, MPI.FLOAT], source=0, tag=11)
-            req.Wait()
-            results["pair"] = data
+    if size > 1 and rank == 0:
+        comm.Isend([np.arange(50, dtype=np.float32), MPI.FLOAT], dest=1, tag=11).Wait()
+    elif size > 1 and rank == 1:
+        results["pair"] = np.empty(50, dtype=np.float32)
+        comm.Irecv([results["pair"], MPI.FLOAT], source=0, tag=11).Wait()
     # halo exchange with both neighbours
     mine = np.arange(4, dtype=np.int64) + 10 * rank
-    from_left = np.empty(4, dtype=np.int64)
-    from_right = np.empty(4, dtype=np.int64)
-    reqs = [comm.Irecv(from_left, source=left, tag=1),
-            comm.Irecv(from_right, source=right, tag=2),
-            comm.Isend(mine, dest=right, tag=1),
-            comm.Isend(mine, dest=left, tag=2)]
+    from_left, from_right = np.empty(4, dtype=np.int64), np.empty(4, dtype=np.int64)
+    reqs = [comm.Irecv(from_left, source=left, tag=1), comm.Irecv(from_right, source=right, tag=2),
+            comm.Isend(mine, dest=right, tag=1), comm.Isend(mine, dest=left, tag=2)]
     statuses = [MPI.Status() for _ in reqs]
     results["waitall"] = MPI.Request.Waitall(reqs, statuses)
     results["from_left"], results["from_right"] = from_left, from_right
@@ -110,13 +84,9 @@ def nonblocking(MPI, comm, np=numpy):
     inboxes = [np.zeros(3, dtype=np.float64) for _ in range(3)]
     reqs = [comm.Irecv(buf, source=left, tag=20 + i) for i, buf in enumerate(inboxes)]
     reqs += [comm.Isend(np.full((3,), rank + 0.25 * i, dtype=np.float64), dest=right,
-                       tag=20 + i)
-             for i in range(3)]
+                        tag=20 + i) for i in range(3)]
     done = []
-    while True:
-        index = MPI.Request.Waitany(reqs)
-        if index == MPI.UNDEFINED:
-            break
+    while (index := MPI.Request.Waitany(reqs)) != MPI.UNDEFINED:
         done.append(index)
     results["waitany"] = sorted(done)
     results["waitany_data"] = [buf.tolist() for buf in inboxes]
@@ -125,22 +95,16 @@ def nonblocking(MPI, comm, np=numpy):
             comm.Irecv(ints, source=left, tag=31),
             comm.Isend(np.full((3,), -rank, dtype=np.float64), dest=right, tag=30)]
     done = []
-    while True:
-        indices = MPI.Request.Waitsome(reqs)
-        if indices is None:
-            break
+    while (indices := MPI.Request.Waitsome(reqs)) is not None:
         done.extend(indices)
     results["waitsome"] = sorted(done)
     results["waitsome_data"] = [floats.tolist(), ints.tolist()]
     # polling
     polled = np.empty(4, dtype=np.int64)
-    reqs = [comm.Irecv(polled, source=right, tag=40),
-            comm.Isend(mine * 2, dest=left, tag=40)]
+    reqs = [comm.Irecv(polled, source=right, tag=40), comm.Isend(mine * 2, dest=left, tag=40)]
     while not MPI.Request.Testall(reqs):
         pass
-    results["testall"] = polled
-    results["testany_after"] = MPI.Request.Testany(reqs)
-    return results
+    return dict(results, testall=polled, testany_after=MPI.Request.Testany(reqs))
 
 
 def expected_nonblocking(size, rank):
@@ -159,13 +123,9 @@ def expected_nonblocking(size, rank):
 
 
 def broadcast(MPI, comm, np=numpy):
-    """Bcast of a numpy array from rank 0, and of a 2-D array with an explicit
-    datatype from the last rank."""
+    """Bcast of an array from rank 0, and of a 2-D array with a datatype from the last rank."""
     rank, size = comm.Get_rank(), comm.Get_size()
-    if rank == 0:
-        data = np.arange(100, dtype=np.int32)
-    else:
-        data = np.empty(100, dtype=np.int32)
+    data = np.arange(100, dtype=np.int32) if rank == 0 else np.empty(100, dtype=np.int32)
     comm.Bcast(data, root=0)
     table = np.arange(12, dtype=np.float64).reshape(3, 4) * (rank + 1)
     comm.Bcast([table, MPI.DOUBLE], root=size - 1)
@@ -178,8 +138,7 @@ def expected_broadcast(size, rank):
 
 
 def scatter_gather(MPI, comm, np=numpy):
-    """Scatter the rows of a 2-D array from rank 0, Gather them back (changed)
-    at the last rank."""
+    """Scatter the rows of a 2-D array from rank 0, Gather them back (changed) at the last."""
     rank, size = comm.Get_rank(), comm.Get_size()
     sendbuf = None
     if rank == 0:
@@ -187,11 +146,8 @@ def scatter_gather(MPI, comm, np=numpy):
         sendbuf[:, :] = np.arange(size, dtype=np.int32)[:, None]
     recvbuf = np.empty(100, dtype=np.int32)
     comm.Scatter(sendbuf, recvbuf, root=0)
-    sendbuf = recvbuf * 2 + np.arange(100, dtype=np.int32)
-    gathered = None
-    if rank == size - 1:
-        gathered = np.empty([size, 100], dtype=np.int32)
-    comm.Gather(sendbuf, gathered, root=size - 1)
+    gathered = np.empty([size, 100], dtype=np.int32) if rank == size - 1 else None
+    comm.Gather(recvbuf * 2 + np.arange(100, dtype=np.int32), gathered, root=size - 1)
     return {"scattered": recvbuf, "gathered": gathered}
 
 
@@ -202,11 +158,10 @@ def expected_scatter_gather(size, rank):
 
 
 def matvec(MPI, comm, np=numpy):
-    """A parallel matrix-vector product: each process owns 3 rows of A and 3
-    entries of x, Allgathers x, and the product is Allgathered too."""
+    """A matrix-vector product: each process owns 3 rows of A and 3 entries of x, Allgathers x,
+    and the product is Allgathered too."""
     rank, size = comm.Get_rank(), comm.Get_size()
-    m = 3
-    n = m * size
+    m, n = 3, 3 * size
     A = np.arange(n * n, dtype=np.float64).reshape(n, n) % 7 - 3
     x = np.arange(n, dtype=np.float64) - 2
     A_local, x_local = A[rank * m:(rank + 1) * m], x[rank * m:(rank + 1) * m]
@@ -232,13 +187,10 @@ def expected_matvec(size, rank):
 
 
 def compute_pi(MPI, comm, np=numpy):
-    """pi by the midpoint rule: rank 0 Bcasts the number of intervals, each
-    process sums its share, Reduce (IN_PLACE at the root, None elsewhere) and
-    Allreduce add the shares up."""
+    """pi by the midpoint rule: rank 0 Bcasts the number of intervals, each process sums its
+    share, Reduce (IN_PLACE at the root, None elsewhere) and Allreduce add the shares up."""
     rank, size = comm.Get_rank(), comm.Get_size()
-    N = np.zeros(1, dtype=np.int32)
-    if rank == 0:
-        N[0] = 5000
+    N = np.full((1,), 5000 if rank == 0 else 0, dtype=np.int32)
     comm.Bcast([N, MPI.INT], root=0)
     h = 1.0 / int(N[0])
     s = 0.0
@@ -268,8 +220,7 @@ def expected_compute_pi(size, rank):
 
 
 def sendrecv_ring(MPI, comm, np=numpy):
-    """Pass tokens around a ring with Sendrecv until each process has seen every
-    token; then shift a row one place with Sendrecv_replace."""
+    """Tokens around a ring with Sendrecv until each process has seen all; Sendrecv_replace."""
     rank, size = comm.Get_rank(), comm.Get_size()
     right, left = (rank + 1) % size, (rank - 1) % size
     token = np.arange(3, dtype=np.int64) + 10 * rank
@@ -277,8 +228,7 @@ def sendrecv_ring(MPI, comm, np=numpy):
     total += token
     incoming = np.empty(3, dtype=np.int64)
     for step in range(size - 1):
-        comm.Sendrecv(token, dest=right, sendtag=step, recvbuf=incoming, source=left,
-                      recvtag=step)
+        comm.Sendrecv(token, dest=right, sendtag=step, recvbuf=incoming, source=left, recvtag=step)
         token[:] = incoming
         total += incoming
     row = np.arange(4, dtype=np.float64) + 100 * rank
@@ -298,13 +248,11 @@ def expected_sendrecv_ring(size, rank):
 
 
 def persistent(MPI, comm, np=numpy):
-    """Send_init/Recv_init made once and started three times with new contents
-    in the same buffers (Startall + Waitall, then Start + Wait), and a
-    persistent Allreduce."""
+    """Send_init/Recv_init made once, started with new contents in the same buffers
+    (Startall + Waitall, then Start + Wait), and a persistent Allreduce."""
     rank, size = comm.Get_rank(), comm.Get_size()
     right, left = (rank + 1) % size, (rank - 1) % size
-    sendbuf = np.zeros(5, dtype=np.float64)
-    recvbuf = np.zeros(5, dtype=np.float64)
+    sendbuf, recvbuf = np.zeros(5, dtype=np.float64), np.zeros(5, dtype=np.float64)
     reqs = [comm.Recv_init([recvbuf, MPI.DOUBLE], source=left, tag=3),
             comm.Send_init([sendbuf, MPI.DOUBLE], dest=right, tag=3)]
     history = []
@@ -343,24 +291,18 @@ def expected_persistent(size, rank):
 
 
 def vector_collectives(MPI, comm, np=numpy):
-    """Scatterv of uneven blocks with counts and displacements, Gatherv back
-    into a spread-out buffer, and Allgatherv."""
+    """Scatterv of uneven blocks, Gatherv back into a spread-out buffer, and Allgatherv."""
     rank, size = comm.Get_rank(), comm.Get_size()
     counts = [r + 1 for r in range(size)]
     displs = [sum(counts[:r]) for r in range(size)]
     total = sum(counts)
-    sendbuf = None
-    if rank == 0:
-        sendbuf = np.arange(total, dtype=np.float64) * 0.5
+    sendbuf = np.arange(total, dtype=np.float64) * 0.5 if rank == 0 else None
     recvbuf = np.empty(counts[rank], dtype=np.float64)
     comm.Scatterv([sendbuf, counts, displs, MPI.DOUBLE], recvbuf, root=0)
     # back to the last rank, each block twice as far in as in sendbuf
-    doubled = recvbuf * 2
     spread = [2 * d for d in displs]
-    gathered = None
-    if rank == size - 1:
-        gathered = np.full((2 * total,), -1.0, dtype=np.float64)
-    comm.Gatherv(doubled, [gathered, (counts, spread), MPI.DOUBLE], root=size - 1)
+    gathered = np.full((2 * total,), -1.0, dtype=np.float64) if rank == size - 1 else None
+    comm.Gatherv(recvbuf * 2, [gathered, (counts, spread), MPI.DOUBLE], root=size - 1)
     everything = np.empty(total, dtype=np.float64)
     comm.Allgatherv([recvbuf, MPI.DOUBLE], [everything, np.asarray(counts)])
     return {"scattered": recvbuf, "gathered": gathered, "allgathered": everything}
@@ -382,17 +324,12 @@ def python_objects(MPI, comm):
     rank, size = comm.Get_rank(), comm.Get_size()
     right, left = (rank + 1) % size, (rank - 1) % size
     results = {}
-    if size > 1:
-        if rank == 0:
-            comm.send({"a": 7, "b": 3.14}, dest=1, tag=11)
-        elif rank == 1:
-            results["send_recv"] = comm.recv(source=0, tag=11)
-        if rank == 0:
-            req = comm.isend({"list": [1, 2, 3]}, dest=1, tag=12)
-            req.wait()
-        elif rank == 1:
-            req = comm.irecv(source=0, tag=12)
-            results["isend_irecv"] = req.wait()
+    if size > 1 and rank == 0:
+        comm.send({"a": 7, "b": 3.14}, dest=1, tag=11)
+        comm.isend({"list": [1, 2, 3]}, dest=1, tag=12).wait()
+    elif size > 1 and rank == 1:
+        results["send_recv"] = comm.recv(source=0, tag=11)
+        results["isend_irecv"] = comm.irecv(source=0, tag=12).wait()
     data = {"key1": [7, 2.72, 2 + 3j], "key2": ("abc", "xyz")} if rank == 0 else None
     results["bcast"] = comm.bcast(data, root=0)
     results["bcast_array"] = comm.bcast(numpy.arange(4) if rank == size - 1 else None,
@@ -426,8 +363,8 @@ def expected_python_objects(size, rank):
 
 
 def sub_communicators(MPI, comm, np=numpy):
-    """Dup, Split (by parity, reversed; and with UNDEFINED leaving rank 0 out),
-    Create_group, Create and Split_type, each used and then freed."""
+    """Dup, Split (by parity, reversed; UNDEFINED leaving rank 0 out), Create_group, Create
+    and Split_type, each used and then freed."""
     rank, size = comm.Get_rank(), comm.Get_size()
     results = {}
     dup = comm.Dup()
@@ -493,15 +430,13 @@ def expected_sub_communicators(size, rank):
 
 
 def topologies(MPI, comm, np=numpy):
-    """A periodic ring from Create_cart: Shift, a halo exchange with Sendrecv,
-    a Neighbor_alltoall; then a 2-D grid of Compute_dims, and its rows from
-    Sub. Each used and then freed."""
+    """A periodic ring from Create_cart: Shift, a halo exchange, a Neighbor_alltoall; then a
+    2-D grid of Compute_dims, and its rows from Sub. Each used and then freed."""
     rank, size = comm.Get_rank(), comm.Get_size()
     ring = comm.Create_cart([size], periods=[True], reorder=False)
     left, right = ring.Shift(0, 1)
     u = np.arange(6, dtype=np.float64) + 10 * rank      # this process's cells
-    from_left = np.zeros(1, dtype=np.float64)
-    from_right = np.zeros(1, dtype=np.float64)
+    from_left, from_right = np.zeros(1, dtype=np.float64), np.zeros(1, dtype=np.float64)
     ring.Sendrecv(u[5:], dest=right, sendtag=1, recvbuf=from_left, source=left, recvtag=1)
     ring.Sendrecv(u[:1], dest=left, sendtag=2, recvbuf=from_right, source=right, recvtag=2)
     blocks = np.arange(2, dtype=np.int32) + 100 * rank   # one for each neighbour
@@ -538,8 +473,7 @@ def expected_topologies(size, rank):
 
 
 def assert_same(actual, expected, where="results", exact=True):
-    """`actual` equals `expected`: same structure, arrays of the same dtype and
-    values; a `Close` float allows rounding unless `exact`."""
+    """The same structure, arrays of the same dtype and values; `Close` floats unless `exact`."""
     if isinstance(expected, dict):
         assert isinstance(actual, dict), f"{where}: {actual!r} is not a dict"
         assert actual.keys() == expected.keys(), \
@@ -565,8 +499,7 @@ def assert_same(actual, expected, where="results", exact=True):
 
 
 def as_numpy(results):
-    """The results of a torch run with each tensor as a numpy array (a torch
-    run must not have made numpy arrays)."""
+    """A torch run's results, each tensor as a numpy array (and no numpy array made)."""
     if isinstance(results, dict):
         return {key: as_numpy(value) for key, value in results.items()}
     if isinstance(results, (list, tuple)):

@@ -1,12 +1,10 @@
 """The type stubs match the compiled module, and mypy checks mcr programs with them.
 
-src/mcr/_core.pyi: its names are compared with the runtime module (both ways)
-and each method's parameters (names, kinds, defaults) with the signature Cython
-embeds in the docstring (stubtest reads only names from a Cython module).
-src/mcr/MPI.pyi lists mpi4py's namespace explicitly (a star import would let
-mpi4py's Comm, Request, ... shadow mcr's in mypy or pyright); regenerate it with
-``python tests/test_typing.py``. mypy must accept tests/typing_sample.py and the
-stubs (strictly), and reject a program with wrong calls.
+src/mcr/_core.pyi: names against the runtime module (both ways), each method's parameters
+against the signature Cython embeds in its docstring (stubtest reads only names from Cython).
+src/mcr/MPI.pyi lists mpi4py's namespace explicitly (a star import would let mpi4py's Comm,
+... shadow mcr's); ``python tests/test_typing.py`` regenerates it. mypy must accept
+tests/typing_sample.py and the stubs (strictly), and reject a program with wrong calls.
 """
 
 import ast
@@ -68,14 +66,11 @@ def is_api(name):
 
 def runtime_names(namespace, module):
     """Public names defined by mcr itself in a module or class namespace."""
-    names = set()
-    for name, value in namespace.items():
-        imported = (isinstance(value, type) or callable(value)) and \
-            getattr(value, "__module__", module) != module      # e.g. functools.partial
-        if is_api(name) and name not in CYTHON_NAMES and not inspect.ismodule(value) \
-                and not imported:
-            names.add(name)
-    return names
+    def imported(value):        # e.g. functools.partial
+        return (isinstance(value, type) or callable(value)) and \
+            getattr(value, "__module__", module) != module
+    return {name for name, value in namespace.items() if is_api(name) and name not in CYTHON_NAMES
+            and not inspect.ismodule(value) and not imported(value)}
 
 
 CORE = stub_names(parse(CORE_STUB).body)
@@ -92,13 +87,6 @@ def test_stub_has_the_runtime_names(cls):
     assert stub - runtime == set(), f"in src/mcr/_core.pyi but not in {where}"
 
 
-def embedded_signature(func, name):
-    """The parameters Cython writes on the docstring's first line, as ast.arguments."""
-    first = (func.__doc__ or "").lstrip().split("\n", 1)[0]
-    assert first.startswith(name + "("), f"{name}: no embedded signature in {first!r}"
-    return ast.parse(f"def {first}: pass").body[0].args
-
-
 def shape(args):
     """(kind, name, default) per parameter; annotations are left out."""
     positional = args.posonlyargs + args.args
@@ -110,28 +98,27 @@ def shape(args):
             + [("**kwargs", a.arg, None) for a in [args.kwarg] if a])
 
 
-def is_property(node):
-    # a property (or its setter) has no call signature to compare
-    return any(ast.unparse(d) == "property" or ast.unparse(d).endswith((".setter", ".getter"))
-               for d in node.decorator_list)
-
-
 def stub_functions():
     for name, node in CORE.items():
         if isinstance(node, ast.FunctionDef):
             yield pytest.param(node, mcr._core, id=name)
     for cls in CLASSES:
         for name, node in stub_names(CORE[cls].body).items():
-            if isinstance(node, ast.FunctionDef) and not name.startswith("__") \
-                    and not is_property(node):
+            # a property (or its setter) has no call signature to compare
+            if isinstance(node, ast.FunctionDef) and not name.startswith("__") and not any(
+                    ast.unparse(d) == "property" or ast.unparse(d).endswith((".setter", ".getter"))
+                    for d in node.decorator_list):
                 yield pytest.param(node, getattr(mcr._core, cls), id=f"{cls}.{name}")
 
 
 @pytest.mark.parametrize("node,owner", list(stub_functions()))
 def test_stub_signature_matches_the_source(node, owner):
+    """The parameters against those Cython writes on the docstring's first line."""
     func = getattr(owner, node.name, None)
     assert func is not None, f"{node.name}: in the stub but not at run time"
-    assert shape(node.args) == shape(embedded_signature(func, node.name))
+    first = (func.__doc__ or "").lstrip().split("\n", 1)[0]
+    assert first.startswith(node.name + "("), f"{node.name}: no embedded signature in {first!r}"
+    assert shape(node.args) == shape(ast.parse(f"def {first}: pass").body[0].args)
 
 
 def test_backend_is_keyword_only_everywhere():
@@ -202,8 +189,7 @@ ALLOWLIST = [r"mcr\._core\.__test__", r"mcr\._core\..*\.__reduce_cython__",
 
 @pytest.fixture(scope="module")
 def checks(tmp_path_factory):
-    """checks(name): the finished process of a slow check. All start at once (each
-    keeps a core busy for 3 to 30 s); each set of mypy options has its own cache."""
+    """checks(name): a slow check's finished process; all start at once, each with its cache."""
     tmp = tmp_path_factory.mktemp("typing")
     (tmp / "wrong_calls.py").write_text("\n".join(WRONG_CALLS) + "\n")
     (tmp / "allowlist.txt").write_text("\n".join(ALLOWLIST) + "\n")
@@ -230,10 +216,9 @@ def checks(tmp_path_factory):
         assert "error: Cannot find implementation or library stub" not in out, out
         return procs[name].returncode, out, err
     yield finished
-    for proc in procs.values():
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    for proc in (p for p in procs.values() if p.poll() is None):
+        proc.kill()
+        proc.communicate()
 
 
 @pytest.mark.parametrize("name", ["sample", pytest.param("strict", marks=needs_mypy),

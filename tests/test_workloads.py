@@ -1,9 +1,9 @@
 """The paper's workloads (mcr.workloads) and their benchmark (mcr.bench.workloads).
 
-A few small steps on mcr choosing its backend, mcr on MPI and torch's Gloo, at 2
-and 3 ranks (uneven splits): the losses are finite, fall, and equal those of the
-model trained in one process with plain torch on the whole global batch (which
-checks the exchanges' backward too). Then the example and the benchmark's CLI.
+A few small steps on mcr choosing its backend, mcr on MPI and torch's Gloo, at 2 and 3 ranks
+(uneven splits): the losses are finite, fall, and equal those of the model trained in one
+process with plain torch on the whole global batch (which checks the exchanges' backward
+too). Then the example and the benchmark's CLI.
 """
 
 import dataclasses
@@ -93,8 +93,7 @@ def dlrm_reference(cfg):
     def loss(b):
         dense = bottom(b.dense)
         vectors = [dense] + [t(idx) for t, idx in zip(tables, b.indices)]
-        dots = [(vectors[i] * vectors[j]).sum(1) for i in range(len(vectors))
-                for j in range(i)]
+        dots = [(vectors[i] * vectors[j]).sum(1) for i in range(len(vectors)) for j in range(i)]
         logit = top(torch.cat([dense, torch.stack(dots, dim=1)], dim=1)).squeeze(1)
         return nn.functional.binary_cross_entropy_with_logits(logit, b.labels)
     params = [*bottom.parameters(), *top.parameters(), *tables.parameters()]
@@ -107,8 +106,8 @@ def transformer_reference(cfg):
     def loss(seq):
         logits = model(seq[:, :-1])
         return nn.functional.cross_entropy(logits.flatten(0, 1), seq[:, 1:].flatten())
-    return train_whole(torch.optim.Adam(model.parameters(), lr=cfg.lr), transformer.data(cfg),
-                       loss)
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    return train_whole(optimizer, transformer.data(cfg), loss)
 
 
 # -- The workloads on every variant ----------------------------------------------
@@ -191,5 +190,4 @@ def test_benchmark_table(tmp_path):
 def test_bad_options(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
         bench.parse_args(argv)
-    assert exc.value.code == 2
-    assert message in capsys.readouterr().err
+    assert exc.value.code == 2 and message in capsys.readouterr().err

@@ -1,7 +1,5 @@
-"""An mcr program written the way users write them, for tests/test_typing.py.
-
-mypy must accept it with no errors (the stubs describe what users call), and it
-runs: ``python tests/typing_sample.py`` or ``mpiexec -n 4 python tests/typing_sample.py``.
+"""An mcr program written the way users write them, for tests/test_typing.py: mypy must accept
+it (the stubs describe what users call), and it runs, under mpiexec or not.
 """
 
 import numpy as np
@@ -43,8 +41,7 @@ index: int = MPI.Request.Waitany([comm.Ibarrier()])
 done: list[int] | None = mcr.Request.Waitsome([comm.Ibcast(grad, root=0)])
 
 # Persistent operations
-x = torch.arange(4, dtype=torch.float32)
-y = torch.empty(4, dtype=torch.float32)
+x, y = torch.arange(4, dtype=torch.float32), torch.empty(4, dtype=torch.float32)
 preq: mcr.Prequest = comm.Allreduce_init(x, y, op=MPI.MAX)
 for step in range(3):
     x += 1
