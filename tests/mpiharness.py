@@ -89,11 +89,6 @@ case.matrix = _matrix
 QUICK_SIZE = 2
 
 
-def mpiexec_command(nprocs):
-    """The mpiexec command line for `nprocs` ranks (see :mod:`mcr.launch`)."""
-    return launch.command(nprocs)
-
-
 def mpi_env():
     """:func:`mcr.launch.job_env` with tests/ (the harness) and tests/plugins (the
     third-party backend "tiny", found through its entry point) on PYTHONPATH."""
