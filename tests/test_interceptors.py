@@ -2,6 +2,8 @@
 constructors, mpi4py's object methods) once, and may answer or refuse it; a communicator's chain
 holds what applies to it, rebuilt when a setting changes."""
 
+import weakref
+
 import torch
 
 import mcr
@@ -110,6 +112,48 @@ def an_interceptor_may_answer_or_refuse(comm):
         assert y.tolist() == [comm.size] * 2
     finally:
         icp.unregister(answer)
+    dup.Free()
+    assert_comm_works(comm)
+
+
+@case
+def a_call_object_is_reused_only_when_nothing_holds_it(comm):
+    # (a blocking call's object goes to the next call once it returns: core's recycle)
+    x, y = torch.ones(3), torch.zeros(3)
+    refs = [weakref.ref(x), weakref.ref(y)]
+    comm.Allreduce(x, y)                             # the fast path
+    assert y.tolist() == [comm.size] * 3
+    r = comm.Iallreduce(y, x)                        # a request's call, given back at Wait
+    r.Wait()
+    assert x.tolist() == [comm.size ** 2] * 3
+    del x, y, r
+    assert [ref() for ref in refs] == [None, None]   # the kept object holds no buffer
+
+    class Keep(icp.Interceptor):
+        def applies(self, c):
+            return c is dup
+
+        def run(self, call, next):
+            kept.append(call)
+            return next(call)
+
+    dup, kept, keep = comm.Dup(), [], Keep()
+    icp.register(keep)
+    try:
+        bufs = [(torch.full((2,), float(i)), torch.zeros(2)) for i in range(3)]
+        for a, b in bufs:
+            dup.Allreduce(a, b)
+        dup.Bcast(bufs[0][1], root=0)
+    finally:
+        icp.unregister(keep)
+    # each kept call still shows its own arguments: none was reused under it
+    assert [k.op for k in kept] == ["Allreduce"] * 3 + ["Bcast"]
+    assert all(k.args[0] is a and k.args[1] is b for k, (a, b) in zip(kept, bufs))
+    assert kept[3].args[0] is bufs[0][1] and kept[3].args[1] == 0
+    assert [b.tolist() for _, b in bufs] == [[float(i * comm.size)] * 2 for i in range(3)]
+    for _ in range(3):                               # the fast path again, after the chain
+        dup.Allreduce(mcr.IN_PLACE, bufs[2][1])
+    assert bufs[2][1].tolist() == [float(2 * comm.size ** 4)] * 2
     dup.Free()
     assert_comm_works(comm)
 
