@@ -41,6 +41,7 @@ class Coverage:
 
     def __init__(self, folder, size):
         import mcr.hooks
+        os.makedirs(folder, exist_ok=True)          # (the README's command names a new folder)
         self.path = os.path.join(folder, f"calls-{os.getpid()}.jsonl")
         self.size, self.seen, self.written = size, set(), set()
         mcr.hooks.add(self.record)
