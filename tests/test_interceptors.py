@@ -13,6 +13,7 @@ import mcr.progress
 from mpiharness import case, mpi_cases
 from util import assert_comm_works, raises
 
+CHAIN_UNDER_TEST = True     # (mpiworker: no coverage-counting hook during these cases)
 BUILTIN = ["progress engine", "auto", "hooks",
            "checked mode, timeouts, flight recorder", "logger", "compression"]
 
