@@ -214,7 +214,8 @@ def test_a_refused_call_is_recorded(tmp_path, mode):
              "of rank 0 were refused" for r in (1, 2)] if checked else
             [f"rank {r}: TimeoutError" for r in range(3)]),
         ["communicator world (ranks 0-2): ranks diverge at call #1",
-         "rank 0: Bcast root=0 refused (TypeError) [mpi, blocking] failed after 0.0 s",
+         # (at once: under a second; checked, it still tells the others, 0.1 s when loaded)
+         "rank 0: Bcast root=0 refused (TypeError) [mpi, blocking] failed after 0.",
          "ranks 1-2: Bcast float32[3] root=0 [mpi, blocking] "
          + ("failed after" if checked else "pending for")]
         + ([] if checked else ["rank 0: Recv from 1 tag 7, 12 bytes, pending for"]),
