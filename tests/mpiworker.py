@@ -6,6 +6,7 @@ so that the harness knows which case a crash or hang was in. With ``$MCR_TEST_CO
 also records what the cases call (:class:`Coverage`, conftest.py).
 """
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -45,15 +46,13 @@ class Coverage:
         self.path = os.path.join(folder, f"calls-{os.getpid()}.jsonl")
         self.size, self.seen, self.written = size, set(), set()
         self.hooks = mcr.hooks
-        mcr.hooks.add(self.record)
 
-    def around(self, module):
-        """Off for the cases of a module that checks the interceptor chain itself
-        (``CHAIN_UNDER_TEST = True``): the hook would be in the chain it checks."""
+    def during(self, module):
+        """The hook, installed for one case of `module`; none for a module that checks the
+        interceptor chain itself (``CHAIN_UNDER_TEST = True``), as it would be in that chain."""
         if getattr(module, "CHAIN_UNDER_TEST", False):
-            self.hooks.remove(self.record)
-            return lambda: self.hooks.add(self.record)
-        return lambda: None
+            return contextlib.nullcontext()
+        return self.hooks.installed(self.record)
 
     def record(self, call):
         self.seen.add((call.op, call.form, call.backend, dtype_of(call.args)))
@@ -83,18 +82,14 @@ def main():
             out.write(json.dumps({"module": path, "case": name}) + "\n")
             out.flush()
             start = time.perf_counter()
-            resume = None
             try:
                 module = load(path)
-                if coverage is not None:
-                    resume = coverage.around(module)
-                module._mpi_cases[name](comm)
+                with coverage.during(module) if coverage else contextlib.nullcontext():
+                    module._mpi_cases[name](comm)
                 rec = {"module": path, "case": name, "ok": True}
             except BaseException as exc:  # noqa: B902 - report everything, keep going
                 rec = {"module": path, "case": name, "ok": False,
                        "error": format_exception(exc)}
-            if resume is not None:
-                resume()
             rec["seconds"] = round(time.perf_counter() - start, 3)
             if coverage is not None:
                 coverage.flush()
