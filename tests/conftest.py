@@ -4,6 +4,9 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# one-process programs the tests start without mpiexec start as jobs do (mcr.launch): without
+# Open MPI's ofi BTL, which sleeps a second in MPI_Init (the user's setting wins)
+os.environ.setdefault("OMPI_MCA_btl", "^ofi")
 
 
 def pytest_configure(config):

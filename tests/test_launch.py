@@ -130,6 +130,8 @@ def test_command_line_and_environment(clean):
     assert env["HOME"] == "/h" and env["OMP_NUM_THREADS"] == "7"   # the caller's win
     assert env["OMPI_ALLOW_RUN_AS_ROOT"] == "0" and env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] == "1"
     assert env["PRTE_MCA_rmaps_default_mapping_policy"] == ":oversubscribe"
+    assert env["OMPI_MCA_btl"] == "^ofi"
+    assert launch.job_env(ompi, {"OMPI_MCA_btl": "self,tcp"})["OMPI_MCA_btl"] == "self,tcp"
     assert launch.job_env(mpich, {}) == {"OMP_NUM_THREADS": "1"}
     for environ, name in [
             ({"PMIX_NAMESPACE": "prterun-node0-4242@1", "SLURM_JOB_ID": "77"},
