@@ -15,7 +15,7 @@ from opmatrix import run_operation
 
 BACKENDS = ("mpi", "gloo")
 OTHER = {"mpi": "gloo", "gloo": "mpi"}
-TIMEOUT = 1.0
+TIMEOUT = 0.5
 SLACK = 20.0        # a loaded 2-core machine: well before the harness's timeout, not to the ms
 
 
