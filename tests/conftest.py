@@ -29,6 +29,11 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(session, config, items):
     import mpiharness
     mpiharness.select(items)
+    # checks that only compute (mypy, sphinx) start now, at the lowest priority, on what the
+    # MPI jobs leave idle of the cores; their tests take the results (mpiharness.Background)
+    for module in dict.fromkeys(getattr(item, "module", None) for item in items):
+        if hasattr(module, "start_early"):
+            module.start_early()
 
 
 def pytest_terminal_summary(terminalreporter, config):

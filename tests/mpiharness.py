@@ -10,6 +10,7 @@ which this process imports without initializing MPI. World sizes: 1 to 4 (:data:
 module names, restricted by ``MCR_TEST_SIZES`` (e.g. ``2`` or ``1,2``; see :func:`world_sizes`).
 """
 
+import atexit
 import collections
 import functools
 import itertools
@@ -288,6 +289,31 @@ def mpi_cases(module_name, sizes=None, timeout=DEFAULT_TIMEOUT, own_job=False):
 
     test_mpi.mpi_module = path
     return test_mpi
+
+
+class Background:
+    """``python argv...`` in `cwd`, started now at the lowest priority, so that it runs on
+    what the MPI jobs leave of the cores (a test module's ``start_early``, conftest.py);
+    :meth:`result` waits for it. Killed at exit if nobody waited."""
+
+    def __init__(self, argv, cwd):
+        self.out, self.err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+        self.process = subprocess.Popen([sys.executable, *argv], cwd=cwd, text=True,
+                                        stdout=self.out, stderr=self.err,
+                                        preexec_fn=lambda: os.nice(19))
+        atexit.register(self.stop)
+
+    def result(self, timeout):
+        """(return code, stdout, stderr), waiting up to `timeout` seconds."""
+        self.process.wait(timeout=timeout)
+        self.out.seek(0)
+        self.err.seek(0)
+        return self.process.returncode, self.out.read(), self.err.read()
+
+    def stop(self):
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
 
 
 def format_exception(exc):

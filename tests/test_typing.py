@@ -8,18 +8,21 @@ tests/typing_sample.py and the stubs (strictly), and reject a program with wrong
 """
 
 import ast
+import atexit
 import importlib.util
 import inspect
 import os
 import pathlib
-import subprocess
+import shutil
 import sys
+import tempfile
 
 import pytest
 
 import mcr
 import mcr.MPI  # first: it loads the libmpi the core links to (through mpi4py)
 import mcr._core
+from mpiharness import Background
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = os.path.join(ROOT, "src", "mcr")
@@ -187,38 +190,47 @@ ALLOWLIST = [r"mcr\._core\.__test__", r"mcr\._core\..*\.__reduce_cython__",
              r"mcr\.distributed\.ProcessGroupMCR", r"mcr\.distributed\.Work"]
 
 
-@pytest.fixture(scope="module")
-def checks(tmp_path_factory):
-    """checks(name): a slow check's finished process; all start at once, each with its cache."""
-    tmp = tmp_path_factory.mktemp("typing")
+_early = {}      # the mypy checks, once started: name -> mpiharness.Background
+
+
+def start_early():
+    """Start the mypy checks (conftest.py calls this once the tests are chosen), each with
+    its cache in a folder of its own."""
+    if _early or not HAVE_MYPY:
+        return
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="mcr-typing-"))
+    atexit.register(shutil.rmtree, tmp, True)
     (tmp / "wrong_calls.py").write_text("\n".join(WRONG_CALLS) + "\n")
     (tmp / "allowlist.txt").write_text("\n".join(ALLOWLIST) + "\n")
     mypy = ["-m", "mypy", "--no-error-summary", "--show-error-codes", "--no-color-output",
             "--python-version", f"{sys.version_info[0]}.{sys.version_info[1]}", "--cache-dir"]
-    commands = {"sample": ([SAMPLE], ROOT)}      # a real program: it checks its results
-    if HAVE_MYPY:
-        commands.update({
-            "mypy": ([*mypy, str(tmp / "cache"), SAMPLE, str(tmp / "wrong_calls.py")], ROOT),
-            # errors inside an installed package's stubs are hidden from its users: check
-            # them directly, strictly (the ignore[override] comments must all be needed)
-            "strict": ([*mypy, str(tmp / "strict"), "--strict", "--warn-unused-ignores",
-                        os.path.join("src", "mcr")], ROOT),
-            # names (and the types of constants) against the runtime, of mcr and its
-            # submodules; away from the source tree, where mypy would see src/mcr twice
-            "stubtest": (["-m", "mypy.stubtest", "--concise", "--ignore-disjoint-bases",
-                          "--allowlist", str(tmp / "allowlist.txt"), "mcr"], tmp)})
-    procs = {name: subprocess.Popen([sys.executable, *args], cwd=cwd, text=True,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-             for name, (args, cwd) in commands.items()}
+    commands = {
+        "mypy": ([*mypy, str(tmp / "cache"), SAMPLE, str(tmp / "wrong_calls.py")], ROOT),
+        # errors inside an installed package's stubs are hidden from its users: check
+        # them directly, strictly (the ignore[override] comments must all be needed)
+        "strict": ([*mypy, str(tmp / "strict"), "--strict", "--warn-unused-ignores",
+                    os.path.join("src", "mcr")], ROOT),
+        # names (and the types of constants) against the runtime, of mcr and its
+        # submodules; away from the source tree, where mypy would see src/mcr twice
+        "stubtest": (["-m", "mypy.stubtest", "--concise", "--ignore-disjoint-bases",
+                      "--allowlist", str(tmp / "allowlist.txt"), "mcr"], tmp)}
+    _early.update({name: Background(args, cwd) for name, (args, cwd) in commands.items()})
+
+
+@pytest.fixture(scope="module")
+def checks():
+    """checks(name): a slow check's finished process (the sample program, a real one that
+    checks its results, runs now; the mypy checks started early)."""
+    start_early()
+    procs = {"sample": Background([SAMPLE], ROOT), **_early}
 
     def finished(name):
-        out, err = procs[name].communicate(timeout=300)
+        returncode, out, err = procs[name].result(timeout=300)
         assert "error: Cannot find implementation or library stub" not in out, out
-        return procs[name].returncode, out, err
+        return returncode, out, err
     yield finished
-    for proc in (p for p in procs.values() if p.poll() is None):
-        proc.kill()
-        proc.communicate()
+    for proc in procs.values():
+        proc.stop()
 
 
 @pytest.mark.parametrize("name", ["sample", pytest.param("strict", marks=needs_mypy),
