@@ -3,10 +3,12 @@ import sys
 
 import pytest
 
+from mcr import launch  # (imports no MPI)
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # one-process programs the tests start without mpiexec start as jobs do (mcr.launch): without
 # Open MPI's ofi BTL, which sleeps a second in MPI_Init (the user's setting wins)
-os.environ.setdefault("OMPI_MCA_btl", "^ofi")
+os.environ.setdefault("OMPI_MCA_btl", launch.OPEN_MPI_ENV["OMPI_MCA_btl"])
 
 
 def pytest_configure(config):

@@ -16,6 +16,8 @@ import functools
 import itertools
 import json
 import os
+import pathlib
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -314,6 +316,14 @@ class Background:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+
+
+def scratch_folder(prefix):
+    """A new temporary folder (a pathlib.Path), removed at exit: for what a ``start_early``
+    writes, which outlives pytest's per-test folders."""
+    folder = pathlib.Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
 
 
 def format_exception(exc):

@@ -5,17 +5,13 @@ about any public name of mcr that docs/api.rst leaves out: this test fails on a 
 docstring, a broken page or an undocumented method.
 """
 
-import atexit
 import importlib.util
 import os
-import pathlib
-import shutil
 import subprocess
-import tempfile
 
 import pytest
 
-from mpiharness import Background
+from mpiharness import Background, scratch_folder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(ROOT, "docs")
@@ -30,8 +26,7 @@ _early = []     # the build, once started: [(mpiharness.Background, its output f
 def start_early():
     """Start the build (conftest.py calls this once the tests are chosen)."""
     if not _early and importlib.util.find_spec("sphinx") is not None:
-        tmp = pathlib.Path(tempfile.mkdtemp(prefix="mcr-docs-"))
-        atexit.register(shutil.rmtree, tmp, True)
+        tmp = scratch_folder("mcr-docs-")
         _early.append((Background(["-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html",
                                    "-d", str(tmp / "doctrees"), DOCS, str(tmp / "html")],
                                   ROOT), tmp / "html"))

@@ -8,21 +8,18 @@ tests/typing_sample.py and the stubs (strictly), and reject a program with wrong
 """
 
 import ast
-import atexit
 import importlib.util
 import inspect
 import os
 import pathlib
-import shutil
 import sys
-import tempfile
 
 import pytest
 
 import mcr
 import mcr.MPI  # first: it loads the libmpi the core links to (through mpi4py)
 import mcr._core
-from mpiharness import Background
+from mpiharness import Background, scratch_folder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = os.path.join(ROOT, "src", "mcr")
@@ -198,8 +195,7 @@ def start_early():
     its cache in a folder of its own."""
     if _early or not HAVE_MYPY:
         return
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix="mcr-typing-"))
-    atexit.register(shutil.rmtree, tmp, True)
+    tmp = scratch_folder("mcr-typing-")
     (tmp / "wrong_calls.py").write_text("\n".join(WRONG_CALLS) + "\n")
     (tmp / "allowlist.txt").write_text("\n".join(ALLOWLIST) + "\n")
     mypy = ["-m", "mypy", "--no-error-summary", "--show-error-codes", "--no-color-output",
