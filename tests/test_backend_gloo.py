@@ -3,7 +3,8 @@ with torch/numpy on the whole data: Split/Dup sub-communicators; point-to-point 
 matching (to oneself, tags out of order, ANY_SOURCE/ANY_TAG, Probe/Iprobe, counts, PROC_NULL,
 ERR_TRUNCATE, both sides of the eager limit, many large sends, Free with operations pending),
 Sendrecv(_replace), Send_init/Recv_init; request sets; errors as on MPI, raised before
-communicating; TypeError for what Gloo cannot run; the store at MCR_STORE_HOST.
+communicating; TypeError for what Gloo cannot run; the store (a file on one host, TCP at
+MCR_STORE_HOST or where a rank cannot see the file).
 """
 
 import contextlib
@@ -567,21 +568,53 @@ def bad_first_call_on_a_new_communicator_raises_alone(comm, found):
 test_mpi = mpi_cases(__name__)
 
 
-# -- the store across nodes: MCR_STORE_HOST ------------------------------------------------
-STORE_AT_ADDRESS = """
+# -- the store: a file on one host, TCP at MCR_STORE_HOST ---------------------------------
+STORE_SCRIPT = """
+import os, sys
 import torch
 import mcr
 from mcr.backends.store import rendezvous
 comm = mcr.COMM_WORLD
+if sys.argv[1] == "hidden" and comm.rank == 1:     # as a process that sees another /tmp
+    seen = os.path.exists
+    os.path.exists = lambda path: "mcr-store-" not in path and seen(path)
 store = rendezvous(comm)
 store.set(f"rank{comm.rank}", str(comm.rank))
 assert [store.get(f"rank{r}").decode() for r in range(comm.size)] == ["0", "1"]
-print(f"rank {comm.rank} store at {store.host}:{store.port}")
+where = store.path if hasattr(store, "path") else f"{store.host}:{store.port}"
+print(f"rank {comm.rank} {type(store).__name__} at {where}")
 x = torch.full((3,), float(comm.rank + 1))
 comm.Allreduce(mcr.IN_PLACE, x, backend="gloo")
 print(f"rank {comm.rank} gloo sum {x.tolist()}")
 comm.Barrier()
 """
+
+
+def run_store_script(mode, **env):
+    """STORE_SCRIPT at 2 ranks: its output, after checking that both ranks met and summed."""
+    result = launch.run(2, [sys.executable, "-c", STORE_SCRIPT, mode], timeout=120,
+                        env=dict(mpi_env(), MCR_BACKEND_TIMEOUT="60", **env),
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert result.returncode == 0, result.stdout
+    for rank in (0, 1):
+        assert f"rank {rank} gloo sum [3.0, 3.0, 3.0]" in result.stdout, result.stdout
+    return result.stdout
+
+
+def test_store_on_one_host_is_a_file(tmp_path):
+    """One host: the ranks meet in a FileStore in the temporary folder, removed at exit."""
+    out = run_store_script("file", TMPDIR=str(tmp_path))
+    for rank in (0, 1):
+        assert f"rank {rank} FileStore at {tmp_path}/mcr-store-" in out, out
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_store_is_tcp_where_a_rank_cannot_see_the_file(tmp_path):
+    """A rank that does not see rank 0's file: TCP on 127.0.0.1, and the file is removed."""
+    out = run_store_script("hidden", TMPDIR=str(tmp_path))
+    for rank in (0, 1):
+        assert f"rank {rank} TCPStore at 127.0.0.1:" in out, out
+    assert list(tmp_path.iterdir()) == []
 
 
 def non_loopback_address():
@@ -601,10 +634,6 @@ def test_store_at_mcr_store_host():
     address = non_loopback_address()
     if address is None:
         pytest.skip("this machine has no IPv4 address but loopback")
-    env = dict(mpi_env(), MCR_STORE_HOST=address, MCR_BACKEND_TIMEOUT="60")
-    result = launch.run(2, [sys.executable, "-c", STORE_AT_ADDRESS], timeout=120, env=env,
-                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert result.returncode == 0, result.stdout
+    out = run_store_script("tcp", MCR_STORE_HOST=address)
     for rank in (0, 1):
-        assert f"rank {rank} store at {address}:" in result.stdout, result.stdout
-        assert f"rank {rank} gloo sum [3.0, 3.0, 3.0]" in result.stdout, result.stdout
+        assert f"rank {rank} TCPStore at {address}:" in out, out

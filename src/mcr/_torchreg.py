@@ -10,7 +10,7 @@ stays as light as it is for programs that never use torch):
 - the ``env://`` rendezvous, torch's default, learns to work without
   ``MASTER_ADDR`` inside an MPI job: under ``mpiexec`` (or once MPI is
   initialized) and with ``MASTER_ADDR`` unset, rank and size come from MPI and
-  the TCPStore's address is broadcast over MPI (:mod:`mcr.backends.store`).
+  the store is bootstrapped over MPI (:mod:`mcr.backends.store`).
   A process started without ``mpiexec`` and with none of ``MASTER_ADDR``,
   ``RANK`` and ``WORLD_SIZE`` set is a world of one (MPI's singleton), as
   ``from mcr import MPI`` is there. Otherwise (``MASTER_ADDR`` set, torchrun)

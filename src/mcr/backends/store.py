@@ -1,16 +1,30 @@
 """Bootstrap of torch process groups over MPI: no torchrun, no environment.
 
-Rank 0 of the communicator starts a TCPStore on a free port and broadcasts its
-address over MPI; the other ranks connect to it. On one node the address is
-127.0.0.1; across nodes it is rank 0's host name (``MCR_STORE_HOST`` overrides).
+A communicator whose processes share one host and see the same temporary
+folder meets through a torch ``FileStore``: rank 0 makes the file and
+broadcasts its path over MPI. Otherwise rank 0 starts a ``TCPStore`` on a free
+port and broadcasts its address; the other ranks connect to it, at rank 0's
+host name (``MCR_STORE_HOST`` overrides it, and asks for the TCP store on one
+host too).
+
+Why not TCP on one host: torch's TCP store looks up the host name of every
+connection's address, once in the client and once in the server. The address
+is IPv4-mapped IPv6 (``::ffff:127.0.0.1``), which ``/etc/hosts`` does not list,
+so each lookup is a DNS query; where the name server drops one (measured: one
+lookup in a hundred, in a sandbox), the connection waits for the resolver's
+5-s timeout. The file store takes no network and no name server.
 """
 
+import atexit
 import datetime
 import os
 import socket
+import tempfile
 from typing import Any
 
 __all__ = ["c10d", "rendezvous", "timeout"]
+
+_made: list[str] = []   # store files this process made, removed at exit if still there
 
 
 def c10d() -> Any:
@@ -27,13 +41,56 @@ def timeout() -> datetime.timedelta:
 
 
 def rendezvous(comm: Any) -> Any:
-    """A torch TCPStore shared by the processes of ``comm`` (collective)."""
+    """A torch store shared by the processes of ``comm`` (collective)."""
+    host = os.environ.get("MCR_STORE_HOST")
+    if host:
+        return _tcp_store(comm, host)
+    path = comm.bcast(_new_file() if comm.Get_rank() == 0 else None, root=0)
+    seen = comm.allgather((socket.gethostname(), path is not None and os.path.exists(path)))
+    if path is not None and all(visible for _, visible in seen) \
+            and len({name for name, _ in seen}) == 1:
+        store = c10d().FileStore(path, comm.Get_size())
+        store.set_timeout(timeout())
+        return store
+    if comm.Get_rank() == 0 and path is not None:
+        _remove(path)
+    hosts = [name for name, _ in seen]
+    return _tcp_store(comm, "127.0.0.1" if len(set(hosts)) == 1 else hosts[0])
+
+
+def _new_file() -> str | None:
+    """A fresh, empty store file in the temporary folder, or None where none can be made."""
+    try:
+        fd, path = tempfile.mkstemp(prefix="mcr-store-")
+    except OSError:
+        return None
+    os.close(fd)
+    if not _made:
+        atexit.register(_remove_made)
+    elif len(_made) >= 64:                 # forget the files torch removed already
+        _made[:] = [made for made in _made if os.path.exists(made)]
+    _made.append(path)
+    return path
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _remove_made() -> None:
+    """At exit: the store files this process made. torch removes a file when
+    every process has dropped its store; a store still held at exit is not."""
+    for path in _made:
+        _remove(path)
+
+
+def _tcp_store(comm: Any, host: str) -> Any:
+    """A TCPStore on rank 0, at ``host``, which the other ranks join."""
     dist = c10d()
     rank, size = comm.Get_rank(), comm.Get_size()
-    host = os.environ.get("MCR_STORE_HOST")
-    if not host:
-        hosts = comm.allgather(socket.gethostname())
-        host = "127.0.0.1" if len(set(hosts)) == 1 else hosts[0]
     store: Any = None
     port: int | str | None = None
     if rank == 0:

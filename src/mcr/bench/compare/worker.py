@@ -212,7 +212,7 @@ class _Worker:
         }
 
     def _init_torch(self) -> None:
-        """init_process_group("gloo") on a TCPStore bootstrapped over MPI, as mcr does."""
+        """init_process_group("gloo") on a store bootstrapped over MPI, as mcr does."""
         import torch.distributed as dist
 
         from mcr.backends.store import rendezvous, timeout
