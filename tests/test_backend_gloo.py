@@ -25,6 +25,7 @@ from mcr import MPI, launch
 from mpiharness import case, mpi_cases, mpi_env
 from opmatrix import COMPLETIONS, Findings, complete
 from opref import OPS, cat, data, expect, operands, reduce_ref, sentinel
+from util import ring, status_of
 
 GLOO = "gloo"
 BACKENDS = ("mpi", GLOO)
@@ -50,11 +51,6 @@ def checked(min_size=1, quick=False, **axes):
     return register
 
 
-def ring(comm):
-    """(right, left) neighbours."""
-    return (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
-
-
 def post(found, what, call):
     """The request `call()` returns, or None when it raises (recorded)."""
     with found.check(what):
@@ -66,10 +62,6 @@ def wait_posted(found, what, requests):
     """Waitall on the requests that were posted (None: the post failed)."""
     with found.check(what):
         mcr.Request.Waitall([r for r in requests if r is not None])
-
-
-def status_of(st):
-    return st.Get_source(), st.Get_tag(), st.Get_count()
 
 
 @checked()

@@ -20,8 +20,7 @@ from mcr import MPI
 from mpiharness import case, mpi_cases, run_script, world_sizes
 from opmatrix import COMPLETIONS, OPERATIONS, nonblocking
 from opref import rank_data
-from test_backend_gloo import ring, status_of
-from util import Failures, assert_comm_works, assert_equal, raises
+from util import Failures, assert_comm_works, assert_equal, raises, ring, status_of
 
 BACKENDS = ("mpi", "gloo")
 BIG = 1 << 20                   # float32 elements: 4 MiB, past every eager limit

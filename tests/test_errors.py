@@ -14,12 +14,7 @@ import mcr
 from mcr import MPI
 from mpiharness import case, mpi_cases
 from opref import rank_data
-from util import assert_comm_works, assert_equal, raises
-
-
-def ring(comm):
-    """(right, left) neighbours of this rank."""
-    return (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+from util import assert_comm_works, assert_equal, raises, ring
 
 
 def check(comm, exc, rows, here=True):

@@ -15,7 +15,7 @@ import mcr
 from mcr import MPI
 from mpiharness import case, mpi_cases
 from opref import rank_data
-from util import assert_comm_works, assert_equal, raises
+from util import assert_comm_works, assert_equal, raises, ring
 
 OPS = ["SUM", "PROD", "MAX", "MIN", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR"]
 MCR_NAMES = ["COMM_WORLD", "COMM_SELF", "Comm", "Request", "Prequest", "Status"]
@@ -180,10 +180,6 @@ def test_wrap_and_unwrap_in_process():
 
 
 # -- multi-rank ------------------------------------------------------------------------
-
-def ring(comm):
-    return (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
-
 
 @case
 def world_is_an_mcr_comm(comm):

@@ -18,7 +18,7 @@ from mcr import MPI
 from mpiharness import case, mpi_cases
 from opref import (all_data, cat, data, expect, int_forms, layout, pair_block, place,
                    reduce_ref, roots, sentinel, vcounts)
-from util import raises
+from util import raises, ring
 
 N = 8
 F32 = torch.float32
@@ -39,11 +39,6 @@ class DLPackOnly:
 
 class MyTensor(torch.Tensor):
     """A plain tensor subclass, as libraries define them."""
-
-
-def ring(comm):
-    """(right, left): the neighbours on the ring."""
-    return (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
 
 
 def blank(n=N, dtype=F32):

@@ -20,18 +20,13 @@ from mcr import MPI
 from mpiharness import case, mpi_cases
 from opmatrix import FORMS, Findings, name
 from opref import MOVE, cat, copy, data, expect, place, sentinel
-from util import assert_comm_works, raises
+from util import assert_comm_works, raises, ring
 
 TYPES = MOVE + [np.float32, np.float64, np.float16, np.int8, np.uint8, np.int16, np.uint16,
                 np.int32, np.uint32, np.int64, np.uint64, np.complex64, np.complex128, np.bool_]
 MODES = ("Send", "Bsend", "Ssend", "Rsend")
 BACKENDS = ("mpi", "gloo")
 F64 = torch.float64
-
-
-def ring(comm):
-    """(right, left): the neighbours on the ring."""
-    return (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
 
 
 def partner(comm):

@@ -17,7 +17,7 @@ from mcr import MPI
 from mpiharness import case, mpi_cases
 from opmatrix import COMPLETIONS, complete
 from opref import cat, data, expect, operands, pair_block, reduce_ref
-from util import assert_comm_works, raises
+from util import assert_comm_works, raises, ring
 
 K = 6      # messages per (sender, receiver) pair
 # one element type per completion method
@@ -25,11 +25,6 @@ DTYPES = dict(zip(COMPLETIONS, (torch.bfloat16, torch.complex64, torch.float32, 
                                 torch.int16, torch.float64, torch.uint8, torch.complex128)))
 MIXES = {"mpi": ("mpi",) * 3, "gloo": ("gloo",) * 3, "mixed": ("gloo", "mpi", "gloo")}
 R = mcr.Request
-
-
-def ring(comm):
-    """(right, left): the neighbours on the ring."""
-    return (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
 
 
 def rank_order(n, rank):

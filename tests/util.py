@@ -20,6 +20,16 @@ def raises(exc_type, *fragments):
         raise AssertionError(f"{exc_type.__name__} not raised")
 
 
+def ring(comm):
+    """(right, left): this rank's neighbours on the ring."""
+    return (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+
+
+def status_of(status):
+    """(source, tag, count) of an mcr.Status."""
+    return status.Get_source(), status.Get_tag(), status.Get_count()
+
+
 def assert_comm_works(comm):
     """An Allreduce that must give the right answer: the comm is still usable."""
     x = torch.full((3,), float(comm.rank + 1))
