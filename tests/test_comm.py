@@ -2,6 +2,8 @@
 topologies (Create_cart, Create_graph, Create_dist_graph(_adjacent), Sub), and
 operations on the communicators they make, at 1-4 ranks."""
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -131,6 +133,26 @@ def free_with_pending_operations_completes_them(comm, backend):
     requests[1].Wait()
     assert got.tolist() == [(rank - 1) % size] * 3
     assert_comm_works(comm)
+
+
+@case.matrix(backend=("mpi", "gloo"), let_go=("dropped", "freed"))
+def free_frees_the_comm_after_a_request_let_go_completes(comm, backend, let_go):
+    # Free defers MPI's free to the last pending operation: one whose request was
+    # dropped or freed before it completed counts too, when it ends
+    freed = []
+    key = M4.Comm.Create_keyval(delete_fn=lambda handle, key, value: freed.append(value))
+    dup = comm.Dup()
+    dup.Set_attr(key, "dup")
+    request = dup.Iallreduce(torch.ones(3), torch.zeros(3), backend=backend)
+    if let_go == "freed":
+        request.Free()
+    del request
+    dup.Free()
+    deadline = time.monotonic() + 20
+    while not comm.allreduce(bool(freed) or time.monotonic() > deadline, op=M4.LAND):
+        assert_comm_works(comm)      # a call: the works of freed requests get a turn
+    M4.Comm.Free_keyval(key)
+    assert freed == ["dup"], freed
 
 
 @case

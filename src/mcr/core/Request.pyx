@@ -167,6 +167,7 @@ cdef class Request(_MPI.Request):
         if self.obs is not None:
             notify(self, OBS_FREED)                     # no longer waited for
         if self.ext is not None:
+            self.ext.owner, self.owner = self.owner, None   # settled when the work ends
             detach(self.ext)
             self.ext = None
             self.ob_buf = None
@@ -927,9 +928,14 @@ cdef double requests_limit(object requests) except -1:
 
 cdef int settle(Request req) except -1:
     """The operation of `req` is over: its communicator has one pending
-    operation less, and is freed now if Free was waiting for that."""
-    cdef Comm comm = <Comm>req.owner
-    req.owner = None
+    operation less."""
+    owner, req.owner = req.owner, None
+    return one_less_pending(<Comm>owner)
+
+
+cdef int one_less_pending(Comm comm) except -1:
+    """An operation of `comm` is over: it is freed now if Free was waiting
+    for that."""
     comm.pending -= 1
     if comm.pending == 0 and comm.deferred != MPI_COMM_NULL:
         MPI_Comm_free(&comm.deferred)
@@ -1004,7 +1010,10 @@ cdef void dropped(Request req) noexcept:
         else:
             if req.obs is not None:             # (those that follow it till the work is over)
                 w.obs = notify(req, OBS_DROPPED)
+            w.owner, req.owner = req.owner, None
             detach(w)                       # (settled at once if nothing is left to wait for)
+        if req.owner is not None:
+            settle(req)
         return
     if req.shared or req.ob_mpi == MPI_REQUEST_NULL:
         return
@@ -1016,6 +1025,8 @@ cdef void dropped(Request req) noexcept:
             req.failed(ierr, &st)
         except _builtins.Exception as exc:
             lost_error("mpi", exc)
+        if req.owner is not None:
+            settle(req)
         return
     if not flag:
         detach_mpi(req)                 # (its observers that follow it go with it)
@@ -1026,6 +1037,8 @@ cdef void dropped(Request req) noexcept:
         unstage(<_Call>req.ob_buf)
     if req.ob_mpi != MPI_REQUEST_NULL:  # an inactive persistent request
         MPI_Request_free(&req.ob_mpi)
+    if req.owner is not None:           # (Free may be waiting for it)
+        settle(req)
 
 
 cdef class _Tested:

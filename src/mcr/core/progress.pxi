@@ -208,6 +208,9 @@ cdef bint settled(_Work w) except -1:
     if over and w.obs is not None:
         notify_all(w.obs, OBS_DONE if w.done else OBS_FAILED)
         w.obs = None
+    if over and w.owner is not None:
+        owner, w.owner = w.owner, None
+        one_less_pending(<Comm>owner)
     return over
 
 
@@ -278,6 +281,7 @@ cdef class _Work:
     cdef object status_of      # a receive: returns its status once the works are complete
     cdef object keep           # buffers, until completion
     cdef _Observer obs         # a dropped request's observers, told when the work ends
+    cdef object owner          # a freed or dropped request's Comm, settled when it ends
 
     cdef bint test(self) except -1:
         """Whether everything is complete; runs the steps the first time it is."""
