@@ -266,6 +266,27 @@ def dropped_request_is_pending_until_it_completes(comm, backend):
     c.Free()
 
 
+@case.matrix(backend=BACKENDS)
+def persistent_starts_are_timed_and_leave_no_record_behind(comm, backend):
+    # each start is timed and recorded once, emulated (a non-blocking call per start: Gloo)
+    # or MPI's own; a completed start leaves nothing pending
+    c = timed(comm)
+    x, y = data(comm.rank), torch.zeros(4)
+    p = c.Allreduce_init(x, y, backend=backend)
+    for _ in range(3):
+        p.Start()
+        p.Wait()
+        assert torch.equal(y, sum(data(r) for r in range(comm.size)))
+    late_request(comm, lambda: (p.Start(), p)[1], "Allreduce", "Allreduce float32[4] SUM")
+    req = c.Irecv(torch.zeros(1), source=c.rank, tag=99)
+    exc = expect_timeout(req.Wait, "Recv float32[1]")
+    assert [pend["op"] for pend in exc.pending] == ["Recv"], exc.pending
+    c.Send(torch.zeros(1), dest=c.rank, tag=99)
+    req.Wait()
+    p.Free()
+    c.Free()
+
+
 @case
 def timeout_names_the_pending_calls(comm):
     size, rank, last = comm.size, comm.rank, comm.size - 1

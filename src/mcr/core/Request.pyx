@@ -1332,6 +1332,8 @@ cdef class Prequest(Request):
         if self.owner is None:
             self.owner, inner.owner = inner.owner, None
         self.started(inner, t0)
+        if inner.obs is not None:     # what follows the call it posted (the timeout's record)
+            self.obs, inner.obs = joined(inner.obs, self.obs), None
         return 0
 
     cdef int started(self, Request inner, long long t0) except -1:

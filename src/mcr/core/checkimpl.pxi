@@ -608,11 +608,11 @@ cdef class _Pend(_Observer):
 
     cdef bint ended(self, int how) except -1:
         # freed: no longer waited for; dropped: pending till the operation
-        # is over (the record follows it); else it stays with its request (a
-        # persistent one is pending anew at each start)
+        # is over (the record follows it); else a persistent call's record
+        # stays with its request, pending anew at each start
         if how != OBS_DROPPED:
             pend_end(self, PEND_FAILED if how == OBS_FAILED else PEND_DONE)
-        return how != OBS_FREED
+        return how == OBS_DROPPED or (how != OBS_FREED and self.form == PERSISTENT)
 
     cdef double limit(self) noexcept:
         return self.timeout
@@ -1188,9 +1188,11 @@ cdef class _Watched(Interceptor):
                 pend_end(p, PEND_DONE)
             return result
         req = <Request>result
-        attach_pend(req, p, w.timeout)
         if form == PERSISTENT and p is not None:
             pend_end(p, PEND_DONE)        # pending again at each Start
+            if isinstance(req, Prequest) and (<Prequest>req).start_fn is not None:
+                return result             # emulated: each start's is that of the call it posts
+        attach_pend(req, p, w.timeout)
         if timed:
             try:
                 req.Wait(status)

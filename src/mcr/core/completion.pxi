@@ -41,6 +41,17 @@ cdef inline _Observer linked(_Observer head, _Observer o):
     return o
 
 
+cdef _Observer joined(_Observer head, _Observer tail):
+    """The list `head`, then the list `tail`."""
+    if head is None:
+        return tail
+    cdef _Observer o = head
+    while o.next_obs is not None:
+        o = o.next_obs
+    o.next_obs = tail
+    return head
+
+
 cdef _Observer notify_all(_Observer head, int how):
     """Tell every observer of the list `head` how its operation ended; the
     list of those that stay attached."""
