@@ -933,7 +933,7 @@ cdef int settle(Request req) except -1:
     return one_less_pending(<Comm>owner)
 
 
-cdef int one_less_pending(Comm comm) except -1:
+cdef inline int one_less_pending(Comm comm) except -1:
     """An operation of `comm` is over: it is freed now if Free was waiting
     for that."""
     comm.pending -= 1
