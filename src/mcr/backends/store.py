@@ -47,15 +47,15 @@ def rendezvous(comm: Any) -> Any:
         return _tcp_store(comm, host)
     path = comm.bcast(_new_file() if comm.Get_rank() == 0 else None, root=0)
     seen = comm.allgather((socket.gethostname(), path is not None and os.path.exists(path)))
-    if path is not None and all(visible for _, visible in seen) \
-            and len({name for name, _ in seen}) == 1:
+    hosts = [name for name, _ in seen]
+    one_host = len(set(hosts)) == 1
+    if one_host and all(visible for _, visible in seen):    # (none sees a file not made)
         store = c10d().FileStore(path, comm.Get_size())
         store.set_timeout(timeout())
         return store
     if comm.Get_rank() == 0 and path is not None:
         _remove(path)
-    hosts = [name for name, _ in seen]
-    return _tcp_store(comm, "127.0.0.1" if len(set(hosts)) == 1 else hosts[0])
+    return _tcp_store(comm, "127.0.0.1" if one_host else hosts[0])
 
 
 def _new_file() -> str | None:

@@ -1007,13 +1007,13 @@ cdef void dropped(Request req) noexcept:
         if w.failed:                        # its wait raised: nothing left to do
             if req.obs is not None:
                 notify(req, OBS_FAILED)
+            if req.owner is not None:
+                settle(req)
         else:
             if req.obs is not None:             # (those that follow it till the work is over)
                 w.obs = notify(req, OBS_DROPPED)
             w.owner, req.owner = req.owner, None
             detach(w)                       # (settled at once if nothing is left to wait for)
-        if req.owner is not None:
-            settle(req)
         return
     if req.shared or req.ob_mpi == MPI_REQUEST_NULL:
         return
