@@ -38,8 +38,12 @@ cdef class Request(_MPI.Request):
             dropped(self)
 
     cdef int failed(self, int ierr, MPI_Status *sp) except -1:
-        """Raise MPI's error `ierr` from completing this request (status `sp`)."""
-        raise_recv_error(ierr, sp, recv_side(self), "buf")
+        """Raise MPI's error `ierr` from completing this request (status `sp`):
+        its operation is over."""
+        try:
+            raise_recv_error(ierr, sp, recv_side(self), "buf")
+        finally:
+            ended_in_error(self)
 
     cdef inline int complete(self, object status) except -1:
         # a completed persistent request stays allocated (inactive), and keeps
@@ -71,7 +75,12 @@ cdef class Request(_MPI.Request):
         if self.obs is not None and least_limit(self.obs) > 0:
             return timed_wait(self, status)
         if self.ext is not None:
-            wait_work(self.ext)
+            try:
+                wait_work(self.ext)
+            except BaseException:
+                if self.ext.failed:
+                    ended_in_error(self)
+                raise
             self.ext.fill(status)
             completed(self)           # the request is inactive now
             return True
@@ -106,7 +115,7 @@ cdef class Request(_MPI.Request):
         cdef int flag = 0, ierr
         progress_poll()
         if self.ext is not None:
-            if not self.ext.test():
+            if not tested_work(self):
                 mpi_progress()
                 return False
             self.ext.fill(status)
@@ -660,10 +669,10 @@ cdef class _Handles:
         PyMem_Free(self.statuses)
         PyMem_Free(self.indices)
 
-    cdef int put_back(self, object completed=None) except -1:
+    cdef int put_back(self, object completed=None, object failed=()) except -1:
         """Return the handles; release the buffers of the requests that
         completed: those in `completed` (indices), or by default those whose
-        handle MPI has set to null."""
+        handle MPI has set to null; those in `failed` ended in an error."""
         cdef _MPI.Request req
         for i in range(self.n):
             req = <_MPI.Request>self.requests[i]
@@ -672,7 +681,23 @@ cdef class _Handles:
             req.ob_mpi = self.handles[i]
             if done:
                 finished(req)
+            elif i in failed and isinstance(req, Request):
+                ended_in_error(<Request>req)
         return 0
+
+    cdef int put_back_after(self, int ierr, int count, bint by_index) except -1:
+        """Return the handles after MPI's error `ierr`. With MPI_ERR_IN_STATUS,
+        the first `count` statuses (of the requests in self.indices, or of all
+        in order) say which requests completed and which failed; the others
+        are still pending."""
+        done, failed = set(), set()
+        for k in range(count if ierr == MPI_ERR_IN_STATUS else 0):
+            i = self.indices[k] if by_index else k
+            if self.statuses[k].MPI_ERROR == MPI_SUCCESS:
+                done.add(i)
+            elif self.statuses[k].MPI_ERROR != MPI_ERR_PENDING:
+                failed.add(i)
+        return self.put_back(done, failed)
 
     cdef int fill_status(self, object status, int index, int k) except -1:
         """Copy the status of requests[index] (k-th in self.statuses) into `status`."""
@@ -809,10 +834,13 @@ cdef object complete_all(object requests, object statuses, bint wait):
             ierr = MPI_Waitall(h.n, h.handles, h.statuses)
     else:
         ierr = MPI_Testall(h.n, h.handles, &flag, h.statuses)
-    exc = h.error(ierr, h.n, -2) if ierr != MPI_SUCCESS else None
-    h.put_back(range(h.n) if flag and ierr == MPI_SUCCESS else ())
-    if exc is not None:
+    if ierr != MPI_SUCCESS:
+        exc = h.error(ierr, h.n, -2)
+        h.put_back_after(ierr, h.n, False)
+        if ierr == MPI_ERR_IN_STATUS:       # (each request's error, as in mpi4py)
+            h.fill_list(statuses, h.n, False)
         raise exc
+    h.put_back(range(h.n) if flag else ())
     if not flag:
         return False
     h.fill_list(statuses, h.n, False)
@@ -827,12 +855,11 @@ cdef object complete_any(object requests, object status, bint wait):
             ierr = MPI_Waitany(h.n, h.handles, &index, h.statuses)
     else:
         ierr = MPI_Testany(h.n, h.handles, &index, &flag, h.statuses)
-    exc = None
-    if ierr != MPI_SUCCESS:
+    if ierr != MPI_SUCCESS:         # (the request at `index` failed)
         exc = h.error(ierr, 0, index if index != MPI_UNDEFINED else -1)
-    h.put_back((index,) if flag and index != MPI_UNDEFINED else ())
-    if exc is not None:
+        h.put_back((), (index,) if index != MPI_UNDEFINED else ())
         raise exc
+    h.put_back((index,) if flag and index != MPI_UNDEFINED else ())
     if flag and status is not None:
         if index != MPI_UNDEFINED:
             h.fill_status(status, index, 0)
@@ -849,11 +876,14 @@ cdef object complete_some(object requests, object statuses, bint wait):
             ierr = MPI_Waitsome(h.n, h.handles, &outcount, h.indices, h.statuses)
     else:
         ierr = MPI_Testsome(h.n, h.handles, &outcount, h.indices, h.statuses)
-    exc = h.error(ierr, max(outcount, 0), -1) if ierr != MPI_SUCCESS else None
-    h.put_back(() if outcount == MPI_UNDEFINED else
-               {h.indices[k] for k in range(max(outcount, 0))})
-    if exc is not None:
+    if ierr != MPI_SUCCESS:
+        exc = h.error(ierr, max(outcount, 0), -1)
+        h.put_back_after(ierr, outcount, True)
+        if ierr == MPI_ERR_IN_STATUS:
+            h.fill_list(statuses, outcount, True)
         raise exc
+    h.put_back(() if outcount == MPI_UNDEFINED else
+               {h.indices[k] for k in range(outcount)})
     if outcount == MPI_UNDEFINED:
         return None
     h.fill_list(statuses, outcount, True)
@@ -924,6 +954,28 @@ cdef double requests_limit(object requests) except -1:
             if x > 0 and (t == 0 or x < t):
                 t = x
     return t
+
+
+cdef int ended_in_error(Request req) except -1:
+    """A wait or test of `req` raises its operation's error: the operation is
+    over, so its observers and its communicator are told now, not when the
+    program lets the request go."""
+    if req.obs is not None:
+        notify(req, OBS_FAILED)
+    if req.owner is not None:
+        settle(req)
+    return 0
+
+
+cdef bint tested_work(Request req) except -1:
+    """Whether the backend work of `req` is complete (`_Work.test`); its error,
+    if it failed, ends the operation."""
+    try:
+        return req.ext.test()
+    except BaseException:
+        if req.ext.failed:
+            ended_in_error(req)
+        raise
 
 
 cdef int settle(Request req) except -1:
@@ -1005,10 +1057,7 @@ cdef void dropped(Request req) noexcept:
     cdef _Work w = req.ext
     if w is not None:
         if w.failed:                        # its wait raised: nothing left to do
-            if req.obs is not None:
-                notify(req, OBS_FAILED)
-            if req.owner is not None:
-                settle(req)
+            ended_in_error(req)             # (if that wait did not already)
         else:
             if req.obs is not None:             # (those that follow it till the work is over)
                 w.obs = notify(req, OBS_DROPPED)
@@ -1019,14 +1068,10 @@ cdef void dropped(Request req) noexcept:
         return
     ierr = MPI_Test(&req.ob_mpi, &flag, &st)
     if ierr != MPI_SUCCESS:             # it failed (and MPI freed it)
-        if req.obs is not None:
-            notify(req, OBS_FAILED)
         try:
-            req.failed(ierr, &st)
+            req.failed(ierr, &st)       # (its observers and communicator told)
         except _builtins.Exception as exc:
             lost_error("mpi", exc)
-        if req.owner is not None:
-            settle(req)
         return
     if not flag:
         detach_mpi(req)                 # (its observers that follow it go with it)
@@ -1068,7 +1113,7 @@ cdef class _Poll:
             return True
         if len(w.works) == 1 and w.works[0] is self.pending:
             return False
-        if w.test():
+        if tested_work(<Request>req):
             return True
         if len(w.works) == 1:
             self.pending = w.works[0]

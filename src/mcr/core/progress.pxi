@@ -322,6 +322,7 @@ cdef class _Work:
                 except BaseException:
                     self.works, self.steps = [], []     # failed, as in test()
                     self.status_of = None
+                    self.failed = True
                     raise
         return 0
 
