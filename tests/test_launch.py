@@ -258,7 +258,7 @@ exit 3
 TOOLS = {
     "demo": [os.path.join(ROOT, "demo", "demo.py"), "-n", "2"],
     "check_gpu": [os.path.join(TESTS, "gpu", "check_gpu.py"), "--device", "cpu",
-                  "--phases", "mpi", "--budget", "60"],
+                  "--phases", "mpi", "--budget", "60", "--logdir", "logs"],
     "compare": ["-m", "mcr.bench", "compare", "--peers", "mcr-mpi", "-m", "8", "-i", "1"],
     "tune": ["-m", "mcr.tune", "--ops", "bcast", "-m", "4", "--out", "t.json"],
     # the tools whose job options are launch.add_job_options'

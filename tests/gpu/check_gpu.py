@@ -6,7 +6,7 @@ the logger and compression, checked mode, torch.distributed and the workloads on
 
     python tests/gpu/check_gpu.py                # on a machine with a CUDA device
     python tests/gpu/check_gpu.py --device cpu   # dry run: CPU tensors, Gloo for NCCL
-    python tests/gpu/check_gpu.py --logdir $OUT/gpu-logs   # keep every case's log
+    python tests/gpu/check_gpu.py --logdir $OUT/gpu-logs   # keep every case's log, pass or fail
 
 Without a CUDA device (nor ``--device cpu``) it prints ``check_gpu: skipped: no CUDA device``
 and exits 0. This process does not initialize MPI: it runs each of :func:`phases` as a job
@@ -192,8 +192,11 @@ def parent(args):
     if failures:
         say(f"RESULT FAIL ({len(failures)} failure(s)) in {total:.0f} s; logs in {logdir}")
         return 1
-    say(f"RESULT PASS in {total:.0f} s{' (dry run on CPU)' * (device == 'cpu')}; "
-        f"logs in {logdir}")
+    kept = f"logs in {logdir}"
+    if not args.logdir:         # a folder of our own: nothing in it is needed after a pass
+        shutil.rmtree(logdir, ignore_errors=True)
+        kept = "logs removed (--logdir DIR keeps them)"
+    say(f"RESULT PASS in {total:.0f} s{' (dry run on CPU)' * (device == 'cpu')}; {kept}")
     return 0
 
 
@@ -1169,7 +1172,7 @@ def main():
     parser.add_argument("--budget", type=float, default=280,
                         help="seconds for all phases together (default 280)")
     parser.add_argument("--logdir", help="where to keep per-case logs and stderr (default: a "
-                        "new temporary directory)")
+                        "new temporary directory, removed when every check passed)")
     parser.add_argument("--phases", help="comma-separated subset of: " + ",".join(PHASES))
     for hidden in ("--phase", "--summary", "--caselog"):        # a process of one phase
         parser.add_argument(hidden, help=argparse.SUPPRESS)
