@@ -371,6 +371,20 @@ def timeout_in_a_backends_set_up(comm):
 
 
 @case
+def timeout_in_autos_agreement(comm):
+    # the first collective under auto agrees on the tuning table over the whole
+    # communicator (mcr's exchange, on mpi4py's view): one that never comes is a timeout
+    if comm.size == 1:
+        return
+    c, y = timed(comm), torch.zeros(4)
+    call = lambda: c.Allreduce(data(0), y, backend="auto")     # noqa: E731
+    late(comm, call, "every process of", "to agree on the tuning table of backend='auto'",
+         again=(call, "to agree on the tuning table"))
+    assert torch.equal(y, data(0) * comm.size)
+    c.Free()
+
+
+@case
 def timeout_in_free_with_a_backend(comm):
     # Free is collective: with a Gloo sub-communicator it waits for every
     # process (MPI_Comm_free alone returns at once), so the timeout bounds it

@@ -31,10 +31,12 @@ only when a setting changes; with none, a call pays one pointer test.
 Interceptors also see the calls that make communicators (``Dup``, ``Split``,
 ``Create_cart``, ...) and mpi4py's methods on pickled objects (``bcast``,
 ``allreduce``, ``send``, ``isend``, ...; ``call.args`` are mpi4py's
-arguments, ``call.backend`` is ``"mpi"``), among them mcr's own on the
-communicator: a backend's set-up the first time it runs there, and auto's
-agreement on its tuning table, exchange pickled objects. A neighbourhood
-collective is seen once, not again as the mpi4py calls that run it.
+arguments, ``call.backend`` is ``"mpi"``). They see the program's calls
+only: mcr's own exchanges on the communicator (a backend's set-up the first
+time it runs there, auto's agreement on its tuning table) run on mpi4py's
+view of it, after the processes have met within the communicator's timeout.
+A neighbourhood collective is seen once, not again as the mpi4py calls that
+run it.
 
 Adding a feature is one class and one registration::
 

@@ -41,7 +41,11 @@ def timeout() -> datetime.timedelta:
 
 
 def rendezvous(comm: Any) -> Any:
-    """A torch store shared by the processes of ``comm`` (collective)."""
+    """A torch store shared by the processes of ``comm`` (collective). Its
+    exchanges are mcr's, not the program's: they run on mpi4py's view of
+    ``comm``, which no interceptor (the logger, hooks, checked mode) sees."""
+    from mpi4py import MPI
+    comm = MPI.Intracomm(comm)
     host = os.environ.get("MCR_STORE_HOST")
     if host:
         return _tcp_store(comm, host)

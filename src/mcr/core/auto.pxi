@@ -45,6 +45,7 @@ cdef class _Chooser:
     cdef str source              # its file, or "defaults"
     cdef object error            # why the table cannot be used (agreed, then raised)
     cdef bint agreed             # every rank has the same (agree())
+    cdef object meeting          # the agreement's barrier, while it waits (a timeout keeps it)
     cdef int last                # the backend of the latest choice
     cdef int last_dev            # ... the device it was made for (0 host, 1 CUDA)
     cdef long long last_key      # ... and the size (auto_key)
@@ -116,11 +117,19 @@ cdef _Chooser load_chooser(object comm):
     return ch
 
 
-cdef int agree(object comm, _Chooser ch) except -1:
+cdef int agree(Comm comm, _Chooser ch) except -1:
     """Check, collectively, that every rank decides from the same table (or
-    the same defaults); raise TuningError on every rank otherwise."""
+    the same defaults); raise TuningError on every rank otherwise. The ranks
+    meet first, within the communicator's timeout; the exchange is mcr's, not
+    the program's: it runs on mpi4py's view of `comm`, which no interceptor
+    (the logger, hooks, checked mode) sees."""
     if not ch.agreed:
-        tuning_module().agree(comm, ch.digest(), ch.source, ch.error)
+        if ch.meeting is None:
+            ch.meeting = comm.to_mpi4py().Ibarrier()
+        _meet(comm, ch.meeting, "to agree on the tuning table of backend='auto' (at its "
+              "first collective there)")
+        ch.meeting = None
+        tuning_module().agree(comm.to_mpi4py(), ch.digest(), ch.source, ch.error)
         ch.agreed = True
     return 0
 
