@@ -12,6 +12,7 @@ import time
 import torch
 
 import mcr
+import mcr.interceptors as icp
 from mcr import launch
 from mpiharness import case, mpi_cases, run_script
 from opref import OPS, data, operands, reduce_ref
@@ -233,6 +234,47 @@ def bcast_and_allgather_are_fused(comm, backend):
     want = [("allgather", 4)] + ([("bcast", 5)] if size == 1 else [("bcast", 2), ("bcast", 3)])
     assert all(t == trace[0] for t in trace), trace
     assert sorted((kind, k) for kind, _, k in trace[0]) == want, trace
+
+
+class RefuseOnce(icp.Interceptor):
+    """Refuses the first call of `op` on `comm`: an error before any process communicates."""
+
+    def __init__(self, comm, op):
+        super().__init__(order=35, name="refuse once")
+        self.comm, self.op, self.armed = comm, op, True
+
+    def applies(self, comm):
+        return comm is self.comm
+
+    def run(self, call, next):
+        if self.armed and call.op == self.op:
+            self.armed = False
+            raise RuntimeError(f"refused {call.op}")
+        return next(call)
+
+
+@case.matrix(backend=BACKENDS)
+def a_bucket_whose_collective_fails_fails_its_calls(comm, backend):
+    # each call of the bucket raises the error of its collective (no hang, no error of the
+    # fusion's own bookkeeping), and the fusion goes on with later calls
+    dup = comm.Dup()
+    refuse = RefuseOnce(dup, "Allreduce")
+    icp.register(refuse)
+    try:
+        f = mcr.Fusion(dup, bucket_bytes=1 << 20, backend=backend)
+        calls = Calls(comm, f)
+        failed = [calls.allreduce(3) for _ in range(3)]
+        for req in failed:            # (the first wait posts the bucket)
+            with raises(RuntimeError, "refused Allreduce"):
+                req.Wait()
+        assert not refuse.armed
+        assert mcr.Request.Waitall([calls.allreduce(4) for _ in range(2)])
+        calls.check(0, 1, 2)
+        f.close()
+    finally:
+        icp.unregister(refuse)
+    assert_comm_works(dup)
+    dup.Free()
 
 
 @case

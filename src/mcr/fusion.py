@@ -95,7 +95,7 @@ __all__ = ["Fusion", "DEFAULT_BUCKET_BYTES"]
 DEFAULT_BUCKET_BYTES = 1 << 20
 
 _ALLREDUCE, _BCAST, _ALLGATHER = "allreduce", "bcast", "allgather"
-_OPEN, _POSTED, _DONE = 0, 1, 2
+_OPEN, _POSTED, _DONE, _FAILED = 0, 1, 2, 3
 _EVERY = -1                 # a decision's first call that means "every open bucket"
 _NEVER = 1 << 62            # a call index no program reaches
 _TAG = 1
@@ -115,7 +115,7 @@ class _Bucket:
     """Calls of one kind (``key``), run as one collective once closed."""
 
     __slots__ = ("fusion", "key", "kind", "arg", "backend", "itemsize", "ins", "outs",
-                 "counts", "calls", "works", "nbytes", "state", "req", "buf")
+                 "counts", "calls", "works", "nbytes", "state", "req", "buf", "error")
 
     def __init__(self, fusion: Fusion, key: tuple[Any, ...], kind: str, arg: Any,
                  backend: str | None, itemsize: int) -> None:
@@ -137,6 +137,7 @@ class _Bucket:
         self.state = _OPEN
         self.req: Request | None = None
         self.buf: Any = None
+        self.error: BaseException | None = None     # why its collective was not posted
 
     @property
     def first(self) -> int:
@@ -202,9 +203,17 @@ class _Bucket:
         if f.trace is not None:
             f.trace.append((self.kind, self.first, len(self.calls)))
 
+    def fail(self, error: BaseException) -> None:
+        """Its collective could not be posted (`error`): every call's request
+        raises `error` when it is waited for or tested."""
+        self.state, self.error = _FAILED, error
+        self.ins, self.outs, self.buf, self.req = [], [], None, None
+
     def test(self) -> bool:
         """Whether the posted collective has completed (Waitall and the other
         class methods ask once per turn for all the calls of the bucket)."""
+        if self.state == _FAILED:
+            raise self.error  # type: ignore[misc]
         if self.state == _POSTED:
             f = self.fusion
             if f._st.timed and f._st.open:
@@ -221,6 +230,8 @@ class _Bucket:
     def is_completed(self) -> bool:
         if self.state == _DONE:
             return True
+        if self.state == _FAILED:
+            raise self.error  # type: ignore[misc]
         if self.state == _OPEN:
             f = self.fusion
             f._wanted(self)           # rank 0 posts it; the others read decisions
@@ -237,6 +248,8 @@ class _Bucket:
 
     def finish(self) -> None:
         """Copy the results out, once for the whole bucket."""
+        if self.state == _FAILED:
+            raise self.error  # type: ignore[misc]
         if self.buf is None:
             return
         if self.state != _DONE:
@@ -555,8 +568,13 @@ class Fusion:
         busy, self._busy = self._busy, True
         quiet = self._quiet_calls(True)
         try:
-            for b in buckets:
-                b.post()
+            for i, b in enumerate(buckets):
+                try:
+                    b.post()
+                except BaseException as exc:
+                    for failed in buckets[i:]:    # (they stay unposted: their calls fail)
+                        failed.fail(exc)
+                    raise
         finally:
             self._quiet_calls(quiet)
             self._busy = busy
