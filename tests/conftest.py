@@ -1,5 +1,7 @@
 import os
+import signal
 import sys
+import threading
 
 import pytest
 
@@ -11,8 +13,17 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("OMPI_MCA_btl", launch.OPEN_MPI_ENV["OMPI_MCA_btl"])
 
 
+def _terminated(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def pytest_configure(config):
     import mpiharness
+
+    # a SIGTERM (a `timeout` command, kill) ends the session as Ctrl-C does: on the way out
+    # the running MPI job is stopped (launch.Job), not left spinning without its parent
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminated)
 
     def progress_line(text):
         # a job of many modules runs for minutes: say which one it is at (output capture

@@ -4,7 +4,12 @@ A module of cases (one passes, one kills its process, one hangs, one fails on on
 passes after them, a matrix of six combinations, one failing) runs through mpiharness at 2.
 """
 
+import os
+import signal
+import subprocess
+import sys
 import textwrap
+import time
 
 import pytest
 
@@ -70,3 +75,54 @@ def test_a_crash_or_a_hang_fails_only_its_case(tmp_path, nprocs, monkeypatch):
     # a matrix: each combination passes or fails alone
     failed = [name for name in matrix if not all(r["ok"] for r in results[name][0].values())]
     assert failed == ["matrix[n=2,op=max]"], failed
+
+
+HANGS = textwrap.dedent('''
+    import os, time
+    from mpiharness import case, mpi_cases
+
+    @case
+    def hangs(comm):
+        with open(os.environ["RANK_PIDS"], "a") as f:
+            f.write(f"{os.getpid()}\\n")
+        time.sleep(600)
+
+    test_mpi = mpi_cases(__name__)
+''')
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.timeout(200)
+def test_sigterm_to_pytest_stops_its_job(tmp_path):
+    # a developer's `timeout` or kill ends pytest with SIGTERM: its MPI job ends with it
+    (tmp_path / "test_hangs_for_harness.py").write_text(HANGS)
+    pids, here = tmp_path / "pids", os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, RANK_PIDS=str(pids), MCR_TEST_SIZES="2",
+               PYTHONPATH=os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "conftest", "-q",
+                             "test_hangs_for_harness.py"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not (pids.exists() and len(pids.read_text().split()) == 2):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"the job did not start its 2 ranks:\n{proc.communicate()[0]}")
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=60)[0]
+    assert proc.returncode != 0, out
+    ranks = [int(pid) for pid in pids.read_text().split()]
+    deadline = time.monotonic() + 20
+    while any(alive(pid) for pid in ranks) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [pid for pid in ranks if alive(pid)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"ranks {left} outlived pytest:\n{out}"
