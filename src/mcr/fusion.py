@@ -309,7 +309,8 @@ class Fusion:
                  "_pack", "_unpack", "_ops",
                  "_rank", "_size", "_leader", "_st", "_cycle", "_since",
                  "_backend", "_ctl", "_sends", "_rbuf", "_rreq", "_queue", "_posted",
-                 "_driving", "_quiet_calls", "_thread", "_busy", "_cuda", "_driven", "trace")
+                 "_driving", "_quiet_calls", "_thread", "_busy", "_defer", "_cuda", "_driven",
+                 "trace")
 
     def __init__(self, comm: Comm, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  cycle: float | None = None, *, backend: str | None = None,
@@ -368,6 +369,7 @@ class Fusion:
         # whether a bucket was ever on CUDA (the helper thread leaves it alone)
         self._thread = threading.get_ident()
         self._busy = False
+        self._defer = False     # driven: a bucket's posting error waits for its calls
         self._cuda = False
         self._driven = False                 # enlisted with mcr.progress
         self.trace: list[tuple[str, int, int]] | None = [] if trace else None
@@ -574,7 +576,9 @@ class Fusion:
                 except BaseException as exc:
                     for failed in buckets[i:]:    # (they stay unposted: their calls fail)
                         failed.fail(exc)
-                    raise
+                    if not self._defer:
+                        raise
+                    break
         finally:
             self._quiet_calls(quiet)
             self._busy = busy
@@ -663,12 +667,17 @@ class Fusion:
     def pump(self, helper: bool) -> None:
         """A test or wait of the process, or the helper meanwhile: rank 0
         posts every open bucket (the others may be waiting for them); the
-        others post those rank 0 has decided."""
+        others post those rank 0 has decided. A bucket that cannot be posted
+        then fails its own calls' waits and tests, not the call driving it."""
         if self._mine(helper):
-            if self._leader:
-                self._flush_all()
-            else:
-                self._advance()
+            defer, self._defer = self._defer, True
+            try:
+                if self._leader:
+                    self._flush_all()
+                else:
+                    self._advance()
+            finally:
+                self._defer = defer
 
     def blocking(self) -> None:
         """The calling thread is about to block in MPI: as ``pump``."""
@@ -679,7 +688,11 @@ class Fusion:
         if it is this fusion's communicator, that call comes after every
         fused call made so far, so flush (every rank makes the same call)."""
         if self._mine(False) and comm == self._comm:
-            self.flush()
+            defer, self._defer = self._defer, True    # (as in pump)
+            try:
+                self.flush()
+            finally:
+                self._defer = defer
 
     def flush(self) -> None:
         """Post every open bucket.

@@ -287,9 +287,16 @@ cdef class _Work:
         """Whether everything is complete; runs the steps the first time it is."""
         if self.done:
             return True
-        for w in self.works:
-            if not w.is_completed():
-                return False
+        try:
+            for w in self.works:
+                if not w.is_completed():   # (one whose operation failed may raise here)
+                    return False
+        except _builtins.Exception:     # (`Exception` here is mcr.Exception)
+            self.works = []
+            self.steps = []
+            self.status_of = None
+            self.failed = True
+            raise
         works, self.works = self.works, []
         try:
             for w in works:
