@@ -959,11 +959,15 @@ cdef double requests_limit(object requests) except -1:
 cdef int ended_in_error(Request req) except -1:
     """A wait or test of `req` raises its operation's error: the operation is
     over, so its observers and its communicator are told now, not when the
-    program lets the request go."""
+    program lets the request go; a request of backend work becomes inactive,
+    as MPI's does (a persistent one can be started again)."""
     if req.obs is not None:
         notify(req, OBS_FAILED)
     if req.owner is not None:
         settle(req)
+    if req.ext is not None:
+        req.ext = None
+        req.ob_buf = None
     return 0
 
 
