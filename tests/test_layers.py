@@ -187,3 +187,15 @@ def test_the_core_imports_only_leaves(graph):
     above = {module: sorted(graph.edges[module]) for module in graph.edges[CORE]
              if graph.edges[module]}
     assert not above, f"{CORE} imports modules that import mcr's: {above}"
+
+
+def test_the_core_catches_python_errors_by_the_builtins_name():
+    # in the core, ``Exception`` is mcr.Exception (MPI's errors): an ``except Exception``
+    # there lets every other error through (``_builtins.Exception`` is Python's)
+    core = sorted((SRC / "mcr" / "core").glob("*.px[id]")) + sorted(
+        (SRC / "mcr" / "core").glob("*.pyx"))
+    assert core, "no core sources found"
+    found = [f"{path.name}:{number}: {line.strip()}" for path in core
+             for number, line in enumerate(path.read_text().splitlines(), 1)
+             if re.search(r"except\s*\(?[^:]*(?<![\w.])Exception\b", line)]
+    assert not found, found
