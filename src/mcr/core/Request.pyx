@@ -78,8 +78,7 @@ cdef class Request(_MPI.Request):
             try:
                 wait_work(self.ext)
             except BaseException:
-                if self.ext.failed:
-                    ended_in_error(self)
+                work_raised(self)
                 raise
             self.ext.fill(status)
             completed(self)           # the request is inactive now
@@ -972,14 +971,20 @@ cdef int ended_in_error(Request req) except -1:
 
 
 cdef bint tested_work(Request req) except -1:
-    """Whether the backend work of `req` is complete (`_Work.test`); its error,
-    if it failed, ends the operation."""
+    """Whether the backend work of `req` is complete (`_Work.test`)."""
     try:
         return req.ext.test()
     except BaseException:
-        if req.ext.failed:
-            ended_in_error(req)
+        work_raised(req)
         raise
+
+
+cdef int work_raised(Request req) except -1:
+    """A wait or test of the backend work of `req` raised: if the work failed
+    (not an interrupt while waiting), the operation ended in that error."""
+    if req.ext is not None and req.ext.failed:
+        ended_in_error(req)
+    return 0
 
 
 cdef int settle(Request req) except -1:

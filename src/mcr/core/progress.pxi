@@ -292,19 +292,14 @@ cdef class _Work:
                 if not w.is_completed():   # (one whose operation failed may raise here)
                     return False
         except _builtins.Exception:     # (`Exception` here is mcr.Exception)
-            self.works = []
-            self.steps = []
-            self.status_of = None
-            self.failed = True
+            self.fail()
             raise
         works, self.works = self.works, []
         try:
             for w in works:
                 w.wait()        # raises the backend's error; stream-orders CUDA results
         except BaseException:
-            self.steps = []     # nothing left to run (see dropped)
-            self.status_of = None
-            self.failed = True
+            self.fail()
             raise
         steps, self.steps = self.steps, []
         for step in steps:
@@ -327,11 +322,16 @@ cdef class _Work:
                 try:
                     w.wait()
                 except BaseException:
-                    self.works, self.steps = [], []     # failed, as in test()
-                    self.status_of = None
-                    self.failed = True
+                    self.fail()
                     raise
         return 0
+
+    cdef void fail(self) noexcept:
+        """A work raised its operation's error: nothing is left to wait for or
+        to run (see dropped)."""
+        self.works, self.steps = [], []
+        self.status_of = None
+        self.failed = True
 
     cdef int fill(self, object status) except -1:
         if status is None:
