@@ -50,6 +50,9 @@ def _sizes_from_env():
 CHOSEN_SIZES = _sizes_from_env()     # None: no restriction
 SIZES = DEFAULT_SIZES if CHOSEN_SIZES is None else CHOSEN_SIZES
 DEFAULT_TIMEOUT = float(os.environ.get("MCR_TEST_TIMEOUT", "180"))
+# seconds a job may go on without a record once a case failed on some rank: the others are
+# most likely waiting for that rank in a collective of the case, which it left
+FAILED_GRACE = 10.0
 
 
 def case(fn):
@@ -167,8 +170,16 @@ def run_cases(module, nprocs):
                 finished += 1
                 continue
             # the case the job died in: it fails; the job starts again after it
-            why = (f"the job made no progress for {_modules[path].timeout:.0f} s and was "
-                   f"killed (deadlock?)" if code is None else f"the job exited with code {code}")
+            failed = sorted(r for r, rec in per_rank.items() if rec.get("ok") is False)
+            if code is not None:
+                why = f"the job exited with code {code}"
+            elif failed:
+                why = (f"the job made no progress for {FAILED_GRACE:.0f} s after the case "
+                       f"failed on ranks {failed} and was killed (the others waiting for "
+                       f"them in a collective?)")
+            else:
+                why = (f"the job made no progress for {_modules[path].timeout:.0f} s and was "
+                       f"killed (deadlock?)")
             _results[(path, name, nprocs)] = (
                 {r: rec for r, rec in per_rank.items() if "ok" in rec},
                 f"{why}\n--- job output (tail) ---\n{out[-6000:]}")
@@ -216,24 +227,58 @@ def jsonl_bytes(folder):
                if name.endswith(".jsonl"))
 
 
+class _LastRecords:
+    """The last record of each rank of a running job, read as the rank files grow."""
+
+    def __init__(self, folder, nprocs):
+        self.paths = [os.path.join(folder, f"rank{rank}.jsonl") for rank in range(nprocs)]
+        self.read = [0] * nprocs
+        self.last = [None] * nprocs
+
+    def poll(self):
+        """Read the lines written since the last poll; True when any rank wrote one."""
+        grew = False
+        for rank, path in enumerate(self.paths):
+            try:
+                with open(path, "rb") as f:
+                    f.seek(self.read[rank])
+                    data = f.read()
+            except FileNotFoundError:
+                continue
+            end = data.rfind(b"\n") + 1
+            if end:
+                grew = True
+                self.read[rank] += end
+                self.last[rank] = json.loads(data[:end].splitlines()[-1])
+        return grew
+
+    def failed(self):
+        """The ranks whose last record is a failed case (each waits for the others)."""
+        return [rank for rank, rec in enumerate(self.last) if rec and rec.get("ok") is False]
+
+
 def _run_watched(nprocs, args, outdir, timeouts):
     """Run `python args...` on `nprocs` ranks until it exits, or until no rank has written
-    a record for the running case's module timeout (then kill it: exit code None)."""
+    a record for the running case's module timeout, or for :data:`FAILED_GRACE` after the
+    case failed on some rank (then kill it: exit code None)."""
     with tempfile.TemporaryFile("w+") as log:
         with launch.start(nprocs, [sys.executable] + list(args), env=mpi_env(), stdout=log,
                           stderr=subprocess.STDOUT, text=True) as job:
-            last, changed, current, shown, hung = -1, time.monotonic(), None, None, False
+            records, changed, current, shown, hung = _LastRecords(outdir, nprocs), \
+                time.monotonic(), None, None, False
             while not hung and job.process.poll() is None:
                 time.sleep(0.25)
-                size, now = jsonl_bytes(outdir), time.monotonic()
-                current = next((r["module"] for r in reversed(read_jsonl(
-                    os.path.join(outdir, "rank0.jsonl")))), current)
-                if size != last:
-                    last, changed = size, now
+                now = time.monotonic()
+                if records.poll():
+                    changed = now
+                    current = records.last[0]["module"] if records.last[0] else current
                 if current != shown and progress_line is not None:
                     shown = current
                     progress_line(f"[mpiexec -n {nprocs}: {os.path.basename(current)}]")
-                hung = now - changed > timeouts.get(current, DEFAULT_TIMEOUT)
+                limit = timeouts.get(current, DEFAULT_TIMEOUT)
+                if records.failed():
+                    limit = min(limit, FAILED_GRACE)
+                hung = now - changed > limit
             job.stop()
             code = None if hung else job.process.returncode
         log.seek(0)
@@ -280,14 +325,15 @@ def mpi_cases(module_name, sizes=None, timeout=DEFAULT_TIMEOUT, own_job=False):
             run_cases(_modules[path], nprocs)
         ranks, died = _results[(path, name, nprocs)]
         failed = {r: rec for r, rec in ranks.items() if not rec["ok"]}
+        missing = sorted(set(range(nprocs)) - set(ranks))
+        unfinished = f"did not finish on ranks {missing} at {nprocs} ranks: {died}"
         if failed:
             details = "\n".join(f"--- rank {r} ---\n{rec['error']}"
                                 for r, rec in sorted(failed.items()))
-            pytest.fail(f"case {name} failed at {nprocs} ranks:\n{details}", pytrace=False)
-        if len(ranks) < nprocs:
-            missing = sorted(set(range(nprocs)) - set(ranks))
-            pytest.fail(f"case {name} did not finish on ranks {missing} at {nprocs} "
-                        f"ranks: {died}", pytrace=False)
+            pytest.fail(f"case {name} failed at {nprocs} ranks:\n{details}"
+                        + (f"\n--- and it {unfinished}" if missing else ""), pytrace=False)
+        if missing:
+            pytest.fail(f"case {name} {unfinished}", pytrace=False)
 
     test_mpi.mpi_module = path
     return test_mpi

@@ -77,6 +77,7 @@ def main():
     world, comm = MPI.COMM_WORLD, mcr.COMM_WORLD
     folder = os.environ.get("MCR_TEST_COVERAGE")
     coverage = Coverage(folder, world.Get_size()) if folder else None
+    between = world.Dup()          # mpi4py's own, not mcr's: no interceptor sees it
     with open(os.path.join(outdir, f"rank{world.Get_rank()}.jsonl"), "w") as out:
         for path, name in plan:
             out.write(json.dumps({"module": path, "case": name}) + "\n")
@@ -93,10 +94,13 @@ def main():
             rec["seconds"] = round(time.perf_counter() - start, 3)
             if coverage is not None:
                 coverage.flush()
-            # keep ranks in step between cases (mpi4py's own barrier, not mcr's)
-            world.Barrier()
+            # the outcome first: a rank that failed alone waits below for the others, which
+            # may wait for it in a collective of the case; the harness stops such a job soon
             out.write(json.dumps(rec) + "\n")
             out.flush()
+            # keep ranks in step between cases, on a communicator no case uses (a barrier on
+            # COMM_WORLD could meet a collective of the case on a rank that is still in it)
+            between.Barrier()
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """The MPI test harness itself: a crash or a hang fails only its own case.
 
 A module of cases (one passes, one kills its process, one hangs, one fails on one rank, one
-passes after them, a matrix of six combinations, one failing) runs through mpiharness at 2.
+fails on one rank while the other waits for it, one passes after them, a matrix of six
+combinations, one failing) runs through mpiharness at 2.
 """
 
 import os
@@ -39,6 +40,11 @@ CASES = textwrap.dedent('''
         assert comm.rank != 1, "rank 1 says no"
 
     @case
+    def fails_on_one_rank_the_other_waiting(comm):
+        assert comm.rank != 1, "rank 1 leaves the barrier alone"
+        comm.Barrier()
+
+    @case
     def passes_last(comm):
         assert comm.allreduce(comm.rank) == comm.size * (comm.size - 1) // 2
 
@@ -55,8 +61,10 @@ def test_a_crash_or_a_hang_fails_only_its_case(tmp_path, nprocs, monkeypatch):
     with open(path, "w") as f:
         f.write(CASES)
     matrix = [f"matrix[n={n},op={op}]" for n in (1, 2, 3) for op in ("sum", "max")]
-    names = ["passes_first", "crashes", "hangs", "fails_on_one_rank", "passes_last"] + matrix
+    names = ["passes_first", "crashes", "hangs", "fails_on_one_rank",
+             "fails_on_one_rank_the_other_waiting", "passes_last"] + matrix
     monkeypatch.setattr(mpiharness, "_selected", None)    # every case of the plan
+    monkeypatch.setattr(mpiharness, "FAILED_GRACE", 2.0)  # (shorter than the timeout, 8 s)
     mpiharness._modules[path] = mpiharness.Module(path, names, [nprocs], timeout=8,
                                                   own_job=True)
     try:
@@ -72,6 +80,11 @@ def test_a_crash_or_a_hang_fails_only_its_case(tmp_path, nprocs, monkeypatch):
     ranks, died = results["fails_on_one_rank"]
     assert died is None and ranks[0]["ok"] and not ranks[1]["ok"]
     assert "rank 1 says no" in ranks[1]["error"]
+    # rank 0 waits for rank 1 in the barrier: the job is stopped soon after rank 1 failed,
+    # and the case reports rank 1's error
+    ranks, died = results["fails_on_one_rank_the_other_waiting"]
+    assert list(ranks) == [1] and "rank 1 leaves the barrier alone" in ranks[1]["error"]
+    assert "no progress for 2 s after the case failed on ranks [1]" in died, died
     # a matrix: each combination passes or fails alone
     failed = [name for name in matrix if not all(r["ok"] for r in results[name][0].values())]
     assert failed == ["matrix[n=2,op=max]"], failed
