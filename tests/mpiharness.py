@@ -261,8 +261,12 @@ def _run_watched(nprocs, args, outdir, timeouts):
     """Run `python args...` on `nprocs` ranks until it exits, or until no rank has written
     a record for the running case's module timeout, or for :data:`FAILED_GRACE` after the
     case failed on some rank (then kill it: exit code None)."""
+    # the job's temporary files (its store files, Open MPI's session folder) go in `outdir`,
+    # removed after it: a killed rank leaves nothing behind in the system's temporary folder
+    env = dict(mpi_env(), TMPDIR=os.path.join(outdir, "tmp"))
+    os.makedirs(env["TMPDIR"])
     with tempfile.TemporaryFile("w+") as log:
-        with launch.start(nprocs, [sys.executable] + list(args), env=mpi_env(), stdout=log,
+        with launch.start(nprocs, [sys.executable] + list(args), env=env, stdout=log,
                           stderr=subprocess.STDOUT, text=True) as job:
             records, changed, current, shown, hung = _LastRecords(outdir, nprocs), \
                 time.monotonic(), None, None, False

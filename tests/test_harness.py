@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
@@ -32,6 +33,7 @@ CASES = textwrap.dedent('''
 
     @case
     def hangs(comm):
+        comm.Barrier(backend="gloo")        # a Gloo group: its store file is in the job's TMPDIR
         if comm.rank == 0:
             comm.recv(source=1, tag=99)     # never sent
 
@@ -67,6 +69,7 @@ def test_a_crash_or_a_hang_fails_only_its_case(tmp_path, nprocs, monkeypatch):
     monkeypatch.setattr(mpiharness, "FAILED_GRACE", 2.0)  # (shorter than the timeout, 8 s)
     mpiharness._modules[path] = mpiharness.Module(path, names, [nprocs], timeout=8,
                                                   own_job=True)
+    started = time.time()
     try:
         mpiharness.run_cases(mpiharness._modules[path], nprocs)
         results = {name: mpiharness._results[(path, name, nprocs)] for name in names}
@@ -77,6 +80,11 @@ def test_a_crash_or_a_hang_fails_only_its_case(tmp_path, nprocs, monkeypatch):
         assert died is None and all(r["ok"] for r in ranks.values()), (name, results[name])
     assert "exited with code" in results["crashes"][1]
     assert "made no progress for 8 s" in results["hangs"][1]
+    # the killed job's store file went with the job's folder
+    tmp = tempfile.gettempdir()
+    left = [name for name in os.listdir(tmp) if name.startswith("mcr-store-")
+            and os.path.getmtime(os.path.join(tmp, name)) >= started]
+    assert not left, f"the killed job left {left} in {tmp}"
     ranks, died = results["fails_on_one_rank"]
     assert died is None and ranks[0]["ok"] and not ranks[1]["ok"]
     assert "rank 1 says no" in ranks[1]["error"]
