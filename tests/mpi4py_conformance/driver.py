@@ -124,7 +124,9 @@ def launch(nprocs, worker, outdir, selection, log_path, deadline, stall, path=()
     selection_path = os.path.join(outdir, "selection.json")
     with open(selection_path, "w", encoding="utf-8") as f:
         json.dump(selection, f)
-    env = mpi_env()
+    # the job's temporary files in `outdir` (removed after it, even when it was killed)
+    env = dict(mpi_env(), TMPDIR=os.path.join(outdir, "tmp"))
+    os.makedirs(env["TMPDIR"], exist_ok=True)
     # mcr from wherever this process imports it (an in-place build on PYTHONPATH, or
     # installed), and the folders the worker names
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [*path, env.get("PYTHONPATH")]))
