@@ -635,52 +635,63 @@ cdef int init_empty_status() except -1:
     return 0
 
 
+cdef enum:
+    SMALL_LIST = 4             # lists of up to this many requests are completed without malloc
+
+
+@cython.no_gc             # (holds a list of requests, which never refer back to it)
+@cython.freelist(4)
 cdef class _Handles:
     """The MPI_Request handles of a list of requests, with room for statuses
-    and indices; `put_back` returns the handles and releases what completed."""
+    and indices; `put_back` returns the handles and releases what completed.
+    `requests` must be a list of MPI.Request (as_requests checked it)."""
     cdef list requests
     cdef int n
     cdef MPI_Request *handles
     cdef MPI_Status *statuses
     cdef int *indices
+    # a few requests (the common case) need no allocation
+    cdef MPI_Request few_handles[SMALL_LIST]
+    cdef MPI_Status few_statuses[SMALL_LIST]
+    cdef int few_indices[SMALL_LIST]
 
-    def __cinit__(self, requests):
-        self.requests = list(requests)
-        for i, req in enumerate(self.requests):
-            if not isinstance(req, _MPI.Request):
-                raise TypeError(f"requests[{i}]: expected an MPI.Request, got "
-                                f"{type(req).__name__}")
-        self.n = <int>len(self.requests)
-        cdef Py_ssize_t room = max(self.n, 1)
-        self.handles = <MPI_Request*>PyMem_Malloc(room * sizeof(MPI_Request))
-        self.statuses = <MPI_Status*>PyMem_Malloc(room * sizeof(MPI_Status))
-        self.indices = <int*>PyMem_Malloc(room * sizeof(int))
-        if self.handles == NULL or self.statuses == NULL or self.indices == NULL:
-            raise MemoryError
+    def __cinit__(self, list requests):
+        self.requests = requests
+        self.n = <int>len(requests)
+        cdef Py_ssize_t i, room = max(self.n, 1)
+        if room <= SMALL_LIST:
+            self.handles, self.statuses, self.indices = \
+                self.few_handles, self.few_statuses, self.few_indices
+        else:
+            self.handles = <MPI_Request*>PyMem_Malloc(room * sizeof(MPI_Request))
+            self.statuses = <MPI_Status*>PyMem_Malloc(room * sizeof(MPI_Status))
+            self.indices = <int*>PyMem_Malloc(room * sizeof(int))
+            if self.handles == NULL or self.statuses == NULL or self.indices == NULL:
+                raise MemoryError
         if not empty_ready:
             init_empty_status()
         for i in range(self.n):
-            self.handles[i] = (<_MPI.Request>self.requests[i]).ob_mpi
+            self.handles[i] = (<_MPI.Request>requests[i]).ob_mpi
             self.statuses[i] = empty_status
 
     def __dealloc__(self):
-        PyMem_Free(self.handles)
-        PyMem_Free(self.statuses)
-        PyMem_Free(self.indices)
+        if self.handles != self.few_handles:
+            PyMem_Free(self.handles)
+            PyMem_Free(self.statuses)
+            PyMem_Free(self.indices)
 
-    cdef int put_back(self, object completed=None, object failed=()) except -1:
+    cdef int put_back(self, bint all_done, object completed=(), object failed=()) except -1:
         """Return the handles; release the buffers of the requests that
-        completed: those in `completed` (indices), or by default those whose
-        handle MPI has set to null; those in `failed` ended in an error."""
+        completed: all (`all_done`), or those in `completed` (indices); those
+        in `failed` ended in an error."""
         cdef _MPI.Request req
+        cdef Py_ssize_t i
         for i in range(self.n):
             req = <_MPI.Request>self.requests[i]
-            done = (req.ob_mpi != MPI_REQUEST_NULL and self.handles[i] == MPI_REQUEST_NULL) \
-                if completed is None else i in completed
             req.ob_mpi = self.handles[i]
-            if done:
+            if all_done or (completed and i in completed):
                 finished(req)
-            elif i in failed and isinstance(req, Request):
+            elif failed and i in failed and isinstance(req, Request):
                 ended_in_error(<Request>req)
         return 0
 
@@ -696,7 +707,7 @@ cdef class _Handles:
                 done.add(i)
             elif self.statuses[k].MPI_ERROR != MPI_ERR_PENDING:
                 failed.add(i)
-        return self.put_back(done, failed)
+        return self.put_back(False, done, failed)
 
     cdef int fill_status(self, object status, int index, int k) except -1:
         """Copy the status of requests[index] (k-th in self.statuses) into `status`."""
@@ -729,18 +740,21 @@ cdef class _Handles:
 
 
 cdef list as_requests(object requests):
-    """`requests` as a list, each item checked to be a request, before any of
-    them is waited for."""
+    """`requests` as a new list (another thread may change the caller's while
+    a wait has let go of the GIL), each item checked to be a request, before
+    any of them is waited for."""
+    cdef list found
     try:
-        requests = list(requests)
+        found = list(requests)
     except TypeError:
         raise TypeError("requests: expected a sequence of MPI.Request, got "
                         f"{type(requests).__name__}") from None
-    for i, req in enumerate(requests):
-        if not isinstance(req, _MPI.Request):
+    cdef Py_ssize_t i
+    for i in range(len(found)):
+        if not isinstance(found[i], _MPI.Request):
             raise TypeError(f"requests[{i}]: expected an MPI.Request, got "
-                            f"{type(req).__name__}")
-    return requests
+                            f"{type(found[i]).__name__}")
+    return found
 
 
 cdef side *recv_side(object req) noexcept:
@@ -839,7 +853,7 @@ cdef object complete_all(object requests, object statuses, bint wait):
         if ierr == MPI_ERR_IN_STATUS:       # (each request's error, as in mpi4py)
             h.fill_list(statuses, h.n, False)
         raise exc
-    h.put_back(range(h.n) if flag else ())
+    h.put_back(flag)
     if not flag:
         return False
     h.fill_list(statuses, h.n, False)
@@ -856,9 +870,9 @@ cdef object complete_any(object requests, object status, bint wait):
         ierr = MPI_Testany(h.n, h.handles, &index, &flag, h.statuses)
     if ierr != MPI_SUCCESS:         # (the request at `index` failed)
         exc = h.error(ierr, 0, index if index != MPI_UNDEFINED else -1)
-        h.put_back((), (index,) if index != MPI_UNDEFINED else ())
+        h.put_back(False, (), (index,) if index != MPI_UNDEFINED else ())
         raise exc
-    h.put_back((index,) if flag and index != MPI_UNDEFINED else ())
+    h.put_back(False, (index,) if flag and index != MPI_UNDEFINED else ())
     if flag and status is not None:
         if index != MPI_UNDEFINED:
             h.fill_status(status, index, 0)
@@ -881,7 +895,7 @@ cdef object complete_some(object requests, object statuses, bint wait):
         if ierr == MPI_ERR_IN_STATUS:
             h.fill_list(statuses, outcount, True)
         raise exc
-    h.put_back(() if outcount == MPI_UNDEFINED else
+    h.put_back(False, () if outcount == MPI_UNDEFINED else
                {h.indices[k] for k in range(outcount)})
     if outcount == MPI_UNDEFINED:
         return None
