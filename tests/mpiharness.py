@@ -104,6 +104,14 @@ def mpi_env():
     return env
 
 
+def mpi_env_in(folder):
+    """:func:`mpi_env` for a job whose ranks keep their temporary files (store files, Open
+    MPI's session folder) in `folder`/tmp: removed with `folder`, even after a killed job."""
+    env = dict(mpi_env(), TMPDIR=os.path.join(folder, "tmp"))
+    os.makedirs(env["TMPDIR"], exist_ok=True)
+    return env
+
+
 def run_script(nprocs, args, timeout=DEFAULT_TIMEOUT):
     """Run `python args...` on `nprocs` ranks; (returncode or None when killed, output)."""
     result = launch.run(nprocs, [sys.executable] + list(args), timeout=timeout, env=mpi_env(),
@@ -261,12 +269,8 @@ def _run_watched(nprocs, args, outdir, timeouts):
     """Run `python args...` on `nprocs` ranks until it exits, or until no rank has written
     a record for the running case's module timeout, or for :data:`FAILED_GRACE` after the
     case failed on some rank (then kill it: exit code None)."""
-    # the job's temporary files (its store files, Open MPI's session folder) go in `outdir`,
-    # removed after it: a killed rank leaves nothing behind in the system's temporary folder
-    env = dict(mpi_env(), TMPDIR=os.path.join(outdir, "tmp"))
-    os.makedirs(env["TMPDIR"])
     with tempfile.TemporaryFile("w+") as log:
-        with launch.start(nprocs, [sys.executable] + list(args), env=env, stdout=log,
+        with launch.start(nprocs, [sys.executable] + list(args), env=mpi_env_in(outdir), stdout=log,
                           stderr=subprocess.STDOUT, text=True) as job:
             records, changed, current, shown, hung = _LastRecords(outdir, nprocs), \
                 time.monotonic(), None, None, False

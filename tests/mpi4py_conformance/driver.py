@@ -21,7 +21,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # tests/, for mpiharness
 
 from mcr import launch as mcr_launch  # noqa: E402
-from mpiharness import jsonl_bytes, mpi_env, read_jsonl  # noqa: E402
+from mpiharness import jsonl_bytes, mpi_env_in, read_jsonl  # noqa: E402
 
 from mpi4py_conformance.exclusions import EXCLUSIONS  # noqa: E402
 
@@ -124,9 +124,7 @@ def launch(nprocs, worker, outdir, selection, log_path, deadline, stall, path=()
     selection_path = os.path.join(outdir, "selection.json")
     with open(selection_path, "w", encoding="utf-8") as f:
         json.dump(selection, f)
-    # the job's temporary files in `outdir` (removed after it, even when it was killed)
-    env = dict(mpi_env(), TMPDIR=os.path.join(outdir, "tmp"))
-    os.makedirs(env["TMPDIR"], exist_ok=True)
+    env = mpi_env_in(outdir)
     # mcr from wherever this process imports it (an in-place build on PYTHONPATH, or
     # installed), and the folders the worker names
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [*path, env.get("PYTHONPATH")]))
