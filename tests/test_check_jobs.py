@@ -318,6 +318,89 @@ def test_bad_environment_values_are_refused(tmp_path, name, value, error):
     assert code != 0 and error in out, out
 
 
+TRUNCATED = """
+import torch
+from mcr import MPI
+from mcr._transports import BOUNDED_RECEIVES
+print(f"rank {comm.rank}: set", all(os.environ.get(k) == v for k, v in BOUNDED_RECEIVES.items()))
+N, CAP = 100000, 1000           # floats: far above every eager limit, into a buffer of 4 kB
+for peer in ("self", "other"):
+    src = dst = comm.rank if peer == "self" else comm.size - 1 - comm.rank
+    for form in ("Recv", "Irecv", "Recv_init", "Sendrecv", "Mrecv"):
+        whole = torch.full((N + 1000,), -1.0)
+        buf = whole[:CAP]
+        send = comm.Isend(torch.arange(N, dtype=torch.float32), dst, tag=3)
+        try:
+            if form == "Recv":
+                comm.Recv(buf, src, tag=3)
+            elif form == "Irecv":
+                comm.Irecv(buf, src, tag=3).Wait()
+            elif form == "Recv_init":
+                req = comm.Recv_init(buf, src, tag=3)
+                req.Start()
+                try:
+                    req.Wait()
+                finally:
+                    req.Free()
+            elif form == "Sendrecv":
+                comm.Sendrecv(torch.ones(1), dst, 4, buf, src, 3)
+            else:
+                comm.Mprobe(src, 3).Recv(buf)        # (mpi4py's Message)
+            error = None
+        except MPI.Exception as exc:
+            error = exc.Get_error_class()
+        send.Wait()
+        if form == "Sendrecv":
+            comm.Recv(torch.empty(1), src, tag=4)
+        past = int((whole[CAP:] != -1.0).sum())
+        print(f"rank {comm.rank}: {peer} {form} error {error} past {past}", flush=True)
+"""
+
+
+@pytest.mark.parametrize("transport", ["default", "tcp"])
+def test_checked_mode_keeps_a_truncated_message_inside_its_buffer(tmp_path, transport):
+    # Open MPI's RDMA protocols write all of a long message past a short receive buffer; checked
+    # mode turns them off (mcr._transports): every form raises ERR_TRUNCATE, nothing is written
+    # past the buffer's end, from oneself (self) or another rank (sm, or tcp)
+    from mcr import MPI
+    env = {"OMPI_MCA_btl": "self,tcp"} if transport == "tcp" else {}
+    code, out, _ = _run(tmp_path, 2, TRUNCATED, MCR_CHECK=1, **env)
+    assert code == 0, out
+    lines = [line for line in out.splitlines() if line.startswith("rank ")]
+    assert sorted(x for x in lines if x.endswith(": set True")) == \
+        ["rank 0: set True", "rank 1: set True"], out
+    for rank in (0, 1):
+        for peer in ("self", "other"):
+            for form in ("Recv", "Irecv", "Recv_init", "Sendrecv", "Mrecv"):
+                line = f"rank {rank}: {peer} {form} error {MPI.ERR_TRUNCATE} past 0"
+                assert line in lines, (line, out)
+
+
+def test_checked_mode_sets_only_the_transports_the_environment_lacks():
+    # the three settings of debugging.rst; a setting of the user's stays; with checked mode off
+    # nothing is set; MPI initialized before mcr is imported: nothing set, a warning says so
+    show = ("import json, os, warnings\nwarnings.simplefilter('always')\n{first}import mcr\n"
+            "print(json.dumps({{k: v for k, v in os.environ.items() if k.startswith('OMPI_MCA_')}}))")
+
+    def settings(first="", **env):
+        result = subprocess.run([sys.executable, "-c", show.format(first=first)], env=_env(**env),
+                                capture_output=True, text=True, timeout=JOB_TIMEOUT)
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout.splitlines()[-1]), result.stderr
+
+    base = {k: v for k, v in _env().items() if k.startswith("OMPI_MCA_")}
+    bounded = {"OMPI_MCA_smsc": "^cma,knem,xpmem", "OMPI_MCA_btl_self_flags": "send,inplace",
+               "OMPI_MCA_btl_tcp_flags": "send,inplace,need-ack,need-csum,hetero-rdma"}
+    assert settings() == (base, "")
+    assert settings(MCR_CHECK=0) == (base, "")
+    assert settings(MCR_CHECK=1) == ({**base, **bounded}, "")
+    mine = {"OMPI_MCA_smsc": "cma"}
+    assert settings(MCR_CHECK=1, **mine) == ({**base, **bounded, **mine}, "")
+    got, err = settings("from mpi4py import MPI\n", MCR_CHECK=1)
+    assert got == base
+    assert "MCR_CHECK: MPI was initialized before mcr was imported" in err, err
+
+
 DIE = """
 import torch
 where = sys.argv[1]

@@ -89,6 +89,10 @@ def _check_log() -> None:
 _check_default_backend()
 _check_log()
 
+from ._transports import bound_receives as _bound_receives   # noqa: E402
+
+_bound_receives()   # checked mode: Open MPI's receives keep within their buffers
+
 from ._torchreg import install as _join_torch   # noqa: E402
 
 _join_torch()   # the "mcr" torch.distributed backend (imports neither torch nor MPI)
