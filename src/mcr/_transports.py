@@ -21,6 +21,8 @@ import sys
 import warnings
 from collections.abc import MutableMapping
 
+from ._env import flag
+
 __all__ = ["BOUNDED_RECEIVES", "bound_receives"]
 
 # Open MPI reads OMPI_MCA_<name> from the environment when MPI is initialized.
@@ -36,8 +38,11 @@ def bound_receives(environ: MutableMapping[str, str] | None = None) -> list[str]
     ``os.environ``) lacks, and return their names. Nothing when checked mode is off, or when
     MPI is initialized already (then with a warning, if a setting is missing)."""
     environ = os.environ if environ is None else environ
-    if environ.get("MCR_CHECK", "").strip().lower() not in ("1", "yes", "true", "on"):
-        return []        # (a bad value fails when the core loads)
+    try:
+        if not flag("MCR_CHECK", environ):
+            return []
+    except ValueError:
+        return []        # a bad value fails when the core loads, with this error
     missing = [name for name in BOUNDED_RECEIVES if name not in environ]
     if not missing:
         return []

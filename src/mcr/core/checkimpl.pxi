@@ -28,6 +28,7 @@ from zlib import crc32 as _crc32
 
 
 from mcr import errors as _errors
+from mcr._env import flag as _env_flag
 
 cdef enum:
     FP_INTS = 16
@@ -88,15 +89,6 @@ def _env_seconds(str name):
     if not 0 < seconds < float("inf"):
         raise ValueError(f"{name}: expected a number of seconds > 0, got {value!r}")
     return seconds
-
-
-def _env_flag(str name):
-    value = _os.environ.get(name, "").strip().lower()
-    if value in ("", "0", "no", "false", "off"):
-        return False
-    if value in ("1", "yes", "true", "on"):
-        return True
-    raise ValueError(f"{name}: expected 1 (on) or 0 (off), got {value!r}")
 
 
 cdef bint ENV_CHECK = _env_flag("MCR_CHECK")
