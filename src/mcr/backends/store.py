@@ -2,10 +2,12 @@
 
 A communicator whose processes share one host and see the same temporary
 folder meets through a torch ``FileStore``: rank 0 makes the file and
-broadcasts its path over MPI. Otherwise rank 0 starts a ``TCPStore`` on a free
-port and broadcasts its address; the other ranks connect to it, at rank 0's
-host name (``MCR_STORE_HOST`` overrides it, and asks for the TCP store on one
-host too).
+broadcasts its path over MPI. Under Open MPI's launcher the file goes in the
+job's own folder, which the launcher removes at the end of the job, also when
+a process was killed before it could remove the file. Otherwise rank 0 starts
+a ``TCPStore`` on a free port and broadcasts its address; the other ranks
+connect to it, at rank 0's host name (``MCR_STORE_HOST`` overrides it, and
+asks for the TCP store on one host too).
 
 Why not TCP on one host: torch's TCP store looks up the host name of every
 connection's address, once in the client and once in the server. The address
@@ -62,10 +64,19 @@ def rendezvous(comm: Any) -> Any:
     return _tcp_store(comm, "127.0.0.1" if one_host else hosts[0])
 
 
+def _job_folder() -> str | None:
+    """Open MPI's folder for this job on this host (its launcher removes it when the
+    job ends, however the processes end), or None under another launcher."""
+    process_folder = os.environ.get("OMPI_FILE_LOCATION")    # <session>/<job>/<rank>
+    folder = os.path.dirname(process_folder) if process_folder else None
+    return folder if folder and os.path.isdir(folder) else None
+
+
 def _new_file() -> str | None:
-    """A fresh, empty store file in the temporary folder, or None where none can be made."""
+    """A fresh, empty store file in the job's folder or the temporary folder, or None
+    where none can be made."""
     try:
-        fd, path = tempfile.mkstemp(prefix="mcr-store-")
+        fd, path = tempfile.mkstemp(prefix="mcr-store-", dir=_job_folder())
     except OSError:
         return None
     os.close(fd)
