@@ -108,6 +108,27 @@ def vector_counts(comm):
 
 
 @case
+def counts_beyond_mpis_int_limit(comm):
+    """MPI counts are C ints: a larger one is refused, naming the argument and the numbers (the
+    2 GiB tensors are never touched, so they take no memory)."""
+    n, limit, over = 2**31 + 8, "MPI count limit 2147483647", 2**31
+    big, big2, x = torch.empty(n, dtype=torch.int8), torch.empty(n, dtype=torch.int8), torch.ones(2)
+    dst, src = ring(comm)
+    check(comm, OverflowError, [
+        (f"buf|{n} elements exceed the {limit}", comm.Bcast, big, 0),
+        (f"buf|{n} elements|{limit}", partial(comm.Bcast, backend="gloo"), big, 0),
+        (f"buf|{n} elements|{limit}", comm.Send, big, dst),
+        (f"buf|{n} elements|{limit}", comm.Recv_init, big, src),
+        (f"recvbuf|{n} elements|{limit}", comm.Iallreduce, big, big2),
+        (f"buf|{n} elements|{limit}", comm.Bcast, np.empty(n, np.int8), 0),
+        (f"buf|{n} elements|{limit}", comm.Bcast, torch.empty(n, dtype=torch.float32), 0),
+        (f"buf|count {over} exceeds the MPI limit", comm.Bcast, [x, over, MPI.FLOAT], 0),
+        (f"recvbuf|counts[0] {over} exceeds", comm.Allgatherv, x, [x, [over] * comm.size]),
+        (f"recvbuf|displs[0] {over} exceeds",
+         comm.Allgatherv, x, [x, [2] * comm.size, [over] * comm.size])])
+
+
+@case
 def in_place_and_none_where_no_buffer_may_be(comm):
     """IN_PLACE and None where no such marker may be: refused, naming the argument (and rank)."""
     (dst, src), r = ring(comm), comm.rank
