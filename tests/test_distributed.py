@@ -139,6 +139,46 @@ def all_to_all_uneven_matches_torch(comm, backend):
     assert all(torch.equal(o, full(q + 1, q * 10 + rank)) for q, o in enumerate(outs)), outs
 
 
+@case.matrix(backend=BACKENDS, asynchronous=(False, True))
+def inputs_that_alias_outputs_as_torch_allows(comm, backend, asynchronous):
+    """torch lets a collective's input and output share memory, MPI does not: the input as the
+    output's own block (all_gather_into_tensor, as FSDP calls it), the output as the input's own
+    block (reduce_scatter_tensor), one tensor as both (all_to_all_single, even and uneven)."""
+    size, rank, n = comm.size, comm.rank, 5
+    g = group(backend)
+
+    def run(op, *args, **kwargs):
+        work = op(*args, group=g, async_op=asynchronous, **kwargs)
+        if asynchronous:
+            work.wait()
+
+    whole = torch.zeros(size * n)
+    mine = whole[rank * n:(rank + 1) * n]
+    mine.copy_(rank_data(rank, n))
+    run(dist.all_gather_into_tensor, whole, mine)
+    assert torch.equal(whole, torch.cat([rank_data(r, n) for r in range(size)])), whole
+    before = rank_data(10 * rank, size * n)
+    t = before.clone()
+    run(dist.reduce_scatter_tensor, t[rank * n:(rank + 1) * n], t)
+    want = sum(rank_data(10 * r, size * n) for r in range(size))[rank * n:(rank + 1) * n]
+    assert torch.equal(t[rank * n:(rank + 1) * n], want), t
+    assert torch.equal(t[:rank * n], before[:rank * n])       # the other blocks unchanged
+    assert torch.equal(t[(rank + 1) * n:], before[(rank + 1) * n:])
+    t = rank_data(100 * rank, size * n)
+    run(dist.all_to_all_single, t, t)
+    want = torch.cat([rank_data(100 * r, size * n)[rank * n:(rank + 1) * n] for r in range(size)])
+    assert torch.equal(t, want), t
+    def rows(src, dst):            # rows rank src sends to rank dst: as many as it gets back
+        return (src + dst) % 3
+
+    t = rank_data(1000 * rank, sum(rows(rank, q) for q in range(size)))
+    splits = [rows(rank, q) for q in range(size)]
+    run(dist.all_to_all_single, t, t, splits, splits)
+    want = torch.cat([torch.split(rank_data(1000 * q, sum(rows(q, p) for p in range(size))),
+                                  [rows(q, p) for p in range(size)])[rank] for q in range(size)])
+    assert torch.equal(t, want), t
+
+
 @case.matrix(backend=BACKENDS, quick=lambda backend: True)
 def point_to_point_and_batches(comm, backend):
     size, rank = comm.size, comm.rank

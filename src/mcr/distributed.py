@@ -235,6 +235,20 @@ def _unflatten(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> Callable[
     return finish
 
 
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two contiguous tensors share memory."""
+    if a.device != b.device or not a.numel() or not b.numel():
+        return False
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+
+
+def _apart(input: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+    """``input``, or a copy of it where it shares memory with ``output``: torch
+    lets a collective's input and output alias, MPI does not."""
+    return input.clone() if _overlap(input, output) else input
+
+
 def _rows(tensor: torch.Tensor) -> tuple[int, int]:
     """Dim-0 rows, and elements per row (how all_to_all_single's splits count)."""
     if tensor.dim() == 0:
@@ -443,7 +457,12 @@ class ProcessGroupMCR(_ProcessGroup):  # type: ignore[misc]
         if output.numel() != input.numel() * self.size():
             raise ValueError(f"all_gather_into_tensor: output has {output.numel()} elements, "
                              f"expected input's {input.numel()} x {self.size()} ranks")
-        return self._run(opts, "all_gather_into_tensor", "Allgather", (input, output), {},
+        send: Any = input
+        if _overlap(input, output):     # FSDP's form: the input is this rank's block
+            own = output.data_ptr() + self.rank() * input.numel() * input.element_size()
+            own_block = input.dtype == output.dtype and input.data_ptr() == own
+            send = MPI.IN_PLACE if own_block else input.clone()
+        return self._run(opts, "all_gather_into_tensor", "Allgather", (send, output), {},
                          [output])
 
     _allgather_base = all_gather_single
@@ -479,8 +498,8 @@ class ProcessGroupMCR(_ProcessGroup):  # type: ignore[misc]
             raise ValueError(f"{name}: input has {input.numel()} elements, expected "
                              f"output's {output.numel()} x {self.size()} ranks")
         mpi_op, avg = self._op(opts, name, output)
-        return self._run(opts, name, "Reduce_scatter_block", (input, output), {"op": mpi_op},
-                         [output], self._avg([output]) if avg else None)
+        return self._run(opts, name, "Reduce_scatter_block", (_apart(input, output), output),
+                         {"op": mpi_op}, [output], self._avg([output]) if avg else None)
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -510,6 +529,7 @@ class ProcessGroupMCR(_ProcessGroup):  # type: ignore[misc]
                           opts: Any = None) -> Work:
         name = "all_to_all_single"
         output, input = _contiguous(output, name), _contiguous(input, name)
+        input = _apart(input, output)
         if not output_split_sizes and not input_split_sizes:
             return self._run(opts, name, "Alltoall", (input, output), {}, [output])
         send = self._splits(input, input_split_sizes, "input_split_sizes")
