@@ -499,14 +499,34 @@ def aliased_buffers_and_null_communicators(comm):
     assert_comm_works(dup)
     dup.Free()
     msg, y = "comm|communicator is null", torch.ones(2)
+    s, r, w = comm.size, comm.rank, torch.zeros(3 * comm.size)
+    mine, counts = w[3 * r:3 * r + 3], [3] * comm.size
     check(comm, ValueError, [
-        ("sendbuf and recvbuf overlap|IN_PLACE", comm.Allreduce, x, x),
+        ("sendbuf and recvbuf overlap|IN_PLACE as sendbuf", comm.Allreduce, x, x),
         ("overlap", comm.Allreduce, big[:4], big[2:6]),
         ("overlap", comm.Sendrecv, x, dst, 0, x, src, 0),
+        # every collective with a send and a receive buffer (Open MPI runs some, and an
+        # Alltoall computes garbage; MPICH refuses them)
+        ("overlap|IN_PLACE as sendbuf", comm.Allgather, mine, w),
+        ("overlap", comm.Allgatherv, w[:3], [w, counts]),
+        ("overlap", comm.Alltoall, w, w), ("overlap", comm.Ialltoall, w, w),
+        ("overlap", comm.Alltoall_init, w, w),
+        ("overlap", partial(comm.Alltoall, backend="gloo"), w, w),
+        ("overlap", comm.Alltoallv, [w, counts], [w, counts]),
+        ("overlap", comm.Reduce_scatter_block, w, w[:3]),
+        ("overlap", comm.Reduce_scatter, w, w[:3], counts),
+        ("overlap", comm.Reduce_scatter, w, w[:3]),     # (counts gathered: all refuse together)
+        ("overlap|IN_PLACE as sendbuf", comm.Gather, mine, w, r),     # each rank its own root
+        ("overlap|IN_PLACE as recvbuf", comm.Scatterv, [w, counts], w[:3], r),
         (msg, null.Send, y, 0), (msg, null.Irecv, y, 0), (msg, null.Allreduce, y, z),
         (msg, null.Iallreduce, y, z), (msg, null.Bcast, y, 0), (msg, null.Barrier),
         (msg, null.Sendrecv, y, 0, 0, z, 0, 0),
         ("comm|null|freed", dup.Allreduce, y, z), ("comm|null", dup.Send, y, 0)])
+    # two halves of one tensor do not overlap
+    halves = torch.cat([rank_data(r, 3 * s), torch.zeros(3 * s)])
+    comm.Alltoall(halves[:3 * s], halves[3 * s:])
+    assert_equal(halves[3 * s:], torch.cat([rank_data(q, 3 * s)[3 * r:3 * r + 3]
+                                            for q in range(s)]))
     # half the ranks get a communicator, the others a null one
     half = comm.Split(0 if comm.rank % 2 == 0 else mcr.UNDEFINED, comm.rank)
     if comm.rank % 2 == 0:

@@ -491,14 +491,44 @@ cdef int check_same_type(side *s, side *r) except -1:
 
 
 cdef int check_disjoint(side *s, side *r) except -1:
-    # MPI forbids aliased send and receive buffers; name the fix instead of
-    # letting MPI report MPI_ERR_BUFFER
-    cdef char *s_end = s.addr + <Py_ssize_t>s.count * s.extent
-    cdef char *r_end = r.addr + <Py_ssize_t>r.count * r.extent
-    if s.count and r.count and s.addr < r_end and r.addr < s_end:
-        raise ValueError("sendbuf and recvbuf overlap in memory; for an in-place "
-                         "operation pass IN_PLACE as sendbuf")
+    return check_apart(s, r, 1, 1, False, b"sendbuf")
+
+
+cdef inline int check_apart(side *s, side *r, int s_blocks, int r_blocks, bint v,
+                            const char *in_place) except -1:
+    """MPI forbids send and receive buffers that share memory (MPICH refuses
+    them, Open MPI may compute garbage): name the fix instead. A side spans
+    blocks of its count, or with v its vector blocks. Sides of derived
+    datatypes, whose elements may interleave without touching, are MPI's to
+    judge."""
+    if s.addr + s.nelems * s.extent <= r.addr or r.addr + r.nelems * r.extent <= s.addr:
+        return 0                          # the whole buffers apart: the common case
+    return check_spans_apart(s, r, s_blocks, r_blocks, v, in_place)
+
+
+cdef int check_spans_apart(side *s, side *r, int s_blocks, int r_blocks, bint v,
+                           const char *in_place) except -1:
+    if s.tindex < 0 or r.tindex < 0:
+        return 0
+    cdef char *s_end = s.addr + blocks_end(s, s_blocks, v) * s.extent
+    cdef char *r_end = r.addr + blocks_end(r, r_blocks, v) * r.extent
+    if s.addr < r_end and r.addr < s_end and s_end > s.addr and r_end > r.addr:
+        raise ValueError(f"sendbuf and recvbuf overlap in memory; for an in-place "
+                         f"operation pass IN_PLACE as {argstr(in_place)}")
     return 0
+
+
+cdef Py_ssize_t blocks_end(side *x, int blocks, bint v) noexcept:
+    """Elements from a side's address to the end of what it moves: blocks of
+    x.count elements, or (v) the end of its last vector block."""
+    cdef Py_ssize_t end = 0
+    cdef int i
+    if not v or x.counts == NULL or x.displs == NULL:
+        return <Py_ssize_t>x.count * blocks
+    for i in range(x.nblocks):
+        if x.counts[i] and <Py_ssize_t>x.displs[i] + x.counts[i] > end:
+            end = <Py_ssize_t>x.displs[i] + x.counts[i]
+    return end
 
 
 cdef int as_rank(object value, int size, const char *arg, bint allow_null) except? -1:
@@ -725,6 +755,7 @@ cdef class _Call:
         self.sown = parse_simple(sendbuf, &self.s, False, b"sendbuf")
         if rank == root:
             self.match_own_block(rank, v, b"sendbuf")
+            check_apart(&self.s, &self.r, 1, size, v, b"sendbuf")
         return 0
 
     cdef int for_scatter(self, object sendbuf, object recvbuf, int root, int rank,
@@ -746,6 +777,7 @@ cdef class _Call:
             if self.r.count != count:
                 raise ValueError(f"recvbuf: holds {self.r.count} elements but the root "
                                  f"sends itself {count}")
+            check_apart(&self.s, &self.r, size, 1, v, b"recvbuf")
         return 0
 
     cdef int for_allgather(self, object sendbuf, object recvbuf, int rank, int size,
@@ -756,6 +788,7 @@ cdef class _Call:
             return 0
         self.sown = parse_simple(sendbuf, &self.s, False, b"sendbuf")
         self.match_own_block(rank, v, b"sendbuf")
+        check_apart(&self.s, &self.r, 1, size, v, b"sendbuf")
         return 0
 
     cdef int for_alltoall(self, object sendbuf, object recvbuf, int size, bint v) except -1:
@@ -768,6 +801,7 @@ cdef class _Call:
         if not v and self.s.count != self.r.count:
             raise ValueError(f"sendbuf sends {self.s.count} elements to each process but "
                              f"recvbuf takes {self.r.count} from each")
+        check_apart(&self.s, &self.r, size, size, v, b"sendbuf")
         return 0
 
     cdef int for_reduce_scatter_block(self, object sendbuf, object recvbuf,
@@ -785,6 +819,7 @@ cdef class _Call:
         if self.s.count != <Py_ssize_t>self.r.count * size:
             raise ValueError(f"sendbuf has {self.s.count} elements, expected recvbuf count "
                              f"{self.r.count} x {size} processes = {self.r.count * size}")
+        check_disjoint(&self.s, &self.r)
         return 0
 
     cdef int for_reduce_scatter(self, object sendbuf, object recvbuf, object recvcounts,
@@ -810,6 +845,7 @@ cdef class _Call:
             self.sown = parse_simple(sendbuf, &self.s, False, b"sendbuf")
             self.rown = parse_simple(recvbuf, &self.r, True, b"recvbuf")
             check_same_type(&self.s, &self.r)
+            check_disjoint(&self.s, &self.r)
             whole = &self.s
         if recvcounts is None:
             if whole.count % size:
@@ -850,6 +886,7 @@ cdef class _Call:
             self.sown = parse_simple(sendbuf, &self.s, False, b"sendbuf")
             self.rown = parse_simple(recvbuf, &self.r, True, b"recvbuf")
             check_same_type(&self.s, &self.r)
+            check_disjoint(&self.s, &self.r)
             mine[0], mine[1] = self.r.count, self.s.count
         except BaseException as exc:    # in this module, `Exception` is mcr.Exception
             failure = exc
