@@ -322,7 +322,8 @@ TRUNCATED = """
 import torch
 from mcr import MPI
 from mcr._transports import BOUNDED_RECEIVES
-print(f"rank {comm.rank}: set", all(os.environ.get(k) == v for k, v in BOUNDED_RECEIVES.items()))
+lines = [f"rank {comm.rank}: set "
+         f"{all(os.environ.get(k) == v for k, v in BOUNDED_RECEIVES.items())}"]
 N, CAP = 100000, 1000           # floats: far above every eager limit, into a buffer of 4 kB
 for peer in ("self", "other"):
     src = dst = comm.rank if peer == "self" else comm.size - 1 - comm.rank
@@ -353,7 +354,9 @@ for peer in ("self", "other"):
         if form == "Sendrecv":
             comm.Recv(torch.empty(1), src, tag=4)
         past = int((whole[CAP:] != -1.0).sum())
-        print(f"rank {comm.rank}: {peer} {form} error {error} past {past}", flush=True)
+        lines.append(f"rank {comm.rank}: {peer} {form} error {error} past {past}")
+sys.stdout.write("".join(line + "\\n" for line in lines))   # one write: MPICH's mpiexec
+sys.stdout.flush()                                       # mixes the ranks' lines otherwise
 """
 
 
