@@ -333,6 +333,30 @@ def large_messages(comm):
     found.report()
 
 
+@case
+def reduce_scatter_in_place_with_blocks_longer_than_their_start(comm):
+    """MPICH 5.0.2 copies each result from its block to the start of the buffer with memcpy, and
+    aborts where the two overlap (rank 1's 3k elements at k, from about 512 KiB); mcr passes a
+    copy of the input there. Every form; the persistent one started twice on new data."""
+    size, rank, k = comm.size, comm.rank, 1 << 15
+    counts = [3 * k if r == 1 else k for r in range(size)]
+    start, mine = sum(counts[:rank]), counts[rank]
+    for form in ("blocking", "nonblocking", "persistent"):
+        buf = torch.empty(sum(counts), dtype=F32)
+        if form == "persistent":
+            preq = comm.Reduce_scatter_init(mcr.IN_PLACE, buf, counts, mcr.SUM)
+        for turn in range(2 if form == "persistent" else 1):
+            xs = operands(size, sum(counts), F32, "SUM", turn)
+            buf.copy_(xs[rank])
+            if form == "persistent":
+                preq.Start()
+                preq.Wait()
+            else:
+                call(comm, form, "Reduce_scatter", mcr.IN_PLACE, buf, counts, mcr.SUM)
+            expect(buf[:mine], reduce_ref(xs, "SUM")[start:start + mine], f"{form} {turn}")
+    preq.Free()
+
+
 # -- numpy, buffer-protocol objects, the mpi4py namespace -----------------------------
 NUMPY_MOVE = [np.float32, np.float16, np.int64, np.int8, np.complex128]
 NUMPY_REDUCE = [(np.float64, "PROD"), (np.float64, "SUM"), (np.float16, "MAX"),

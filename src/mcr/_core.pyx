@@ -14,6 +14,7 @@ from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release,
                              PyBUF_FORMAT, PyBUF_C_CONTIGUOUS, PyBUF_WRITABLE,
                              PyBUF_ANY_CONTIGUOUS)
 from cpython.long cimport PyLong_AsVoidPtr, PyLong_AsSsize_t
+from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from cpython.ref cimport PyObject, Py_INCREF, Py_REFCNT
 from libc.limits cimport INT_MAX

@@ -427,6 +427,8 @@ cdef class Comm(_CommBase):
             emulated = True       # MPICH's status of one says ANY_SOURCE: an Irecv at each start
         if c.op == CALL_ALLTOALLW and self.nprocs() == 1:
             emulated = True       # one process: the block moves at each start (mpi_alltoallw)
+        if c.op == CALL_REDUCE_SCATTER and mpich_copies_onto_itself(self, c):
+            emulated = True       # the input copied at each start (mpi_reduce_scatter)
         preq.keep = c
         if OP_TABLE[c.op].flags & OP_RECEIVES:
             preq.rtype = c.r.dtype

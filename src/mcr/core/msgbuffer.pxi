@@ -615,6 +615,7 @@ cdef class _Call:
     cdef object staged       # device buffers staged through host memory (staging.pxi)
     cdef bint live           # staged and started: the result is still to copy back
     cdef object parts        # a composed Isendrecv's _Work, for its Request (isendrecv.pxi)
+    cdef object scratch      # a copy of the input MPI reads until the call completes (ops.pxi)
 
     cdef void forget(self):
         """Let go of everything a call set (the object is then as new; see
@@ -646,6 +647,7 @@ cdef class _Call:
         if self.rown is not None: self.rown = None
         if self.staged is not None: self.staged = None
         if self.parts is not None: self.parts = None
+        if self.scratch is not None: self.scratch = None
         self.parsed = self.inner = self.live = False
         self.kind = self.p2p = self.sblocks = self.rblocks = 0
         self.idest = self.isource = self.itag = self.irecvtag = self.iroot = 0

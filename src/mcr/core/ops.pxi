@@ -380,15 +380,39 @@ cdef int mpi_reduce_scatter(Comm comm, _Call c, int form, MPI_Info info,
                             MPI_Request *req) except -1:
     cdef int ierr
     cdef bint block = OP_TABLE[c.op].variant
+    cdef char *send = c.s.addr
+    if not block and mpich_copies_onto_itself(comm, c):
+        c.scratch = PyBytes_FromStringAndSize(c.r.addr, <Py_ssize_t>c.r.count * c.r.extent)
+        send = PyBytes_AS_STRING(c.scratch)
     with nogil:
         if block:
-            ierr = mcr_reduce_scatter_block(form, c.s.addr, c.r.addr, c.r.count, c.r.dtype,
+            ierr = mcr_reduce_scatter_block(form, send, c.r.addr, c.r.count, c.r.dtype,
                                             c.mop, comm.ob_mpi, info, req)
         else:
-            ierr = mcr_reduce_scatter(form, c.s.addr, c.r.addr, c.r.counts, c.r.dtype, c.mop,
+            ierr = mcr_reduce_scatter(form, send, c.r.addr, c.r.counts, c.r.dtype, c.mop,
                                       comm.ob_mpi, info, req)
     CHKERR(ierr)
     return 0
+
+
+cdef bint mpich_copies_onto_itself(Comm comm, _Call c) except -1:
+    """Whether MPICH would copy a process's result onto itself: its
+    Reduce_scatter in place (every form, 5.0.2, from about 512 KiB) moves the
+    result from the process's block to the start of recvbuf with memcpy, and
+    aborts ("memcpy argument memory ranges overlap") where the block starts
+    before its own length ends. mcr then passes a copy of the input instead
+    of IN_PLACE, and emulates the persistent form, to copy at each start: on
+    every process alike (the counts are the same on all), since persistent
+    collectives must match."""
+    cdef int i
+    cdef Py_ssize_t start = 0
+    if c.s.addr != <char*>MPI_IN_PLACE or not library_is_mpich():
+        return False
+    for i in range(comm.nprocs()):
+        if 0 < start < c.r.counts[i]:
+            return True
+        start += c.r.counts[i]
+    return False
 
 
 cdef object sub_reduce_scatter(object sub, _Call c):
