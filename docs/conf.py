@@ -158,7 +158,9 @@ def write_conformance_exclusions(suite):
     spec = importlib.util.spec_from_file_location(f"mcr_{suite}_exclusions", path)
     table = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(table)
-    lines = [f"* ``{pattern}``: {reason}." for pattern, reason in table.EXCLUSIONS]
+    lines = [f"* ``{pattern}``: {reason}." for pattern, reason in table.EXCLUSIONS] + [
+        f"* ``{pattern}`` (on MPICH only): {reason}."
+        for pattern, reason in getattr(table, "MPICH_ONLY", [])]
     os.makedirs(os.path.join(HERE, "_generated"), exist_ok=True)
     with open(os.path.join(HERE, "_generated", f"{suite}_exclusions.rst"), "w") as f:
         f.write("\n".join(lines or ["* (none)"]) + "\n")

@@ -20,10 +20,11 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # tests/, for mpiharness
 
+import mcr  # noqa: E402
 from mcr import launch as mcr_launch  # noqa: E402
 from mpiharness import jsonl_bytes, mpi_env_in, read_jsonl  # noqa: E402
 
-from mpi4py_conformance.exclusions import EXCLUSIONS  # noqa: E402
+from mpi4py_conformance.exclusions import EXCLUSIONS, MPICH_ONLY  # noqa: E402
 
 # a test that records nothing for this long on every rank is taken as hung
 STALL_TIMEOUT = float(os.environ.get("MCR_CONFORMANCE_STALL_TIMEOUT", "60"))
@@ -154,8 +155,10 @@ def run(nprocs, testdir, include=(), timeout=3600.0):
     title = f"mpi4py {importlib.metadata.version('mpi4py')} test suite through mcr.MPI"
     # the test directory on the path for the workers mpi4py.futures spawns (at one
     # process), which unpickle functions of the test modules
+    mpich = "MPICH" in mcr.build_info()["mpi_library_version"]
+    left_out = EXCLUSIONS + (MPICH_ONLY if mpich else [])
     return run_suite(nprocs, Report(nprocs, title), [os.path.join(HERE, "worker.py"), testdir],
-                     [pattern for pattern, _ in EXCLUSIONS], include, timeout, path=[testdir])
+                     [pattern for pattern, _ in left_out], include, timeout, path=[testdir])
 
 
 def run_suite(nprocs, report, worker, patterns, include=(), timeout=3600.0,
