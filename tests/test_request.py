@@ -2,7 +2,8 @@
 collectives) completed by each method of opmatrix.COMPLETIONS, with the Status each fills and
 what each returns; Cancel, Get_status, Probe; statuses as lists and tuples, mpi4py's lowercase
 methods and bad status arguments on MPI, Gloo and mixed requests; the Request holding its
-buffers until it completes, also dropped, freed or in a garbage cycle. Data from opref."""
+buffers until it completes, also dropped, freed or in a garbage cycle; comparisons with
+REQUEST_NULL. Data from opref."""
 
 import gc
 import warnings
@@ -532,5 +533,32 @@ def buffer_export_held_until_completion(comm):
         ba.extend(b"xx")                                  # export released
         assert len(ba) == 10
 
+
+
+@case.matrix(backend=("mpi", "gloo"))
+def requests_compare_with_request_null_as_they_are_alive(comm, backend):
+    """A request that is alive is not REQUEST_NULL (either way round), also one without an MPI
+    handle (a Gloo work, an emulated persistent request between starts); done or freed, it is."""
+    right, left = ring(comm)
+    x, y = torch.ones(3), torch.zeros(3)
+    preqs = [comm.Send_init(x, right, 5, backend=backend),
+             comm.Recv_init(y, left, 5, backend=backend),
+             comm.Recv_init(y, MPI.PROC_NULL, 5, backend=backend)]      # (emulated on MPICH)
+    for req in preqs:
+        assert req != MPI.REQUEST_NULL and not MPI.REQUEST_NULL == req and req == req and req
+        assert req != preqs[0] or req is preqs[0]
+    preqs[2].Free()
+    assert preqs[2] == MPI.REQUEST_NULL and MPI.REQUEST_NULL == preqs[2] and not preqs[2]
+    sends = [comm.Isend(x, right, 6, backend=backend)]
+    assert sends[0] != MPI.REQUEST_NULL and sends[0] != preqs[0]
+    comm.Recv(y, left, 6, backend=backend)
+    sends[0].Wait()
+    assert sends[0] == MPI.REQUEST_NULL
+    MPI.Prequest.Startall(preqs[:2])
+    MPI.Request.Waitall(preqs[:2])
+    assert all(req != MPI.REQUEST_NULL for req in preqs[:2])     # inactive, not null
+    for req in preqs[:2]:
+        req.Free()
+        assert req == MPI.REQUEST_NULL
 
 test_mpi = mpi_cases(__name__)

@@ -188,6 +188,23 @@ cdef class Request(_MPI.Request):
     def __bool__(self):
         return self.ob_mpi != MPI_REQUEST_NULL or self.ext is not None
 
+    # a request alive without an MPI handle (a backend's work, an emulated
+    # persistent request between starts) is equal only to itself, not to
+    # REQUEST_NULL; the others compare their handles, as in mpi4py
+    def __eq__(self, other):
+        if not isinstance(other, _MPI.Request):
+            return NotImplemented
+        if self is other:
+            return True
+        if ((self.ob_mpi == MPI_REQUEST_NULL and self)
+                or ((<_MPI.Request>other).ob_mpi == MPI_REQUEST_NULL and other)):
+            return False
+        return self.ob_mpi == (<_MPI.Request>other).ob_mpi
+
+    def __ne__(self, other):
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
     @classmethod
     def Waitall(cls, requests, statuses=None):
         """Wait for all requests to complete.
