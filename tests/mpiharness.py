@@ -98,9 +98,15 @@ QUICK_SIZE = 2
 def mpi_env():
     """:func:`mcr.launch.job_env` with tests/ (the harness) and tests/plugins (the
     third-party backend "tiny", found through its entry point) on PYTHONPATH."""
-    env = launch.job_env(launch.find_mpiexec())
+    mpiexec = launch.find_mpiexec()
+    env = launch.job_env(mpiexec)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [HERE, os.path.join(HERE, "plugins"),
                                                       env.get("PYTHONPATH")]))
+    if not launch.is_open_mpi(mpiexec):
+        # MPICH's mpiexec sets PYTHONUNBUFFERED=1 where the environment lacks it; unbuffered,
+        # print() writes a line and its newline apart, and the launcher joins the ranks' lines
+        # ("on vm.Hello, ..."). Empty, it counts as unset: a line goes out in one write
+        env["PYTHONUNBUFFERED"] = ""
     return env
 
 
