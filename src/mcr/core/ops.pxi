@@ -381,7 +381,8 @@ cdef int mpi_reduce_scatter(Comm comm, _Call c, int form, MPI_Info info,
     cdef int ierr
     cdef bint block = OP_TABLE[c.op].variant
     cdef char *send = c.s.addr
-    if not block and mpich_copies_onto_itself(comm, c):
+    cdef bint host = c.r.device < 0 or c.staged is not None      # (a CUDA-aware MPI's: left)
+    if not block and host and mpich_copies_onto_itself(comm, c):
         c.scratch = PyBytes_FromStringAndSize(c.r.addr, <Py_ssize_t>c.r.count * c.r.extent)
         send = PyBytes_AS_STRING(c.scratch)
     with nogil:
