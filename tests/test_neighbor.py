@@ -226,6 +226,16 @@ def bad_arguments_are_refused_before_communicating(comm):
                                "neighbours needs 4"):
             ring.Neighbor_allgather_init([torch.zeros(2), 2], [torch.zeros(3), 2],
                                          backend=backend)
+        # send and receive buffers that share memory (and no IN_PLACE to offer)
+        w = torch.zeros(8)
+        for call, sendbuf, recvbuf in [
+                (ring.Neighbor_alltoall, w[:4], w[2:6]),
+                (ring.Ineighbor_allgather, w[2:4], w[:4]),
+                (ring.Neighbor_allgatherv, w[1:3], [w[:4], [2, 2]]),
+                (ring.Neighbor_alltoallv_init, [w[:4], [2, 2]], [w[3:7], [2, 2]])]:
+            with raises(ValueError, "sendbuf and recvbuf overlap in memory, which MPI forbids"):
+                call(sendbuf, recvbuf, backend=backend)
+        ring.Neighbor_alltoall(w[:4], w[4:], backend=backend)       # apart: no complaint
     with raises(TypeError, "sendbuf has float32 elements but recvbuf has int64"):
         ring.Neighbor_alltoall(torch.zeros(4), torch.zeros(4, dtype=torch.int64),
                                backend="gloo")

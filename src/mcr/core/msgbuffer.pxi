@@ -498,9 +498,9 @@ cdef inline int check_apart(side *s, side *r, int s_blocks, int r_blocks, bint v
                             const char *in_place) except -1:
     """MPI forbids send and receive buffers that share memory (MPICH refuses
     them, Open MPI may compute garbage): name the fix instead. A side spans
-    blocks of its count, or with v its vector blocks. Sides of derived
-    datatypes, whose elements may interleave without touching, are MPI's to
-    judge."""
+    blocks of its count, or with v its vector blocks; in_place names the
+    side that takes IN_PLACE (NULL: none can). Sides of derived datatypes,
+    whose elements may interleave without touching, are MPI's to judge."""
     if s.addr + s.nelems * s.extent <= r.addr or r.addr + r.nelems * r.extent <= s.addr:
         return 0                          # the whole buffers apart: the common case
     return check_spans_apart(s, r, s_blocks, r_blocks, v, in_place)
@@ -513,6 +513,8 @@ cdef int check_spans_apart(side *s, side *r, int s_blocks, int r_blocks, bint v,
     cdef char *s_end = s.addr + blocks_end(s, s_blocks, v) * s.extent
     cdef char *r_end = r.addr + blocks_end(r, r_blocks, v) * r.extent
     if s.addr < r_end and r.addr < s_end and s_end > s.addr and r_end > r.addr:
+        if in_place == NULL:
+            raise ValueError("sendbuf and recvbuf overlap in memory, which MPI forbids")
         raise ValueError(f"sendbuf and recvbuf overlap in memory; for an in-place "
                          f"operation pass IN_PLACE as {argstr(in_place)}")
     return 0

@@ -369,8 +369,8 @@ cdef object _backend_side(tuple described):
 
 cdef _Call nb_msg(int kind, object sendbuf, object recvbuf, int indegree, int outdegree):
     """Both sides parsed as mpi4py does (its message forms), a block per
-    neighbour; the receive blocks must not overlap, and both sides must have
-    the same element type."""
+    neighbour; the receive blocks must not overlap, nor the two sides, and both
+    sides must have the same element type."""
     cdef _Call m = _Call.__new__(_Call)
     m.op = CALL_COUNT + kind
     if kind == NB_ALLTOALLV:
@@ -387,6 +387,8 @@ cdef _Call nb_msg(int kind, object sendbuf, object recvbuf, int indegree, int ou
         check_blocks_disjoint(&m.r, indegree, b"recvbuf")
     if m.sown is not None and m.rown is not None:
         check_same_type(&m.s, &m.r)
+        check_apart(&m.s, &m.r, outdegree if kind == NB_ALLTOALL else 1, indegree,
+                    kind == NB_ALLGATHERV or kind == NB_ALLTOALLV, NULL)
     if (kind == NB_ALLGATHER or kind == NB_ALLTOALL) and indegree and outdegree \
             and m.s.count != m.r.count:
         # MPI: a block's type signature is the same at every process
