@@ -157,10 +157,13 @@ def test_add_job_options():
 # -- real jobs ---------------------------------------------------------------------
 
 RANK = """\
-import os
+import os, sys
 from mpi4py import MPI
 c = MPI.COMM_WORLD
-print(f"rank {c.Get_rank()} of {c.Get_size()} marked {'MCR_LAUNCH_JOB' in os.environ}")
+# one write: unbuffered (MPICH's mpiexec sets PYTHONUNBUFFERED), print() writes the newline
+# apart, and the launcher may join the two ranks' lines
+marked = "MCR_LAUNCH_JOB" in os.environ
+sys.stdout.write(f"rank {c.Get_rank()} of {c.Get_size()} marked {marked}\\n")
 """
 
 
