@@ -322,8 +322,7 @@ TRUNCATED = """
 import torch
 from mcr import MPI
 from mcr._transports import BOUNDED_RECEIVES
-lines = [f"rank {comm.rank}: set "
-         f"{all(os.environ.get(k) == v for k, v in BOUNDED_RECEIVES.items())}"]
+print(f"rank {comm.rank}: set", all(os.environ.get(k) == v for k, v in BOUNDED_RECEIVES.items()))
 N, CAP = 100000, 1000           # floats: far above every eager limit, into a buffer of 4 kB
 for peer in ("self", "other"):
     src = dst = comm.rank if peer == "self" else comm.size - 1 - comm.rank
@@ -354,9 +353,7 @@ for peer in ("self", "other"):
         if form == "Sendrecv":
             comm.Recv(torch.empty(1), src, tag=4)
         past = int((whole[CAP:] != -1.0).sum())
-        lines.append(f"rank {comm.rank}: {peer} {form} error {error} past {past}")
-sys.stdout.write("".join(line + "\\n" for line in lines))   # one write: MPICH's mpiexec
-sys.stdout.flush()                                       # mixes the ranks' lines otherwise
+        print(f"rank {comm.rank}: {peer} {form} error {error} past {past}", flush=True)
 """
 
 
