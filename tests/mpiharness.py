@@ -12,12 +12,14 @@ module names, restricted by ``MCR_TEST_SIZES`` (e.g. ``2`` or ``1,2``; see :func
 
 import atexit
 import collections
+import contextlib
 import functools
 import itertools
 import json
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -196,10 +198,16 @@ def run_cases(module, nprocs):
                        f"killed (deadlock?)")
             _results[(path, name, nprocs)] = (
                 {r: rec for r, rec in per_rank.items() if "ok" in rec},
-                f"{why}\n--- job output (tail) ---\n{out[-6000:]}")
+                f"{why}\n--- job output (tail) ---\n{_tail(out)}")
             finished += 1
             break
         plan = plan[finished:]
+
+
+def _tail(out, limit=6000):
+    """The last `limit` characters of a job's output, and the ranks' stacks whole."""
+    output, marker, stacks = out.partition(STACKS)
+    return output[-limit:] + marker + stacks
 
 
 def case_seconds():
@@ -293,10 +301,41 @@ def _run_watched(nprocs, args, outdir, timeouts):
                 if records.failed():
                     limit = min(limit, FAILED_GRACE)
                 hung = now - changed > limit
+            stacks = _stacks(outdir, nprocs) if hung else ""
             job.stop()
             code = None if hung else job.process.returncode
         log.seek(0)
-        return code, log.read()
+        return code, log.read() + stacks
+
+
+STACKS = "\n--- where each rank was when the job was stopped (Python stacks) ---\n"
+
+
+def _stacks(outdir, nprocs, wait=3.0, limit=2000):
+    """The Python stacks of a hung job's ranks (mpiworker.py writes them on SIGUSR1), each
+    cut to `limit` characters, after :data:`STACKS`; "" when no rank wrote one."""
+    paths = [os.path.join(outdir, f"rank{rank}.stacks") for rank in range(nprocs)]
+    signalled = []
+    for rank in range(nprocs):
+        try:
+            with open(os.path.join(outdir, f"rank{rank}.pid")) as f:
+                os.kill(int(f.read()), signal.SIGUSR1)
+            signalled.append(rank)
+        except (OSError, ValueError):          # not started yet, or gone
+            pass
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline and not all(
+            os.path.exists(paths[rank]) and os.path.getsize(paths[rank]) for rank in signalled):
+        time.sleep(0.1)
+    time.sleep(0.2)                 # each writes its threads' stacks in a few writes
+    texts = {}
+    for rank in signalled:
+        with contextlib.suppress(OSError):
+            with open(paths[rank]) as f:
+                texts[rank] = f.read().strip()
+    texts = {rank: text for rank, text in texts.items() if text}
+    return STACKS + "".join(f"rank {rank}:\n{text[:limit]}\n"
+                            for rank, text in sorted(texts.items())) if texts else ""
 
 
 def world_sizes(sizes=None):

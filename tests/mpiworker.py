@@ -2,14 +2,18 @@
 
 RESULT_DIR/plan.json lists ``[module path, case name]`` pairs. Each rank writes
 RESULT_DIR/rank<N>.jsonl: a line before each case and its outcome after it, flushed at once,
-so that the harness knows which case a crash or hang was in. With ``$MCR_TEST_COVERAGE``, it
-also records what the cases call (:class:`Coverage`, conftest.py).
+so that the harness knows which case a crash or hang was in. On SIGUSR1 it writes the Python
+stack of each of its threads to RESULT_DIR/rank<N>.stacks, whose process id is in rank<N>.pid:
+the harness asks for them before it kills a hung job. With ``$MCR_TEST_COVERAGE``, it also
+records what the cases call (:class:`Coverage`, conftest.py).
 """
 
 import contextlib
+import faulthandler
 import importlib.util
 import json
 import os
+import signal
 import sys
 import time
 
@@ -78,7 +82,12 @@ def main():
     folder = os.environ.get("MCR_TEST_COVERAGE")
     coverage = Coverage(folder, world.Get_size()) if folder else None
     between = world.Dup()          # mpi4py's own, not mcr's: no interceptor sees it
-    with open(os.path.join(outdir, f"rank{world.Get_rank()}.jsonl"), "w") as out:
+    rank = world.Get_rank()
+    stacks = open(os.path.join(outdir, f"rank{rank}.stacks"), "w")   # open while it lives
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+    with open(os.path.join(outdir, f"rank{rank}.pid"), "w") as f:
+        f.write(str(os.getpid()))
+    with open(os.path.join(outdir, f"rank{rank}.jsonl"), "w") as out:
         for path, name in plan:
             out.write(json.dumps({"module": path, "case": name}) + "\n")
             out.flush()

@@ -80,6 +80,11 @@ def test_a_crash_or_a_hang_fails_only_its_case(tmp_path, nprocs, monkeypatch):
         assert died is None and all(r["ok"] for r in ranks.values()), (name, results[name])
     assert "exited with code" in results["crashes"][1]
     assert "made no progress for 8 s" in results["hangs"][1]
+    # and says where each rank was: rank 0 in the case's recv, rank 1 between cases
+    stacks = results["hangs"][1].partition(mpiharness.STACKS)[2]
+    assert "rank 0:" in stacks and "rank 1:" in stacks, results["hangs"][1]
+    line = next(i for i, text in enumerate(CASES.splitlines(), 1) if "never sent" in text)
+    assert f'cases_for_harness.py", line {line} in hangs' in stacks.split("rank 1:")[0], stacks
     # the killed job's store file went with the job's folder
     tmp = tempfile.gettempdir()
     left = [name for name in os.listdir(tmp) if name.startswith("mcr-store-")
