@@ -18,6 +18,7 @@ import itertools
 import json
 import os
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -332,10 +333,29 @@ def _stacks(outdir, nprocs, wait=3.0, limit=2000):
     for rank in signalled:
         with contextlib.suppress(OSError):
             with open(paths[rank]) as f:
-                texts[rank] = f.read().strip()
+                texts[rank] = _threads(f.read())
     texts = {rank: text for rank, text in texts.items() if text}
     return STACKS + "".join(f"rank {rank}:\n{text[:limit]}\n"
                             for rank, text in sorted(texts.items())) if texts else ""
+
+
+def _threads(dump):
+    """A faulthandler dump of all threads, the worker's main thread first; threads with
+    only the standard library's frames (idle pools) are counted, not shown."""
+    blocks = [b.strip() for b in re.split(r"\n(?=(?:Current thread|Thread) 0x)", dump) if b.strip()]
+    main = [b for b in blocks if "mpiworker.py" in b]
+    ours = [b for b in blocks if b not in main and any(
+        not _in_stdlib(path) for path in re.findall(r'File "([^"]*)"', b))]
+    idle = len(blocks) - len(main) - len(ours)
+    return "\n".join(main + ours + [f"(threads idle in the standard library: {idle})"] * bool(idle))
+
+
+def _in_stdlib(path):
+    rest = os.path.relpath(path, STDLIB)
+    return not rest.startswith(("..", "site-packages", "dist-packages"))
+
+
+STDLIB = os.path.dirname(os.__file__)
 
 
 def world_sizes(sizes=None):
