@@ -320,9 +320,15 @@ def _stacks(outdir, nprocs, wait=3.0, limit=2000):
     for rank in range(nprocs):
         try:
             with open(os.path.join(outdir, f"rank{rank}.pid")) as f:
-                os.kill(int(f.read()), signal.SIGUSR1)
+                pid = int(f.read())
+            # this job's worker, on this host (a rank elsewhere, or gone, has no such
+            # process here: SIGUSR1 would end whatever process has its number)
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if outdir.encode() not in f.read():
+                    continue
+            os.kill(pid, signal.SIGUSR1)
             signalled.append(rank)
-        except (OSError, ValueError):          # not started yet, or gone
+        except (OSError, ValueError):          # not started yet, gone, or no /proc
             pass
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline and not all(
@@ -335,8 +341,11 @@ def _stacks(outdir, nprocs, wait=3.0, limit=2000):
             with open(paths[rank]) as f:
                 texts[rank] = _threads(f.read())
     texts = {rank: text for rank, text in texts.items() if text}
-    return STACKS + "".join(f"rank {rank}:\n{text[:limit]}\n"
-                            for rank, text in sorted(texts.items())) if texts else ""
+    if not texts:
+        return ""
+    return STACKS + "".join(f"rank {rank}:\n{texts[rank][:limit]}\n" if rank in texts else
+                            f"rank {rank}: none (another host's, gone, or no answer in "
+                            f"{wait:.0f} s)\n" for rank in range(nprocs))
 
 
 def _threads(dump):
