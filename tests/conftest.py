@@ -42,8 +42,11 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(session, config, items):
     import mpiharness
     mpiharness.select(items)
-    # checks that only compute (mypy, sphinx) start now, at the lowest priority, on what the
-    # MPI jobs leave idle of the cores; their tests take the results (mpiharness.Background)
+    if config.option.collectonly:
+        return
+    # what only computes (mypy, sphinx) or waits on the network (the download of mpi4py's
+    # suite) starts now, at the lowest priority, on what the MPI jobs leave idle of the cores;
+    # the tests take the results (mpiharness.Background, sdist.prefetch)
     for module in dict.fromkeys(getattr(item, "module", None) for item in items):
         if hasattr(module, "start_early"):
             module.start_early()

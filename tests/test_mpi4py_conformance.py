@@ -12,6 +12,7 @@ import pytest
 from mpi4py_conformance import driver, sdist
 from mpiharness import world_sizes
 
+start_early = sdist.prefetch      # conftest.py: the download overlaps the MPI jobs
 SIZES = (1, 2, 3)
 TIMEOUT = 1500  # seconds per size, reruns after crashes included
 

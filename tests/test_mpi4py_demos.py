@@ -27,6 +27,7 @@ from mpi4py_conformance import sdist
 from mpi4py_conformance.demos import DEMOS
 from mpiharness import mpi_env, world_sizes
 
+start_early = sdist.prefetch      # conftest.py: the download overlaps the MPI jobs
 TIMEOUT = 120               # seconds per run of a demo
 _IMPORT = re.compile(r"^(\s*)from mpi4py import MPI\b", re.MULTILINE)
 _NUMBER = re.compile(r"\d+(\.\d*)?([eE][-+]?\d+)?")

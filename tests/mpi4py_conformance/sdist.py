@@ -6,6 +6,8 @@ installed version is fetched once with pip and kept unpacked in
 ``MCR_MPI4PY_SDIST`` may name a local sdist (``.tar.gz``) or an unpacked tree instead.
 """
 
+import atexit
+import contextlib
 import importlib.metadata
 import os
 import shutil
@@ -13,6 +15,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 
 ENV_VAR = "MCR_MPI4PY_SDIST"
 
@@ -82,18 +85,49 @@ def download(version, dest_dir):
     cmd = [sys.executable, "-m", "pip", "download", f"mpi4py=={version}", "--no-binary", ":all:",
            "--no-deps", "--disable-pip-version-check", "-d", dest_dir]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    except (OSError, subprocess.TimeoutExpired) as exc:
+        pip = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    except OSError as exc:
         raise SuiteUnavailable(f"`{' '.join(cmd)}` failed: {exc}") from exc
+    # at the lowest priority (prefetch runs it beside the MPI jobs; set from here, as a
+    # preexec_fn is unsafe in a thread), before pip starts its build back-end; ended at exit
+    # if it still runs then (a prefetch that no test waited for)
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, pip.pid, 19)
+    atexit.register(pip.kill)
+    try:
+        output, _ = pip.communicate(timeout=600)
+    except subprocess.TimeoutExpired as exc:
+        pip.kill()
+        pip.wait()
+        raise SuiteUnavailable(f"`{' '.join(cmd)}` failed: {exc}") from exc
+    finally:
+        atexit.unregister(pip.kill)
     archives = [f for f in os.listdir(dest_dir) if f.endswith((".tar.gz", ".zip"))]
-    if proc.returncode != 0 or not archives:
-        tail = (proc.stdout + proc.stderr).strip()[-2000:]
-        raise SuiteUnavailable(f"`{' '.join(cmd)}` failed (exit {proc.returncode}):\n{tail}")
+    if pip.returncode != 0 or not archives:
+        raise SuiteUnavailable(f"`{' '.join(cmd)}` failed (exit {pip.returncode}):\n"
+                               f"{output.strip()[-2000:]}")
     return os.path.join(dest_dir, archives[0])
 
 
+_prefetch = {}       # "thread": the fetch started by prefetch(), then "result" or "error"
+
+
+def prefetch():
+    """Start :func:`test_dir` in a thread (a test module's ``start_early``): a download waits
+    on the network, which the MPI jobs before the module that needs the suite leave idle."""
+    def fetch():
+        try:
+            _prefetch["result"] = _find_or_fetch()
+        except BaseException as exc:        # (re-raised by test_dir in the caller's thread)
+            _prefetch["error"] = exc
+    if not _prefetch:
+        _prefetch["thread"] = threading.Thread(target=fetch, name="mpi4py-sdist", daemon=True)
+        _prefetch["thread"].start()
+
+
 def test_dir():
-    """The folder of mpi4py's test suite for the installed mpi4py version.
+    """The folder of mpi4py's test suite for the installed mpi4py version (what
+    :func:`prefetch` found, once it has).
 
     Raises
     ------
@@ -101,6 +135,15 @@ def test_dir():
         When neither ``MCR_MPI4PY_SDIST``, the cache nor the package index gives it; the
         message says how to provide it.
     """
+    if _prefetch:
+        _prefetch["thread"].join()
+        if "error" in _prefetch:
+            raise _prefetch["error"]
+        return _prefetch["result"]
+    return _find_or_fetch()
+
+
+def _find_or_fetch():
     version = installed_version()
     cached, local = cache_dir(version), os.environ.get(ENV_VAR)
     if local:
