@@ -160,7 +160,9 @@ def write_conformance_exclusions(suite):
     spec.loader.exec_module(table)
     lines = [f"* ``{pattern}``: {reason}." for pattern, reason in table.EXCLUSIONS] + [
         f"* ``{pattern}`` (on MPICH only): {reason}."
-        for pattern, reason in getattr(table, "MPICH_ONLY", [])]
+        for pattern, reason in getattr(table, "MPICH_ONLY", [])] + [
+        f"* ``{pattern}`` (at 2 and more processes; it runs at 1): {reason}."
+        for pattern, reason in getattr(table, "ONE_PROCESS", [])]
     os.makedirs(os.path.join(HERE, "_generated"), exist_ok=True)
     with open(os.path.join(HERE, "_generated", f"{suite}_exclusions.rst"), "w") as f:
         f.write("\n".join(lines or ["* (none)"]) + "\n")

@@ -24,7 +24,7 @@ import mcr  # noqa: E402
 from mcr import launch as mcr_launch  # noqa: E402
 from mpiharness import jsonl_bytes, mpi_env_in, read_jsonl  # noqa: E402
 
-from mpi4py_conformance.exclusions import EXCLUSIONS, MPICH_ONLY  # noqa: E402
+from mpi4py_conformance.exclusions import EXCLUSIONS, MPICH_ONLY, ONE_PROCESS  # noqa: E402
 
 # a test that records nothing for this long on every rank is taken as hung
 STALL_TIMEOUT = float(os.environ.get("MCR_CONFORMANCE_STALL_TIMEOUT", "60"))
@@ -156,7 +156,7 @@ def run(nprocs, testdir, include=(), timeout=3600.0):
     # the test directory on the path for the workers mpi4py.futures spawns (at one
     # process), which unpickle functions of the test modules
     mpich = "MPICH" in mcr.build_info()["mpi_library_version"]
-    left_out = EXCLUSIONS + (MPICH_ONLY if mpich else [])
+    left_out = EXCLUSIONS + (MPICH_ONLY if mpich else []) + (ONE_PROCESS if nprocs > 1 else [])
     return run_suite(nprocs, Report(nprocs, title), [os.path.join(HERE, "worker.py"), testdir],
                      [pattern for pattern, _ in left_out], include, timeout, path=[testdir])
 

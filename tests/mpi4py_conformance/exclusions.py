@@ -3,8 +3,8 @@
 A pattern is a test id (``module.Class.test``), a prefix of one, or an ``fnmatch`` pattern;
 ``arrayimpl.<class>``: an array type left out of every loop of mpi4py's buffer tests. Only
 tests whose subject mcr does not claim belong here (a failing test of what mcr claims is a
-bug to fix). ``MPICH_ONLY`` is left out where the MPI library is MPICH. docs/conf.py renders both
-tables into docs/porting.rst.
+bug to fix). ``MPICH_ONLY`` is left out where the MPI library is MPICH; ``ONE_PROCESS`` runs at
+one process only. docs/conf.py renders the tables into docs/porting.rst.
 """
 
 CUDA_HOST = ("host memory presented as CUDA memory (mpi4py's fake GPU buffers): mcr reads "
@@ -45,4 +45,13 @@ MPICH_ONLY = [
      "5.0.2 wheel: the library reports ``LOGICAL1`` ... ``LOGICAL16``, ``INTEGER16``, ``REAL2`` "
      "and ``COMPLEX4`` as supported, but their handles are ``DATATYPE_NULL``; mcr claims no "
      "Fortran datatypes (it passes on Open MPI)"),
+]
+
+# modules that communicate nothing run at one process only: at more, each rank would run the
+# same process-local calls again (their tests name no communicator), about 30 s of the cores
+LOCAL = "datatypes are local to a process: its tests name no communicator"
+ONE_PROCESS = [
+    ("test_datatype", LOCAL + " (constructors, envelopes, pickling: 10 s at one process)"),
+    ("test_util_dtlib", LOCAL + " (``mpi4py.util.dtlib``'s numpy dtypes to MPI datatypes and "
+     "back, through ``mcr.MPI``: 19 s at one process)"),
 ]
