@@ -113,8 +113,8 @@ _prefetch = {}       # "thread": the fetch started by prefetch(), then "result" 
 
 
 def prefetch():
-    """Start :func:`test_dir` in a thread (a test module's ``start_early``): a download waits
-    on the network, which the MPI jobs before the module that needs the suite leave idle."""
+    """Start :func:`test_dir` in a thread (a test module's ``start_early``), so that a
+    download, which mostly waits on the network, runs while the MPI jobs before it do."""
     def fetch():
         try:
             _prefetch["result"] = _find_or_fetch()
