@@ -158,11 +158,10 @@ def write_conformance_exclusions(suite):
     spec = importlib.util.spec_from_file_location(f"mcr_{suite}_exclusions", path)
     table = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(table)
-    lines = [f"* ``{pattern}``: {reason}." for pattern, reason in table.EXCLUSIONS] + [
-        f"* ``{pattern}`` (on MPICH only): {reason}."
-        for pattern, reason in getattr(table, "MPICH_ONLY", [])] + [
-        f"* ``{pattern}`` (at 2 and more processes; it runs at 1): {reason}."
-        for pattern, reason in getattr(table, "ONE_PROCESS", [])]
+    tables = (("EXCLUSIONS", ""), ("MPICH_ONLY", " (on MPICH only)"),
+              ("ONE_PROCESS", " (at 2 and more processes; it runs at 1)"))
+    lines = [f"* ``{pattern}``{where}: {reason}." for name, where in tables
+             for pattern, reason in getattr(table, name, [])]
     os.makedirs(os.path.join(HERE, "_generated"), exist_ok=True)
     with open(os.path.join(HERE, "_generated", f"{suite}_exclusions.rst"), "w") as f:
         f.write("\n".join(lines or ["* (none)"]) + "\n")
