@@ -1,7 +1,8 @@
 """Backend "gloo" beyond the operation matrix (tests/test_ops.py), compared with "mpi" and
 with torch/numpy on the whole data: Split/Dup sub-communicators; point-to-point with MPI's
 matching (to oneself, tags out of order, ANY_SOURCE/ANY_TAG, Probe/Iprobe, counts, PROC_NULL,
-ERR_TRUNCATE, both sides of the eager limit, many large sends, Free with operations pending),
+ERR_TRUNCATE, both sides of the eager limit, many large sends, Free with operations pending,
+the set-up by a PROC_NULL call),
 Sendrecv(_replace), Send_init/Recv_init; request sets; errors as on MPI, raised before
 communicating; TypeError for what Gloo cannot run; the store (a file on one host, TCP at
 MCR_STORE_HOST or where a rank cannot see the file).
@@ -296,6 +297,22 @@ def proc_null(comm, found, backend):
         assert status_of(st) == empty, status_of(st)
     with found.check("the buffer is untouched"):
         expect(y, sentinel(4, torch.float32))
+
+
+@case.matrix(call=("Send", "Recv", "Probe"))
+def proc_null_call_sets_the_backend_up(comm, call):
+    """A call with a PROC_NULL peer is a call on the backend: it joins the collective set-up,
+    so rank 0 making only that one call lets the others set Gloo up (they waited for it)."""
+    sub = comm.Dup()
+    sub.timeout = 30.0                  # a process missing from the set-up: TimeoutError
+    if comm.rank == 0:
+        args = {"Send": (torch.ones(4), MPI.PROC_NULL), "Recv": (torch.zeros(4), MPI.PROC_NULL),
+                "Probe": (MPI.PROC_NULL,)}[call]
+        getattr(sub, call)(*args, backend=GLOO)
+    else:
+        assert sub.Iprobe(MPI.ANY_SOURCE, backend=GLOO) is False
+    comm.Barrier()      # (not sub's: MPI may match it with the set-up's Ibarrier)
+    sub.Free()
 
 
 def assert_truncated(call, source, tag, capacity, nbytes=20):

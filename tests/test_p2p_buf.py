@@ -101,7 +101,7 @@ def send_recv(comm, mode, form, recv, backend):
     pairs, the even rank sending first; the odd one out receives from PROC_NULL."""
     found, (right, left) = Findings(), ring(comm)
     peer, dest = (partner(comm),) * 2 if recv == "Recv" else (left, right)
-    comm.Barrier(backend=backend)   # Gloo's group is made here, by all (PROC_NULL makes none)
+    comm.Barrier(backend=backend)   # Gloo's group is made here, by all
     bsend = attached(1 << 16, len(TYPES)) if mode == "Bsend" and backend == "mpi" \
         else contextlib.nullcontext()       # Gloo's sends are buffered: no buffer needed
     with bsend:

@@ -438,6 +438,7 @@ def post_send(sub: "Subcomm", s: Side, dest: int, tag: int, synchronous: bool = 
     """Send the message of side ``s``, buffered: the request is complete
     (``synchronous``: once the receiver has matched the header)."""
     if dest == MPI.PROC_NULL:
+        sub.start()        # a call on the backend: it joins the set-up as any other
         return sub.request([])
     nbytes = s.count * s.extent
     seq = sub.seq[dest]
@@ -480,6 +481,7 @@ def send(sub: "Subcomm", msg: Any, dest: int, tag: int, synchronous: bool = Fals
 def recv(sub: "Subcomm", msg: Any, source: int, tag: int, arg: str = "buf") -> Any:
     r = sub.side(msg, 1, arg)
     if source == MPI.PROC_NULL:
+        sub.start()
         return sub.request([], status=lambda: _NO_MESSAGE)
     work = _RecvWork(sub, r, source, tag)
     sub.receives.add(work)
@@ -502,6 +504,7 @@ def sendrecv_replace(sub: "Subcomm", msg: Any, dest: int, sendtag: int, source: 
 
 def probe(sub: "Subcomm", source: int, tag: int, status: Any, blocking: bool) -> bool:
     if source == MPI.PROC_NULL:
+        sub.start()
         _core._fill_status(status, MPI.PROC_NULL, MPI.ANY_TAG, 0)
         return True
     for h in sub.stash:
