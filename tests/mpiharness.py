@@ -454,5 +454,14 @@ def scratch_folder(prefix):
     return folder
 
 
+def alive(pid):
+    """Whether process `pid` runs (a zombie, exited but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
 def format_exception(exc):
     return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))

@@ -22,6 +22,8 @@ data).
 """
 
 import contextlib
+import itertools
+import time
 
 import numpy as np
 import torch
@@ -76,37 +78,60 @@ def nonblocking(method):
     return "I" + method[0].lower() + method[1:]
 
 
-def complete(requests, how):
-    """Complete every request of `requests` by `how` (one of COMPLETIONS)."""
-    if how == "wait":
-        for r in requests:
-            assert r.Wait() is True
-    elif how == "test":
-        for r in requests:
-            while not r.Test():
-                pass
-    elif how == "waitall":
-        assert mcr.Request.Waitall(requests) is True
-    elif how == "testall":
-        while not mcr.Request.Testall(requests):
-            pass
+def poller():
+    """To call after each failed poll: past 1000 it lets the other ranks run (on 2 cores)."""
+    polls = itertools.count()
+    return lambda: next(polls) > 1000 and time.sleep(0.0002)
+
+
+def complete(requests, how, rng=None):
+    """Complete `requests` by `how` (one of COMPLETIONS), the one-by-one forms in the order `rng`
+    draws (default: in order); {index: Status}, each request reported once, every active one."""
+    got, poll, active = {}, poller(), {i for i, r in enumerate(requests) if r}
+
+    def report(i, status):
+        assert i not in got, f"{how}: request {i} reported twice"
+        got[i] = status
+    if how in ("wait", "test"):
+        for i in rng.sample(range(len(requests)), len(requests)) if rng else range(len(requests)):
+            status = mcr.Status()
+            if how == "wait":
+                assert requests[i].Wait(status) is True
+            while how == "test" and not requests[i].Test(status):
+                poll()
+            report(i, status)
+    elif how in ("waitall", "testall"):
+        statuses = []
+        if how == "waitall":
+            assert mcr.Request.Waitall(requests, statuses) is True
+        while how == "testall" and not mcr.Request.Testall(requests, statuses):
+            poll()
+        assert len(statuses) >= len(requests)
+        for i in range(len(requests)):
+            report(i, statuses[i])
     elif how in ("waitany", "testany"):
-        done = set()
         while True:
+            status = mcr.Status()
             if how == "waitany":
-                index, flag = mcr.Request.Waitany(requests), True
+                index, flag = mcr.Request.Waitany(requests, status), True
             else:
-                index, flag = mcr.Request.Testany(requests)
-            if flag and index == mcr.UNDEFINED:
+                index, flag = mcr.Request.Testany(requests, status)
+            if not flag:
+                poll()
+            elif index == mcr.UNDEFINED:
                 break
-            if flag:
-                assert index not in done, f"{how} reported request {index} twice"
-                done.add(index)
-        assert len(done) == len(requests), (how, done)
+            else:
+                report(index, status)
     else:
         some = mcr.Request.Waitsome if how == "waitsome" else mcr.Request.Testsome
-        while some(requests) is not None:
-            pass
+        while (indices := some(requests, statuses := [])) is not None:
+            assert indices or how == "testsome", "Waitsome returned no index"
+            if not indices:
+                poll()
+            for k, i in enumerate(indices):
+                report(i, statuses[k])
+    assert active <= set(got), (how, "not reported:", sorted(active - set(got)))
+    return got
 
 
 def buffers(args):

@@ -27,7 +27,7 @@ from mcr import MPI, launch
 from mpiharness import case, mpi_cases, mpi_env
 from opmatrix import COMPLETIONS, Findings, complete
 from opref import OPS, cat, data, expect, operands, reduce_ref, sentinel
-from util import ring, status_of
+from util import assert_truncated, ring, status_of
 
 GLOO = "gloo"
 BACKENDS = ("mpi", GLOO)
@@ -119,10 +119,10 @@ def eager_and_backend_payloads(comm, found, backend):
             for t, k in ((0, n), (1, n), (2, 5))]
         with found.check(f"Recv {n} into {n - 1}"):
             assert_truncated(lambda: comm.Recv(torch.zeros(n - 1), left, 21, backend=backend),
-                             left, 21, 4 * (n - 1), 4 * n)
+                             "buf", 4 * (n - 1), left, 21, 4 * n)
         req = post(found, "Irecv", lambda: comm.Irecv(torch.zeros(2), left, 22, backend=backend))
         with found.check("Wait for 5 elements into 2"):
-            assert_truncated(req.Wait, left, 22, 8)
+            assert_truncated(req.Wait, "buf", 8, left, 22, 20)
         st, buf = mcr.Status(), sentinel(n, torch.float32)
         with found.check(f"Probe {n}"):
             comm.Probe(MPI.ANY_SOURCE, 20, st, backend=backend)
@@ -315,22 +315,6 @@ def proc_null_call_sets_the_backend_up(comm, call):
     sub.Free()
 
 
-def assert_truncated(call, source, tag, capacity, nbytes=20):
-    """ERR_TRUNCATE, noted alike on every backend (the size `nbytes` where it is known)."""
-    try:
-        call()
-    except mcr.Exception as exc:
-        assert isinstance(exc, MPI.Exception)
-        assert exc.Get_error_class() == MPI.ERR_TRUNCATE, exc
-        tail = (f" from rank {source} (tag {tag}) does not fit the receive buffer of "
-                f"{capacity} bytes")
-        notes = getattr(exc, "__notes__", [])
-        assert f"buf: message of {nbytes} bytes{tail}" in notes or \
-            f"buf: a message{tail}" in notes, notes
-    else:
-        raise AssertionError("no error")
-
-
 @case
 def truncation_of_a_message_to_itself(comm):
     """A Gloo message to oneself longer than its receive: ERR_TRUNCATE as between two ranks
@@ -338,7 +322,7 @@ def truncation_of_a_message_to_itself(comm):
     me = comm.rank
     req = comm.Irecv(torch.zeros(2), me, 7, backend=GLOO)
     comm.Send(torch.ones(5), me, 7, backend=GLOO)
-    assert_truncated(req.Wait, me, 7, 8)
+    assert_truncated(req.Wait, "buf", 8, me, 7, 20)
     buf = torch.zeros(5)
     comm.Send(torch.full((5,), 2.0), me, 8, backend=GLOO)
     comm.Recv(buf, me, 8, backend=GLOO)

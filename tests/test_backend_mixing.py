@@ -18,7 +18,7 @@ import torch
 import mcr
 from mcr import MPI
 from mpiharness import case, mpi_cases, run_script, world_sizes
-from opmatrix import COMPLETIONS, OPERATIONS, nonblocking
+from opmatrix import COMPLETIONS, OPERATIONS, complete, nonblocking, poller
 from opref import rank_data
 from util import Failures, assert_comm_works, assert_equal, raises, ring, status_of
 
@@ -35,63 +35,8 @@ def warm_up(comm):
     comm.Barrier(backend="gloo")
 
 
-def poller():
-    """To call after each failed poll: past 1000 it lets the other ranks run (on 2 cores)."""
-    polls = itertools.count()
-    return lambda: next(polls) > 1000 and time.sleep(0.0002)
-
-
 def full(n, value):
     return torch.full((n,), float(value))
-
-
-def complete(requests, how, rng):
-    """Complete `requests` by `how` (COMPLETIONS; `rng` orders the one-by-one forms);
-    {index: Status}, each reported once."""
-    got, poll = {}, poller()
-
-    def report(i, status):
-        assert i not in got, f"{how}: request {i} reported twice"
-        got[i] = status
-    if how in ("wait", "test"):
-        for i in rng.sample(range(len(requests)), len(requests)):
-            status = mcr.Status()
-            if how == "wait":
-                assert requests[i].Wait(status) is True
-            while how == "test" and not requests[i].Test(status):
-                poll()
-            report(i, status)
-    elif how in ("waitall", "testall"):
-        statuses = []
-        if how == "waitall":
-            assert mcr.Request.Waitall(requests, statuses) is True
-        while how == "testall" and not mcr.Request.Testall(requests, statuses):
-            poll()
-        assert len(statuses) >= len(requests)
-        for i in range(len(requests)):
-            report(i, statuses[i])
-    elif how in ("waitany", "testany"):
-        while True:
-            status = mcr.Status()
-            if how == "waitany":
-                index, flag = mcr.Request.Waitany(requests, status), True
-            else:
-                index, flag = mcr.Request.Testany(requests, status)
-            if not flag:
-                poll()
-            elif index == mcr.UNDEFINED:
-                break
-            else:
-                report(index, status)
-    else:
-        some = mcr.Request.Waitsome if how == "waitsome" else mcr.Request.Testsome
-        while (indices := some(requests, statuses := [])) is not None:
-            assert indices or how == "testsome", "Waitsome returned no index"
-            if not indices:
-                poll()
-            for k, i in enumerate(indices):
-                report(i, statuses[k])
-    return got
 
 
 # -- progress ----------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from mcr import compress
 from mpiharness import case, mpi_cases, run_script
 from opmatrix import Findings, no_check, nonblocking, refill
 from opref import OPS, cat, expect, layout, place, sentinel, vcounts
-from util import assert_comm_works, raises
+from util import assert_comm_works, logging_on, raises
 
 BACKENDS = ("mpi", "gloo")
 HAVE_ZFP = importlib.util.find_spec("zfpy") is not None
@@ -380,16 +380,13 @@ def bytes_on_the_wire(comm, backend):
     # the logger records them, one record per call (per start), the private
     # communicators' own traffic not
     size, rank, found = comm.size, comm.rank, Findings()
-    mcr.log.reset()
-    mcr.log.start(records=True)
-    run(comm, found, "", "Allgather", "blocking",
-        fixed((data(rank, 10), torch.zeros(10 * size))), "fp16", backend)
-    run(comm, found, "", "Allreduce", "persistent",
-        fixed((data(rank, 8 * size), torch.zeros(8 * size), mcr.SUM)), "bf16", backend)
-    run(comm, found, "", "Bcast", "nonblocking", fixed((torch.zeros(5), 0)), "fp16", backend)
-    records = mcr.log.records()
-    mcr.log.stop()
-    mcr.log.reset()
+    with logging_on() as log:
+        run(comm, found, "", "Allgather", "blocking",
+            fixed((data(rank, 10), torch.zeros(10 * size))), "fp16", backend)
+        run(comm, found, "", "Allreduce", "persistent",
+            fixed((data(rank, 8 * size), torch.zeros(8 * size), mcr.SUM)), "bf16", backend)
+        run(comm, found, "", "Bcast", "nonblocking", fixed((torch.zeros(5), 0)), "fp16", backend)
+    records = log.records
     assert [(r["op"], r["form"], r["backend"]) for r in records] == \
         [("Allgather", "blocking", backend)] + [("Allreduce", "persistent", backend)] * 2 \
         + [("Bcast", "nonblocking", backend)], records

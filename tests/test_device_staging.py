@@ -398,6 +398,8 @@ def completing_an_inactive_persistent_request_changes_nothing(comm, staged, emul
             with found.check(f"{how} on inactive"):
                 if how == "waitany":        # nothing active: UNDEFINED at once
                     assert mcr.Request.Waitany(requests) == mcr.UNDEFINED
+                elif how == "waitsome":     # and None
+                    assert mcr.Request.Waitsome(requests) is None
                 else:
                     complete(requests, how)
                 expect(out, torch.full((N,), -1.0))

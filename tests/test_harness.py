@@ -117,15 +117,6 @@ HANGS = textwrap.dedent('''
 ''')
 
 
-def alive(pid):
-    """Whether process `pid` runs (a zombie, exited but not yet reaped, does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-
-
 @pytest.mark.timeout(200)
 def test_sigterm_to_pytest_stops_its_job(tmp_path):
     # a developer's `timeout` or kill ends pytest with SIGTERM: its MPI job ends with it
@@ -147,9 +138,9 @@ def test_sigterm_to_pytest_stops_its_job(tmp_path):
     assert proc.returncode != 0, out
     ranks = [int(pid) for pid in pids.read_text().split()]
     deadline = time.monotonic() + 20
-    while any(alive(pid) for pid in ranks) and time.monotonic() < deadline:
+    while any(mpiharness.alive(pid) for pid in ranks) and time.monotonic() < deadline:
         time.sleep(0.2)
-    left = [pid for pid in ranks if alive(pid)]
+    left = [pid for pid in ranks if mpiharness.alive(pid)]
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     assert not left, f"ranks {left} outlived pytest:\n{out}"

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from mcr import launch
+from mpiharness import alive
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC, TESTS = os.path.join(ROOT, "src"), os.path.join(ROOT, "tests")
@@ -191,14 +192,6 @@ with open(os.path.join(sys.argv[1], f"{os.getpid()}"), "w") as f:
     f.write(f"{child.pid}")
 time.sleep(600)
 """
-
-
-def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"     # not a zombie
-    except OSError:
-        return False
 
 
 @pytest.mark.timeout(120)

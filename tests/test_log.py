@@ -21,23 +21,9 @@ from mcr.log import output, report
 from mcr.log.config import Config
 from mpiharness import case, mpi_cases, mpi_env, run_script
 from opref import rank_data
-from util import assert_comm_works, raises
+from util import assert_comm_works, logging_on, raises
 
 BACKENDS = ("mpi", "gloo")
-
-
-class logging_on:
-    """Log (keeping records) within a ``with`` block, from a clean slate."""
-
-    def __enter__(self):
-        mcr.log.reset()
-        mcr.log.start(records=True)
-        return self
-
-    def __exit__(self, *exc):
-        self.records, self.rows = mcr.log.records(), mcr.log.summary()["rows"]
-        mcr.log.stop()
-        mcr.log.reset()
 
 
 def fields(records, *names):

@@ -20,7 +20,7 @@ from mcr import MPI
 from mpiharness import case, mpi_cases
 from opmatrix import FORMS, Findings, name
 from opref import MOVE, cat, copy, data, expect, place, sentinel
-from util import assert_comm_works, raises, ring
+from util import assert_comm_works, assert_truncated, raises, ring
 
 TYPES = MOVE + [np.float32, np.float64, np.float16, np.int8, np.uint8, np.int16, np.uint16,
                 np.int32, np.uint32, np.int64, np.uint64, np.complex64, np.complex128, np.bool_]
@@ -382,21 +382,6 @@ def bsend_returns_before_any_receive(comm):
 
 
 # -- composed Isendrecv requests, errors --------------------------------------------------
-def assert_truncated(call, arg, capacity, source, tag):
-    """`call` raises MPI_ERR_TRUNCATE with the note of a 40-byte message."""
-    try:
-        call()
-    except mcr.Exception as exc:
-        assert exc.Get_error_class() == MPI.ERR_TRUNCATE, str(exc)
-        tail = (f" from rank {source} (tag {tag}) does not fit the receive buffer of "
-                f"{capacity} bytes")
-        notes = getattr(exc, "__notes__", [])
-        assert f"{arg}: message of 40 bytes{tail}" in notes or \
-            f"{arg}: a message{tail}" in notes, notes
-    else:
-        raise AssertionError("MPI_ERR_TRUNCATE not raised")
-
-
 @case
 def composed_isendrecv_requests(comm):
     """Composed (see `sendrecv`): truncation, Test, Waitany among other requests, and Free."""
@@ -406,10 +391,10 @@ def composed_isendrecv_requests(comm):
         tensor = torch.arange(10.0)                 # 40 bytes
         if comm.size > 1:    # (Open MPI: a receive from itself posted first does not truncate)
             req = comm.Isendrecv(tensor, right, 5, torch.zeros(3), left, 5)
-            assert_truncated(req.Wait, "recvbuf", 12, left, 5)
+            assert_truncated(req.Wait, "recvbuf", 12, left, 5, 40)
         sreq = comm.Isend(tensor, right, 6)
         req = comm.Isendrecv_replace(torch.zeros(1), MPI.PROC_NULL, 6, left, 6)
-        assert_truncated(req.Wait, "buf", 4, left, 6)
+        assert_truncated(req.Wait, "buf", 4, left, 6, 40)
         sreq.Wait()
         mine, theirs = data(comm.rank, 4), data(left, 4)
         y, st = torch.zeros(4), mcr.Status()

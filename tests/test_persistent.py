@@ -121,18 +121,6 @@ def a_receive_whose_wait_failed_starts_again(comm, backend):
     assert_comm_works(comm)
 
 
-def complete_with_statuses(requests, how, statuses):
-    if how == "waitall":
-        assert mcr.Request.Waitall(requests, statuses) is True
-    elif how == "testall":
-        while not mcr.Request.Testall(requests, statuses):
-            pass
-    else:
-        for req, st in zip(requests, statuses):
-            while not (req.Wait(st) if how == "wait" else req.Test(st)):
-                pass
-
-
 @case
 def recv_init_status_counts_elements(comm):
     """A persistent ANY_SOURCE/ANY_TAG receive's Status, completed every way: Get_count() counts
@@ -145,9 +133,7 @@ def recv_init_status_counts_elements(comm):
         for it, how in enumerate(("wait", "waitall", "test", "testall")):
             fill(it)
             mcr.Prequest.Startall([recv, send])
-            statuses = [mcr.Status(), mcr.Status()]
-            complete_with_statuses([recv, send], how, statuses)
-            st = statuses[0]
+            st = complete([recv, send], how)[0]
             with found.check(f"Recv_init {dtype} completed by {how}"):
                 check(it)
                 got = (st.Get_source(), st.source, st.Get_tag(), st.tag)

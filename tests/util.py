@@ -39,6 +39,25 @@ def assert_comm_works(comm):
     assert torch.equal(y, torch.full((3,), expected)), (y, expected)
 
 
+def assert_truncated(call, arg, capacity, source, tag, nbytes, error_class=None):
+    """`call()` raises `error_class` (default MPI_ERR_TRUNCATE) as an mcr.Exception that mpi4py's
+    catches, noted by mcr: argument `arg` of `capacity` bytes, the message of `nbytes` (where
+    known), source and tag. Returns the exception."""
+    error_class = mcr.MPI.ERR_TRUNCATE if error_class is None else error_class
+    try:
+        call()
+    except mcr.MPI.Exception as exc:       # as a ported mpi4py program catches it
+        assert isinstance(exc, mcr.Exception), type(exc)
+        assert exc.Get_error_class() == error_class, (exc.Get_error_class(), str(exc))
+        tail = (f" from rank {source} (tag {tag}) does not fit the receive buffer of "
+                f"{capacity} bytes")
+        notes = getattr(exc, "__notes__", [])
+        assert f"{arg}: message of {nbytes} bytes{tail}" in notes or \
+            f"{arg}: a message{tail}" in notes, (notes, arg, tail)
+        return exc
+    raise AssertionError(f"MPI error class {error_class} not raised (tag {tag})")
+
+
 def assert_equal(actual, expected):
     if isinstance(actual, np.ndarray):
         np.testing.assert_array_equal(actual, expected)
@@ -64,3 +83,18 @@ class Failures:
 
     def done(self):
         assert not self.found, f"rank {self.rank}:\n" + "\n".join(self.found)
+
+
+class logging_on:
+    """Log (keeping records) within a ``with`` block, from a clean slate."""
+
+    def __enter__(self):
+        import mcr.log
+        mcr.log.reset()
+        mcr.log.start(records=True)
+        return self
+
+    def __exit__(self, *exc):
+        self.records, self.rows = mcr.log.records(), mcr.log.summary()["rows"]
+        mcr.log.stop()
+        mcr.log.reset()
