@@ -2,10 +2,10 @@
 with torch/numpy on the whole data: Split/Dup sub-communicators; point-to-point with MPI's
 matching (to oneself, tags out of order, ANY_SOURCE/ANY_TAG, Probe/Iprobe, counts, PROC_NULL,
 ERR_TRUNCATE, both sides of the eager limit, many large sends, Free with operations pending,
-the set-up by a PROC_NULL call),
-Sendrecv(_replace), Send_init/Recv_init; request sets; errors as on MPI, raised before
-communicating; TypeError for what Gloo cannot run; the store (a file on one host, TCP at
-MCR_STORE_HOST or where a rank cannot see the file).
+the set-up by a PROC_NULL call); errors as on MPI, raised before communicating; TypeError for
+what Gloo cannot run; the store (a file on one host, TCP at MCR_STORE_HOST or where a rank
+cannot see the file). Every element type, Sendrecv(_replace), the persistent forms and PROC_NULL
+messages: tests/test_p2p_buf.py; request sets: test_backend_mixing.
 """
 
 import contextlib
@@ -25,8 +25,8 @@ import mcr
 import mcr.backends.gloo
 from mcr import MPI, launch
 from mpiharness import case, mpi_cases, mpi_env
-from opmatrix import COMPLETIONS, Findings, complete
-from opref import OPS, cat, data, expect, operands, reduce_ref, sentinel
+from opmatrix import Findings
+from opref import OPS, data, expect, operands, reduce_ref, sentinel
 from util import assert_truncated, ring, status_of
 
 GLOO = "gloo"
@@ -219,86 +219,6 @@ def probe_and_iprobe_then_recv(comm, found, backend):
     wait_posted(found, "sends", sends)
 
 
-@checked(min_size=2, quick=True, backend=BACKENDS)
-def ring_messages_of_every_element_type(comm, found, backend):
-    """Send into a longer Irecv buffer, Sendrecv, Sendrecv_replace, numpy: to the right."""
-    right, left = ring(comm)
-    for seed, dtype in enumerate([torch.uint8, torch.bfloat16, torch.float16, torch.bool,
-                                  torch.uint32, torch.uint64, torch.int8, torch.complex64,
-                                  torch.complex128]):
-        n, buf = 3 + seed, sentinel(7 + seed, dtype)
-        req = post(found, f"Irecv {dtype}", lambda: comm.Irecv(buf, left, seed, backend=backend))
-        with found.check(f"Send {dtype}"):
-            comm.Send(data(comm.rank, n, dtype, None, seed), right, seed, backend=backend)
-        st = mcr.Status()
-        with found.check(f"Wait {dtype}"):
-            req.Wait(st)
-            assert status_of(st) == (left, seed, n), status_of(st)
-            assert st.Get_count(MPI.BYTE) == n * buf.element_size()
-            expect(buf, cat([data(left, n, dtype, None, seed), sentinel(4, dtype)]))
-        buf, st = sentinel(6, dtype), mcr.Status()
-        with found.check(f"Sendrecv {dtype}"):
-            comm.Sendrecv(data(comm.rank, 6, dtype, None, seed), right, 20 + seed, buf, left,
-                          20 + seed, st, backend=backend)
-            expect(buf, data(left, 6, dtype, None, seed))
-            assert status_of(st) == (left, 20 + seed, 6), status_of(st)
-        buf, st = data(comm.rank, 4, dtype, None, seed).clone(), mcr.Status()
-        with found.check(f"Sendrecv_replace {dtype}"):
-            comm.Sendrecv_replace(buf, right, 40, left, 40, st, backend=backend)
-            expect(buf, data(left, 4, dtype, None, seed))
-            assert status_of(st) == (left, 40, 4), status_of(st)
-    out = np.zeros(8, np.float32)
-    with found.check("Sendrecv numpy"):
-        comm.Sendrecv(data(comm.rank, comm.rank + 1, np.float32), right, 1, out, left, 1,
-                      backend=backend)
-        expect(out, np.concatenate([data(left, left + 1, np.float32),
-                                    np.zeros(7 - left, np.float32)]))
-
-
-@checked(min_size=2, quick=True, backend=BACKENDS)
-def send_init_recv_init(comm, found, backend):
-    """Persistent point-to-point, started twice with new data."""
-    right, left = ring(comm)
-    out, x = sentinel(N, torch.uint32), data(comm.rank, N, torch.uint32)
-    with found.check("Recv_init and Send_init"):
-        reqs = [comm.Recv_init(out, left, 4, backend=backend),
-                comm.Send_init(x, right, 4, backend=backend)]
-        for seed in (1, 2):
-            x[...] = data(comm.rank, N, torch.uint32, None, seed)
-            out[...] = sentinel(N, torch.uint32)
-            statuses = []
-            mcr.Prequest.Startall(reqs)
-            mcr.Request.Waitall(reqs, statuses)
-            with found.check(f"start {seed}"):
-                expect(out, data(left, N, torch.uint32, None, seed))
-                assert status_of(statuses[0]) == (left, 4, N), status_of(statuses[0])
-        for req in reqs:
-            req.Free()
-
-
-@checked(backend=BACKENDS)
-def proc_null(comm, found, backend):
-    x, y, st = data(comm.rank, 4), sentinel(4, torch.float32), mcr.Status()
-    empty = (MPI.PROC_NULL, MPI.ANY_TAG, 0)
-    with found.check("Send and Recv"):
-        comm.Send(x, MPI.PROC_NULL, 3, backend=backend)
-        comm.Recv(y, MPI.PROC_NULL, 3, st, backend=backend)
-        assert status_of(st) == empty, status_of(st)
-    statuses = []
-    with found.check("Isend and Irecv"):
-        mcr.Request.Waitall([comm.Isend(x, MPI.PROC_NULL, backend=backend),
-                             comm.Irecv(y, MPI.PROC_NULL, backend=backend)], statuses)
-        assert status_of(statuses[1]) == empty, status_of(statuses[1])
-    with found.check("Sendrecv and Sendrecv_replace"):
-        comm.Sendrecv(x, MPI.PROC_NULL, 0, y, MPI.PROC_NULL, 0, backend=backend)
-        comm.Sendrecv_replace(y, MPI.PROC_NULL, 0, MPI.PROC_NULL, 0, backend=backend)
-    with found.check("Probe"):
-        assert comm.Probe(MPI.PROC_NULL, 0, st, backend=backend) is True
-        assert status_of(st) == empty, status_of(st)
-    with found.check("the buffer is untouched"):
-        expect(y, sentinel(4, torch.float32))
-
-
 @case.matrix(call=("Send", "Recv", "Probe"))
 def proc_null_call_sets_the_backend_up(comm, call):
     """A call with a PROC_NULL peer is a call on the backend: it joins the collective set-up,
@@ -362,73 +282,6 @@ def many_large_sends_then_receives(comm, found):
         spare = mcr.backends.subcomm(comm, GLOO).spare
         assert 1 <= len(spare) <= 4 and sum(b.numel() for b in spare) <= 1 << 26, \
             [b.numel() for b in spare]
-
-
-# -- Request sets ----------------------------------------------------------------------
-@checked(min_size=2, how=("Waitany", "Waitsome", "Testall"))
-def request_sets_over_gloo(comm, found, how):
-    """Four Gloo receives, sent in reverse order, completed by `how`; index and status of each."""
-    right, left = ring(comm)
-    bufs = [sentinel(t + 1, torch.int64) for t in range(4)]
-    with found.check("posting"):
-        recvs = [comm.Irecv(bufs[t], left, 20 + t, backend=GLOO) for t in range(4)]
-        sends = [comm.Isend(data(comm.rank, t + 1, torch.int64, None, t), right, 20 + t,
-                            backend=GLOO) for t in reversed(range(4))]
-    done = []
-    with found.check(how):
-        if how == "Waitany":
-            st = mcr.Status()
-            while (index := mcr.Request.Waitany(recvs, st)) != MPI.UNDEFINED:
-                done.append(index)
-                assert status_of(st) == (left, 20 + index, index + 1), status_of(st)
-        elif how == "Waitsome":
-            statuses = [mcr.Status() for _ in range(4)]
-            while (indices := mcr.Request.Waitsome(recvs, statuses)) is not None:
-                assert indices, "Waitsome returned no index"
-                done += indices
-                for i, index in enumerate(indices):
-                    assert statuses[i].Get_tag() == 20 + index, (i, index)
-        else:
-            deadline = time.monotonic() + 60
-            while not mcr.Request.Testall(recvs):
-                assert time.monotonic() < deadline, "Testall never true"
-            done = list(range(4))
-        assert sorted(done) == list(range(4)), done
-        for t in range(4):
-            expect(bufs[t], data(left, t + 1, torch.int64, None, t), f"tag {20 + t}")
-        mcr.Request.Waitall(sends)
-
-
-@checked()
-def gloo_and_mpi_requests_mixed(comm, found):
-    """Collectives and point-to-point on both backends at once, completed by each COMPLETIONS."""
-    rank, size, u64 = comm.rank, comm.size, torch.uint64
-    right, left = ring(comm)
-    for how in COMPLETIONS:
-        xs, us = operands(size, N, torch.float16, "SUM", 7), operands(size, N, u64)
-        red, gat = sentinel(N, torch.float16), sentinel(N * size, torch.float16)
-        ag, p2p_gloo, p2p_mpi = (sentinel(k, u64) for k in (N * size, N, N))
-        bc = data(0, N, torch.int32) if rank == 0 else sentinel(N, torch.int32)
-        # (method, args, backend, buffer, expected; None for sends)
-        calls = [(comm.Iallreduce, (xs[rank], red), GLOO, red, reduce_ref(xs, "SUM")),
-                 (comm.Iallgather, (xs[rank], gat), "mpi", gat, torch.cat(xs)),
-                 (comm.Iallgather, (us[rank], ag), GLOO, ag, torch.cat(us)),
-                 (comm.Ibcast, (bc, 0), GLOO, bc, data(0, N, torch.int32))]
-        if size > 1:
-            calls += [
-                (comm.Irecv, (p2p_gloo, left, 1), GLOO, p2p_gloo, data(left, N, u64, seed=2)),
-                (comm.Irecv, (p2p_mpi, left, 1), "mpi", p2p_mpi, data(left, N, u64, seed=1)),
-                (comm.Isend, (data(rank, N, u64, seed=1), right, 1), "mpi", None, None),
-                (comm.Isend, (data(rank, N, u64, seed=2), right, 1), GLOO, None, None)]
-        labels = [f"{how}: {method.__name__} {b}" for method, _, b, *_ in calls]
-        posted = [post(found, what, lambda: method(*args, backend=b))
-                  for what, (method, args, b, *_) in zip(labels, calls)]
-        with found.check(how):
-            complete([r for r in posted if r is not None], how)
-        for what, req, (*_, actual, expected) in zip(labels, posted, calls):
-            if expected is not None and req is not None:
-                with found.check(what):
-                    expect(actual, expected)
 
 
 # -- Errors ----------------------------------------------------------------------------

@@ -68,20 +68,6 @@ def create_group_of_the_first_half(comm):
 
 
 @case
-def split_undefined_gives_a_null_comm(comm):
-    sub = comm.Split(mcr.UNDEFINED if comm.rank == 0 else 1, 0)
-    if comm.rank == 0:
-        assert sub.to_mpi4py() == M4.COMM_NULL
-        with raises(ValueError, "comm:", "null"):
-            sub.Allreduce(torch.ones(1), torch.zeros(1))
-    else:
-        assert sub.size == comm.size - 1
-        sub.Barrier()
-    sub.Free()                                   # rank 0: freeing a null comm, a no-op
-    assert_comm_works(comm)
-
-
-@case
 def free_is_idempotent_and_freed_comms_raise(comm):
     dup = comm.Dup()
     dup.Free()
@@ -258,16 +244,6 @@ def test_pickle_of_predefined_communicators():
     with raises(ValueError, "cannot serialize"):
         pickle.dumps(dup)
     dup.Free()
-
-
-@case
-def split_type_shared(comm):
-    sub = comm.Split_type(M4.COMM_TYPE_SHARED)
-    assert isinstance(sub, mcr.Comm) and sub.size == comm.size      # one node
-    out = torch.zeros(1, dtype=torch.int64)
-    sub.Allreduce(torch.ones(1, dtype=torch.int64), out)
-    assert out.item() == comm.size
-    sub.Free()
 
 
 @case

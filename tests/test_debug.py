@@ -324,14 +324,6 @@ def test_cli_files_and_directory(tmp_path):
                              "(reasons: ranks 0,2 exit)")
 
 
-def test_import_loads_neither_core_nor_torch():
-    code = ("import sys, mcr.debug; print(sorted(m for m in sys.modules if m.startswith("
-            "('mcr._core', 'torch', 'mpi4py.MPI'))))")
-    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=SRC),
-                         capture_output=True, text=True, timeout=60, check=True).stdout
-    assert out == "[]\n"
-
-
 # -- Unusable files: exit status 2, the file named ----------------------------------------
 
 @pytest.mark.parametrize("text, fragment", [

@@ -509,17 +509,6 @@ def _job(tmp_path, nprocs, code):
     return out
 
 
-@pytest.mark.parametrize("first", [
-    # mcr first: no torch, no MPI; registered when torch.distributed comes
-    "import sys, mcr\nassert 'torch' not in sys.modules and 'mpi4py.MPI' not in sys.modules\n"
-    "import torch.distributed as dist\n",
-    "import torch.distributed as dist, mcr, sys\n"])
-def test_import_registers_without_mpi(first):
-    _python(first + "assert 'mcr' in dist.Backend.backend_list, dist.Backend.backend_list\n"
-            "assert 'mpi4py.MPI' not in sys.modules and dist.Backend('mcr') == 'mcr'\n"
-            "print('ok')\n")
-
-
 def test_outside_mpi_without_master_addr_torch_error_unchanged():
     """A process that says it has peers (RANK set) and no MASTER_ADDR gets torch's error."""
     result = _python("import mcr, torch.distributed as dist\n"
@@ -608,10 +597,6 @@ def test_init_times_out_when_a_rank_never_calls_it(nprocs, tmp_path):
 
 def test_bench_torchdist_tiny():
     """python -m mcr.bench.torchdist: a checked row per operation and size, ratios to Gloo."""
-    from mcr.bench.torchdist import parse_args
-    for bad in (["--ops", "all_reduce,nope"], ["--sizes", "2"]):
-        with pytest.raises(SystemExit):
-            parse_args(bad)
     proc = subprocess.run([sys.executable, "-m", "mcr.bench.torchdist", "-n", "2", "--ops",
                            "all_reduce,all_to_all_single", "--sizes", "4,4096", "--rounds",
                            "1", "--time", "0.005", "--timeout", "150"],

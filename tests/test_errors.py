@@ -414,7 +414,8 @@ def ranks_and_tags_out_of_range(comm):
     for bad in (s, s + 1, -3, -7):
         rows += [(f"source|rank {bad}|{valid}", comm.Recv, x, bad),
                  (f"source|rank {bad}", comm.Irecv, x, bad),
-                 (f"source|rank {bad}", comm.Sendrecv, x, dst, 0, z, bad, 0)]
+                 (f"source|rank {bad}", comm.Sendrecv, x, dst, 0, z, bad, 0),
+                 (f"source|rank {bad}", comm.Probe, bad)]
     check(comm, IndexError, rows)
     check(comm, ValueError, [
         (f"tag|tag -1|out of range|0..{tag_ub}", comm.Send, x, dst, -1),
@@ -422,6 +423,7 @@ def ranks_and_tags_out_of_range(comm):
         ("tag|tag -2", comm.Isend, x, dst, -2), ("tag|tag -9", comm.Irecv, x, src, -9),
         ("sendtag|tag -1", comm.Sendrecv, x, dst, -1, z, src, 0),
         ("recvtag|tag -3", comm.Sendrecv, x, dst, 0, z, src, -3),
+        ("tag|tag -4", comm.Iprobe, MPI.ANY_SOURCE, -4),
         (f"tag|tag {MPI.ANY_TAG}", comm.Send, x, dst, MPI.ANY_TAG)])   # for receives only
     # above TAG_UB: a C int may overflow first
     exc = (OverflowError, ValueError) if tag_ub == 2**31 - 1 else ValueError
@@ -527,16 +529,16 @@ def aliased_buffers_and_null_communicators(comm):
     comm.Alltoall(halves[:3 * s], halves[3 * s:])
     assert_equal(halves[3 * s:], torch.cat([rank_data(q, 3 * s)[3 * r:3 * r + 3]
                                             for q in range(s)]))
-    # half the ranks get a communicator, the others a null one
-    half = comm.Split(0 if comm.rank % 2 == 0 else mcr.UNDEFINED, comm.rank)
-    if comm.rank % 2 == 0:
-        assert isinstance(half, mcr.Comm) and half.size == (comm.size + 1) // 2
+    # the odd ranks get a communicator, the even ones a null one (at 1 process, rank 0 alone)
+    half = comm.Split(mcr.UNDEFINED if comm.rank % 2 == 0 else 0, comm.rank)
+    if comm.rank % 2:
+        assert isinstance(half, mcr.Comm) and half.size == comm.size // 2
         assert_comm_works(half)
-        half.Free()
     else:
-        assert half == MPI.COMM_NULL
+        assert half == MPI.COMM_NULL and half.to_mpi4py() == _mpi4py.COMM_NULL
         with raises(ValueError, *msg.split("|")):
             half.Allreduce(y, z)
+    half.Free()                                  # on a null comm: a no-op
     assert_comm_works(comm)
 
 

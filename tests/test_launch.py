@@ -229,7 +229,12 @@ def with_src(env):
 
 @pytest.mark.parametrize("code", [
     "import mcr.launch as L; L.command(2, L.find_mpiexec()); L.job_env(L.find_mpiexec())",
-    "import mcr; mcr.__version__",
+    # mcr first: torch comes with torch.distributed, which finds the "mcr" backend
+    "import sys, mcr; mcr.__version__\nassert 'torch' not in sys.modules\n"
+    "import torch.distributed as dist\n"
+    "assert 'mcr' in dist.Backend.backend_list and dist.Backend('mcr') == 'mcr'",
+    "import torch.distributed as dist, mcr\nassert 'mcr' in dist.Backend.backend_list",
+    "import sys, mcr.debug\nassert not [m for m in sys.modules if m.startswith('torch')]",
     "from mcr.bench.compare import cli; cli.parse_args(['--ops', 'all'])",
     "import mcr.tune.plot, mcr.tune.report; from mcr.tune import cli\n"
     "cli.parse_args(['--ops', 'all'])",

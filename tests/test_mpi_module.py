@@ -260,7 +260,7 @@ def split_type_returns_an_mcr_comm(comm):
     idup, req = comm.Idup()
     req.Wait()
     for made in (shared, idup):
-        assert type(made) is mcr.Comm, type(made)
+        assert type(made) is mcr.Comm and made.size == comm.size, (type(made), made.size)
         assert_comm_works(made)
         made.Free()
 
@@ -308,25 +308,9 @@ def mixing_mpi4py_and_mcr_objects(comm):
 
 
 @case
-def exception_is_mpi4py_compatible(comm):
-    """A truncated receive raises mcr.Exception, caught by either module's MPI.Exception."""
-    right, left = ring(comm)
-    for tag, handler in enumerate((MPI.Exception, M4.Exception)):
-        req = comm.Isend(np.arange(8, dtype=np.float64), right, tag)
-        with pytest.raises(handler) as info:
-            comm.Recv(np.zeros(2), left, tag)
-        exc = info.value
-        assert type(exc) is mcr.Exception and isinstance(exc, M4.Exception)
-        assert exc.Get_error_class() == MPI.ERR_TRUNCATE
-        assert exc.Get_error_code() != MPI.SUCCESS and str(exc)
-        req.Wait()
-        assert_comm_works(comm)
-
-
-@case
-def zero_d_arrays_and_bad_ranks_as_mpi4pys(comm):
+def zero_d_arrays_as_mpi4pys(comm):
     """pi as mpi4py's tutorial computes it, with 0-d arrays as ``[buf, type]`` messages (Bcast,
-    and Reduce with None off the root), under either module; a bad source: IndexError."""
+    and Reduce with None off the root), under either module."""
     size, rank = comm.size, comm.rank
     h = 1.0 / 1000
     parts = [h * sum(4.0 / (1.0 + (h * (i + 0.5)) ** 2) for i in range(r, 1000, size))
@@ -341,8 +325,6 @@ def zero_d_arrays_and_bad_ranks_as_mpi4pys(comm):
                      [pi, module.DOUBLE] if rank == 0 else None, op=module.SUM, root=0)
         assert rank != 0 or (abs(float(pi) - sum(parts)) < 1e-12
                              and abs(float(pi) - np.pi) < 1e-6), pi
-    with raises(IndexError):
-        comm.Recv(np.empty(1), source=size + 5)
 
 
 test_mpi = mpi_cases(__name__)

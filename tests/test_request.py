@@ -168,10 +168,6 @@ def cancel_get_status_and_probe(comm):
     comm.Recv(buf, left, 2, st)
     assert st.Get_count() == 6 and buf.tolist() == list(range(6))
     send.Wait()
-    with raises(IndexError, "source: rank"):
-        comm.Probe(comm.size + 3)
-    with raises(ValueError, "tag: tag -4"):
-        comm.Iprobe(tag=-4)
     assert_comm_works(comm)
 
 

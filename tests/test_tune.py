@@ -135,7 +135,25 @@ def test_bad_options(args, names, tmp_path):
     assert not (tmp_path / "t.json").exists()
 
 
-@pytest.mark.parametrize("args, names", [
+def tool_args(tool):
+    """The function that parses `tool`'s command line."""
+    from mcr.bench import compare, torchdist, workloads
+    return {"tune": cli.parse_args, "compare": compare.cli.parse_args,
+            "torchdist": torchdist.parse_args, "workloads": workloads.parse_args}[tool]
+
+
+@pytest.mark.parametrize("tool, args, names", [("workloads", *row) for row in [
+    (["--workloads", "moe,bert"], ["--workloads: expected distinct names"]),
+    (["--variants", "mcr,mcr"], ["--variants: expected distinct names"]),
+    (["--set", "moe.experts"], ["--set: expected WORKLOAD.FIELD=VALUE"]),
+    (["--set", "moe.depth=3"], ["moe has no size 'depth'"]),
+    (["--set", "dlrm.rows=many"], ["dlrm.rows: expected int, got 'many'"]),
+    (["--workloads", "moe", "--set", "dlrm.rows=3"], ["WORKLOAD one of moe,"]),
+    (["--steps", "0"], ["--steps: expected at least 1"])]] + [
+    ("compare", ["--ops", "allreduce,nosuchop"], ["--ops", "nosuchop", "choose from"]),
+    ("torchdist", ["--ops", "all_reduce,nope"], ["--ops: unknown ['nope']"]),
+    ("torchdist", ["--sizes", "2"], ["--sizes: expected byte counts of at least 4"])] + [
+    ("tune", *row) for row in [
     (["--ops", "latency"], ["--ops", "latency", "point-to-point"]),
     (["--ops", ","], ["--ops", "empty"]),
     (["-m", "64:4"], ["-m", "MIN 64", "MAX 4"]),
@@ -144,11 +162,10 @@ def test_bad_options(args, names, tmp_path):
     (["--devices", "tpu"], ["--devices", "tpu"]),
     (["--rounds", "0"], ["--rounds", "0"]),
     (["--time-budget", "0"], ["--time-budget", "0"]),
-    (["-n", "0"], ["-n", "0"]),
-])
-def test_bad_options_in_process(args, names, capsys):
+    (["-n", "0"], ["-n", "0"])]])
+def test_bad_options_of_every_tool(tool, args, names, capsys):
     with pytest.raises(SystemExit) as info:
-        cli.parse_args(args)
+        tool_args(tool)(args)
     err = capsys.readouterr().err
     assert info.value.code == 2 and all(name in err for name in names), err
 

@@ -15,13 +15,11 @@ import subprocess
 import sys
 
 import numpy
-import pytest
 import torch
 from mpi4py import MPI
 from torch import nn
 
 from mcr import launch
-from mcr.bench import workloads as bench
 from mcr.workloads import dlrm, moe, transformer
 from mpiharness import case, mpi_cases, run_script
 
@@ -176,18 +174,3 @@ def test_benchmark_table(tmp_path):
         assert sorted(r["losses"]) == sorted(VARIANTS)
         assert all(len(x) == 4 for x in r["losses"].values())   # warm-up + 1 round
         assert r["config"]["batch" if r["workload"] == "dlrm" else "tokens"] in (32, 64)
-
-
-@pytest.mark.parametrize("argv, message", [
-    (["--workloads", "moe,bert"], "--workloads: expected distinct names"),
-    (["--variants", "mcr,mcr"], "--variants: expected distinct names"),
-    (["--set", "moe.experts"], "--set: expected WORKLOAD.FIELD=VALUE"),
-    (["--set", "moe.depth=3"], "moe has no size 'depth'"),
-    (["--set", "dlrm.rows=many"], "dlrm.rows: expected int, got 'many'"),
-    (["--workloads", "moe", "--set", "dlrm.rows=3"], "WORKLOAD one of moe,"),
-    (["--steps", "0"], "--steps: expected at least 1"),
-])
-def test_bad_options(argv, message, capsys):
-    with pytest.raises(SystemExit) as exc:
-        bench.parse_args(argv)
-    assert exc.value.code == 2 and message in capsys.readouterr().err
