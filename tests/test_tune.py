@@ -142,27 +142,32 @@ def tool_args(tool):
             "torchdist": torchdist.parse_args, "workloads": workloads.parse_args}[tool]
 
 
-@pytest.mark.parametrize("tool, args, names", [("workloads", *row) for row in [
-    (["--workloads", "moe,bert"], ["--workloads: expected distinct names"]),
-    (["--variants", "mcr,mcr"], ["--variants: expected distinct names"]),
-    (["--set", "moe.experts"], ["--set: expected WORKLOAD.FIELD=VALUE"]),
-    (["--set", "moe.depth=3"], ["moe has no size 'depth'"]),
-    (["--set", "dlrm.rows=many"], ["dlrm.rows: expected int, got 'many'"]),
-    (["--workloads", "moe", "--set", "dlrm.rows=3"], ["WORKLOAD one of moe,"]),
-    (["--steps", "0"], ["--steps: expected at least 1"])]] + [
-    ("compare", ["--ops", "allreduce,nosuchop"], ["--ops", "nosuchop", "choose from"]),
-    ("torchdist", ["--ops", "all_reduce,nope"], ["--ops: unknown ['nope']"]),
-    ("torchdist", ["--sizes", "2"], ["--sizes: expected byte counts of at least 4"])] + [
-    ("tune", *row) for row in [
-    (["--ops", "latency"], ["--ops", "latency", "point-to-point"]),
-    (["--ops", ","], ["--ops", "empty"]),
-    (["-m", "64:4"], ["-m", "MIN 64", "MAX 4"]),
-    (["-m", "1:2"], ["-m", "float32"]),
-    (["--backends", "mpi,nosuch"], ["--backends", "nosuch"]),
-    (["--devices", "tpu"], ["--devices", "tpu"]),
-    (["--rounds", "0"], ["--rounds", "0"]),
-    (["--time-budget", "0"], ["--time-budget", "0"]),
-    (["-n", "0"], ["-n", "0"])]])
+BAD_OPTIONS = {   # tool: (arguments, what its error names)
+    "workloads": [
+        (["--workloads", "moe,bert"], ["--workloads: expected distinct names"]),
+        (["--variants", "mcr,mcr"], ["--variants: expected distinct names"]),
+        (["--set", "moe.experts"], ["--set: expected WORKLOAD.FIELD=VALUE"]),
+        (["--set", "moe.depth=3"], ["moe has no size 'depth'"]),
+        (["--set", "dlrm.rows=many"], ["dlrm.rows: expected int, got 'many'"]),
+        (["--workloads", "moe", "--set", "dlrm.rows=3"], ["WORKLOAD one of moe,"]),
+        (["--steps", "0"], ["--steps: expected at least 1"])],
+    "compare": [(["--ops", "allreduce,nosuchop"], ["--ops", "nosuchop", "choose from"])],
+    "torchdist": [(["--ops", "all_reduce,nope"], ["--ops: unknown ['nope']"]),
+                  (["--sizes", "2"], ["--sizes: expected byte counts of at least 4"])],
+    "tune": [
+        (["--ops", "latency"], ["--ops", "latency", "point-to-point"]),
+        (["--ops", ","], ["--ops", "empty"]),
+        (["-m", "64:4"], ["-m", "MIN 64", "MAX 4"]),
+        (["-m", "1:2"], ["-m", "float32"]),
+        (["--backends", "mpi,nosuch"], ["--backends", "nosuch"]),
+        (["--devices", "tpu"], ["--devices", "tpu"]),
+        (["--rounds", "0"], ["--rounds", "0"]),
+        (["--time-budget", "0"], ["--time-budget", "0"]),
+        (["-n", "0"], ["-n", "0"])]}
+
+
+@pytest.mark.parametrize("tool, args, names",
+                         [(tool, *row) for tool, rows in BAD_OPTIONS.items() for row in rows])
 def test_bad_options_of_every_tool(tool, args, names, capsys):
     with pytest.raises(SystemExit) as info:
         tool_args(tool)(args)
