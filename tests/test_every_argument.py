@@ -48,18 +48,10 @@ EXCLUDED = {"Comm." + n for n in (
 # Trials known to fail, skipped (a crash or a hang would hide every later trial): (method,
 # parameter, object, backend) fnmatch patterns -> the reason. Remove a line when its fix lands.
 KNOWN_FAILURES: dict[tuple[str, str, str, str], str] = {
-    (f"Cartcomm.{method}", param, obj, "mpi"): (
-        "Open MPI 5.0's non-blocking and persistent MPI_Neighbor_alltoallw on a ring of 2 "
-        "processes take the order of MPI before 4.0 (its blocking form does not); mcr "
-        "composes Neighbor_alltoall(v) there, not alltoallw (see docs/api.rst)")
-    for method, param, obj in (("Ineighbor_alltoallw", "backend", "None"),
-                               ("Neighbor_alltoallw_init", "backend", "None"),
-                               ("Neighbor_alltoallw_init", "info", "None"),
-                               ("Neighbor_alltoallw_init", "info", "Info"))}
-KNOWN_FAILURES[("Cartcomm.*eighbor_all*v*", "recvbuf", "tensor-0d", "mpi")] = (
-    "one element for the blocks of 2 neighbours (counts [1, 0]) truncates; Open MPI 5.0 aborts "
-    "the schedule and writes past the buffer (heap corrupt in 1 run of 6; plain mpi4py too, "
-    "MALLOC_CHECK_=3); mcr cannot see the neighbours' counts before calling MPI")
+    ("Cartcomm.*eighbor_all*v*", "recvbuf", "tensor-0d", "mpi"): (
+        "one element for the blocks of 2 neighbours (counts [1, 0]) truncates; Open MPI 5.0 "
+        "aborts the schedule and writes past the buffer (heap corrupt in 1 run of 6; plain "
+        "mpi4py too, MALLOC_CHECK_=3); mcr cannot see the neighbours' counts before calling MPI")}
 
 
 # -- Objects ------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""Neighborhood collectives (Neighbor_allgather(v), Neighbor_alltoall(v)) in their three forms,
-on MPI (also host-staged) and composed on Gloo, on Cartesian grids (periodic dimensions of 1 and
+"""Neighborhood collectives (Neighbor_allgather(v), Neighbor_alltoall(v,w)) in their three forms,
+on MPI (also host-staged) and, but alltoallw, composed on Gloo, on Cartesian grids (periodic dimensions of 1 and
 2: one process is both neighbours), graphs with repeated edges and distributed graphs. Expected
 values come from the topology's definition: the i-th receive block comes from the i-th source;
 on a grid the slot of the neighbour in the negative direction holds what it sent towards the
@@ -156,6 +156,15 @@ def check_topology(comm, t, backend):
         run(topo, "alltoallv", form, backend, [send, counts, displs], [got, rcounts, rdispls])
         expect(got, place(hole(len(got)), [received(k, c) for k, c in enumerate(rcounts)],
                           rdispls), f"{where} alltoallv")
+        if backend != "gloo":       # alltoallw (MPI only): blocks of 2 doubles, received as
+            pair = M4.DOUBLE.Create_contiguous(2).Commit()   # one pair at reversed places
+            send, got = cat([block(rank, k, 2) for k in range(nout)]), hole(3 * nin)
+            run(topo, "alltoallw", form, backend, [send, [2] * nout, [16 * k for k in range(nout)],
+                                                   [M4.DOUBLE] * nout],
+                [got, [1] * nin, [24 * (nin - 1 - k) for k in range(nin)], [pair] * nin])
+            expect(got, place(hole(3 * nin), [received(k, 2) for k in range(nin)],
+                              [3 * (nin - 1 - k) for k in range(nin)]), f"{where} alltoallw")
+            pair.Free()
         # allgather: every neighbour's one block of 2; allgatherv: blocks of
         # 1 + source % 2 at reversed places, into a numpy array
         got = hole(2 * nin)
@@ -239,6 +248,10 @@ def bad_arguments_are_refused_before_communicating(comm):
     with raises(TypeError, "sendbuf has float32 elements but recvbuf has int64"):
         ring.Neighbor_alltoall(torch.zeros(4), torch.zeros(4, dtype=torch.int64),
                                backend="gloo")
+    for call in (ring.Neighbor_alltoallw, ring.Ineighbor_alltoallw, ring.Neighbor_alltoallw_init):
+        with raises(ValueError, "3"):           # 3 counts for 2 neighbours
+            call([torch.zeros(3), [1] * 3, [0, 4, 8], [M4.FLOAT] * 3],
+                 [torch.zeros(2), [1] * 2, [0, 4], [M4.FLOAT] * 2])
     with raises(ValueError, "Neighbor_alltoallw", "backend 'gloo' cannot run it"):
         ring.Neighbor_alltoallw([torch.zeros(2), [1, 1], [0, 4], [M4.FLOAT] * 2],
                                 [torch.zeros(2), [1, 1], [0, 4], [M4.FLOAT] * 2],

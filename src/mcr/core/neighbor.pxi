@@ -33,7 +33,9 @@
 # or 2 processes in the order MPI had before 4.0 (a block sent towards the
 # negative direction arrives in the slot of the negative direction), unlike its
 # blocking form. On such a grid those forms are composed on MPI too, so that
-# every form gives MPI 4.0's result on every backend.
+# every form gives MPI 4.0's result on every backend; Neighbor_alltoallw's
+# (derived datatypes, MPI only) are one MPI alltoallw in that order instead
+# (_nb_alltoallw_in_order).
 
 cdef enum:
     NB_ALLGATHER
@@ -150,6 +152,8 @@ cdef object nb_run(Comm comm, int kind, int form, object sendbuf, object recvbuf
             pend_end(<_Pend>p, PEND_DONE)
         return result
     fn = NB_MPI4PY[form][kind]
+    if kind == NB_ALLTOALLW and form != BLOCKING and nb_plan(comm)[6]:
+        fn = _nb_alltoallw_in_order     # see above: Open MPI's would take the old order
     cdef tuple plan
     cdef _Call m = None
     if kind != NB_ALLTOALLW:
@@ -218,6 +222,103 @@ cdef Prequest nb_prequest(Comm comm, _MPI.Prequest q):
 def _nb_composed(comm, int kind, int form, sub, sendbuf, recvbuf):
     """nb_composed, as a persistent request's start calls it."""
     return nb_composed(<Comm>comm, kind, form, sub, sendbuf, recvbuf)
+
+
+# -- Neighbor_alltoallw in MPI 4.0's order, on MPI -------------------------------------
+# One MPI alltoallw over the whole communicator: what goes between two processes
+# travels as one block, a struct of their blocks in the order of their rounds
+# (nb_plan), so the r-th block from i to j lands in the r-th slot of j for i.
+
+def _nb_alltoallw_in_order(comm, sendbuf, recvbuf, info=None):
+    """mpi4py's Ineighbor_alltoallw (with `info`: Neighbor_alltoallw_init),
+    as an Ialltoallw (Alltoallw_init) in MPI 4.0's order; the structs it
+    makes are freed when the request lets go of its buffers."""
+    cdef tuple plan = nb_plan(<Comm>comm)
+    cdef list made = []
+    try:
+        s = nb_w_blocks(plan[0], plan[2], plan[3],
+                        nb_w_side(sendbuf, len(plan[2]), "sendbuf"), made)
+        r = nb_w_blocks(plan[0], plan[1], plan[4],
+                        nb_w_side(recvbuf, len(plan[1]), "recvbuf"), made)
+        q = _MPI.Comm.Ialltoallw(comm, s, r) if info is None else \
+            _MPI.Comm.Alltoallw_init(comm, s, r, info)
+    except BaseException:
+        _nb_free_types(made)
+        raise
+    if made:
+        (<_MPI.Request>q).ob_buf = ((<_MPI.Request>q).ob_buf, _NbTypes(made))
+    return q
+
+
+cdef tuple nb_w_side(object spec, int degree, str arg):
+    """An alltoallw message in one of mpi4py's forms ([buf, datatypes],
+    [buf, (counts, displs), datatypes], [buf, counts, displs, datatypes]) as
+    (buf, counts, byte displs, datatypes), `degree` of each."""
+    if not isinstance(spec, (list, tuple)) or not 2 <= len(spec) <= 4:
+        raise ValueError(f"{arg}: expected [buf, datatypes], [buf, (counts, displs), "
+                         f"datatypes] or [buf, counts, displs, datatypes], got {spec!r:.80}")
+    if len(spec) == 2:
+        if spec[0] is BOTTOM:
+            raise ValueError(f"{arg}: BOTTOM needs counts and displacements")
+        buf, counts, displs, types = spec[0], [1] * degree, [0] * degree, spec[1]
+    elif len(spec) == 3:
+        buf, (counts, displs), types = spec
+    else:
+        buf, counts, displs, types = spec
+    out = [list(counts), list(displs), list(types)]
+    for what, values in zip(("counts", "displacements", "datatypes"), out):
+        if len(values) != degree:
+            raise ValueError(f"{arg}: {len(values)} {what} for {degree} neighbours")
+    for t in out[2]:
+        if not isinstance(t, _mpi4py.Datatype):
+            raise TypeError(f"{arg}: expected MPI datatypes, got {type(t).__name__}")
+    return (buf, *out)
+
+
+cdef list nb_w_blocks(int size, list ranks, list rounds, tuple side, list made):
+    """`side`'s blocks to (or from) `ranks` as an alltoallw message over the
+    `size` processes: a process's blocks in the order of their `rounds`, as
+    one struct where there are several (appended to `made`, committed)."""
+    buf, counts, displs, types = side
+    cdef dict per = {}
+    for k, j in enumerate(ranks):
+        if j != MPI_PROC_NULL:
+            per.setdefault(j, []).append((rounds[k], k))
+    cdef list c = [0] * size, d = [0] * size, t = [_mpi4py.BYTE] * size
+    for j, blocks in per.items():
+        ks = [k for _, k in sorted(blocks)]
+        if len(ks) == 1:
+            c[j], d[j], t[j] = counts[ks[0]], displs[ks[0]], types[ks[0]]
+        else:
+            struct = _mpi4py.Datatype.Create_struct([counts[k] for k in ks],
+                                                    [displs[k] for k in ks],
+                                                    [types[k] for k in ks])
+            made.append(struct)
+            struct.Commit()
+            c[j], t[j] = 1, struct
+    return [buf, c, d, t]
+
+
+cdef int _nb_free_types(list types) except -1:
+    cdef int finalized = 0
+    MPI_Finalized(&finalized)
+    if not finalized:
+        for t in types:
+            t.Free()
+    types.clear()
+    return 0
+
+
+cdef class _NbTypes:
+    """The structs of an in-order alltoallw, freed with the last reference to
+    them: its request's, once the operation is over (or freed)."""
+    cdef list types
+
+    def __cinit__(self, list types):
+        self.types = types
+
+    def __dealloc__(self):
+        _nb_free_types(self.types)
 
 
 # -- On MPI: CUDA memory staged through host copies -----------------------------------
