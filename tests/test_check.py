@@ -7,6 +7,7 @@ import time
 import warnings
 
 import mpi4py.MPI
+import numpy as np
 import torch
 
 import mcr
@@ -690,6 +691,40 @@ def neighborhood_collectives_are_watched(comm):
     expect_mismatch(grid, gather_or_barrier, "Barrier #1", "different operations",
                     "neighbor_allgather #1")
     free(grid, k)
+
+
+@case
+def neighborhood_blocks_longer_than_their_slots_are_refused(comm):
+    # checked: the processes swap their block sizes first, and every one raises MPI's truncation
+    # error before any data moves (Open MPI writes such a block past its slot). Rank 0 sends
+    # blocks of 2 floats where every slot holds 1. (Where Ineighbor_alltoallv is composed on MPI,
+    # at 1 and 2 processes, the composition swaps the sizes itself: its Wait raises.)
+    size, rank = comm.size, comm.rank
+    finish = lambda req: req and req.Wait()     # noqa: E731
+    k = checked(comm)
+    ring = k.Create_cart([size], periods=[True])
+    left, right = ring.Shift(0, 1)
+    n = 2 if rank == 0 else 1
+    seen = "recvbuf: process 0 sends a block of 8 bytes to a slot of 4" if 0 in (left, right) \
+        else "recvbuf: another process got a block longer than its slot"
+    for call in (ring.Neighbor_alltoallv, ring.Ineighbor_alltoallv, ring.Neighbor_allgatherv):
+        got = torch.full((4,), -1.0)
+        sendbuf = torch.ones(n) if call == ring.Neighbor_allgatherv else \
+            [torch.ones(2 * n), [n, n], [0, n]]
+        exc = raises(mcr.Exception, lambda: finish(call(sendbuf, [got, [1, 1], [0, 2]])))
+        assert exc.Get_error_class() == mpi4py.MPI.ERR_TRUNCATE and exc.__notes__ == [seen], \
+            (call, exc, exc.__notes__)
+        assert (got == -1).all(), got
+    # a side in a derived datatype takes part without a size: rank 0's receive side here
+    one = mpi4py.MPI.FLOAT.Create_contiguous(1).Commit()
+    got = np.full(4, -1, np.float32)
+    ring.Ineighbor_allgatherv(np.full(1, rank, np.float32),
+                              [got, ([1, 1], [0, 2]), one] if rank == 0 else [got, [1, 1], [0, 2]]
+                              ).Wait()
+    assert got.tolist() == [left, -1, right, -1], got
+    one.Free()
+    assert_allreduce_works(ring)
+    free(ring, k)
 
 
 # -- Checked mode with a timeout ----------------------------------------------------

@@ -51,7 +51,8 @@ KNOWN_FAILURES: dict[tuple[str, str, str, str], str] = {
     ("Cartcomm.*eighbor_all*v*", "recvbuf", "tensor-0d", "mpi"): (
         "one element for the blocks of 2 neighbours (counts [1, 0]) truncates; Open MPI 5.0 "
         "aborts the schedule and writes past the buffer (heap corrupt in 1 run of 6; plain "
-        "mpi4py too, MALLOC_CHECK_=3); mcr cannot see the neighbours' counts before calling MPI")}
+        "mpi4py too, MALLOC_CHECK_=3); unchecked, mcr does not see the neighbours' counts before "
+        "calling MPI (checked mode swaps them first: test_check)")}
 
 
 # -- Objects ------------------------------------------------------------------------

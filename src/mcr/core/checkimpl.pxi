@@ -59,6 +59,12 @@ cdef tuple COMM_CALL_NAMES = MADE_CALL_NAMES + (
     "barrier", "bcast", "gather", "scatter", "allgather", "alltoall", "reduce", "allreduce",
     "scan", "exscan")
 
+# the neighborhood collectives whose block sizes checked mode compares (nb_sizes_agree):
+# those of buffers on MPI but alltoallw (derived datatypes: MPI's own checks)
+cdef frozenset NB_SIZED_NAMES = frozenset(
+    prefix + "eighbor_" + name for prefix in ("N", "In")
+    for name in ("allgather", "allgatherv", "alltoall", "alltoallv"))
+
 # mpi4py's point-to-point methods on pickled objects (obj_p2p), recorded as op
 # CALL_COUNT + len(COMM_CALL_NAMES) + their index
 cdef enum:
@@ -883,6 +889,8 @@ cdef object watched_comm_call(Comm comm, _Call c, Py_ssize_t i):
     request as an mcr Request with the record and the timeout."""
     p = meet(comm, c.callname, c.iroot)
     try:
+        if comm.watch is not None and comm.watch.checked and c.callname in NB_SIZED_NAMES:
+            nb_sizes_agree(comm, c.callname, c.makeargs)     # (neighbor.pxi)
         result = proceed(comm, c, i + 1)
     except BaseException:
         if p is not None:

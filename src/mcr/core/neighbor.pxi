@@ -609,6 +609,27 @@ cdef int nb_matched(Comm comm, list rounds) except -1:
     return 0
 
 
+cdef int nb_sizes_agree(Comm comm, str call, tuple args) except -1:
+    """Checked mode (checkimpl.pxi, once the processes agree on the call):
+    before neighborhood collective `call` runs on MPI with mpi4py's `args`
+    (sendbuf, recvbuf), the processes swap the sizes of its blocks
+    (nb_matched), and every one raises MPI's truncation error if a block is
+    longer than its slot, before any data moves: Open MPI writes such a
+    block past its slot. A side in a derived datatype takes part with no
+    size (sends -1, its slots hold anything): MPI checks those."""
+    cdef int kind = NB_NAMES.index(call.partition("eighbor_")[2])
+    cdef tuple plan = nb_agreed(comm)
+    cdef _Call m = nb_msg(kind, args[0], args[1], len(plan[1]), len(plan[2]))
+    cdef list rounds = nb_rounds(plan, kind, m)
+    for r in rounds:
+        if m.sown is not None and m.s.tindex < 0:
+            r[0][:] = [-1] * len(r[0])
+        if m.rown is not None and m.r.tindex < 0:
+            r[2][:] = [1 << 62] * len(r[2])
+    nb_matched(comm, rounds)
+    return 0
+
+
 cdef list nb_sizes(int size, list rounds):
     """Per process, the bytes this one sends it in each round."""
     return [[r[0][j] for r in rounds] for j in range(size)]
