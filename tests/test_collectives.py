@@ -622,6 +622,31 @@ def alltoallw_errors(comm):
                 method(send, recv)
         with raises(ValueError, "backend 'gloo'", method.__name__):
             method([x, doubles], good, backend="gloo")
+    # blocks that overlap (where each is one run of bytes): two receives, or a send and a receive
+    buf = np.arange(4.0 * size) + 100 * comm.rank
+    shifted = [y, [2] * size, [8 * i for i in range(size)], doubles]
+    overlap = [buf[size - 1:], ones, [8 * i for i in range(size)], doubles]
+    for method in (comm.Alltoallw, comm.Ialltoallw, comm.Alltoallw_init):
+        if size > 1:
+            with raises(ValueError, "recvbuf: recvbuf's block 0 (bytes 0..15 of recvbuf) and "
+                                    "recvbuf's block 1 (bytes 8..23 of recvbuf) overlap"):
+                method([x, doubles], shifted)
+        with raises(ValueError, "sendbuf and recvbuf overlap in memory: sendbuf's block "
+                                f"{size - 1} (bytes {8 * size - 8}..{8 * size - 1} of sendbuf) and "
+                                "recvbuf's block 0 (bytes 0..7 of recvbuf)", "IN_PLACE"):
+            method([buf, ones, [8 * i for i in range(size)], doubles], overlap)
+    # one buffer, apart: element i goes to process i, comes back at size + i; and interleaved
+    # blocks of a datatype with holes (MPI's to judge): odd elements receive what even ones sent
+    comm.Alltoallw([buf, ones, [8 * i for i in range(size)], doubles],
+                   [buf, ones, [8 * (size + i) for i in range(size)], doubles])
+    np.testing.assert_array_equal(buf[size:2 * size], [comm.rank + 100 * j for j in range(size)])
+    buf = np.arange(4.0 * size) + 100 * comm.rank
+    pairs = MPI.DOUBLE.Create_vector(2, 1, 2).Commit()
+    comm.Alltoallw([buf, ones, [32 * i for i in range(size)], [pairs] * size],
+                   [buf, ones, [32 * i + 8 for i in range(size)], [pairs] * size])
+    pairs.Free()
+    np.testing.assert_array_equal(buf[1::2], [4 * comm.rank + 2 * (k % 2) + 100 * (k // 2)
+                                              for k in range(2 * size)])
     if size == 1:   # mcr moves the block itself: a smaller receive is MPI's truncation error
         x, y = np.arange(4, dtype=np.float64), np.zeros(4)
         with raises(mcr.Exception, "truncat"):

@@ -802,7 +802,9 @@ cdef class Comm(_CommBase):
         Raises
         ------
         ValueError
-            For a backend other than MPI, or a block past the end of its buffer.
+            For a backend other than MPI, a block past the end of its buffer,
+            or blocks that overlap (two receive blocks, or a send and a
+            receive block; where each is one run of bytes).
         """
         return self.call(coll_call(CALL_ALLTOALLW, BLOCKING, backend, None, None, sendbuf,
                                    recvbuf))

@@ -1071,6 +1071,63 @@ cdef inline void recycle(_Call c):
         spare_call = c
 
 
+cdef extern from "Python.h":
+    const Py_ssize_t PY_SSIZE_T_MIN
+
+
+cdef int w_block(char *addr, int count, int displ, MPI_Datatype t, Py_ssize_t *lo,
+                 Py_ssize_t *hi) except -1:
+    """The bytes [lo, hi) that an Alltoallw block covers: 1 when it is one
+    run of bytes, 0 when empty, 2 when its datatype has holes."""
+    cdef int tsize = 0
+    cdef MPI_Aint lb = 0, extent = 0, tlb = 0, textent = 0
+    if count == 0:
+        return 0
+    CHKERR(MPI_Type_size(t, &tsize))
+    if tsize == 0:
+        return 0
+    CHKERR(MPI_Type_get_extent(t, &lb, &extent))
+    CHKERR(MPI_Type_get_true_extent(t, &tlb, &textent))
+    if tsize != textent or (count > 1 and extent != textent):
+        return 2
+    lo[0] = <Py_ssize_t>addr + displ + tlb
+    hi[0] = lo[0] + <Py_ssize_t>count * textent
+    return 1
+
+
+cdef bint w_span(char *addr, int *counts, int *displs, MPI_Datatype *types, int size,
+                 Py_ssize_t *lo, Py_ssize_t *hi, bint *ordered) except -1:
+    """The bytes [lo, hi) from the first to the end of the last of a side's
+    blocks (False: one has holes); `ordered` (if not NULL) is cleared unless
+    the blocks come one after another, apart."""
+    cdef int i, got
+    cdef Py_ssize_t b_lo = 0, b_hi = 0, end = PY_SSIZE_T_MIN
+    lo[0], hi[0] = PY_SSIZE_T_MAX, PY_SSIZE_T_MIN
+    for i in range(size):
+        got = w_block(addr, counts[i], displs[i], types[i], &b_lo, &b_hi)
+        if got == 2:
+            return False
+        if got:
+            if ordered != NULL and b_lo < end:
+                ordered[0] = False
+            end = b_hi
+            lo[0], hi[0] = min(lo[0], b_lo), max(hi[0], b_hi)
+    return True
+
+
+cdef int w_apart_error(tuple a, tuple b) except -1:
+    """Raise for Alltoallw's blocks `a` and `b` (start, end, side, process,
+    offset), which overlap."""
+    def where(t):
+        name = "recvbuf" if t[2] else "sendbuf"
+        return f"{name}'s block {t[3]} (bytes {t[4]}..{t[4] + t[1] - t[0] - 1} of {name})"
+    if a[2] and b[2]:
+        raise ValueError(f"recvbuf: {where(a)} and {where(b)} overlap; MPI forbids receiving "
+                         "into one location twice")
+    raise ValueError(f"sendbuf and recvbuf overlap in memory: {where(a)} and {where(b)}; for "
+                     "an in-place operation pass IN_PLACE as sendbuf")
+
+
 @cython.no_gc
 cdef class _MsgW:
     """The parsed sides of an Alltoallw: per process a count, a byte
@@ -1095,6 +1152,43 @@ cdef class _MsgW:
             return 0
         self.sown = parse_vector_w(sendbuf, &self.saddr, &self.scounts, &self.sdispls,
                                    &self.stypes, False, size, b"sendbuf")
+        return self.check_apart(size)
+
+    cdef int check_apart(self, int size) except -1:
+        """MPI forbids a location that two blocks receive into, or that one
+        block sends from and another receives into. Checked where every
+        non-empty block is one run of bytes (a derived datatype with holes
+        may interleave with another without touching: MPI's to judge). The
+        common case, sides apart and receive blocks in order, takes one pass
+        over each side."""
+        cdef Py_ssize_t s_lo, s_hi, r_lo, r_hi
+        cdef bint ordered = True
+        if not w_span(self.saddr, self.scounts, self.sdispls, self.stypes, size, &s_lo, &s_hi,
+                      NULL) or \
+                not w_span(self.raddr, self.rcounts, self.rdispls, self.rtypes, size, &r_lo,
+                           &r_hi, &ordered):
+            return 0
+        if ordered and (s_hi <= r_lo or r_hi <= s_lo):
+            return 0
+        spans = []
+        cdef int which, i
+        cdef Py_ssize_t lo, hi
+        for which in range(2):
+            for i in range(size):
+                if w_block(self.saddr if which == 0 else self.raddr,
+                           (self.scounts if which == 0 else self.rcounts)[i],
+                           (self.sdispls if which == 0 else self.rdispls)[i],
+                           (self.stypes if which == 0 else self.rtypes)[i], &lo, &hi) == 1:
+                    base = <Py_ssize_t>(self.saddr if which == 0 else self.raddr)
+                    spans.append((lo, hi, which, i, lo - base))
+        spans.sort()
+        ends = [None, None]               # per side: the span reaching furthest so far
+        for span in spans:
+            for other in (ends[1],) if span[2] == 0 else (ends[1], ends[0]):
+                if other is not None and span[0] < other[1]:
+                    w_apart_error(other, span)
+            if ends[span[2]] is None or span[1] > ends[span[2]][1]:
+                ends[span[2]] = span
         return 0
 
     cdef int move_own_block(self, MPI_Comm comm) except -1:
