@@ -1115,6 +1115,19 @@ cdef bint w_span(char *addr, int *counts, int *displs, MPI_Datatype *types, int 
     return True
 
 
+cdef list w_spans(int which, char *addr, int *counts, int *displs, MPI_Datatype *types,
+                  int size):
+    """The non-empty blocks of side `which` (0: send, 1: receive) as
+    (start, end, side, process, offset in the buffer)."""
+    cdef int i
+    cdef Py_ssize_t lo = 0, hi = 0
+    out = []
+    for i in range(size):
+        if w_block(addr, counts[i], displs[i], types[i], &lo, &hi) == 1:
+            out.append((lo, hi, which, i, lo - <Py_ssize_t>addr))
+    return out
+
+
 cdef int w_apart_error(tuple a, tuple b) except -1:
     """Raise for Alltoallw's blocks `a` and `b` (start, end, side, process,
     offset), which overlap."""
@@ -1170,17 +1183,8 @@ cdef class _MsgW:
             return 0
         if ordered and (s_hi <= r_lo or r_hi <= s_lo):
             return 0
-        spans = []
-        cdef int which, i
-        cdef Py_ssize_t lo, hi
-        for which in range(2):
-            for i in range(size):
-                if w_block(self.saddr if which == 0 else self.raddr,
-                           (self.scounts if which == 0 else self.rcounts)[i],
-                           (self.sdispls if which == 0 else self.rdispls)[i],
-                           (self.stypes if which == 0 else self.rtypes)[i], &lo, &hi) == 1:
-                    base = <Py_ssize_t>(self.saddr if which == 0 else self.raddr)
-                    spans.append((lo, hi, which, i, lo - base))
+        spans = w_spans(0, self.saddr, self.scounts, self.sdispls, self.stypes, size) + \
+            w_spans(1, self.raddr, self.rcounts, self.rdispls, self.rtypes, size)
         spans.sort()
         ends = [None, None]               # per side: the span reaching furthest so far
         for span in spans:
