@@ -694,14 +694,59 @@ def neighborhood_collectives_are_watched(comm):
 
 
 @case
+def persistent_neighborhood_collectives_are_watched(comm):
+    # timed: each Start is recorded and its Wait times out (on the late rank's neighbours only
+    # where MPI runs it; composed on Gloo, everywhere); checked: the processes agree at *_init
+    size, rank, last = comm.size, comm.rank, comm.size - 1
+    c = timed(comm)
+    ring = c.Create_cart([size], periods=[True])
+    left, right = ring.Shift(0, 1)
+    blocks = torch.cat([data(rank) + 100 * left, data(rank) + 100 * right])
+    want = torch.cat([data(left) + 100 * rank, data(right) + 100 * rank])
+    got, on_gloo = torch.zeros(8), torch.zeros(8)
+    p = ring.Neighbor_alltoall_init(blocks, got)
+    q = ring.Neighbor_alltoall_init(blocks, on_gloo, backend="gloo")
+    for _ in range(2):
+        mcr.Prequest.Startall([p, q])
+        mcr.Request.Waitall([p, q])
+        assert torch.equal(got, want) and torch.equal(on_gloo, want), (got, on_gloo)
+    got.zero_()
+    on_gloo.zero_()
+    late_request(comm, lambda: (p.Start(), p)[1], "Neighbor_alltoall_init",
+                 "waiting for Neighbor_alltoall_init #", "[mpi]", waits=last in (left, right))
+    late_request(comm, lambda: (q.Start(), q)[1], "Neighbor_alltoall_init",
+                 "waiting for Neighbor_alltoall_init #", "[gloo]")
+    assert torch.equal(got, want) and torch.equal(on_gloo, want), (got, on_gloo)
+    free(p, q, ring, c)
+    k = checked(comm)
+    grid, made = k.Create_cart([size], periods=[True]), []
+    gathered = torch.zeros(8)
+    expect_mismatch(grid, lambda odd: made.append(
+        grid.Neighbor_allgather_init(data(rank), gathered) if odd else
+        grid.Neighbor_alltoall_init(blocks, got)),
+        "Neighbor_allgather_init #1", "different operations", "Neighbor_alltoall_init #1")
+    expect_mismatch(grid, lambda odd: grid.Neighbor_allgather(data(rank), gathered) if odd else
+                    made.append(grid.Neighbor_allgather_init(data(rank), gathered)),
+                    "Neighbor_allgather #3", "different operations", "Neighbor_allgather_init #3")
+    p = grid.Neighbor_allgather_init(data(rank), gathered)
+    p.Start()
+    p.Wait()
+    assert torch.equal(gathered, torch.cat([data(left), data(right)])), gathered
+    free(p, *made, grid, k)
+
+
+@case
 def neighborhood_blocks_longer_than_their_slots_are_refused(comm):
     # checked: the processes swap their block sizes first, and every one raises MPI's truncation
     # error before any data moves (Open MPI writes such a block past its slot). Rank 0 sends
-    # blocks of 2 floats where every slot holds 1. (Where Ineighbor_alltoallv is composed on MPI,
-    # at 1 and 2 processes, the composition swaps the sizes itself: its Wait raises.)
+    # blocks of 2 floats where every slot holds 1; a persistent one at *_init. (Where
+    # Ineighbor_alltoallv and Neighbor_alltoallv_init are composed on MPI, at 1 and 2 processes,
+    # the composition swaps the sizes itself: their Wait raises.)
     size, rank = comm.size, comm.rank
 
     def finish(req):
+        if isinstance(req, mcr.Prequest):
+            req.Start()
         if req is not None:
             req.Wait()
     k = checked(comm)
@@ -710,9 +755,10 @@ def neighborhood_blocks_longer_than_their_slots_are_refused(comm):
     n = 2 if rank == 0 else 1
     seen = "recvbuf: process 0 sends a block of 8 bytes to a slot of 4" if 0 in (left, right) \
         else "recvbuf: another process got a block longer than its slot"
-    for call in (ring.Neighbor_alltoallv, ring.Ineighbor_alltoallv, ring.Neighbor_allgatherv):
+    for call in (ring.Neighbor_alltoallv, ring.Ineighbor_alltoallv, ring.Neighbor_alltoallv_init,
+                 ring.Neighbor_allgatherv, ring.Neighbor_allgatherv_init):
         got = torch.full((4,), -1.0)
-        sendbuf = torch.ones(n) if call == ring.Neighbor_allgatherv else \
+        sendbuf = torch.ones(n) if "allgatherv" in call.__name__ else \
             [torch.ones(2 * n), [n, n], [0, n]]
         exc = raises(mcr.Exception, lambda: finish(call(sendbuf, [got, [1, 1], [0, 2]])))
         assert exc.Get_error_class() == mpi4py.MPI.ERR_TRUNCATE and exc.__notes__ == [seen], \

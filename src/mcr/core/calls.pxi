@@ -39,6 +39,7 @@ cdef enum:                    # the kinds of COMM_OP and COMM_P2P_OP calls
     COMM_MADE                 # blocking: a constructor, a pickled collective
     COMM_STARTED              # Idup: (communicator, request)
     COMM_POSTED               # a non-blocking collective of mpi4py's: a request
+    COMM_PERSISTENT           # a persistent one's *_init: an mcr Prequest
     COMM_P2P                  # send, recv, ...: blocking
     COMM_P2P_POSTED           # isend, issend, irecv
 

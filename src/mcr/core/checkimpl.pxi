@@ -55,14 +55,16 @@ cdef tuple MADE_CALL_NAMES = ("Dup", "Clone", "Split", "Split_type", "Create", "
 cdef tuple COMM_CALL_NAMES = MADE_CALL_NAMES + (
     "Neighbor_allgather", "Neighbor_allgatherv", "Neighbor_alltoall", "Neighbor_alltoallv",
     "Neighbor_alltoallw", "Ineighbor_allgather", "Ineighbor_allgatherv", "Ineighbor_alltoall",
-    "Ineighbor_alltoallv", "Ineighbor_alltoallw", "neighbor_allgather", "neighbor_alltoall",
-    "barrier", "bcast", "gather", "scatter", "allgather", "alltoall", "reduce", "allreduce",
-    "scan", "exscan")
+    "Ineighbor_alltoallv", "Ineighbor_alltoallw", "Neighbor_allgather_init",
+    "Neighbor_allgatherv_init", "Neighbor_alltoall_init", "Neighbor_alltoallv_init",
+    "Neighbor_alltoallw_init", "neighbor_allgather", "neighbor_alltoall", "barrier", "bcast",
+    "gather", "scatter", "allgather", "alltoall", "reduce", "allreduce", "scan", "exscan")
 
 # the neighborhood collectives whose block sizes checked mode compares (nb_sizes_agree):
-# those of buffers on MPI but alltoallw (derived datatypes: MPI's own checks)
+# those of buffers on MPI but alltoallw (derived datatypes: MPI's own checks), in every form
 cdef frozenset NB_SIZED_NAMES = frozenset(
-    prefix + "eighbor_" + name for prefix in ("N", "In")
+    prefix + "eighbor_" + name + suffix for prefix, suffix in (("N", ""), ("In", ""),
+                                                               ("N", "_init"))
     for name in ("allgather", "allgatherv", "alltoall", "alltoallv"))
 
 # mpi4py's point-to-point methods on pickled objects (obj_p2p), recorded as op
@@ -848,7 +850,7 @@ cdef object meet(Comm comm, str call, int root=-1):
     on a collective (check_comm_call, polled: a TimeoutError at the
     timeout); else, with a timeout, they meet in a polled barrier (except
     for UNAWAITED_CALLS: Free, which does not block, and the non-blocking
-    calls). A TimeoutError leaves the exchange or barrier pending, for the
+    and persistent calls). A TimeoutError leaves the exchange or barrier pending, for the
     next try, which takes the same number."""
     cdef _Watch w = comm.watch
     if comm.ob_mpi == MPI_COMM_NULL:
@@ -906,7 +908,20 @@ cdef object watched_comm_call(Comm comm, _Call c, Py_ssize_t i):
         return result
     if c.kind == COMM_STARTED:
         return (result[0], comm.watched_request(p, result[1]))
+    if c.kind == COMM_PERSISTENT:
+        return watched_prequest(comm, p, result)
     return comm.watched_request(p, result)
+
+
+cdef Prequest watched_prequest(Comm comm, object p, Prequest preq):
+    """The persistent request of a call that `meet` recorded as `p` (None:
+    not watched): the record follows it, pending anew at each Start, and
+    its waits last at most the communicator's timeout."""
+    if p is not None:
+        (<_Pend>p).form = PERSISTENT
+        pend_end(<_Pend>p, PEND_DONE)
+        attach_pend(preq, <_Pend>p, comm.watch.timeout)
+    return preq
 
 
 cdef int name_p2p(_Call c) except -1:

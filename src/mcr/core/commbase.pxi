@@ -337,6 +337,13 @@ cdef class _CommBase(_MPI.Intracomm):
         request: as `started`."""
         return self.comm_call(COMM_POSTED, NONBLOCKING, call, make, args, -1, True)
 
+    cdef Prequest initialized(self, str call, object make, tuple args):
+        """`make(self, *args)`, making the persistent request of a
+        neighbourhood collective (`call`, such as "Neighbor_alltoall_init";
+        an mcr Prequest), through the chain: watched, the processes agree on
+        it here, and its record follows the request (watched_prequest)."""
+        return self.comm_call(COMM_PERSISTENT, PERSISTENT, call, make, args, -1, True)
+
     cdef object watched_request(self, object p, object request):
         """The request of a non-blocking call that `meet` recorded as `p`
         (None: not watched, mpi4py's request as it is): an mcr Request with

@@ -134,9 +134,7 @@ cdef object nb_run(Comm comm, int kind, int form, object sendbuf, object recvbuf
         if kind == NB_ALLTOALLW:
             raise ValueError(f"{name}: backend {sub.name!r} cannot run it (one MPI datatype "
                              "per neighbour); use backend='mpi'")
-        if form == PERSISTENT:
-            return nb_composed(comm, kind, PERSISTENT, sub, sendbuf, recvbuf)
-        # as Comm.made and Comm.posted, the record naming the backend
+        # as Comm.made, Comm.posted and Comm.initialized, the record naming the backend
         p = meet(comm, name)
         if p is not None:
             (<_Pend>p).backend = "mpi" if sub is MPI_SUB else sub.name
@@ -148,6 +146,8 @@ cdef object nb_run(Comm comm, int kind, int form, object sendbuf, object recvbuf
             raise
         if form == NONBLOCKING:
             return comm.watched_request(p, result)
+        if form == PERSISTENT:
+            return watched_prequest(comm, p, result)
         if p is not None:
             pend_end(<_Pend>p, PEND_DONE)
         return result
@@ -177,13 +177,8 @@ cdef object nb_run(Comm comm, int kind, int form, object sendbuf, object recvbuf
         return None
     if form == NONBLOCKING:
         return nb_staged_request(comm.posted(name, fn, (sendspec, recvspec)), staged)
-    native = fn(comm, sendspec, recvspec, _mpi4py.INFO_NULL if info is None else info)
-    cdef Prequest preq = Prequest.__new__(Prequest)
-    preq.comm = comm
-    preq.foreign = True
-    preq.keep = (native, staged)
-    preq.start_fn = partial(_nb_start_staged, native, staged)
-    return nb_persistent(preq, kind, "mpi", m)
+    return nb_persistent(comm.initialized(name, partial(_nb_init, fn),
+                                          (sendspec, recvspec, info, staged)), kind, "mpi", m)
 
 
 cdef object nb_native(Comm comm, int kind, int form, str name, object fn, object sendbuf,
@@ -195,9 +190,23 @@ cdef object nb_native(Comm comm, int kind, int form, str name, object fn, object
     if form == NONBLOCKING:
         q = comm.posted(name, fn, (sendbuf, recvbuf))
         return q if isinstance(q, Request) else as_mcr_request(q, 0, None)
-    return nb_persistent(nb_prequest(comm, fn(comm, sendbuf, recvbuf,
-                                              _mpi4py.INFO_NULL if info is None else info)),
-                         kind, "mpi", m)
+    return nb_persistent(comm.initialized(name, partial(_nb_init, fn),
+                                          (sendbuf, recvbuf, info, None)), kind, "mpi", m)
+
+
+def _nb_init(fn, comm, sendbuf, recvbuf, info, tuple staged):
+    """mpi4py's persistent neighbourhood collective `fn` on `comm` as an mcr
+    Prequest (`staged`: its buffers staged through host memory, nb_stage's,
+    or None)."""
+    native = fn(comm, sendbuf, recvbuf, _mpi4py.INFO_NULL if info is None else info)
+    if staged is None:
+        return nb_prequest(<Comm>comm, native)
+    cdef Prequest preq = Prequest.__new__(Prequest)
+    preq.comm = comm
+    preq.foreign = True
+    preq.keep = (native, staged)
+    preq.start_fn = partial(_nb_start_staged, native, staged)
+    return preq
 
 
 cdef object nb_vector_form(object spec):
@@ -617,7 +626,7 @@ cdef int nb_sizes_agree(Comm comm, str call, tuple args) except -1:
     longer than its slot, before any data moves: Open MPI writes such a
     block past its slot. A side in a derived datatype takes part with no
     size (sends -1, its slots hold anything): MPI checks those."""
-    cdef int kind = NB_NAMES.index(call.partition("eighbor_")[2])
+    cdef int kind = NB_NAMES.index(call.partition("eighbor_")[2].removesuffix("_init"))
     cdef tuple plan = nb_agreed(comm)
     cdef _Call m = nb_msg(kind, args[0], args[1], len(plan[1]), len(plan[2]))
     cdef list rounds = nb_rounds(plan, kind, m)
@@ -938,10 +947,14 @@ class Distgraphcomm(Comm, _Neighborhood, _MPI.Distgraphcomm):
 
 
 # the calls for which `meet` posts no barrier under a timeout: Free does not
-# block, the non-blocking ones (Idup, Ineighbor_...) must not
+# block, the non-blocking ones (Idup, Ineighbor_...) must not, and the persistent
+# ones (Neighbor_..._init) wait at each Start, as Allreduce_init's
 cdef tuple UNAWAITED_CALLS = ("Free", "Idup", "Idup_with_info", "Ineighbor_allgather",
                                "Ineighbor_allgatherv", "Ineighbor_alltoall",
-                               "Ineighbor_alltoallv", "Ineighbor_alltoallw")
+                               "Ineighbor_alltoallv", "Ineighbor_alltoallw",
+                               "Neighbor_allgather_init", "Neighbor_allgatherv_init",
+                               "Neighbor_alltoall_init", "Neighbor_alltoallv_init",
+                               "Neighbor_alltoallw_init")
 
 
 # mpi4py's class of a topology communicator -> mcr's
