@@ -737,33 +737,26 @@ def persistent_neighborhood_collectives_are_watched(comm):
 
 @case
 def neighborhood_blocks_longer_than_their_slots_are_refused(comm):
-    # checked: the processes swap their block sizes first, and every one raises MPI's truncation
-    # error before any data moves (Open MPI writes such a block past its slot). Rank 0 sends
-    # blocks of 2 floats where every slot holds 1; a persistent one at *_init. (Where
-    # Ineighbor_alltoallv and Neighbor_alltoallv_init are composed on MPI, at 1 and 2 processes,
-    # the composition swaps the sizes itself: their Wait raises.)
+    # checked: the processes swap their block sizes at the call, in every form and on every
+    # backend, and every one raises MPI's truncation error before any data moves (Open MPI writes
+    # such a block past its slot). Rank 0 sends blocks of 2 floats where every slot holds 1.
     size, rank = comm.size, comm.rank
-
-    def finish(req):
-        if isinstance(req, mcr.Prequest):
-            req.Start()
-        if req is not None:
-            req.Wait()
     k = checked(comm)
     ring = k.Create_cart([size], periods=[True])
     left, right = ring.Shift(0, 1)
     n = 2 if rank == 0 else 1
     seen = "recvbuf: process 0 sends a block of 8 bytes to a slot of 4" if 0 in (left, right) \
         else "recvbuf: another process got a block longer than its slot"
-    for call in (ring.Neighbor_alltoallv, ring.Ineighbor_alltoallv, ring.Neighbor_alltoallv_init,
-                 ring.Neighbor_allgatherv, ring.Neighbor_allgatherv_init):
-        got = torch.full((4,), -1.0)
-        sendbuf = torch.ones(n) if "allgatherv" in call.__name__ else \
-            [torch.ones(2 * n), [n, n], [0, n]]
-        exc = raises(mcr.Exception, lambda: finish(call(sendbuf, [got, [1, 1], [0, 2]])))
-        assert exc.Get_error_class() == mpi4py.MPI.ERR_TRUNCATE and exc.__notes__ == [seen], \
-            (call, exc, exc.__notes__)
-        assert (got == -1).all(), got
+    for backend in BACKENDS:
+        for name in ("Neighbor_alltoallv", "Ineighbor_alltoallv", "Neighbor_alltoallv_init",
+                     "Neighbor_allgatherv", "Ineighbor_allgatherv", "Neighbor_allgatherv_init"):
+            got = torch.full((4,), -1.0)
+            sendbuf = torch.ones(n) if "allgatherv" in name else [torch.ones(2 * n), [n, n], [0, n]]
+            exc = raises(mcr.Exception, getattr(ring, name), sendbuf, [got, [1, 1], [0, 2]],
+                         backend=backend)
+            assert exc.Get_error_class() == mpi4py.MPI.ERR_TRUNCATE and exc.__notes__ == [seen], \
+                (name, backend, exc, exc.__notes__)
+            assert (got == -1).all(), got
     # a side in a derived datatype takes part without a size: rank 0's receive side here
     one = mpi4py.MPI.FLOAT.Create_contiguous(1).Commit()
     got = np.full(4, -1, np.float32)

@@ -178,6 +178,8 @@ cdef class _AutoChoice(Interceptor):
 
     cdef object run_call(self, Comm comm, _Call c, Py_ssize_t i):
         cdef str backend
+        if OP_TABLE[c.op].flags & OP_COMM:    # (named where it was made: Comm.comm_call)
+            return proceed(comm, c, i + 1)
         if c.sub is AUTO_SUB:
             if c.op >= CALL_COUNT:
                 c.sub = None                  # neighbourhood collectives: MPI

@@ -61,7 +61,8 @@ cdef tuple COMM_CALL_NAMES = MADE_CALL_NAMES + (
     "gather", "scatter", "allgather", "alltoall", "reduce", "allreduce", "scan", "exscan")
 
 # the neighborhood collectives whose block sizes checked mode compares (nb_sizes_agree):
-# those of buffers on MPI but alltoallw (derived datatypes: MPI's own checks), in every form
+# those of buffers but alltoallw (derived datatypes: MPI's own checks), in every form and on
+# every backend
 cdef frozenset NB_SIZED_NAMES = frozenset(
     prefix + "eighbor_" + name + suffix for prefix, suffix in (("N", ""), ("In", ""),
                                                                ("N", "_init"))
@@ -890,6 +891,8 @@ cdef object watched_comm_call(Comm comm, _Call c, Py_ssize_t i):
     it), its record ended as it returns or raises; a non-blocking one's
     request as an mcr Request with the record and the timeout."""
     p = meet(comm, c.callname, c.iroot)
+    if p is not None:
+        (<_Pend>p).backend = c.name     # (a neighbourhood collective composed on a backend)
     try:
         if comm.watch is not None and comm.watch.checked and c.callname in NB_SIZED_NAMES:
             nb_sizes_agree(comm, c.callname, c.makeargs)     # (neighbor.pxi)
@@ -907,10 +910,23 @@ cdef object watched_comm_call(Comm comm, _Call c, Py_ssize_t i):
             pend_end(<_Pend>p, PEND_DONE)
         return result
     if c.kind == COMM_STARTED:
-        return (result[0], comm.watched_request(p, result[1]))
+        return (result[0], watched_request(comm, p, result[1]))
     if c.kind == COMM_PERSISTENT:
         return watched_prequest(comm, p, result)
-    return comm.watched_request(p, result)
+    return watched_request(comm, p, result)
+
+
+cdef object watched_request(Comm comm, object p, object request):
+    """The request of a non-blocking call that `meet` recorded as `p` (None:
+    not watched, the request as it is): an mcr Request with the record and
+    the communicator's timeout."""
+    if p is None:
+        return request
+    (<_Pend>p).form = NONBLOCKING
+    if isinstance(request, Request):         # mcr's own (a composed call)
+        attach_pend(<Request>request, <_Pend>p, comm.watch.timeout)
+        return request
+    return as_mcr_request(request, comm.watch.timeout, <_Pend>p)
 
 
 cdef Prequest watched_prequest(Comm comm, object p, Prequest preq):

@@ -331,32 +331,20 @@ cdef class _CommBase(_MPI.Intracomm):
                                        False)
         return self.inherit(comm), request
 
-    cdef object posted(self, str call, object make, tuple args):
-        """mpi4py's non-blocking collective `make(self, *args)` (`call`, such
-        as "Ineighbor_alltoall", inside a call on the chain), returning its
-        request: as `started`."""
-        return self.comm_call(COMM_POSTED, NONBLOCKING, call, make, args, -1, True)
+    cdef object posted(self, str call, object make, tuple args, str backend="mpi"):
+        """The non-blocking collective `make(self, *args)` (`call`, such as
+        "Ineighbor_alltoall", inside a call on the chain; mpi4py's, or
+        composed on `backend`), returning its request: as `started`."""
+        return self.comm_call(COMM_POSTED, NONBLOCKING, call, make, args, -1, True, 0, backend)
 
-    cdef Prequest initialized(self, str call, object make, tuple args):
+    cdef Prequest initialized(self, str call, object make, tuple args, str backend="mpi"):
         """`make(self, *args)`, making the persistent request of a
         neighbourhood collective (`call`, such as "Neighbor_alltoall_init";
-        an mcr Prequest), through the chain: watched, the processes agree on
-        it here, and its record follows the request (watched_prequest)."""
-        return self.comm_call(COMM_PERSISTENT, PERSISTENT, call, make, args, -1, True)
-
-    cdef object watched_request(self, object p, object request):
-        """The request of a non-blocking call that `meet` recorded as `p`
-        (None: not watched, mpi4py's request as it is): an mcr Request with
-        the record and the communicator's timeout."""
-        if p is None:
-            return request
-        (<_Pend>p).form = NONBLOCKING
-        cdef Request req
-        if isinstance(request, Request):         # mcr's own (a composed call)
-            req = <Request>request
-            attach_pend(req, <_Pend>p, self.watch.timeout)
-            return req
-        return as_mcr_request(request, self.watch.timeout, <_Pend>p)
+        an mcr Prequest running on `backend`), through the chain: watched,
+        the processes agree on it here, and its record follows the request
+        (watched_prequest)."""
+        return self.comm_call(COMM_PERSISTENT, PERSISTENT, call, make, args, -1, True, 0,
+                              backend)
 
     cdef int free_now(self) except -1:
         """Free's own work, at the end of its chain: the backends'
@@ -378,13 +366,15 @@ cdef class _CommBase(_MPI.Intracomm):
         CHKERR(ierr)
         return 0
 
-    cdef object made(self, str call, object make, tuple args, int root=-1, bint inner=False):
+    cdef object made(self, str call, object make, tuple args, int root=-1, bint inner=False,
+                     str backend="mpi"):
         """mpi4py's method `make(self, *args)` for a collective call outside
         the buffer methods (`call`, such as "Dup" or "bcast"; `root`, or -1),
         through the chain (a Fusion's buckets posted first, the watch's
         number and record, the staged window); `inner`: made by a call on the
-        chain already (a neighbourhood collective's)."""
-        return self.comm_call(COMM_MADE, BLOCKING, call, make, args, root, inner)
+        chain already (a neighbourhood collective's: mpi4py's, or composed on
+        `backend`)."""
+        return self.comm_call(COMM_MADE, BLOCKING, call, make, args, root, inner, 0, backend)
 
     cdef object pickled_p2p(self, int p2p, object make, tuple args):
         """mpi4py's point-to-point method `p2p` on pickled objects (one of
@@ -397,16 +387,16 @@ cdef class _CommBase(_MPI.Intracomm):
                               args, -1, False, p2p)
 
     cdef object comm_call(self, int kind, int form, str name, object make, tuple args,
-                          int root, bint inner, int p2p=0):
+                          int root, bint inner, int p2p=0, str backend="mpi"):
         """A call outside the buffer methods, as a _Call on the chain (none:
-        mpi4py's function at once)."""
+        mpi4py's function at once); `backend`: where it runs, for its record."""
         cdef tuple chain = self.current_chain()
         if chain is None:
             return make(self, *args)
         cdef _Call c = _Call.__new__(_Call)
         c.op = COMM_P2P_OP if kind >= COMM_P2P else COMM_OP
         c.form, c.kind, c.p2p, c.callname, c.make, c.makeargs = form, kind, p2p, name, make, args
-        c.iroot, c.inner, c.name = root, inner, "mpi"
+        c.iroot, c.inner, c.name = root, inner, backend
         if kind >= COMM_P2P:
             name_p2p(c)
         c.chain = chain

@@ -134,23 +134,13 @@ cdef object nb_run(Comm comm, int kind, int form, object sendbuf, object recvbuf
         if kind == NB_ALLTOALLW:
             raise ValueError(f"{name}: backend {sub.name!r} cannot run it (one MPI datatype "
                              "per neighbour); use backend='mpi'")
-        # as Comm.made, Comm.posted and Comm.initialized, the record naming the backend
-        p = meet(comm, name)
-        if p is not None:
-            (<_Pend>p).backend = "mpi" if sub is MPI_SUB else sub.name
-        try:
-            result = nb_composed(comm, kind, form, sub, sendbuf, recvbuf)
-        except BaseException:
-            if p is not None:
-                pend_end(<_Pend>p, PEND_FAILED)
-            raise
+        # through the chain as mpi4py's methods below, the record naming the backend
+        args, where = (sendbuf, recvbuf, kind, form, sub), "mpi" if sub is MPI_SUB else sub.name
+        if form == BLOCKING:
+            return comm.made(name, _nb_composed, args, -1, True, where)
         if form == NONBLOCKING:
-            return comm.watched_request(p, result)
-        if form == PERSISTENT:
-            return watched_prequest(comm, p, result)
-        if p is not None:
-            pend_end(<_Pend>p, PEND_DONE)
-        return result
+            return comm.posted(name, _nb_composed, args, where)
+        return comm.initialized(name, _nb_composed, args, where)
     fn = NB_MPI4PY[form][kind]
     if kind == NB_ALLTOALLW and form != BLOCKING and nb_plan(comm)[6]:
         fn = _nb_alltoallw_in_order     # see above: Open MPI's would take the old order
@@ -228,8 +218,9 @@ cdef Prequest nb_prequest(Comm comm, _MPI.Prequest q):
     return preq
 
 
-def _nb_composed(comm, int kind, int form, sub, sendbuf, recvbuf):
-    """nb_composed, as a persistent request's start calls it."""
+def _nb_composed(comm, sendbuf, recvbuf, int kind, int form, sub):
+    """nb_composed, as the chain (its buffers first, as mpi4py's methods
+    take them) and a persistent request's start call it."""
     return nb_composed(<Comm>comm, kind, form, sub, sendbuf, recvbuf)
 
 
@@ -443,7 +434,7 @@ cdef object nb_composed(Comm comm, int kind, int form, object sub, object sendbu
     preq.comm = comm
     preq.foreign = True
     preq.keep = m
-    preq.start_fn = partial(_nb_composed, comm, kind, NONBLOCKING, sub, sendbuf, recvbuf)
+    preq.start_fn = partial(_nb_composed, comm, sendbuf, recvbuf, kind, NONBLOCKING, sub)
     return nb_persistent(preq, kind, name, m)
 
 
@@ -620,8 +611,9 @@ cdef int nb_matched(Comm comm, list rounds) except -1:
 
 cdef int nb_sizes_agree(Comm comm, str call, tuple args) except -1:
     """Checked mode (checkimpl.pxi, once the processes agree on the call):
-    before neighborhood collective `call` runs on MPI with mpi4py's `args`
-    (sendbuf, recvbuf), the processes swap the sizes of its blocks
+    before neighborhood collective `call` runs with `args` (sendbuf,
+    recvbuf, ...: mpi4py's, or composed on a backend), the processes swap
+    the sizes of its blocks
     (nb_matched), and every one raises MPI's truncation error if a block is
     longer than its slot, before any data moves: Open MPI writes such a
     block past its slot. A side in a derived datatype takes part with no
