@@ -649,20 +649,27 @@ def topologies_are_watched_as_constructors(comm):
     free(*made, grid, k)
 
 
+def timed_ring(comm):
+    """A timed duplicate of `comm`, a periodic ring on it, the ring's left and right neighbours,
+    this rank's blocks for them (for Neighbor_alltoall) and the blocks it should get: the left
+    neighbour's for its right neighbour, then the right one's for its left."""
+    c, rank = timed(comm), comm.rank
+    ring = c.Create_cart([comm.size], periods=[True])
+    left, right = ring.Shift(0, 1)
+    return (c, ring, left, right, torch.cat([data(rank) + 100 * left, data(rank) + 100 * right]),
+            torch.cat([data(left) + 100 * rank, data(right) + 100 * rank]))
+
+
 @case
 def neighborhood_collectives_are_watched(comm):
     # timed: Neighbor_alltoall times out at the call, Ineighbor_allgather in its Wait on the
     # skipper's neighbours only
     size, rank, last = comm.size, comm.rank, comm.size - 1
-    c = timed(comm)
-    ring = c.Create_cart([size], periods=[True])
-    left, right = ring.Shift(0, 1)
-    blocks = torch.cat([data(rank) + 100 * left, data(rank) + 100 * right])
+    c, ring, left, right, blocks, want = timed_ring(comm)
     got = torch.zeros(8)
     late(comm, lambda: ring.Neighbor_alltoall(blocks, got),
          "to call Neighbor_alltoall (a neighborhood collective)")
-    # the left neighbour's block for its right neighbour, then the right one's for its left
-    assert torch.equal(got, torch.cat([data(left) + 100 * rank, data(right) + 100 * rank]))
+    assert torch.equal(got, want)
     gathered = torch.zeros(8)
     exc, _ = late_request(comm, lambda: ring.Ineighbor_allgather(data(rank), gathered),
                           "Ineighbor_allgather", "waiting for Ineighbor_allgather #2",
@@ -698,11 +705,7 @@ def persistent_neighborhood_collectives_are_watched(comm):
     # timed: each Start is recorded and its Wait times out (on the late rank's neighbours only
     # where MPI runs it; composed on Gloo, everywhere); checked: the processes agree at *_init
     size, rank, last = comm.size, comm.rank, comm.size - 1
-    c = timed(comm)
-    ring = c.Create_cart([size], periods=[True])
-    left, right = ring.Shift(0, 1)
-    blocks = torch.cat([data(rank) + 100 * left, data(rank) + 100 * right])
-    want = torch.cat([data(left) + 100 * rank, data(right) + 100 * rank])
+    c, ring, left, right, blocks, want = timed_ring(comm)
     got, on_gloo = torch.zeros(8), torch.zeros(8)
     p = ring.Neighbor_alltoall_init(blocks, got)
     q = ring.Neighbor_alltoall_init(blocks, on_gloo, backend="gloo")
