@@ -134,6 +134,8 @@ cdef object nb_run(Comm comm, int kind, int form, object sendbuf, object recvbuf
         if kind == NB_ALLTOALLW:
             raise ValueError(f"{name}: backend {sub.name!r} cannot run it (one MPI datatype "
                              "per neighbour); use backend='mpi'")
+        if comm.current_chain() is None:
+            return nb_composed(comm, kind, form, sub, sendbuf, recvbuf)
         # through the chain as mpi4py's methods below, the record naming the backend
         args, where = (sendbuf, recvbuf, kind, form, sub), "mpi" if sub is MPI_SUB else sub.name
         if form == BLOCKING:
@@ -167,8 +169,8 @@ cdef object nb_run(Comm comm, int kind, int form, object sendbuf, object recvbuf
         return None
     if form == NONBLOCKING:
         return nb_staged_request(comm.posted(name, fn, (sendspec, recvspec)), staged)
-    return nb_persistent(comm.initialized(name, partial(_nb_init, fn),
-                                          (sendspec, recvspec, info, staged)), kind, "mpi", m)
+    return nb_persistent(comm.initialized(name, _nb_init, (sendspec, recvspec, fn, info, staged)),
+                         kind, "mpi", m)
 
 
 cdef object nb_native(Comm comm, int kind, int form, str name, object fn, object sendbuf,
@@ -180,11 +182,11 @@ cdef object nb_native(Comm comm, int kind, int form, str name, object fn, object
     if form == NONBLOCKING:
         q = comm.posted(name, fn, (sendbuf, recvbuf))
         return q if isinstance(q, Request) else as_mcr_request(q, 0, None)
-    return nb_persistent(comm.initialized(name, partial(_nb_init, fn),
-                                          (sendbuf, recvbuf, info, None)), kind, "mpi", m)
+    return nb_persistent(comm.initialized(name, _nb_init, (sendbuf, recvbuf, fn, info, None)),
+                         kind, "mpi", m)
 
 
-def _nb_init(fn, comm, sendbuf, recvbuf, info, tuple staged):
+def _nb_init(comm, sendbuf, recvbuf, fn, info, tuple staged):
     """mpi4py's persistent neighbourhood collective `fn` on `comm` as an mcr
     Prequest (`staged`: its buffers staged through host memory, nb_stage's,
     or None)."""
