@@ -118,6 +118,24 @@ def free_with_pending_operations_completes_them(comm, backend):
     requests[0].Wait()
     requests[1].Wait()
     assert got.tolist() == [(rank - 1) % size] * 3
+    # neighbourhood collectives (MPI's schedules, or mcr's exchanges in stages on private copies
+    # of the communicator, as for a compressed collective), started persistent ones too
+    dup = comm.Dup()
+    ring = dup.Create_cart([size], periods=[True])
+    left, right = ring.Shift(0, 1)
+    blocks, want = torch.tensor([10. * rank + left, 10. * rank + right]), [10. * left + rank,
+                                                                          10. * right + rank]
+    swapped, again, summed = torch.zeros(2), torch.zeros(2), torch.zeros(4)
+    persistent = ring.Neighbor_alltoall_init(blocks, again, backend=backend)
+    persistent.Start()
+    requests = [ring.Ineighbor_alltoall(blocks, swapped, backend=backend), persistent,
+                dup.Iallreduce(x.float(), summed, backend=backend, compress="bf16")]  # exact
+    ring.Free()
+    dup.Free()
+    mcr.Request.Waitall(requests)
+    assert swapped.tolist() == want and again.tolist() == want, (swapped, again)
+    assert torch.equal(summed, total.float()), summed
+    persistent.Free()
     assert_comm_works(comm)
 
 

@@ -402,8 +402,7 @@ cdef class Comm(_CommBase):
         req = Request.__new__(Request)
         self.post_mpi(c, NONBLOCKING, MPI_INFO_NULL, &req.ob_mpi)
         req.ob_buf = c
-        req.owner = self
-        self.pending += 1
+        owned_by(req, self)
         if OP_TABLE[c.op].flags & OP_RECEIVES:
             req.rtype = c.r.dtype
             if c.parts is not None:
@@ -570,8 +569,7 @@ cdef class Comm(_CommBase):
         req = OP_TABLE[c.op].post_sub(sub, c)
         if c.form == NONBLOCKING:
             if isinstance(req, Request) and (<Request>req).owner is None:
-                (<Request>req).owner = self
-                self.pending += 1
+                owned_by(<Request>req, self)
             return req
         req.Wait(c.status)
         return None

@@ -1018,6 +1018,14 @@ cdef int work_raised(Request req) except -1:
     return 0
 
 
+cdef inline int owned_by(Request req, Comm comm) noexcept:
+    """`req` is an operation of `comm` yet to complete: Free leaves `comm`
+    to MPI until it has (settle)."""
+    req.owner = comm
+    comm.pending += 1
+    return 0
+
+
 cdef int settle(Request req) except -1:
     """The operation of `req` is over: its communicator has one pending
     operation less."""
@@ -1403,8 +1411,7 @@ cdef class Prequest(Request):
                     notify(self, OBS_FAILED)
                 start_failed(ierr, index)
             if self.owner is None and self.comm is not None:
-                self.owner = self.comm
-                (<Comm>self.comm).pending += 1
+                owned_by(self, <Comm>self.comm)
             return 0
         if self.ob_mpi != MPI_REQUEST_NULL or self.ext is not None:
             raise still_active(index)
@@ -1416,6 +1423,8 @@ cdef class Prequest(Request):
         self.rtype = inner.rtype
         if self.owner is None:
             self.owner, inner.owner = inner.owner, None
+            if self.owner is None and self.comm is not None:   # (posted outside Comm.call)
+                owned_by(self, <Comm>self.comm)
         self.started(inner, t0)
         if inner.obs is not None:     # what follows the call it posted (the timeout's record)
             self.obs, inner.obs = joined(inner.obs, self.obs), None
