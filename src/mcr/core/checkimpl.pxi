@@ -851,8 +851,8 @@ cdef object meet(Comm comm, str call, int root=-1):
     on a collective (check_comm_call, polled: a TimeoutError at the
     timeout); else, with a timeout, they meet in a polled barrier (except
     for UNAWAITED_CALLS: Free, which does not block, and the non-blocking
-    and persistent calls). A TimeoutError leaves the exchange or barrier pending, for the
-    next try, which takes the same number."""
+    and persistent calls). A TimeoutError leaves the exchange or barrier
+    pending, for the next try, which takes the same number."""
     cdef _Watch w = comm.watch
     if comm.ob_mpi == MPI_COMM_NULL:
         return None                 # (mpi4py's method raises MPI's error)
