@@ -136,6 +136,13 @@ def free_with_pending_operations_completes_them(comm, backend):
     assert swapped.tolist() == want and again.tolist() == want, (swapped, again)
     assert torch.equal(summed, total.float()), summed
     persistent.Free()
+    # a duplicate being made (Open MPI's Idup is a schedule on its parent too)
+    dup = comm.Dup()
+    copy, started = dup.Idup()
+    dup.Free()
+    started.Wait()
+    assert_comm_works(copy)
+    copy.Free()
     assert_comm_works(comm)
 
 

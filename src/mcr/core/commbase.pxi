@@ -314,9 +314,9 @@ cdef class _CommBase(_MPI.Intracomm):
 
         It does not wait at the call, even with a timeout (it is
         non-blocking); checked mode matches it at the call, as the other
-        constructors. With a timeout or the flight recorder, `request` is an
-        ``mcr.Request`` whose waits time out and whose record says when it
-        completed; else mpi4py's."""
+        constructors. `request` is an ``mcr.Request`` (with a timeout or the
+        flight recorder, its waits time out and its record says when it
+        completed); this communicator may be freed before it completes."""
         return self.started("Idup", _MPI.Intracomm.Idup, (info,))
 
     def Idup_with_info(self, info):
@@ -326,10 +326,17 @@ cdef class _CommBase(_MPI.Intracomm):
     cdef tuple started(self, str call, object make, tuple args):
         """mpi4py's non-blocking constructor `make(self, *args)` (`call`,
         such as "Idup"), through the chain: the communicator and the request
-        (watched, an mcr Request carrying the call's record and the timeout)."""
+        (an mcr Request; watched, carrying the call's record and the
+        timeout), pending on this communicator as its other operations are:
+        Free leaves it to MPI until the copy is made (Open MPI would free the
+        schedule under it: a segfault in the wait)."""
         comm, request = self.comm_call(COMM_STARTED, NONBLOCKING, call, make, args, -1,
                                        False)
-        return self.inherit(comm), request
+        cdef Request req = <Request>request if isinstance(request, Request) else \
+            as_mcr_request(request, 0, None)
+        if req.owner is None:
+            owned_by(req, <Comm>self)
+        return self.inherit(comm), req
 
     cdef object posted(self, str call, object make, tuple args, str backend="mpi"):
         """The non-blocking collective `make(self, *args)` (`call`, such as
