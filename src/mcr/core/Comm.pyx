@@ -361,7 +361,10 @@ cdef class Comm(_CommBase):
             return self.on_backend(sub, c, c.backend)
         c.sub = sub
         c.chain = self.chain if c.compress is None else self.zchain
-        return proceed(self, c, 0)
+        if c.form != NONBLOCKING:
+            return proceed(self, c, 0)
+        # (an interceptor may answer with a request of its own: compression's)
+        return pending_on(self, proceed(self, c, 0))
 
     cdef int parse(self, _Call c) except -1:
         """Check and parse the call's arguments, once."""

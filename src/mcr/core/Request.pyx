@@ -1026,6 +1026,17 @@ cdef inline int owned_by(Request req, Comm comm) noexcept:
     return 0
 
 
+cdef object pending_on(Comm comm, object result):
+    """`result`, what a non-blocking call on `comm` returned: a Request that
+    nothing counts yet counts as pending on `comm`, whatever made it (an
+    interceptor; mpi4py's request of a neighbourhood collective; stages on
+    private copies of `comm`), so that Free leaves `comm` to MPI until it
+    completes."""
+    if isinstance(result, Request) and (<Request>result).owner is None:
+        owned_by(<Request>result, comm)
+    return result
+
+
 cdef int settle(Request req) except -1:
     """The operation of `req` is over: its communicator has one pending
     operation less."""

@@ -50,11 +50,8 @@ cdef class _Compression(Interceptor):
             compress.check(CALL_NAMES[c.op], c, args)
         elif not compress.usable(CALL_NAMES[c.op], c, args):
             return proceed(comm, c, i + 1)
-        req = compress.run(comm, CALL_NAMES[c.op], FORM_NAMES[c.form], c, args, codec, c.name,
-                           None if c.rec is None else (<_Rec>c.rec).set_wire)
-        if c.form == NONBLOCKING and isinstance(req, Request) and (<Request>req).owner is None:
-            owned_by(<Request>req, comm)  # (its stages run on private copies of comm: Free waits)
-        return req
+        return compress.run(comm, CALL_NAMES[c.op], FORM_NAMES[c.form], c, args, codec, c.name,
+                            None if c.rec is None else (<_Rec>c.rec).set_wire)
 
 
 cdef _Compression COMPRESSION = _Compression(70, "compression")

@@ -67,13 +67,16 @@ cdef object neighbor(Comm comm, int kind, int form, object sendbuf, object recvb
     the communicator's interceptors (op CALL_COUNT + kind, arguments
     (sendbuf, recvbuf)) as a buffer method's call."""
     cdef tuple chain = comm.current_chain()
+    cdef _Call c
     if chain is None:
-        return nb_run(comm, kind, form, sendbuf, recvbuf, backend, info)
-    comm.prologue(None)
-    cdef _Call c = coll_call(CALL_COUNT + kind, form, backend, info, None, sendbuf, recvbuf)
-    c.sub = comm.sub(backend)
-    c.chain = chain
-    return proceed(comm, c, 0)
+        result = nb_run(comm, kind, form, sendbuf, recvbuf, backend, info)
+    else:
+        comm.prologue(None)
+        c = coll_call(CALL_COUNT + kind, form, backend, info, None, sendbuf, recvbuf)
+        c.sub = comm.sub(backend)
+        c.chain = chain
+        result = proceed(comm, c, 0)
+    return pending_on(comm, result) if form == NONBLOCKING else result
 
 
 cdef object nb_log_msg(Comm comm, _Call c):
@@ -168,8 +171,7 @@ cdef object nb_run(Comm comm, int kind, int form, object sendbuf, object recvbuf
         nb_unstage(staged[3])
         return None
     if form == NONBLOCKING:
-        return nb_owned(comm, nb_staged_request(comm.posted(name, fn, (sendspec, recvspec)),
-                                                staged))
+        return nb_staged_request(comm.posted(name, fn, (sendspec, recvspec)), staged)
     return nb_persistent(comm.initialized(name, _nb_init, (sendspec, recvspec, fn, info, staged)),
                          kind, "mpi", m)
 
@@ -182,7 +184,7 @@ cdef object nb_native(Comm comm, int kind, int form, str name, object fn, object
         return comm.made(name, fn, (sendbuf, recvbuf), -1, True)
     if form == NONBLOCKING:
         q = comm.posted(name, fn, (sendbuf, recvbuf))
-        return nb_owned(comm, q if isinstance(q, Request) else as_mcr_request(q, 0, None))
+        return q if isinstance(q, Request) else as_mcr_request(q, 0, None)
     return nb_persistent(comm.initialized(name, _nb_init, (sendbuf, recvbuf, fn, info, None)),
                          kind, "mpi", m)
 
@@ -219,16 +221,6 @@ cdef Prequest nb_prequest(Comm comm, _MPI.Prequest q):
     preq.ob_buf, q.ob_buf = q.ob_buf, None
     preq.comm = comm
     return preq
-
-
-cdef Request nb_owned(Comm comm, Request req):
-    """`req`, a non-blocking neighbourhood collective's, as a pending
-    operation of `comm`: Free leaves `comm` to MPI until it completes (MPI's
-    rule; Open MPI would free a pending schedule with it, and mcr's private
-    copies of it carry a composed call's stages)."""
-    if req.owner is None:
-        owned_by(req, comm)
-    return req
 
 
 def _nb_composed(comm, sendbuf, recvbuf, int kind, int form, sub):
@@ -426,7 +418,7 @@ cdef object nb_composed(Comm comm, int kind, int form, object sub, object sendbu
             q = NB_MPI4PY[form][kind](comm, nb_vector_form(sendbuf), nb_vector_form(recvbuf),
                                       *((_mpi4py.INFO_NULL,) if form == PERSISTENT else ()))
             # (the caller met the others already: mcr's request, as nb_native gives)
-            return nb_owned(comm, as_mcr_request(q, 0, None)) if form == NONBLOCKING else \
+            return as_mcr_request(q, 0, None) if form == NONBLOCKING else \
                 nb_persistent(nb_prequest(comm, q), kind, "mpi", m)
         raise ValueError(f"{nb_method(kind, form)}: backend {name!r} moves torch element "
                          "types; a derived datatype runs on backend 'mpi'")
@@ -691,7 +683,7 @@ cdef object nb_staged(Comm comm, object sub, str name, object sbytes, object rby
                             m if agree else None, None if agree else rounds)
     flight = service("stages").launch(comm, name, 4 if agree else 3, pipeline,
                                       sbytes.is_cuda or rbytes.is_cuda)
-    return nb_owned(comm, _work_request(name, [flight], None, m))
+    return _work_request(name, [flight], None, m)
 
 
 def _nb_pipeline(int size, bint on_mpi, str name, sbytes, rbytes, tuple plan, int kind,
