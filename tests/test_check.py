@@ -3,6 +3,10 @@ collective, root, count, type, op, backend or form, or skips one, every rank rai
 before any communicates. Timeouts: every rank that waits raises TimeoutError within the timeout,
 naming its pending calls. Then the communicator works. Expected values: torch on the whole data."""
 
+import json
+import os
+import shutil
+import tempfile
 import time
 import warnings
 
@@ -11,6 +15,7 @@ import numpy as np
 import torch
 
 import mcr
+from mcr import _core
 from mpiharness import case, mpi_cases
 from opmatrix import run_operation
 
@@ -647,6 +652,33 @@ def topologies_are_watched_as_constructors(comm):
     expect_mismatch(grid, lambda odd: grid.Barrier() if odd else made.append(grid.Sub([True])),
                     "Barrier #2", "different operations", "Sub #2")
     free(*made, grid, k)
+
+
+@case
+def create_group_is_recorded_not_numbered(comm):
+    # only the group's processes make it: neither agreed on nor numbered (the others' next
+    # collective keeps its number), but recorded; the new communicator keeps the settings
+    size, rank, members = comm.size, comm.rank, list(range(0, comm.size, 2))
+    c = timed(comm, check=True)
+    flight = tempfile.mkdtemp(prefix="mcr-flight-")
+    _core._set_flight_recorder(flight)
+    try:
+        if rank in members:
+            g = c.Create_group(c.Get_group().Incl(members), tag=5)
+            assert g.size == len(members) and g.checked and g.timeout == TIMEOUT
+            assert_allreduce_works(g)
+            g.Free()
+        expect_mismatch(c, lambda odd: c.Bcast(torch.ones(1), root=0) if odd else c.Barrier(),
+                        "Barrier #1", "different operations", "Bcast")
+        _core._flight_dump()
+        with open(os.path.join(flight, f"mcr-flight-{rank}.json")) as f:
+            calls = json.load(f)["calls"]
+    finally:
+        _core._set_flight_recorder(None)
+        shutil.rmtree(flight)
+    made = [(x["op"], x["seq"], x["state"]) for x in calls if x["op"] == "Create_group"]
+    assert made == [("Create_group", None, "done")] * (rank in members), calls
+    c.Free()
 
 
 def timed_ring(comm):

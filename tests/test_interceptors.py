@@ -56,6 +56,8 @@ def a_counting_interceptor_sees_every_call(comm, backend):
         r.Wait()
         comm.Barrier()                               # not counted: another communicator
         cart = dup.Create_cart([comm.size], periods=[True])
+        evens = dup.Create_group(dup.Get_group().Incl(range(0, comm.size, 2))) \
+            if comm.rank % 2 == 0 else None      # (by the group's processes only)
         counter.comms.append(cart)
         icp.changed()
         cart.Neighbor_allgather(x, torch.zeros(8, dtype=torch.float64), backend=backend)
@@ -67,19 +69,24 @@ def a_counting_interceptor_sees_every_call(comm, backend):
     finally:
         icp.unregister(counter)
     p2p = "mpi" if backend == "auto" else backend     # auto: MPI for these
+    made = [("Create_cart", "blocking")] + [("Create_group", "blocking")] * (evens is not None)
     # (and none of mcr's own: Gloo's set-up, auto's agreement on its table)
     assert [s[:2] for s in counter.seen] == [
         ("Allreduce", "blocking"), ("Allreduce", "nonblocking"), ("Bcast", "blocking"),
         ("Barrier", "blocking"), ("Recv", "nonblocking"), ("Send", "blocking"),
-        ("Create_cart", "blocking"), ("Neighbor_allgather", "blocking"),
+        *made, ("Neighbor_allgather", "blocking"),
         ("allreduce", "blocking"), ("isend", "nonblocking"), ("recv", "blocking")]
+    nb = 6 + len(made)
     assert counter.seen[4][2] == counter.seen[5][2] == p2p
-    assert counter.seen[7][2] == ("mpi" if backend == "auto" else backend)
-    assert {s[2] for s in counter.seen[6:7] + counter.seen[8:]} == {"mpi"}   # mpi4py's own
+    assert counter.seen[nb][2] == ("mpi" if backend == "auto" else backend)
+    assert {s[2] for s in counter.seen[6:nb] + counter.seen[nb + 1:]} == {"mpi"}   # mpi4py's
     if backend != "auto":
         assert {s[2] for s in counter.seen[:6]} == {backend}
     assert got.item() == (comm.rank - 1) % comm.size
     assert icp.chain(dup) == []
+    if evens is not None:
+        assert evens.size == (comm.size + 1) // 2 and evens.rank == comm.rank // 2
+        evens.Free()
     cart.Free()
     dup.Free()
     assert_comm_works(comm)

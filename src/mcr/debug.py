@@ -91,7 +91,8 @@ class FlightFileError(ValueError):
 class Call:
     """One recorded call, as the file has it.
 
-    ``seq`` is the communicator's collective number, None for point-to-point;
+    ``seq`` is the communicator's collective number, None for point-to-point
+    and ``Create_group`` (made by some of its processes only);
     ``peer``, ``root`` and ``tag`` are -1 where they do not apply, ``bytes``
     where it is not known (a pickled object not yet received); ``age`` is
     the seconds since the call was posted, at the dump; ``duration`` the

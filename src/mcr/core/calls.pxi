@@ -40,6 +40,7 @@ cdef enum:                    # the kinds of COMM_OP and COMM_P2P_OP calls
     COMM_STARTED              # Idup: (communicator, request)
     COMM_POSTED               # a non-blocking collective of mpi4py's: a request
     COMM_PERSISTENT           # a persistent one's *_init: an mcr Prequest
+    COMM_GROUP                # blocking, by a group's processes only: Create_group
     COMM_P2P                  # send, recv, ...: blocking
     COMM_P2P_POSTED           # isend, issend, irecv
 

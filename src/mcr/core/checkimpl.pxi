@@ -51,7 +51,7 @@ cdef tuple MATCHED = (F_SEQ, F_OP, F_FORM, F_BACKEND, F_ROOT, F_ROP, F_DTYPE, F_
 cdef tuple MADE_CALL_NAMES = ("Dup", "Clone", "Split", "Split_type", "Create", "Free",
                               "Dup_with_info", "Idup", "Idup_with_info",
                               "Create_cart", "Create_graph", "Create_dist_graph",
-                              "Create_dist_graph_adjacent", "Sub")
+                              "Create_dist_graph_adjacent", "Sub", "Create_group")
 cdef tuple COMM_CALL_NAMES = MADE_CALL_NAMES + (
     "Neighbor_allgather", "Neighbor_allgatherv", "Neighbor_alltoall", "Neighbor_alltoallv",
     "Neighbor_alltoallw", "Ineighbor_allgather", "Ineighbor_allgatherv", "Ineighbor_alltoall",
@@ -888,9 +888,11 @@ cdef object meet(Comm comm, str call, int root=-1):
 cdef object watched_comm_call(Comm comm, _Call c, Py_ssize_t i):
     """A collective call outside the buffer methods, the i-th interceptor's:
     after meet (its number, its record; checked, the processes agree on
-    it), its record ended as it returns or raises; a non-blocking one's
-    request as an mcr Request with the record and the timeout."""
-    p = meet(comm, c.callname, c.iroot)
+    it; for Create_group, group_pend: its record only), its record ended
+    as it returns or raises; a non-blocking one's request as an mcr Request
+    with the record and the timeout."""
+    p = group_pend(comm, c.callname) if c.kind == COMM_GROUP else \
+        meet(comm, c.callname, c.iroot)
     if p is not None:
         (<_Pend>p).backend = c.name     # (a neighbourhood collective composed on a backend)
     try:
@@ -905,7 +907,7 @@ cdef object watched_comm_call(Comm comm, _Call c, Py_ssize_t i):
             # posted, and Free made again waits for it, as this number
             comm.watch.seq -= 1
         raise
-    if c.kind == COMM_MADE:
+    if c.kind == COMM_MADE or c.kind == COMM_GROUP:
         if p is not None:
             pend_end(<_Pend>p, PEND_DONE)
         return result
@@ -914,6 +916,23 @@ cdef object watched_comm_call(Comm comm, _Call c, Py_ssize_t i):
     if c.kind == COMM_PERSISTENT:
         return watched_prequest(comm, p, result)
     return watched_request(comm, p, result)
+
+
+cdef object group_pend(Comm comm, str call):
+    """Before `call` (Create_group), made by the processes of a group of
+    `comm` only: its record with a timeout or the recorder (else None), not
+    numbered among the collectives, since the others do not take part, and
+    neither agreed on nor bounded by the timeout (MPI's call blocks)."""
+    cdef _Watch w = comm.watch
+    if comm.ob_mpi == MPI_COMM_NULL or comm.unlogged:
+        return None
+    if w is None:
+        w = comm.recorded_watch() if recorder_on else None
+    if w is None or not (w.timeout > 0 or recorder_on):
+        return None
+    cdef _Pend p = comm_call_pend(comm, w, call, 0, -1)
+    p.seq = None
+    return p
 
 
 cdef object watched_request(Comm comm, object p, object request):

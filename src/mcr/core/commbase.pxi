@@ -448,8 +448,13 @@ cdef class _CommBase(_MPI.Intracomm):
         return self.derived(self.made("Create", _MPI.Intracomm.Create, (group,)))
 
     def Create_group(self, group, int tag=0):
-        """Create a communicator from a group (collective over the group); see mpi4py."""
-        return self.derived(_MPI.Intracomm.Create_group(self, group, tag))
+        """Create a communicator from a group (collective over the group's
+        processes only); see mpi4py. On the chain as the other constructors,
+        but checked mode does not agree on it nor a timeout bound it (the
+        other processes do not call it): the flight recorder records it."""
+        return self.derived(self.comm_call(COMM_GROUP, BLOCKING, "Create_group",
+                                           _MPI.Intracomm.Create_group, (group, tag), -1,
+                                           False))
 
     # -- Topologies --------------------------------------------------------------------
     # MPI's calls, through mpi4py's methods; the result is mcr's class of the
