@@ -418,10 +418,9 @@ cdef class Comm(_CommBase):
         if OP_TABLE[c.op].flags & OP_NO_PERSISTENT:
             raise ValueError(f"{CALL_NAMES[c.op]} has no persistent form")
         cdef MPI_Info info = as_info(c.info)
-        cdef Prequest preq = Prequest.__new__(Prequest)
-        preq.comm = self
+        cdef Prequest preq
         # persistent point-to-point is MPI-1; persistent collectives may be emulated
-        cdef bint emulated = c.op > CALL_RECV and preq.emulated()
+        cdef bint emulated = c.op > CALL_RECV and emulate_persistent
         self.parse(c)
         if choose and self.chosen_other(c):
             return self.on_chosen(c)
@@ -431,15 +430,17 @@ cdef class Comm(_CommBase):
             emulated = True       # one process: the block moves at each start (mpi_alltoallw)
         if c.op == CALL_REDUCE_SCATTER and mpich_copies_onto_itself(self, c):
             emulated = True       # the input copied at each start (mpi_reduce_scatter)
-        preq.keep = c
-        if OP_TABLE[c.op].flags & OP_RECEIVES:
-            preq.rtype = c.r.dtype
         if emulated:              # (auto chose MPI: each Start runs on MPI)
-            preq.start_fn = partial(self._again, c, "mpi" if choose else c.backend)
+            preq = emulated_prequest(self, partial(self._again, c, "mpi" if choose else
+                                                   c.backend), c)
         else:
+            preq = Prequest.__new__(Prequest)
+            preq.comm, preq.keep = self, c
             self.post_mpi(c, PERSISTENT, info, &preq.ob_mpi)
             preq.ob_buf = c       # staged device buffers are copied at each start
             preq.op = c.op + 1
+        if OP_TABLE[c.op].flags & OP_RECEIVES:
+            preq.rtype = c.r.dtype
         return preq
 
     cdef int post_mpi(self, _Call c, int form, MPI_Info info, MPI_Request *req) except -1:
@@ -561,13 +562,9 @@ cdef class Comm(_CommBase):
         if c.form == PERSISTENT:
             # what the backend cannot run must fail now, not at Start
             sub.check(c, c.args(), c.op <= CALL_RECV or c.op == CALL_BCAST)
-            preq = Prequest.__new__(Prequest)
-            preq.comm = self
-            preq.foreign = True
-            preq.keep = c
+            preq = emulated_prequest(self, partial(self._again, c, backend), c)
             if OP_TABLE[c.op].flags & OP_RECEIVES:
                 preq.rtype = c.r.dtype
-            preq.start_fn = partial(self._again, c, backend)
             return preq
         req = OP_TABLE[c.op].post_sub(sub, c)
         if c.form == NONBLOCKING:

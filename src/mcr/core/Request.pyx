@@ -1381,12 +1381,6 @@ cdef class Prequest(Request):
     cdef int op               # the operation + 1 (0: not told; see Interceptor.on_start)
     cdef str backend          # the backend it runs on (None: MPI)
 
-    cdef bint foreign         # runs on a backend other than MPI: always emulated
-
-    cdef bint emulated(self) noexcept:
-        """Whether each Start posts a non-blocking call (no MPI persistent request)."""
-        return emulate_persistent or self.foreign
-
     def Start(self):
         """Start the operation; the request must be inactive (new or completed).
 
@@ -1507,6 +1501,15 @@ cdef class Prequest(Request):
         self.start_fn = None
         self.ext = None
         self.ob_buf = None
+
+
+cdef Prequest emulated_prequest(object comm, object start, object keep):
+    """A persistent request of `comm` emulated: each Start calls `start()`,
+    which posts the non-blocking form and returns its Request; `keep`: what
+    the request holds for its life (the parsed call, the buffers)."""
+    cdef Prequest preq = Prequest.__new__(Prequest)
+    preq.comm, preq.start_fn, preq.keep = comm, start, keep
+    return preq
 
 
 cdef str request_name(Py_ssize_t index):

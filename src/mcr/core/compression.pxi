@@ -18,11 +18,7 @@ def _prequest(Comm comm, start, str op, msg, args, str backend):
     posts the operation and returns its Request (mcr.compress); `msg`,
     `backend`: the parsed call and its backend, for the logger's record of
     each start (`args`: its arguments, which the call holds)."""
-    cdef Prequest preq = Prequest.__new__(Prequest)
-    preq.comm = comm
-    preq.foreign = True
-    preq.keep = msg
-    preq.start_fn = start
+    cdef Prequest preq = emulated_prequest(comm, start, msg)
     preq.op = call_id(op) + 1
     preq.backend = backend
     return preq

@@ -196,12 +196,7 @@ def _nb_init(comm, sendbuf, recvbuf, fn, info, tuple staged):
     native = fn(comm, sendbuf, recvbuf, _mpi4py.INFO_NULL if info is None else info)
     if staged is None:
         return nb_prequest(<Comm>comm, native)
-    cdef Prequest preq = Prequest.__new__(Prequest)
-    preq.comm = comm
-    preq.foreign = True
-    preq.keep = (native, staged)
-    preq.start_fn = partial(_nb_start_staged, native, staged)
-    return preq
+    return emulated_prequest(comm, partial(_nb_start_staged, native, staged), (native, staged))
 
 
 cdef object nb_vector_form(object spec):
@@ -435,12 +430,9 @@ cdef object nb_composed(Comm comm, int kind, int form, object sub, object sendbu
     if sub is not MPI_SUB:                 # what the backend refuses fails now, not at Start
         for sc, sd, rc, rd in rounds:
             nb_alltoallv(comm, sub, PERSISTENT, name, [sbytes, sc, sd], [rbytes, rc, rd])
-    cdef Prequest preq = Prequest.__new__(Prequest)
-    preq.comm = comm
-    preq.foreign = True
-    preq.keep = m
-    preq.start_fn = partial(_nb_composed, comm, sendbuf, recvbuf, kind, NONBLOCKING, sub)
-    return nb_persistent(preq, kind, name, m)
+    return nb_persistent(emulated_prequest(comm, partial(_nb_composed, comm, sendbuf, recvbuf,
+                                                         kind, NONBLOCKING, sub), m),
+                         kind, name, m)
 
 
 cdef class _Done:
