@@ -3,8 +3,9 @@
 #
 # A communicator gets a _Watch when it is checked ($MCR_CHECK, comm.checked),
 # has a timeout ($MCR_TIMEOUT, comm.timeout), or the flight recorder is on
-# ($MCR_FLIGHT_RECORDER); its calls then take the extension path of Comm.call
-# (calls.pxi), where Comm.watched applies what follows.
+# ($MCR_FLIGHT_RECORDER); its calls then run through the watch's interceptor
+# (_Watched, below, on the communicator's chain: chain.pxi), which applies
+# what follows.
 # - Checked: before a collective, the processes exchange a fingerprint of the
 #   call (one Allgather of FP_BYTES each, on a private duplicate of the
 #   communicator) and raise together when they differ, or when the arguments

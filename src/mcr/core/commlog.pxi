@@ -1,12 +1,12 @@
 # The communication logger's records (mcr.log is its Python side). While it is
-# on, Comm.call takes its extension path (calls.pxi), which makes one _Rec per
-# call: what the call moves, read from its parsed message, and when it was
-# posted and completed. A blocking call completes when it returns; a
-# non-blocking one when Wait, Test or a Request class method reports it
-# (the record is the request's observer); a persistent one at each Start
-# (the interceptor's on_start) and its completion. Finished records are added to per-(op, backend, size) totals
-# here; when records are kept (json and trace output), they are also handed
-# to mcr.log in batches. Nothing here synchronizes: the times are the host's
+# on, its interceptor (_Logger, on every communicator's chain) makes one _Rec
+# per call: what the call moves, read from its parsed message, and when it
+# was posted and completed. A blocking call completes when it returns; a
+# non-blocking one when Wait, Test or a Request class method reports it (the
+# record is the request's observer); a persistent one at each Start (the
+# interceptor's on_start) and its completion. Finished records are added to
+# per-(op, backend, size) totals here; when records are kept (json and trace
+# output), they are also handed to mcr.log in batches. Nothing here synchronizes: the times are the host's
 # clock at post and at completion as the program sees it (CUDA calls are
 # timed by events, in mcr.log).
 
