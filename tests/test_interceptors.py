@@ -2,6 +2,7 @@
 constructors, mpi4py's object methods) once, and may answer or refuse it; a communicator's chain
 holds what applies to it, rebuilt when a setting changes."""
 
+import re
 import weakref
 
 import torch
@@ -198,6 +199,12 @@ def the_chain_follows_the_settings(comm):
     assert icp.chain(dup) == []
     dup.Free()
     assert_comm_works(comm)
+
+
+def test_the_documented_table_is_the_registered_chain():
+    rows = re.findall(r"^(\d+) {2,}(\S.*?)(?: {2,}|$)", icp.__doc__, re.M)
+    assert [(int(order), name) for order, name in rows] == [
+        (x.order, x.name) for x in icp.registered()]
 
 
 def test_registration_errors():

@@ -9,13 +9,17 @@ mcr's own features are interceptors, registered by the core in this order:
 =====  =========================================  ==============================
 order  name                                       applies while
 =====  =========================================  ==============================
-10     fusion flush                               staged operations are pending
-                                                  (an ``mcr.Fusion`` bucket open)
+10     progress engine                            staged operations are pending
+                                                  (an ``mcr.Fusion`` bucket open,
+                                                  a compressed call's stages): a
+                                                  collective first posts what a
+                                                  Fusion holds open on its
+                                                  communicator; a blocking MPI
+                                                  call runs in the engine's window
 20     auto                                       any other applies (it chooses
                                                   the backend for ``"auto"``)
 30     hooks                                      a hook is installed
                                                   (:mod:`mcr.hooks`)
-40     staged window                              staged operations are pending
 50     checked mode, timeouts, flight recorder    the communicator is checked or
                                                   has a timeout, or the recorder
                                                   is on

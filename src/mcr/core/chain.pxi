@@ -1,7 +1,7 @@
 # Features as interceptors. Each feature on the call path of the buffer
-# methods and the neighbourhood collectives (the Fusion's flush, auto, the
-# call hooks, the staged window, checked mode with timeouts and the flight
-# recorder, the logger, compression) is an Interceptor, defined and
+# methods and the neighbourhood collectives (the progress engine: a Fusion's
+# flush and the staged window; auto, the call hooks, checked mode with
+# timeouts and the flight recorder, the logger, compression) is an Interceptor, defined and
 # registered in its own file. A communicator keeps the chain of those that
 # apply to it, rebuilt when a setting changes (settings_changed: the global
 # epoch moves on); an empty chain is the fast path of Comm.call. A call runs
@@ -32,8 +32,8 @@ cdef class Interceptor:
     calls (default: always); communicators ask it again after
     ``mcr.interceptors.changed()``. Register it with
     ``mcr.interceptors.register``; interceptors run by increasing ``order``
-    (the built-in ones: 10 Fusion flush, 20 auto, 30 call hooks, 40 staged
-    window, 50 checked mode, timeouts and flight recorder, 60 logger, 70
+    (the built-in ones: 10 progress engine, 20 auto, 30 call hooks, 50
+    checked mode, timeouts and flight recorder, 60 logger, 70
     compression).
     """
     cdef readonly int order

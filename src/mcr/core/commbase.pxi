@@ -377,8 +377,9 @@ cdef class _CommBase(_MPI.Intracomm):
                      str backend="mpi"):
         """mpi4py's method `make(self, *args)` for a collective call outside
         the buffer methods (`call`, such as "Dup" or "bcast"; `root`, or -1),
-        through the chain (a Fusion's buckets posted first, the watch's
-        number and record, the staged window); `inner`: made by a call on the
+        through the chain (the progress engine: a Fusion's buckets posted
+        first, the call in the engine's window; the watch's number and
+        record); `inner`: made by a call on the
         chain already (a neighbourhood collective's: mpi4py's, or composed on
         `backend`)."""
         return self.comm_call(COMM_MADE, BLOCKING, call, make, args, root, inner, 0, backend)
