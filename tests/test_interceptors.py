@@ -104,8 +104,13 @@ def an_interceptor_may_answer_or_refuse(comm):
                 raise RuntimeError("no Bcast here")
             if call.op == "Barrier":
                 return None                          # answered: no barrier runs
+            if call.op in WRONG:                     # (nothing posted: no process waits)
+                return WRONG[call.op]
             return next(call)
 
+    # answers the method cannot take (it would crash on some) raise, naming the interceptor
+    WRONG = {"Allgather": mcr.Request(), "Gather": None, "Scatter": 1, "Dup": None,
+             "Split": 1, "Idup": None, "Create_cart": None, "isend": 1}
     dup = comm.Dup()
     answer = Answer(order=5)
     icp.register(answer)
@@ -117,6 +122,19 @@ def an_interceptor_may_answer_or_refuse(comm):
         y = torch.zeros(2)
         dup.Allreduce(torch.ones(2), y)
         assert y.tolist() == [comm.size] * 2
+        x, out = torch.ones(2), torch.zeros(2 * comm.size)
+        for call, form, got, expected in [
+                (lambda: dup.Allgather(x, out), "blocking", "Request", "None"),
+                (lambda: dup.Igather(x, out), "nonblocking", "NoneType", "an mcr.Request"),
+                (lambda: dup.Scatter_init(out, x), "persistent", "int", "an mcr.Prequest"),
+                (dup.Dup, "blocking", "NoneType", "the copy, of the communicator's class"),
+                (lambda: dup.Split(0, 0), "blocking", "int", "the new communicator"),
+                (dup.Idup, "nonblocking", "NoneType", "(the copy, a request)"),
+                (lambda: dup.Create_cart([comm.size]), "blocking", "NoneType", "the new"),
+                (lambda: dup.isend(1, 0), "nonblocking", "int", "a request")]:
+            with raises(TypeError, "interceptor 'Answer': its answer to ", f"({form}) is {got}; "
+                        f"expected {expected}"):
+                call()
     finally:
         icp.unregister(answer)
     dup.Free()

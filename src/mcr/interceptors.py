@@ -58,8 +58,13 @@ Adding a feature is one class and one registration::
     counter = Count()
     mcr.interceptors.register(counter)
 
-``run`` may also answer without calling ``next`` (return None for a blocking
-call, a ``Request`` otherwise), or raise, before any process communicates. An
+``run`` may also answer without calling ``next``, or raise, before any
+process communicates. Its answer is what ``next`` would return: None for a
+blocking buffer method, an ``mcr.Request`` for a non-blocking one, an
+``mcr.Prequest`` for a ``..._init``, the new communicator for a constructor
+(as mpi4py's method makes it), a request for ``isend``; an answer of
+another kind raises ``TypeError`` naming the interceptor, before the method
+uses it. An
 interceptor whose ``applies(comm)`` reads a setting of its own calls
 :func:`changed` when that setting changes.
 """

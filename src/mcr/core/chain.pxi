@@ -64,7 +64,13 @@ cdef class Interceptor:
             return proceed(comm, c, i + 1)
         cdef _Next n = _Next.__new__(_Next)
         n.comm, n.index = comm, i + 1
-        return self.run(call_view(comm, c), n)
+        result = self.run(call_view(comm, c), n)
+        expected = answer_expected(c, result)
+        if expected is not None:
+            raise TypeError(f"interceptor {self.name!r}: its answer to "
+                            f"{c.callname or SEEN_NAMES[c.op]} ({FORM_NAMES[c.form]}) is "
+                            f"{type(result).__name__}; expected {expected}")
+        return result
 
     cdef int on_start(self, object preq, Request inner, long long t0) except -1:
         """A persistent request (an mcr.Prequest) of the communicator was
@@ -74,6 +80,36 @@ cdef class Interceptor:
 
     def __repr__(self):
         return f"<mcr.Interceptor {self.name} order={self.order}>"
+
+
+cdef str answer_expected(_Call c, object result):
+    """What the method of call `c` takes from the chain, where `result`, an
+    interceptor's answer, is not that (the method would fail on it, or
+    crash); None where it is."""
+    cdef int kind = c.kind
+    if not OP_TABLE[c.op].flags & OP_COMM:          # a buffer method's, a neighbourhood one's
+        if c.form == BLOCKING:
+            return None if result is None else "None (a blocking call returns nothing)"
+        if c.form == NONBLOCKING:
+            return None if isinstance(result, Request) else "an mcr.Request"
+        return None if isinstance(result, Prequest) else "an mcr.Prequest"
+    if kind == COMM_MADE or kind == COMM_GROUP:     # a constructor's (the pickled: any object)
+        if not c.callname[0].isupper() or c.callname == "Free":
+            return None
+        if c.callname in ("Dup", "Clone", "Dup_with_info"):
+            return None if isinstance(result, Comm) else \
+                "the copy, of the communicator's class (as mpi4py's method makes it)"
+        return None if isinstance(result, _MPI.Comm) else \
+            "the new communicator (an mpi4py.MPI.Comm)"
+    if kind == COMM_STARTED:
+        return None if isinstance(result, tuple) and len(result) == 2 and isinstance(
+            result[0], Comm) and isinstance(result[1], _MPI.Request) else \
+            "(the copy, a request), as mpi4py's method makes them"
+    if kind == COMM_PERSISTENT:
+        return None if isinstance(result, Prequest) else "an mcr.Prequest"
+    if kind == COMM_POSTED or kind == COMM_P2P_POSTED:
+        return None if isinstance(result, _MPI.Request) else "a request"
+    return None
 
 
 @cython.final
