@@ -184,6 +184,18 @@ REPORTS = {
          "  ranks 0-1: Split                     [mpi, blocking] failed after 5.0 s",
          "  rank 2:    Allreduce float32[4] SUM  [mpi, blocking] pending for 39.5 s",
          "  (call #1 agrees)"], None),
+    # Create_group is made by the group's processes only: not numbered, listed as the
+    # point-to-point calls are (rank 2 never came to it; ranks 1-2 wait in an Allreduce)
+    "create_group_pending": (
+        [(0, 3, done(1, 1) + [pending(None, 8.0, "Create_group", nbytes=0)])]
+        + [(rank, 3, done(1, 1) + [pending(2, 7.0)]) for rank in (1, 2)],
+        ["communicator world (ranks 0-2): ranks diverge at call #2",
+         "  rank 0:    no call #2 (its last on this communicator: #1 Allreduce float32[4] SUM "
+         "[mpi, blocking], done)",
+         "  ranks 1-2: Allreduce float32[4] SUM  [mpi, blocking] pending for 7.0 s",
+         "  (call #1 agrees)",
+         "pending point-to-point and Create_group:",
+         "  rank 0: Create_group (by the group's processes only), pending for 8.0 s"], None),
     "all_agree": (
         [(rank, 2, done(1, 3)) for rank in range(2)],
         ["mcr.debug: 2 files, ranks 0-1 of 2 (reasons: ranks 0-1 exit)",

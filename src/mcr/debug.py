@@ -34,8 +34,9 @@ upward, from the oldest call any member's file holds, and names
 A call that one file still holds and another no longer does was compared on
 the ranks that have it; the one that dropped it completed it (the recorder
 keeps every pending call), so a pending call kept from long ago is found too.
-Calls recorded without a number are point-to-point; the oldest one still
-pending on each rank is listed (``--all`` lists every pending call of every
+Calls recorded without a number are point-to-point (and ``Create_group``,
+which only the group's processes make); the oldest one still pending on
+each rank is listed (``--all`` lists every pending call of every
 rank, collectives included).
 
 **The report** is plain text; ranks whose lines are the same are written once
@@ -524,7 +525,8 @@ class Report:
                 items.append(_Item(rank, _p2p_text(oldest), oldest.state, _took(oldest), more))
         if not items:
             return []
-        return ["pending point-to-point:"] + _lines(_grouped(items), "  ")
+        groups = " and Create_group" * any(i.text.startswith("Create_group") for i in items)
+        return [f"pending point-to-point{groups}:"] + _lines(_grouped(items), "  ")
 
     def _all_pending_lines(self) -> list[str]:
         lines = ["every call that did not complete, per rank:"]
@@ -624,11 +626,13 @@ def _coll_text(c: Call) -> str:
 
 
 def _p2p_text(c: Call) -> str:
+    where = "" if c.comm == "world" else f" on {c.comm}"
+    if c.op == "Create_group":
+        return f"Create_group{where} (by the group's processes only),"
     op = c.op.lower()
     way = "to" if "send" in op else "from" if "recv" in op or "probe" in op else "peer"
     peer = "any" if c.peer < 0 else str(c.peer)
     tag = f" tag {c.tag}" if c.tag >= 0 else ""
-    where = "" if c.comm == "world" else f" on {c.comm}"
     size = f" {c.bytes} bytes," if c.bytes >= 0 else ""     # (-1: not known)
     return f"{c.op} {way} {peer}{tag}{where},{size}"
 
