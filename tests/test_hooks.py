@@ -119,6 +119,44 @@ def a_raising_hook_stops_the_call(comm, backend):
     ring.Free()
 
 
+def raised(fn):
+    """The RuntimeError fn() raises."""
+    try:
+        fn()
+    except RuntimeError as exc:
+        return exc
+    raise AssertionError("RuntimeError not raised")
+
+
+def fail_after(call):
+    def then(result):
+        raise RuntimeError(f"after {call.op}")
+    return then
+
+
+@case.matrix(backend=BACKENDS)
+def a_hook_returning_a_non_callable_or_a_raising_one(comm, backend):
+    # a non-callable is refused before the call runs; a callable raising after a non-blocking
+    # or persistent call leaves its request on the error, not lost
+    y = untouched(4)
+    with mcr.hooks.installed(lambda call: 5):
+        with raises(TypeError, "hook '", "<lambda>': returned int", "a callable", "or None"):
+            comm.Iallreduce(data(comm.rank), y, backend=backend)
+    assert_equal(y, untouched(4))
+    with mcr.hooks.installed(fail_after):
+        err = raised(lambda: comm.Iallreduce(data(comm.rank), y, backend=backend))
+        assert str(err) == "after Allreduce" and "Allreduce (nonblocking) was made: its " \
+            "request is the exception's `request`" in err.__notes__[0], err.__notes__
+        err.request.Wait()
+        assert_equal(y, sum(data(r) for r in range(comm.size)))
+        err = raised(lambda: comm.Bcast_init(y, 0, backend=backend))
+        assert str(err) == "after Bcast" and isinstance(err.request, mcr.Prequest)
+        err.request.Free()
+        err = raised(lambda: comm.Barrier(backend=backend))
+        assert not hasattr(err, "request")      # (blocking: it ran)
+    assert_comm_works(comm)
+
+
 @case
 def install_and_remove(comm):
     rec = Recorder()

@@ -13,7 +13,11 @@ A hook is called with an ``mcr.hooks.Call`` (``comm``, ``op``, ``form``,
 ``backend``, ``args``). It may return a callable, which is called with the
 call's result (``None`` for a blocking call, the ``Request`` or ``Prequest``
 otherwise) once the operation has run or been posted. An exception raised by
-a hook propagates to the caller before the operation starts::
+a hook propagates to the caller before the operation starts, as does a
+``TypeError`` when it returns something else than a callable or None. One
+raised by the callable propagates after: a non-blocking or persistent
+operation's request is then the exception's ``request`` attribute, to wait
+for or free::
 
     import mcr, mcr.hooks
 

@@ -197,10 +197,21 @@ cdef class _Hooks(Interceptor):
         for hook in tuple(call_hooks):
             then = hook(view)
             if then is not None:
+                if not callable(then):
+                    raise TypeError(f"hook {getattr(hook, '__qualname__', hook)!r}: returned "
+                                    f"{type(then).__name__}; expected a callable (to get the "
+                                    f"call's result) or None")
                 after.append(then)
         result = proceed(comm, c, i + 1)
-        for then in after:
-            then(result)
+        try:
+            for then in after:
+                then(result)
+        except BaseException as exc:
+            if result is not None:          # (posted: not lost with the error)
+                exc.request = result
+                add_note(exc, f"{SEEN_NAMES[c.op]} ({FORM_NAMES[c.form]}) was made: its "
+                              f"request is the exception's `request`, to wait for or free")
+            raise
         return result
 
 
