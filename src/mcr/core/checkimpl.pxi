@@ -1045,7 +1045,7 @@ cdef object obj_p2p(Comm comm, _Call c, Py_ssize_t i):
             result = True if call == P2P_PROBE else found if call == P2P_MPROBE else \
                 _msg_recv(found, c.status)
             got = True
-            room_bytes = memoryview(room).nbytes if room is not None else nbytes
+            room_bytes = nbytes if room is None else room_size(room)
             if sent is not None:
                 timed_wait(sent, None)
             if nbytes > room_bytes:
@@ -1067,6 +1067,15 @@ cdef object obj_p2p(Comm comm, _Call c, Py_ssize_t i):
         raise
     pend_end(p, PEND_DONE)
     return result
+
+
+cdef object room_size(object room):
+    """The bytes a pickled receive's `buf` holds: a buffer's size, or an
+    integer (mpi4py allocates that many)."""
+    try:
+        return operator_index(room)
+    except TypeError:
+        return memoryview(room).nbytes
 
 
 cdef object obj_posted(Comm comm, _Call c, Py_ssize_t i):
