@@ -25,9 +25,10 @@ cdef class Interceptor:
     """A feature on the call path of a communicator's buffer methods and
     neighbourhood collectives.
 
-    Subclass it and define ``run(call, next)``: look at or change the call
-    (an ``mcr.Call``), then return ``next(call)`` (what the rest of the chain
-    and the backend return: None, a ``Request`` or a ``Prequest``), or answer
+    Subclass it and define ``run(call, next)``: look at the call (an
+    ``mcr.Call``, read-only), then return ``next(call)`` (what the rest of
+    the chain and the backend return: None, a ``Request`` or a
+    ``Prequest``; for a constructor, the new communicator), or answer
     without it. ``applies(comm)`` says whether it takes part in `comm`'s
     calls (default: always); communicators ask it again after
     ``mcr.interceptors.changed()``. Register it with
