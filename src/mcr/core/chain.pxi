@@ -1,8 +1,8 @@
 # Features as interceptors. Each feature on the call path of the buffer
 # methods and the neighbourhood collectives (the progress engine: a Fusion's
 # flush and the staged window; auto, the call hooks, checked mode with
-# timeouts and the flight recorder, the logger, compression) is an Interceptor, defined and
-# registered in its own file. A communicator keeps the chain of those that
+# timeouts and the flight recorder, the logger, compression) is an
+# Interceptor, defined and registered in its own file. A communicator keeps the chain of those that
 # apply to it, rebuilt when a setting changes (settings_changed: the global
 # epoch moves on); an empty chain is the fast path of Comm.call. A call runs
 # through the chain in order: each interceptor's run gets the call and goes
@@ -10,6 +10,7 @@
 # posted on its backend (Comm.post_call).
 
 cdef list interceptors = []          # registered, by order
+cdef object NOT_CALLED = object()    # an interceptor's `next`, before it is called
 cdef unsigned long chain_epoch = 1   # moves on at every change of a setting
 
 
@@ -64,9 +65,10 @@ cdef class Interceptor:
         if c.inner:                 # (seen already, as the call that made it)
             return proceed(comm, c, i + 1)
         cdef _Next n = _Next.__new__(_Next)
-        n.comm, n.index = comm, i + 1
+        n.comm, n.index, n.result = comm, i + 1, NOT_CALLED
         result = self.run(call_view(comm, c), n)
-        expected = answer_expected(c, result)
+        # (what the rest of the chain answered passes as it is: the check is of its own)
+        expected = None if result is n.result else answer_expected(c, result)
         if expected is not None:
             raise TypeError(f"interceptor {self.name!r}: its answer to "
                             f"{c.callname or SEEN_NAMES[c.op]} ({FORM_NAMES[c.form]}) is "
@@ -118,12 +120,14 @@ cdef class _Next:
     """The rest of the chain after an interceptor, as the callable its run gets."""
     cdef Comm comm
     cdef Py_ssize_t index
+    cdef object result       # what it returned last (NOT_CALLED before)
 
     def __call__(self, call):
         if not isinstance(call, Call):
             raise TypeError(f"call: expected the mcr.Call the interceptor was given, got "
                             f"{type(call).__name__}")
-        return proceed(self.comm, (<Call>call).call, self.index)
+        self.result = proceed(self.comm, (<Call>call).call, self.index)
+        return self.result
 
 
 cdef object proceed(Comm comm, _Call c, Py_ssize_t i):

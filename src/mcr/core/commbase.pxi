@@ -379,9 +379,8 @@ cdef class _CommBase(_MPI.Intracomm):
         the buffer methods (`call`, such as "Dup" or "bcast"; `root`, or -1),
         through the chain (the progress engine: a Fusion's buckets posted
         first, the call in the engine's window; the watch's number and
-        record); `inner`: made by a call on the
-        chain already (a neighbourhood collective's: mpi4py's, or composed on
-        `backend`)."""
+        record); `inner`: made by a call on the chain already (a
+        neighbourhood collective's: mpi4py's, or composed on `backend`)."""
         return self.comm_call(COMM_MADE, BLOCKING, call, make, args, root, inner, 0, backend)
 
     cdef object pickled_p2p(self, int p2p, object make, tuple args):

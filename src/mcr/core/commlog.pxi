@@ -6,9 +6,9 @@
 # record is the request's observer); a persistent one at each Start (the
 # interceptor's on_start) and its completion. Finished records are added to
 # per-(op, backend, size) totals here; when records are kept (json and trace
-# output), they are also handed to mcr.log in batches. Nothing here synchronizes: the times are the host's
-# clock at post and at completion as the program sees it (CUDA calls are
-# timed by events, in mcr.log).
+# output), they are also handed to mcr.log in batches. Nothing here
+# synchronizes: the times are the host's clock at post and at completion as
+# the program sees it (CUDA calls are timed by events, in mcr.log).
 
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 
