@@ -380,7 +380,8 @@ def test_checked_mode_sets_only_the_transports_the_environment_lacks():
     # the three settings of debugging.rst; a setting of the user's stays; with checked mode off
     # nothing is set; MPI initialized before mcr is imported: nothing set, a warning says so
     show = ("import json, os, warnings\nwarnings.simplefilter('always')\n{first}import mcr\n"
-            "print(json.dumps({{k: v for k, v in os.environ.items() if k.startswith('OMPI_MCA_')}}))")
+            "print(json.dumps({{k: v for k, v in os.environ.items()\n"
+            "                  if k.startswith('OMPI_MCA_')}}))")
 
     def settings(first="", **env):
         result = subprocess.run([sys.executable, "-c", show.format(first=first)], env=_env(**env),

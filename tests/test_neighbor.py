@@ -1,9 +1,10 @@
 """Neighborhood collectives (Neighbor_allgather(v), Neighbor_alltoall(v,w)) in their three forms,
-on MPI (also host-staged) and, but alltoallw, composed on Gloo, on Cartesian grids (periodic dimensions of 1 and
-2: one process is both neighbours), graphs with repeated edges and distributed graphs. Expected
-values come from the topology's definition: the i-th receive block comes from the i-th source;
-on a grid the slot of the neighbour in the negative direction holds what it sent towards the
-positive one (MPI 4.0); between two processes joined by several edges, blocks match in order."""
+on MPI (also host-staged) and, but alltoallw, composed on Gloo, on Cartesian grids (periodic
+dimensions of 1 and 2: one process is both neighbours), graphs with repeated edges and
+distributed graphs. Expected values come from the topology's definition: the i-th receive block
+comes from the i-th source; on a grid the slot of the neighbour in the negative direction holds
+what it sent towards the positive one (MPI 4.0); between two processes joined by several edges,
+blocks match in order."""
 
 import collections
 import itertools

@@ -4,8 +4,9 @@ Times ``count`` non-blocking allreduces of ``bytes`` bytes each, then one
 ``mcr.Request.Waitall``, unfused (``comm.Iallreduce``) and fused
 (``mcr.Fusion(comm, bucket_bytes=B).Iallreduce``) for each bucket size B of
 the sweep; and, as the floor, the same work fused by hand (``torch.cat``, one
-``Allreduce``, ``torch.split_with_sizes_copy`` back). Rounds alternate between the variants; each variant's time is the
-slowest rank's, and the figure is the minimum over rounds. Started as a plain
+``Allreduce``, ``torch.split_with_sizes_copy`` back). Rounds alternate between
+the variants; each variant's time is the slowest rank's, and the figure is
+the minimum over rounds. Started as a plain
 program, it runs itself under ``mpiexec -n N`` (:mod:`mcr.launch`); rank 0
 prints the table and checks every result against the sum computed here.
 """

@@ -2,8 +2,9 @@
 
 ``OPERATIONS`` maps a collective's benchmark name (``allreduce``, ``gatherv``,
 ...) to an :class:`OpSpec`; ``P2P_OPERATIONS`` maps ``latency`` to
-:class:`PingPong`; ``NAMES`` lists both, in table order. ``spec.setup(comm, count, dtype, make)`` allocates and fills
-the buffers of one message size and returns a :class:`Case`, which gives the
+:class:`PingPong`; ``NAMES`` lists both, in table order.
+``spec.setup(comm, count, dtype, make)`` allocates and fills the buffers of
+one message size and returns a :class:`Case`, which gives the
 call of one iteration in each form (blocking, non-blocking, persistent) and
 checks the result against values computed independently with torch from
 every rank's known input. The same code drives mcr (``mcr.Comm``) and mpi4py
