@@ -579,6 +579,12 @@ def a_short_receive_buffer_truncates_as_on_mpi4py(comm):
             each.send(short, dest=peer, tag=5)
             assert each.recv(bytearray(64) if isinstance(room, bytearray) else 64,
                              source, 5) == [source]
+        # a buf that is no buffer is refused before the message is received: it stays
+        each.send(short, dest=peer, tag=6)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            raises(TypeError, lambda: each.recv(object(), source, 6))
+        assert each.recv(source=source, tag=6) == [source]
     c.Free()
 
 

@@ -1018,6 +1018,9 @@ cdef object obj_p2p(Comm comm, _Call c, Py_ssize_t i):
         if timeout == 0:
             result = proceed(comm, c, i + 1)
         else:
+            # (before anything moves; mpi4py reads no buf for PROC_NULL)
+            room_bytes = None if room is None or c.source == _mpi4py.PROC_NULL else \
+                room_size(room)
             if call == P2P_SEND or call == P2P_SSEND or call == P2P_SENDRECV:
                 sent = as_mcr_request((_obj_issend if call == P2P_SSEND else _obj_isend)(
                     comm, c.sendbuf, c.dest, c.tag), timeout, p)
@@ -1045,7 +1048,8 @@ cdef object obj_p2p(Comm comm, _Call c, Py_ssize_t i):
             result = True if call == P2P_PROBE else found if call == P2P_MPROBE else \
                 _msg_recv(found, c.status)
             got = True
-            room_bytes = nbytes if room is None else room_size(room)
+            if room_bytes is None:
+                room_bytes = nbytes
             if sent is not None:
                 timed_wait(sent, None)
             if nbytes > room_bytes:
@@ -1071,7 +1075,8 @@ cdef object obj_p2p(Comm comm, _Call c, Py_ssize_t i):
 
 cdef object room_size(object room):
     """The bytes a pickled receive's `buf` holds: a buffer's size, or an
-    integer (mpi4py allocates that many)."""
+    integer (mpi4py allocates that many); TypeError for anything else, as
+    mpi4py's receive raises before it receives."""
     try:
         return operator_index(room)
     except TypeError:
