@@ -106,6 +106,9 @@ def an_interceptor_may_answer_or_refuse(comm):
                 return None                          # answered: no barrier runs
             if call.op in WRONG:                     # (nothing posted: no process waits)
                 return WRONG[call.op]
+            if call.op in ("Scan", "Exscan"):        # next runs only the call given
+                return next(self.kept if call.op == "Scan" else object())
+            self.kept = call
             return next(call)
 
     # answers the method cannot take (it would crash on some) raise, naming the interceptor
@@ -135,6 +138,10 @@ def an_interceptor_may_answer_or_refuse(comm):
             with raises(TypeError, "interceptor 'Answer': its answer to ", f"({form}) is {got}; "
                         f"expected {expected}"):
                 call()
+        for call, got in ((dup.Scan, "another one"), (dup.Exscan, "object")):
+            with raises(TypeError, "call: expected the mcr.Call the interceptor was given, got "
+                        + got):
+                call(x, torch.zeros(2))
     finally:
         icp.unregister(answer)
     dup.Free()
@@ -233,6 +240,8 @@ def test_registration_errors():
         icp.register(lambda call, next: next(call))
     with raises(TypeError, "order: expected an integer, got str"):
         Nothing(order="1")
+    with raises(TypeError, "mcr.Call: made by mcr for each call, not by hand"):
+        icp.Call()
     x = Nothing()
     with raises(ValueError, "is not registered"):
         icp.unregister(x)

@@ -58,8 +58,9 @@ Adding a feature is one class and one registration::
     counter = Count()
     mcr.interceptors.register(counter)
 
-``run`` may also answer without calling ``next``, or raise, before any
-process communicates. Its answer is what ``next`` would return: None for a
+``next`` runs the call ``run`` was given (it takes that ``mcr.Call`` only;
+calls are made by mcr, read-only). ``run`` may also answer without calling
+``next``, or raise, before any process communicates. Its answer is what ``next`` would return: None for a
 blocking buffer method, an ``mcr.Request`` for a non-blocking one, an
 ``mcr.Prequest`` for a ``..._init``, the new communicator for a constructor
 (as mpi4py's method makes it), a request for ``isend``; an answer of

@@ -163,6 +163,10 @@ cdef class Call:
     cdef readonly tuple args
     cdef _Call call          # what it shows (an interceptor's next runs it)
 
+    def __init__(self, *args, **kwargs):
+        raise TypeError("mcr.Call: made by mcr for each call, not by hand (an interceptor "
+                        "passes on the one it was given to next)")
+
     def __repr__(self):
         return f"<mcr.Call {self.op} {self.form} on {self.backend}>"
 

@@ -66,7 +66,8 @@ cdef class Interceptor:
             return proceed(comm, c, i + 1)
         cdef _Next n = _Next.__new__(_Next)
         n.comm, n.index, n.result = comm, i + 1, NOT_CALLED
-        result = self.run(call_view(comm, c), n)
+        n.view = call_view(comm, c)
+        result = self.run(n.view, n)
         # (what the rest of the chain answered passes as it is: the check is of its own)
         expected = None if result is n.result else answer_expected(c, result)
         if expected is not None:
@@ -120,13 +121,14 @@ cdef class _Next:
     """The rest of the chain after an interceptor, as the callable its run gets."""
     cdef Comm comm
     cdef Py_ssize_t index
+    cdef Call view           # the call the interceptor was given: the only one it runs
     cdef object result       # what it returned last (NOT_CALLED before)
 
     def __call__(self, call):
-        if not isinstance(call, Call):
+        if call is not self.view:
             raise TypeError(f"call: expected the mcr.Call the interceptor was given, got "
-                            f"{type(call).__name__}")
-        self.result = proceed(self.comm, (<Call>call).call, self.index)
+                            f"{'another one' if isinstance(call, Call) else type(call).__name__}")
+        self.result = proceed(self.comm, self.view.call, self.index)
         return self.result
 
 
