@@ -242,6 +242,8 @@ def test_registration_errors():
         Nothing(order="1")
     with raises(TypeError, "mcr.Call: made by mcr for each call, not by hand"):
         icp.Call()
+    with raises(TypeError, "expected the mcr.Call the interceptor was given, got NoneType"):
+        mcr._core._Next()(None)      # (a next made by hand runs nothing)
     x = Nothing()
     with raises(ValueError, "is not registered"):
         icp.unregister(x)

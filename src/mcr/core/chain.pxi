@@ -125,7 +125,7 @@ cdef class _Next:
     cdef object result       # what it returned last (NOT_CALLED before)
 
     def __call__(self, call):
-        if call is not self.view:
+        if call is not self.view or call is None:     # (None: a _Next made by hand)
             raise TypeError(f"call: expected the mcr.Call the interceptor was given, got "
                             f"{'another one' if isinstance(call, Call) else type(call).__name__}")
         self.result = proceed(self.comm, self.view.call, self.index)
