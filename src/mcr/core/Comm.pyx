@@ -568,9 +568,7 @@ cdef class Comm(_CommBase):
             return preq
         req = OP_TABLE[c.op].post_sub(sub, c)
         if c.form == NONBLOCKING:
-            if isinstance(req, Request) and (<Request>req).owner is None:
-                owned_by(<Request>req, self)
-            return req
+            return pending_on(self, req)
         req.Wait(c.status)
         return None
 

@@ -332,11 +332,8 @@ cdef class _CommBase(_MPI.Intracomm):
         schedule under it: a segfault in the wait)."""
         comm, request = self.comm_call(COMM_STARTED, NONBLOCKING, call, make, args, -1,
                                        False)
-        cdef Request req = <Request>request if isinstance(request, Request) else \
-            as_mcr_request(request, 0, None)
-        if req.owner is None:
-            owned_by(req, <Comm>self)
-        return self.inherit(comm), req
+        return self.inherit(comm), pending_on(<Comm>self, request if isinstance(
+            request, Request) else as_mcr_request(request, 0, None))
 
     cdef object posted(self, str call, object make, tuple args, str backend="mpi"):
         """The non-blocking collective `make(self, *args)` (`call`, such as
