@@ -88,11 +88,11 @@ class Report:
         for o in bad[:max_failures]:
             lines.append(f"{o.kind.upper()}: {o.test} (ranks {','.join(map(str, o.ranks))})")
             detail = o.detail.strip().splitlines()
-            if o.kind in ("crash", "hang") and len(detail) > TRACEBACK_LINES + 2:
-                # what happened, then the end of the job's output (the stack it died in)
-                detail = detail[:2] + ["..."] + detail[-TRACEBACK_LINES:]
-            elif len(detail) > TRACEBACK_LINES:
-                detail = detail[:TRACEBACK_LINES] + ["..."]
+            # a crash or hang: what happened, then the end of the job's output (the stack it
+            # died in); a failure: the test's own line, then the frames that raised and the error
+            head = 2 if o.kind in ("crash", "hang") else 3
+            if len(detail) > TRACEBACK_LINES + head:
+                detail = detail[:head] + ["..."] + detail[-TRACEBACK_LINES:]
             lines += ["    " + line for line in detail]
         if len(bad) > max_failures:
             lines.append(f"... and {len(bad) - max_failures} more")
