@@ -557,4 +557,54 @@ def requests_compare_with_request_null_as_they_are_alive(comm, backend):
         req.Free()
         assert req == MPI.REQUEST_NULL
 
+
+
+class Wrapped(MPI.Request):
+    """A subclass wrapping a request (``Wrapped(comm.Irecv(...))``), as mpi4py's users write."""
+
+
+class WrappedP(MPI.Prequest):
+    pass
+
+
+@case.matrix(backend=("mpi", "gloo"))
+def a_copy_completes_the_request_it_copies(comm, backend):
+    """A copy (a subclass wrapping a request) completes the operation: the data arrives (a Gloo
+    copy was a null request), and the copy carries the call's record: a timeout bounds the copy's
+    wait and lists that call, not the ones completed through copies before. A copy of a
+    persistent request equals it and starts it again."""
+    c = comm.Dup()
+    right, left = ring(c)
+    y, x = torch.zeros(5), data(c.rank, 5, torch.float32)
+    reqs = [Wrapped(c.Irecv(y, left, 7, backend=backend)),
+            Wrapped(c.Isend(x, right, 7, backend=backend))]
+    assert all(reqs) and reqs[0] != MPI.REQUEST_NULL and type(reqs[0]) is Wrapped
+    gc.collect()                                    # (the originals are gone)
+    MPI.Request.Waitall(reqs)
+    assert torch.equal(y, data(left, 5, torch.float32)) and not any(reqs)
+    c.timeout = 0.5
+    lost = Wrapped(c.Irecv(z := torch.zeros(2), left, 8, backend=backend))
+    with raises(mcr.TimeoutError, "Recv"):
+        try:
+            lost.Wait()
+        except mcr.TimeoutError as exc:     # (this process's pending calls, of every comm)
+            assert [p["tag"] for p in exc.pending if p["tag"] in (7, 8)] == [8], exc.pending
+            raise
+    comm.Barrier()                                  # (the parent) every rank timed out
+    c.Send(torch.ones(2), right, 8, backend=backend)
+    lost.Wait()
+    assert torch.equal(z, torch.ones(2))
+    c.timeout = None
+    p = [c.Recv_init(y, left, 9, backend=backend), c.Send_init(x * 2, right, 9, backend=backend)]
+    copies = [WrappedP(r) for r in p]
+    assert copies == p and all(copies)
+    for _ in range(2):
+        MPI.Prequest.Startall(copies)
+        MPI.Request.Waitall(copies)
+        assert torch.equal(y, data(left, 5, torch.float32) * 2)
+        y.zero_()
+    for r in copies:
+        r.Free()
+    c.Free()
+
 test_mpi = mpi_cases(__name__)

@@ -22,13 +22,15 @@ cdef class Request(_MPI.Request):
     cdef bint shared             # another object holds the same handle: a copy, Request(other)
     cdef bint made               # __cinit__ ran (not when mpi4py's refused the arguments)
     cdef object owner            # the Comm it was posted on, until it completes (Comm.Free)
+    cdef Request twin            # a copy: the request it was made from (see copied)
 
     def __cinit__(self, request=None):
         # (mpi4py's signature; no **kwargs: a dict per request costs 20 ns)
         self.rtype = MPI_DATATYPE_NULL
         self.made = True
-        if self.ob_mpi != MPI_REQUEST_NULL:     # mpi4py's __cinit__ copied `request`
-            copied(self, request)
+        if request is not None and (self.ob_mpi != MPI_REQUEST_NULL
+                                    or isinstance(request, Request)):
+            copied(self, request)           # (mpi4py's __cinit__ copied the handle)
 
     def __dealloc__(self):
         # collected with its operation maybe still in flight: MPI would go
@@ -175,7 +177,8 @@ cdef class Request(_MPI.Request):
         if self.obs is not None:
             notify(self, OBS_FREED)                     # no longer waited for
         if self.ext is not None:
-            self.ext.owner, self.owner = self.owner, None   # settled when the work ends
+            if self.owner is not None:                  # settled when the work ends
+                self.ext.owner, self.owner = self.owner, None
             detach(self.ext)
             self.ext = None
             self.ob_buf = None
@@ -189,8 +192,9 @@ cdef class Request(_MPI.Request):
         return self.ob_mpi != MPI_REQUEST_NULL or self.ext is not None
 
     # a request alive without an MPI handle (a backend's work, an emulated
-    # persistent request between starts) is equal only to itself, not to
-    # REQUEST_NULL; the others compare their handles, as in mpi4py
+    # persistent request between starts) is equal only to itself and its
+    # copies (Request(other)), not to REQUEST_NULL; the others compare their
+    # handles, as in mpi4py
     def __eq__(self, other):
         if not isinstance(other, _MPI.Request):
             return NotImplemented
@@ -198,7 +202,7 @@ cdef class Request(_MPI.Request):
             return True
         if ((self.ob_mpi == MPI_REQUEST_NULL and self)
                 or ((<_MPI.Request>other).ob_mpi == MPI_REQUEST_NULL and other)):
-            return False
+            return isinstance(other, Request) and same_operation(self, <Request>other)
         return self.ob_mpi == (<_MPI.Request>other).ob_mpi
 
     def __ne__(self, other):
@@ -1080,11 +1084,53 @@ cdef inline bint holds_message(Request req):
 
 
 cdef int copied(Request req, object other) except -1:
-    """`req` was made from `other` (mpi4py's ``Request(other)``): both hold
-    one handle, so neither may complete it on its own when collected."""
+    """`req` was made from `other` (mpi4py's ``Request(other)``, a subclass
+    wrapping a request): both hold one operation, so neither may complete it
+    on its own when collected. From an mcr request, the copy shares its
+    backend work (either completes it, once) and, from a persistent one, what
+    it starts; it takes over the request's observers (timeouts, the flight
+    recorder, the logger) and its communicator's count, since a copy is what
+    the program goes on with (Prequest's __cinit__ copies the rest). The
+    original completed instead, the copy gives them back or ends them when
+    it goes (see dropped)."""
     req.shared = True
-    if isinstance(other, Request):
-        (<Request>other).shared = True
+    if not isinstance(other, Request):
+        return 0
+    cdef Request o = <Request>other
+    o.shared = True
+    req.rtype, req.ext, req.twin = o.rtype, o.ext, o
+    req.obs, o.obs = o.obs, None
+    req.owner, o.owner = o.owner, None
+    return 0
+
+
+cdef bint same_operation(Request a, Request b) noexcept:
+    """Whether `a` and `b`, one alive without an MPI handle, hold one
+    operation: one is a copy of the other (see copied)."""
+    if a.ext is not None and a.ext is b.ext:
+        return True
+    return (isinstance(a, Prequest) and isinstance(b, Prequest)
+            and (<Prequest>a).start_fn is not None
+            and (<Prequest>a).start_fn is (<Prequest>b).start_fn)
+
+
+cdef int twin_done(Request req) except -1:
+    """`req`, a copy, goes before it completed its operation: where its
+    original completed the operation, the copy's observers and count end now;
+    where the original still holds it, they go back to the original."""
+    cdef Request o = req.twin
+    req.twin = None
+    if req.obs is None and req.owner is None:
+        return 0
+    if o.ob_mpi == MPI_REQUEST_NULL and o.ext is None and not isinstance(o, Prequest):
+        if req.obs is not None:
+            notify_all(notify(req, OBS_DROPPED), OBS_DONE)
+        if req.owner is not None:
+            settle(req)
+        return 0
+    o.obs, req.obs = joined(req.obs, o.obs), None
+    if o.owner is None:
+        o.owner, req.owner = req.owner, None
     return 0
 
 
@@ -1119,10 +1165,13 @@ cdef void dropped(Request req) noexcept:
             ended_in_error(req)             # (if that wait did not already)
         else:
             if req.obs is not None:             # (those that follow it till the work is over)
-                w.obs = notify(req, OBS_DROPPED)
-            w.owner, req.owner = req.owner, None
+                w.obs = joined(notify(req, OBS_DROPPED), w.obs)
+            if req.owner is not None:
+                w.owner, req.owner = req.owner, None
             detach(w)                       # (settled at once if nothing is left to wait for)
         return
+    if req.twin is not None and req.shared:
+        twin_done(req)
     if req.shared or req.ob_mpi == MPI_REQUEST_NULL:
         return
     ierr = MPI_Test(&req.ob_mpi, &flag, &st)
@@ -1380,6 +1429,14 @@ cdef class Prequest(Request):
     cdef object comm          # the communicator it was made on
     cdef int op               # the operation + 1 (0: not told; see Interceptor.on_start)
     cdef str backend          # the backend it runs on (None: MPI)
+
+    def __cinit__(self, request=None):
+        # a copy (Request.__cinit__ ran: see copied) starts what the original
+        # starts (set here: Request's __cinit__ runs before these fields exist)
+        if isinstance(request, Prequest):
+            q = <Prequest>request
+            self.keep, self.start_fn, self.comm = q.keep, q.start_fn, q.comm
+            self.op, self.backend = q.op, q.backend
 
     def Start(self):
         """Start the operation; the request must be inactive (new or completed).
