@@ -451,10 +451,10 @@ def barrier_gives_up_after_its_timeout(comm):
     dist.destroy_process_group(lonely)
 
 
-@case
-def monitored_barrier_names_the_missing_ranks(comm):
+@case.matrix(backend=BACKENDS)
+def monitored_barrier_names_the_missing_ranks(comm, backend):
     size, rank = comm.size, comm.rank
-    g = group("mpi")
+    g = group(backend)
     dist.monitored_barrier(group=g, timeout=timedelta(seconds=30))
     dist.monitored_barrier(group=g, timeout=timedelta(seconds=30), wait_all_ranks=True)
     if size == 1:

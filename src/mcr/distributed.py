@@ -281,8 +281,10 @@ class ProcessGroupMCR(_ProcessGroup):  # type: ignore[misc]
         # and monitored barriers give up after it, as on Gloo
         self._timeout = timeout.total_seconds() if timeout and timeout.total_seconds() > 0 \
             else 0.0
-        # monitored_barrier's messages, apart from the group's own traffic
+        # monitored_barrier's messages, apart from the group's own traffic, on
+        # MPI whatever the group's backend (they are cancelled on a timeout)
         self._control = comm.Dup()
+        self._control.backend = "mpi"
         self._timed_out: list[Work] = []    # timed-out barriers: their requests stay alive
 
     # torch keeps a group's name and description on the backends registered
