@@ -782,4 +782,9 @@ def create(opts: Any, pg_options: Any) -> ProcessGroupMCR:
             group.Free()
     if pg_options is not None and pg_options.backend is not None:
         comm.backend = pg_options.backend
+    if comm.backend not in ("mpi", "auto"):
+        # set up now, as torch's Gloo does: a first call would set it up, and a
+        # barrier's timeout could not bound a set-up that waits for the others
+        from . import backends
+        backends.subcomm(comm, comm.backend).start()
     return ProcessGroupMCR(comm, rank, size, opts.timeout)
