@@ -697,11 +697,13 @@ class ProcessGroupMCR(_ProcessGroup):  # type: ignore[misc]
     # -- lifetime ------------------------------------------------------------
 
     def shutdown(self) -> None:
-        """Free the communicator (``destroy_process_group``). A group with a
-        timed-out barrier keeps its communicators: the barrier is still
-        posted, and MPI cannot free them under it."""
+        """Free the communicator (``destroy_process_group``), also on a rank
+        whose barrier timed out: Free is collective on a Gloo or NCCL group,
+        and the barrier left posted does not stop it (MPI frees the
+        communicator once the barrier completes, if ever; the Gloo or NCCL
+        group goes with it)."""
         comm, self.comm = self.comm, None
-        if comm is not None and not self._timed_out:
+        if comm is not None:
             self._control.Free()
             comm.Free()
 
