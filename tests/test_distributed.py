@@ -433,11 +433,12 @@ def sparse_all_reduce_sums_as_dense(comm, backend):
         assert torch.equal(sparse.to_dense(), sum(data(r) for r in range(size))), dense_dims
 
 
-@case.matrix(backend=BACKENDS)
+@case.matrix(backend=BACKENDS + ("auto",))
 def barrier_gives_up_after_its_timeout(comm, backend):
     """A rank alone in a barrier raises after the barrier's timeout, or the group's, also at the
-    group's first call (a Gloo group is set up when it is made, as torch's). Then every rank
-    destroys the group (collective on Gloo: rank 0 too, its barrier still posted)."""
+    group's first call (a Gloo group is set up when it is made, as torch's; an auto group agrees
+    on its tuning table then). Then every rank destroys the group (collective on Gloo: rank 0
+    too, its barrier still posted)."""
     group("mpi")
     lonely = dist.new_group(list(range(comm.size)), timeout=timedelta(seconds=1.5),
                             backend="mcr", pg_options=mcr.distributed.Options(backend=backend))

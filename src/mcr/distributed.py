@@ -784,9 +784,12 @@ def create(opts: Any, pg_options: Any) -> ProcessGroupMCR:
             group.Free()
     if pg_options is not None and pg_options.backend is not None:
         comm.backend = pg_options.backend
-    if comm.backend not in ("mpi", "auto"):
-        # set up now, as torch's Gloo does: a first call would set it up, and a
-        # barrier's timeout could not bound a set-up that waits for the others
+    # set up now, as torch's Gloo does: a first call would set the backend up
+    # (under auto: agree on the tuning table first), and a barrier's timeout
+    # could not bound a set-up that waits for the others
+    if comm.backend == "auto":
+        comm.Barrier()
+    elif comm.backend != "mpi":
         from . import backends
         backends.subcomm(comm, comm.backend).start()
     return ProcessGroupMCR(comm, rank, size, opts.timeout)
