@@ -71,6 +71,32 @@ def test_byte_region_views_the_owners_memory(label, make):
     assert torch.equal(after[3:], whole[3:]) and after[0] == whole[0]
 
 
+@pytest.mark.parametrize("label, make", OWNERS, ids=[o[0] for o in OWNERS])
+def test_a_backends_typed_side_views_the_callers_elements(label, make):
+    """Side.typed (what backends reduce on): the caller's elements at any offset, as a view;
+    also read as bytes of another type (the owner is not of the message's type)."""
+    from mcr.backends.message import Side
+    owner = make()
+    whole = as_bytes(owner)
+    own = owner.dtype if isinstance(owner, torch.Tensor) else torch.float64
+    for dtype in {own, torch.uint8}:            # the owner's type, and bytes of another
+        if whole.numel() % dtype.itemsize:
+            continue
+        elems = whole.view(dtype)
+        total, name = elems.numel(), str(dtype).removeprefix("torch.")
+        for first, count, displ in [(0, total, 0), (1, total - 1, 0), (1, total - 3, 2),
+                                    (0, 1, total - 1), (total, 0, 0)]:
+            if count < 0:                       # (a 1-element owner)
+                continue
+            side = Side(("buf", address(owner) + first * dtype.itemsize, count, None, None,
+                         total - first, name, dtype.itemsize, -1, owner))
+            got = side.typed(count, displ)
+            want = elems[first + displ:first + displ + count]
+            assert got.dtype == dtype and torch.equal(got, want), (dtype, first, count, displ)
+            if got.numel():                     # a view: it reads the owner's memory
+                assert got.data_ptr() == address(owner) + (first + displ) * dtype.itemsize
+
+
 @pytest.mark.parametrize("start, nbytes", [(-1, 4), (0, 33), (30, 3), (33, 0)])
 def test_byte_region_outside_a_tensor_is_refused(start, nbytes):
     t = torch.zeros(8)                        # 32 bytes

@@ -29,12 +29,16 @@ def byte_region(owner: Any, addr: int, nbytes: int) -> torch.Tensor:
     of its memory by address, and must not outlive it).
     """
     if isinstance(owner, torch.Tensor):
-        flat = owner.detach().reshape(-1).view(torch.uint8)
+        flat = owner.detach()       # each step only where needed: ~1 us apiece
+        if flat.dim() != 1:
+            flat = flat.reshape(-1)
+        if flat.dtype is not torch.uint8:
+            flat = flat.view(torch.uint8)
         offset = addr - flat.data_ptr()
         if not 0 <= offset <= flat.numel() - nbytes:
             raise ValueError(f"region of {nbytes} bytes at offset {offset} lies outside "
                              f"the tensor's {flat.numel()} bytes")
-        return flat[offset:offset + nbytes]
+        return flat if offset == 0 and nbytes == flat.numel() else flat[offset:offset + nbytes]
     if nbytes == 0:
         return torch.empty(0, dtype=torch.uint8)
     memory = (ctypes.c_char * nbytes).from_address(addr)

@@ -68,11 +68,26 @@ class Side:
 
     def block(self, displ: int, count: int) -> torch.Tensor:
         """Bytes of ``count`` elements at element displacement ``displ``."""
-        return self.bytes()[displ * self.extent:(displ + count) * self.extent]
+        whole = self.bytes()
+        if displ == 0 and count * self.extent == whole.numel():
+            return whole
+        return whole[displ * self.extent:(displ + count) * self.extent]
 
     def typed(self, count: int, displ: int = 0) -> torch.Tensor:
         """``count`` elements at ``displ``, as a tensor of the element type."""
-        return self.block(displ, count).view(getattr(torch, self.tname))
+        dtype = getattr(torch, self.tname)
+        owner = self.owner
+        if type(owner) is torch.Tensor and owner.dtype is dtype and owner.is_contiguous() \
+                and owner.element_size() == self.extent:
+            # a view of the caller's tensor in one step, not through its bytes
+            # (which costs four tensor operations more: ~5 us of a small call)
+            start, rest = divmod(self.addr - owner.data_ptr(), self.extent)
+            start += displ
+            if rest == 0 and 0 <= start and start + count <= owner.numel():
+                if start == 0 and count == owner.numel() and owner.dim() == 1:
+                    return owner.detach()
+                return owner.detach().as_strided((count,), (1,), owner.storage_offset() + start)
+        return self.block(displ, count).view(dtype)
 
     def blocks(self, size: int) -> tuple[Sequence[int], Sequence[int]]:
         """(counts, displs) in elements, for the block or vector form."""

@@ -27,6 +27,28 @@ def _reduce_op(name: str) -> Any:
             "BXOR": ReduceOp.BXOR}[name]
 
 
+_OPTIONS: dict[tuple[str, str | None, int], Any] = {}
+
+
+def _options(kind: str, op: str | None = None, root: int = -1) -> Any:
+    """The group's options object for an ``"allreduce"``, ``"reduce"`` or
+    ``"broadcast"`` with reduction ``op`` and ``root``, made once and reused
+    (the group reads it and keeps nothing). A bare ``ReduceOp`` costs more:
+    the group's binding converts it on every call (~6 us of a small one)."""
+    key = (kind, op, root)
+    found = _OPTIONS.get(key)
+    if found is None:
+        dist = c10d()
+        found = {"allreduce": dist.AllreduceOptions, "reduce": dist.ReduceOptions,
+                 "broadcast": dist.BroadcastOptions}[kind]()
+        if op is not None:
+            found.reduceOp = _reduce_op(op)
+        if root >= 0:
+            found.rootRank = root
+        found = _OPTIONS.setdefault(key, found)
+    return found
+
+
 class TorchSubcomm(Subcomm):
     """A Comm's sub-communicator on a torch process group.
 
@@ -84,9 +106,8 @@ class TorchSubcomm(Subcomm):
         r = self.side(msg, 1, "buf")
         if r.count == 0:
             return self.request([])
-        opts = c10d().BroadcastOptions()
-        opts.rootRank = root
-        return self.request([self.pg.broadcast([r.block(0, r.count)], opts)], keep=msg)
+        return self.request([self.pg.broadcast([r.block(0, r.count)],
+                                               _options("broadcast", root=root))], keep=msg)
 
     def allgather(self, msg: Any) -> Any:
         # equal blocks in rank order go straight into the receive buffer; other
@@ -128,7 +149,7 @@ class TorchSubcomm(Subcomm):
         out = r.typed(r.count)
         if s.kind != "in_place":
             compose.copy(out, s.typed(r.count))
-        return self.request([self.pg.allreduce([out], _reduce_op(name))], keep=msg)
+        return self.request([self.pg.allreduce([out], _options("allreduce", name))], keep=msg)
 
     def reduce(self, msg: Any, op: Any, root: int) -> Any:
         s, r, x = compose.operand(self, msg)
@@ -142,10 +163,7 @@ class TorchSubcomm(Subcomm):
                 compose.copy(t, s.typed(count))
         else:
             t = compose.clone(s.typed(count))   # the group may overwrite it
-        opts = c10d().ReduceOptions()
-        opts.rootRank = root
-        opts.reduceOp = _reduce_op(name)
-        return self.request([self.pg.reduce([t], opts)], keep=(msg, t))
+        return self.request([self.pg.reduce([t], _options("reduce", name, root))], keep=(msg, t))
 
     def reduce_scatter(self, msg: Any, op: Any, block: bool = False) -> Any:
         # an allreduce of the whole vector, of which each rank keeps its block
@@ -162,7 +180,7 @@ class TorchSubcomm(Subcomm):
         def take() -> None:
             if mine:
                 compose.copy(r.typed(mine), t[start:start + mine])
-        return self.request([self.pg.allreduce([t], _reduce_op(name))], [take],
+        return self.request([self.pg.allreduce([t], _options("allreduce", name))], [take],
                             keep=(msg, t))
 
     def reduce_scatter_block(self, msg: Any, op: Any) -> Any:
