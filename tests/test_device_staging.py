@@ -402,6 +402,48 @@ def a_receive_changes_nothing_outside_its_message(comm, staged):
     found.report()
 
 
+@case
+def a_collectives_receive_buffer_is_only_copied_out(comm):
+    # a collective writes all of its receive message, so its host copy is not filled from the
+    # buffer first (on a GPU: one blocking copy less); in place, and for a receive, it is
+    rank, ranks, f32 = comm.rank, range(comm.size), torch.float32
+    right, left = (rank + 1) % comm.size, (rank - 1) % comm.size
+    x = rank_data(rank, N, f32, 70)
+    read = []                                   # the address each staging copy read from
+    real = device.HostInterface.copy
+
+    def observed(self, dst, src):
+        read.append(src.data_ptr())
+        real(self, dst, src)
+
+    def in_place(out):
+        out.copy_(x)
+        comm.Allreduce(mcr.IN_PLACE, out)
+    cases = [  # (name, call, its receive buffer's length, what it receives, copied in)
+        ("Allreduce", lambda out: comm.Allreduce(x, out), N, total(N, f32, 70, ranks), False),
+        ("Allreduce in place", in_place, N, total(N, f32, 70, ranks), True),
+        ("Allgather", lambda out: comm.Allgather(x, out), N * comm.size,
+         torch.cat([rank_data(r, N, f32, 70) for r in ranks]), False),
+        ("Scan", lambda out: comm.Scan(x, out), N, total(N, f32, 70, range(rank + 1)), False),
+        ("Sendrecv", lambda out: comm.Sendrecv(x, right, 71, out, left, 71), N,
+         rank_data(left, N, f32, 70), True)]
+    found = Findings()
+    device.HostInterface.copy = observed
+    try:
+        with staging(True):
+            for name, call, n, want, copied_in in cases:
+                out = sentinel(n, f32)
+                read.clear()
+                call(out)
+                start, end = out.data_ptr(), out.data_ptr() + out.nbytes
+                with found.check(name):
+                    expect(out, want)
+                    assert any(start <= p < end for p in read) == copied_in, read
+    finally:
+        device.HostInterface.copy = real
+    found.report()
+
+
 @case.matrix(staged=MODES, emulated=(False, True))
 def completing_an_inactive_persistent_request_changes_nothing(comm, staged, emulated):
     # MPI: Wait/Test on an inactive persistent request return at once, and

@@ -70,6 +70,7 @@ cdef enum:                    # what an operation is
     OP_ROOTED = 32            # has a root
     OP_NEIGHBOR = 64          # a neighbourhood collective (run by neighbor.pxi)
     OP_COMM = 128             # outside the buffer methods (constructors, pickled objects)
+    OP_FILLS = 256            # writes every byte of its receive message (not in place)
 
 ctypedef int (*parse_fn)(Comm, _Call) except -1
 ctypedef int (*mpi_fn)(Comm, _Call, int, MPI_Info, MPI_Request*) except -1

@@ -436,6 +436,9 @@ cdef int define(int op, int flags, int variant, tuple args, parse_fn parse, mpi_
 
 cdef int define_ops() except -1:
     cdef int P2P = OP_P2P, RECV = OP_P2P | OP_RECEIVES, ZIP = OP_COMPRESSIBLE
+    # not Bcast, Exscan (rank 0's is left), Reduce_scatter (recvbuf may be longer), nor
+    # Scatter(v) (a process's count is its buffer's, checked against no other)
+    cdef int FILLS = OP_COMPRESSIBLE | OP_FILLS
     cdef tuple SEND = (A_SENDBUF, A_DEST, A_TAG)
     cdef tuple SR = (A_SENDBUF, A_RECVBUF)
     cdef tuple ROOTED = (A_SENDBUF, A_RECVBUF, A_ROOT)
@@ -455,21 +458,21 @@ cdef int define_ops() except -1:
     define(CALL_BARRIER, 0, 0, (), parse_barrier, mpi_barrier, sub_barrier)
     define(CALL_BCAST, ZIP | OP_ROOTED, 0, (A_RECVBUF, A_ROOT), parse_bcast, mpi_bcast,
            sub_bcast)
-    define(CALL_GATHER, ZIP | OP_ROOTED, 0, ROOTED, parse_gather, mpi_gather, sub_gather)
-    define(CALL_GATHERV, ZIP | OP_ROOTED, 1, ROOTED, parse_gather, mpi_gather, sub_gather)
+    define(CALL_GATHER, FILLS | OP_ROOTED, 0, ROOTED, parse_gather, mpi_gather, sub_gather)
+    define(CALL_GATHERV, FILLS | OP_ROOTED, 1, ROOTED, parse_gather, mpi_gather, sub_gather)
     define(CALL_SCATTER, ZIP | OP_ROOTED, 0, ROOTED, parse_scatter, mpi_scatter, sub_scatter)
     define(CALL_SCATTERV, ZIP | OP_ROOTED, 1, ROOTED, parse_scatter, mpi_scatter, sub_scatter)
-    define(CALL_ALLGATHER, ZIP, 0, SR, parse_allgather, mpi_allgather, sub_allgather)
-    define(CALL_ALLGATHERV, ZIP, 1, SR, parse_allgather, mpi_allgather, sub_allgather)
-    define(CALL_ALLTOALL, ZIP, 0, SR, parse_alltoall, mpi_alltoall, sub_alltoall)
-    define(CALL_ALLTOALLV, ZIP, 1, SR, parse_alltoall, mpi_alltoall, sub_alltoall)
+    define(CALL_ALLGATHER, FILLS, 0, SR, parse_allgather, mpi_allgather, sub_allgather)
+    define(CALL_ALLGATHERV, FILLS, 1, SR, parse_allgather, mpi_allgather, sub_allgather)
+    define(CALL_ALLTOALL, FILLS, 0, SR, parse_alltoall, mpi_alltoall, sub_alltoall)
+    define(CALL_ALLTOALLV, FILLS, 1, SR, parse_alltoall, mpi_alltoall, sub_alltoall)
     define(CALL_ALLTOALLW, OP_MPI_ONLY, 0, SR, parse_alltoallw, mpi_alltoallw, sub_none)
-    define(CALL_REDUCE, ZIP | OP_ROOTED, 0, (A_SENDBUF, A_RECVBUF, A_OP, A_ROOT),
+    define(CALL_REDUCE, FILLS | OP_ROOTED, 0, (A_SENDBUF, A_RECVBUF, A_OP, A_ROOT),
            parse_reduce, mpi_reduce, sub_reduce)
-    define(CALL_ALLREDUCE, ZIP, 0, REDUCING, parse_allreduce, mpi_allreduce, sub_allreduce)
-    define(CALL_SCAN, 0, 0, REDUCING, parse_allreduce, mpi_allreduce, sub_allreduce)
+    define(CALL_ALLREDUCE, FILLS, 0, REDUCING, parse_allreduce, mpi_allreduce, sub_allreduce)
+    define(CALL_SCAN, OP_FILLS, 0, REDUCING, parse_allreduce, mpi_allreduce, sub_allreduce)
     define(CALL_EXSCAN, 0, 0, REDUCING, parse_allreduce, mpi_allreduce, sub_allreduce)
-    define(CALL_REDUCE_SCATTER_BLOCK, ZIP, 1, REDUCING, parse_reduce_scatter,
+    define(CALL_REDUCE_SCATTER_BLOCK, FILLS, 1, REDUCING, parse_reduce_scatter,
            mpi_reduce_scatter, sub_reduce_scatter)
     define(CALL_REDUCE_SCATTER, ZIP, 0, (A_SENDBUF, A_RECVBUF, A_RECVCOUNTS, A_OP),
            parse_reduce_scatter, mpi_reduce_scatter, sub_reduce_scatter)

@@ -73,22 +73,30 @@ cdef int stage(_Call m, int sblocks, int rblocks) except -1:
         interface = dev.interface(x.device)
         region = interface.region(owner, <Py_ssize_t>x.addr, nbytes)
         if interface.mpi_reads_device:
-            m.staged.append((which, region, None, interface, ranges))
+            m.staged.append((which, region, None, interface, ranges, True))
             continue
         host = interface.alloc_host(nbytes)
         x.addr = <char*>PyLong_AsVoidPtr(host.data_ptr())
-        m.staged.append((which, region, host, interface, ranges))
+        m.staged.append((which, region, host, interface, ranges, not fills_receive(m, which)))
     restage(m)
     return 0
+
+
+cdef inline bint fills_receive(_Call m, int which) noexcept:
+    """Whether side `which` is a receive message that MPI writes in full: a
+    collective's, not in place, of a named type (no holes). Its host copy then
+    needs no copy in, only out (on a GPU: one blocking copy less)."""
+    return (which == 1 and OP_TABLE[m.op].flags & OP_FILLS and m.r.tindex >= 0
+            and m.s.addr != <char*>MPI_IN_PLACE)
 
 
 cdef int restage(_Call m) except -1:
     """Before the operation starts (each start of a persistent request):
     MPI reads what the caller's stream has written, through the host copy."""
-    for which, region, host, interface, ranges in m.staged:
+    for which, region, host, interface, ranges, copy_in in m.staged:
         if host is None:
             interface.synchronize(region)
-        else:
+        elif copy_in:
             for offset, n in ranges:
                 interface.copy(host[offset:offset + n], region[offset:offset + n])
     m.live = True
@@ -100,7 +108,7 @@ cdef int unstage(_Call m) except -1:
     if not m.live:
         return 0
     m.live = False
-    for which, region, host, interface, ranges in m.staged:
+    for which, region, host, interface, ranges, _ in m.staged:
         if which == 1 and host is not None:
             for offset, n in ranges:
                 interface.copy(region[offset:offset + n], host[offset:offset + n])
