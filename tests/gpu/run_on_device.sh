@@ -27,3 +27,12 @@ print('mcr ok', M.COMM_WORLD.Get_size(), B.names())" || exit 4
 timeout ${CHECK_LIMIT:-330} $PY tests/gpu/check_gpu.py --logdir $OUT/gpu-logs "$@" 2>&1 |
   tee $OUT/check.log
 echo "check rc=${PIPESTATUS[0]} total $(( $(date +%s) - t0 )) s"
+# BENCH=1: then time NCCL and staged MPI against torch's NCCL on CUDA tensors (one process:
+# NCCL refuses two on one GPU), into $OUT/cuda-compare.txt and .json (docs/performance.rst)
+if [ "${BENCH:-0}" = 1 ]; then
+  timeout ${BENCH_LIMIT:-120} $PY -m mcr.bench compare -n 1 --buffer torch-cuda \
+    --peers torch-nccl,mcr-nccl,mcr-mpi --ops allreduce,bcast,allgather -m 4:4194304 \
+    -i 200 -x 50 --rounds 3 --forms blocking,nonblocking --json $OUT/cuda-compare.json \
+    >$OUT/cuda-compare.txt 2>&1
+  echo "compare rc=$? total $(( $(date +%s) - t0 )) s"
+fi
