@@ -92,17 +92,24 @@ cdef inline bint fills_receive(_Call m, int which) noexcept:
             and m.s.addr != <char*>MPI_IN_PLACE)
 
 
+cdef int copy_message(object interface, object dst, object src, object ranges) except -1:
+    """Copy the message's ranges (None: the whole region) from `src` to `dst`."""
+    if ranges is None:
+        interface.copy(dst, src)
+        return 0
+    for offset, n in ranges:
+        interface.copy(dst[offset:offset + n], src[offset:offset + n])
+    return 0
+
+
 cdef int restage(_Call m) except -1:
     """Before the operation starts (each start of a persistent request):
     MPI reads what the caller's stream has written, through the host copy."""
     for which, region, host, interface, ranges, copy_in in m.staged:
         if host is None:
             interface.synchronize(region)
-        elif copy_in and ranges is None:
-            interface.copy(host, region)
         elif copy_in:
-            for offset, n in ranges:
-                interface.copy(host[offset:offset + n], region[offset:offset + n])
+            copy_message(interface, host, region, ranges)
     m.live = True
     return 0
 
@@ -113,11 +120,8 @@ cdef int unstage(_Call m) except -1:
         return 0
     m.live = False
     for which, region, host, interface, ranges, _ in m.staged:
-        if which == 1 and host is not None and ranges is None:
-            interface.copy(region, host)
-        elif which == 1 and host is not None:
-            for offset, n in ranges:
-                interface.copy(region[offset:offset + n], host[offset:offset + n])
+        if which == 1 and host is not None:
+            copy_message(interface, region, host, ranges)
     return 0
 
 
