@@ -4,8 +4,8 @@ some} over any mix, null and persistent requests too, each reported once with it
 after Get_status or a failed Testall); randomized interleavings with seeds shared by the ranks
 (matrix collectives on random backends, blocking calls on one backend while the other has
 requests outstanding, same tags on both backends); communicators (own Gloo groups made at any
-first Gloo call, released by Free; freed and null ones refuse every backend). Expected values:
-torch on the whole data.
+first Gloo call, released by Free; freed and null ones refuse every backend); stream-ordered
+works (NCCL's) waited at once, not polled. Expected values: torch on the whole data.
 """
 
 import itertools
@@ -16,9 +16,11 @@ import pytest
 import torch
 
 import mcr
-from mcr import MPI
+import mcr.backends.gloo
+from mcr import MPI, _core
+from mcr.backends.torchpg import StreamOrdered
 from mpiharness import case, mpi_cases, run_script, world_sizes
-from opmatrix import COMPLETIONS, OPERATIONS, complete, nonblocking, poller
+from opmatrix import COMPLETIONS, OPERATIONS, complete, nonblocking, poller, run_operation
 from opref import rank_data
 from util import Failures, assert_comm_works, assert_equal, raises, ring, status_of
 
@@ -523,6 +525,47 @@ def messages_to_self_on_every_backend(comm):
             failures.error(f"message to self on {backend}", exc)
     failures.done()
 
+
+
+# -- stream-ordered works ----------------------------------------------------------------------
+class Queued:
+    """A NCCL work as the host sees it while the device is busy: never finished, and its
+    wait() returns at once (it only makes the caller's current stream wait)."""
+
+    def __init__(self):
+        self.waits = 0
+
+    def is_completed(self):
+        return False
+
+    def wait(self):
+        self.waits += 1
+        return True
+
+
+@case
+def stream_ordered_works_are_waited_not_polled(comm):
+    """Wait and Waitall wait a stream-ordered work at once (polled until the device finished,
+    Queued would hang them); Test asks the device. Then Gloo's works marked stream-ordered, as
+    NCCL's are, run the collectives of the group and composed ones right, in both forms."""
+    for how in ("Wait", "Waitall"):
+        q, ran = Queued(), []
+        req = _core._work_request("nccl", [StreamOrdered(q)], [lambda: ran.append(how)])
+        assert not req.Test() and not mcr.Request.Testall([req]) and not ran
+        if how == "Wait":
+            req.Wait()
+        else:
+            mcr.Request.Waitall([comm.Ibarrier(), req])
+        assert q.waits == 1 and ran == [how], (how, q.waits, ran)
+    gloo = mcr.backends.gloo.BACKEND
+    gloo.stream_ordered = True
+    try:
+        for method in ("Bcast", "Allgatherv", "Allreduce", "Reduce", "Reduce_scatter",
+                       "Alltoallv"):
+            for form in ("blocking", "nonblocking"):
+                run_operation(comm, method, "gloo", form, [torch.float32])
+    finally:
+        del gloo.stream_ordered
 
 test_mpi = mpi_cases(__name__, timeout=150)
 

@@ -2,7 +2,8 @@
 
 NCCL runs on its own streams; torch's work handles order them after the
 caller's current stream when an operation is posted, and ``wait()`` (which
-``Request.Wait`` calls) makes the caller's current stream wait for the result.
+``Request.Wait`` calls at once: ``stream_ordered``) makes the caller's current
+stream wait for the result, without the host waiting for the device.
 Point-to-point payloads between two ranks are matched in the order they were
 sent (NCCL has no tags): receives that match messages out of order by tag are
 not supported on this backend.
@@ -22,6 +23,7 @@ _REDUCED = frozenset({"uint8", "int8", "int32", "int64", "float16", "bfloat16",
 class NcclBackend(TorchBackend):
     name = "nccl"
     devices = frozenset({"cuda"})
+    stream_ordered = True
     reductions = {"SUM": _REDUCED | {"complex64", "complex128"}, "PROD": _REDUCED,
                   "MAX": _REDUCED, "MIN": _REDUCED}
 

@@ -4,9 +4,11 @@ which runs Barrier, Bcast, Allgather(v) and, for the op/type pairs the group
 reduces, Allreduce, Reduce and Reduce_scatter(_block) as one group call.
 Everything else is composed (``compose``).
 
-A backend here only says how to make its group (``TorchBackend.make_group``).
+A backend here only says how to make its group (``TorchBackend.make_group``),
+and whether its group's works are stream-ordered (NCCL's: ``StreamOrdered``).
 """
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -15,7 +17,7 @@ from . import compose
 from .base import Backend, Subcomm, Work
 from .store import c10d
 
-__all__ = ["TorchBackend", "TorchSubcomm"]
+__all__ = ["StreamOrdered", "TorchBackend", "TorchSubcomm"]
 
 _BYTE = torch.uint8
 
@@ -47,6 +49,32 @@ def _options(kind: str, op: str | None = None, root: int = -1) -> Any:
             found.rootRank = root
         found = _OPTIONS.setdefault(key, found)
     return found
+
+
+class StreamOrdered:
+    """A group work of a stream-ordered backend (NCCL). Its ``wait()`` makes
+    the caller's current stream wait for the operation, and the host goes on:
+    the core waits it at once (``wait_ready``), as torch's blocking calls do,
+    instead of polling until the device has finished. Until it is waited,
+    ``is_completed()`` says whether the device has finished (``Test``)."""
+
+    __slots__ = ("work", "waited")
+
+    def __init__(self, work: Work) -> None:
+        self.work = work
+        self.waited = False
+
+    def is_completed(self) -> bool:
+        return self.waited or bool(self.work.is_completed())
+
+    def wait_ready(self) -> bool:
+        return True
+
+    def wait(self) -> bool:
+        if not self.waited:
+            self.work.wait()        # raises the operation's error
+            self.waited = True
+        return True
 
 
 class TorchSubcomm(Subcomm):
@@ -82,6 +110,16 @@ class TorchSubcomm(Subcomm):
                 pass
         self._pg = self.store = None
 
+    def request(self, works: Sequence[Work | None], steps: Sequence[Callable[[], object]] = (),
+                keep: object = None, status: Callable[[], tuple[Any, ...]] | None = None) -> Any:
+        """``Subcomm.request``; on a stream-ordered backend, the group's own
+        works are wrapped (``StreamOrdered``), not mcr's point-to-point
+        handles, which need this process to drive MPI."""
+        if self.backend.stream_ordered:
+            group_work = c10d().Work
+            works = [StreamOrdered(w) if isinstance(w, group_work) else w for w in works]
+        return super().request(works, steps, keep, status)
+
     # -- Primitives --------------------------------------------------------------------
 
     def tensor_alltoall(self, output: torch.Tensor, input: torch.Tensor,
@@ -100,7 +138,8 @@ class TorchSubcomm(Subcomm):
     # -- Collectives the group runs ----------------------------------------------------
 
     def barrier(self, msg: Any) -> Any:
-        return self.request([self.pg.barrier()])
+        # not stream-ordered: a barrier's wait returns once every process has entered it
+        return super().request([self.pg.barrier()])
 
     def bcast(self, msg: Any, root: int) -> Any:
         r = self.side(msg, 1, "buf")
@@ -192,6 +231,9 @@ class TorchBackend(Backend):
     (``make_group``); its sub-communicator is a ``TorchSubcomm``."""
 
     subcomm = TorchSubcomm
+    # whether the group's works are stream-ordered: wait() queues the caller's
+    # current stream after the operation and returns (NCCL); see StreamOrdered
+    stream_ordered: bool = False
 
     def unavailable(self) -> str | None:
         try:

@@ -1277,7 +1277,22 @@ cdef object completion(int kind, object requests, object st, bint wait):
     cdef _Turn turn = _Turn.__new__(_Turn)
     turn.kind, turn.requests, turn.st, turn.wait = kind, requests, st, wait
     turn.works, turn.plain = split_work(requests)
+    if kind == K_ALL and wait and limit == 0:
+        waited_ready(requests, turn.works)
     return until_done(requests, turn, wait, limit)
+
+
+cdef int waited_ready(list requests, list indices) except -1:
+    """Waitall: first wait, without polling, for the works that need no
+    driving (``_Work.wait_ready_works``: a stream-ordered NCCL collective, a
+    matched Gloo receive), as Wait does."""
+    for i in indices:
+        try:
+            work_of(requests[i]).wait_ready_works()
+        except BaseException:
+            work_raised(<Request>requests[i])
+            raise
+    return 0
 
 
 cdef class _Turn:
