@@ -463,9 +463,10 @@ def run_matrix(rep, t, quick):
 def stream_case(t, how):
     """DESIGN.md: the communication waits for work queued on the caller's current stream (a long
     kernel, then the write of the send buffer); Wait() makes the caller's current stream wait
-    for the result. `how`: blocking, nonblocking, persistent (made before the write), or
-    elsewhere (Iallreduce waited on another stream while the posting one is kept busy: a
-    copy-back queued on the posting stream would land after the read)."""
+    for the result, and on NCCL returns before the device has finished (the host is not held).
+    `how`: blocking, nonblocking, persistent (made before the write), or elsewhere (Iallreduce
+    waited on another stream while the posting one is kept busy: a copy-back queued on the
+    posting stream would land after the read)."""
     n, comm, kw, cuda = t.big, t.comm, t.kw, t.cuda
 
     def on(stream):
@@ -486,6 +487,7 @@ def stream_case(t, how):
         busy = cuda and not s.query()
         if how == "blocking":
             comm.Allreduce(x, y, **kw)
+            queued = cuda and not s.query()
         elif how == "persistent":
             req.Start()
         else:
@@ -495,6 +497,7 @@ def stream_case(t, how):
     with on(s2 if how == "elsewhere" else s):
         if req is not None:
             req.Wait()
+            queued = cuda and not s.query()
         if cuda:                  # no host synchronization before this copy
             h = torch.empty(n, pin_memory=True)
             h.copy_(y, non_blocking=True)
@@ -505,6 +508,9 @@ def stream_case(t, how):
         req.Free()
     compare(h if cuda else y, ones(n, sum(r + 2 for r in range(t.size))),
             "recvbuf read on the stream current at Wait")
+    # NCCL's wait only queues the caller's stream (torchpg.StreamOrdered): the host goes on
+    ensure(not (t.name == "nccl" and busy and how in ("blocking", "nonblocking") and not queued),
+           "the host waited for the device: the stream was idle when the call returned")
     if cuda and how == "elsewhere" and not late:
         raise Note("the posting stream was idle when the result was read: inconclusive")
     if cuda and not busy:
