@@ -8,13 +8,14 @@ post staged operations and collectives on the same communicators, tested in a di
 on every rank: stages posted in test order would pair different operations across ranks."""
 
 import random
+import threading
 import time
 
 import torch
 
 import mcr
 import mcr.hooks
-from mcr import progress
+from mcr import _core, progress
 from mpiharness import case, mpi_cases
 from util import assert_equal, raises
 
@@ -322,5 +323,62 @@ def nothing_left_pending(comm):
         assert not progress._active
     assert_equal(y, torch.full((2,), float(comm.size)))
 
+
+
+class Overlaps:
+    """A driver whose pump lasts 2 ms, counting pumps by the helper and by the calling thread,
+    and the times two threads were inside it at once."""
+
+    def __init__(self):
+        self.lock, self.inside, self.overlaps, self.pumps = threading.Lock(), 0, 0, [0, 0]
+
+    def pump(self, helper):
+        with self.lock:
+            self.inside += 1
+            self.overlaps += self.inside > 1
+            self.pumps[helper] += 1
+        time.sleep(0.002)
+        with self.lock:
+            self.inside -= 1
+
+    def blocking(self):
+        pass
+
+    def collective(self, comm):
+        pass
+
+
+class DrivesWhenTested:
+    """The work of a freed request whose test drives, through pump_all (a staged operation's
+    request) and in the driver's own code (a Fusion's call); complete at its third test."""
+
+    def __init__(self, driver):
+        self.driver, self.tests = driver, 0
+
+    def is_completed(self):
+        self.tests += 1
+        progress.pump_all()
+        self.driver.pump(False)
+        return self.tests >= 3
+
+    def wait(self):
+        pass
+
+
+@case
+def one_thread_at_a_time_drives(comm):
+    """The helper drives in a blocking call's window; the calling thread, after the call and
+    inside the window, tests the works of freed requests, which drive too: the helper pauses
+    meanwhile (a Fusion driven by both threads lost a decision: a hang)."""
+    d = Overlaps()
+    progress.enlist(d)
+    try:
+        for _ in range(4):
+            _core._work_request("test", [DrivesWhenTested(d)]).Free()
+            comm.Barrier()
+            time.sleep(0.01)
+    finally:
+        progress.dismiss(d)
+    assert d.overlaps == 0 and d.pumps[False], (d.overlaps, d.pumps)   # 20 a rank, unpaused
 
 test_mpi = mpi_cases(__name__)

@@ -22,7 +22,7 @@ from mpi4py import MPI
 from mcr import _core
 
 __all__ = ["LOCK", "enlist", "dismiss", "in_helper", "blocked_thread", "pump_all",
-           "before_collective", "window"]
+           "before_collective", "window", "paused"]
 
 LOCK = threading.RLock()
 # what has work to post (an ordered set): groups with stages still to post,
@@ -64,8 +64,34 @@ def pump_all() -> None:
     this process (the helper thread leaves those on CUDA tensors to the
     threads that called them)."""
     helper = in_helper()
+    if not helper and _helper is not None and _helper.drives_for_me():
+        with paused():
+            for driver in list(_active):
+                driver.pump(False)
+        return
     for driver in list(_active):
         driver.pump(helper)
+
+
+class paused:
+    """``with paused():`` around the drivers' code that a thread runs inside
+    its own window, between the blocking call and the window's end (the
+    works of freed requests, a wait under a timeout): the helper stops
+    meanwhile, so that one thread at a time drives (a ``Fusion`` is not
+    thread-safe; both threads reading its decisions lost one: a hang). Does
+    nothing in any other thread."""
+
+    __slots__ = ("helper",)
+
+    def __enter__(self) -> paused:
+        self.helper = _helper if _helper is not None and _helper.drives_for_me() else None
+        if self.helper is not None:
+            self.helper.close()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.helper is not None:
+            self.helper.open(threading.get_ident())
 
 
 def before_collective(comm: Any) -> None:
@@ -115,6 +141,10 @@ class _Helper:
     def close(self) -> None:
         self.stop.set()
         self.parked.wait()
+
+    def drives_for_me(self) -> bool:
+        """Whether the helper is driving for the calling thread (its window)."""
+        return not self.parked.is_set() and self.opener == threading.get_ident()
 
 
 _helper: _Helper | None = None

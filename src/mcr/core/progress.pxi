@@ -36,15 +36,19 @@ cdef object backends_module():
 # loop), progress_enter/progress_exit (around a call that blocks in MPI: a
 # helper thread drives meanwhile) and progress_collective (before a
 # collective: what must come before it on the communicator is posted). Each
-# tests one flag when the engine is idle.
+# tests one flag when the engine is idle. Code of the engine's drivers that
+# a thread runs inside its own window, after the blocking call (pump_all, the
+# works of freed requests), runs with the helper paused (engine.paused): one
+# thread at a time drives.
 cdef bint engine_busy = False   # the engine has something to drive
 cdef object engine = None       # the registered engine (mcr.progress), or None
 
 
 def _set_engine(obj):
     """Register the progress engine: an object with ``pump_all()``,
-    ``window()`` (a context manager around a call that blocks in MPI) and
-    ``before_collective(comm)`` (mcr.progress registers itself)."""
+    ``window()`` (a context manager around a call that blocks in MPI),
+    ``paused()`` (one around the engine's drivers' code run inside a window)
+    and ``before_collective(comm)`` (mcr.progress registers itself)."""
     global engine
     engine = obj
 
@@ -79,19 +83,26 @@ cdef inline int progress_poll() except -1:
     return 0
 
 
+cdef int windows_open = 0       # engine windows entered and not yet left
+
+
 cdef inline object progress_enter():
     """Before a call that blocks in MPI: the engine's window is opened (its
     helper thread drives meanwhile); what to hand progress_exit after."""
+    global windows_open
     if not engine_busy:
         return None
     window = engine.window()
     window.__enter__()
+    windows_open += 1
     return window
 
 
 cdef inline int progress_exit(object window) except -1:
     """After the blocking call that progress_enter preceded."""
+    global windows_open
     if window is not None:
+        windows_open -= 1
         window.__exit__(None, None, None)
     return 0
 
@@ -185,7 +196,16 @@ cdef int mpi_progress() except -1:
 
 
 cdef int poll_detached() except -1:
-    """Test the works of freed and dropped requests; keep those still going."""
+    """Test the works of freed and dropped requests; keep those still going.
+    Inside a window (after its blocking call) the helper pauses meanwhile:
+    a dropped request of a Fusion runs the Fusion's code (engine.paused)."""
+    if windows_open and engine is not None:
+        with engine.paused():
+            return poll_detached_now()
+    return poll_detached_now()
+
+
+cdef int poll_detached_now() except -1:
     pending = detached[:]
     del detached[:]          # (a test may append: a request dropped meanwhile)
     for w in pending:
