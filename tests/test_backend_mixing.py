@@ -547,7 +547,8 @@ class Queued:
 def stream_ordered_works_are_waited_not_polled(comm):
     """Wait and Waitall wait a stream-ordered work at once (polled until the device finished,
     Queued would hang them); Test asks the device. Then Gloo's works marked stream-ordered, as
-    NCCL's are, run the collectives of the group and composed ones right, in both forms."""
+    NCCL's are, run the collectives of the group and composed ones right, in both forms, and a
+    Fusion's buckets."""
     for how in ("Wait", "Waitall"):
         q, ran = Queued(), []
         req = _core._work_request("nccl", [StreamOrdered(q)], [lambda: ran.append(how)])
@@ -557,13 +558,25 @@ def stream_ordered_works_are_waited_not_polled(comm):
         else:
             mcr.Request.Waitall([comm.Ibarrier(), req])
         assert q.waits == 1 and ran == [how], (how, q.waits, ran)
-    gloo = mcr.backends.gloo.BACKEND
+    gloo, xs = mcr.backends.gloo.BACKEND, [torch.ones(3) for _ in range(3)]
+    plain = [comm.Iallreduce(mcr.IN_PLACE, x, backend=b) for b, x in zip(BACKENDS, xs)]
     gloo.stream_ordered = True
     try:
+        ordered = comm.Iallreduce(mcr.IN_PLACE, xs[2], backend="gloo")
+        assert [_core._waits_at_once(r) for r in plain + [ordered]] == [False, False, True]
+        mcr.Request.Waitall(plain + [ordered])
+        assert all(torch.equal(x, full(3, comm.size)) for x in xs), xs
         for method in ("Bcast", "Allgatherv", "Allreduce", "Reduce", "Reduce_scatter",
                        "Alltoallv"):
             for form in ("blocking", "nonblocking"):
                 run_operation(comm, method, "gloo", form, [torch.float32])
+        with mcr.Fusion(comm, backend="gloo") as f:     # a posted bucket is waited at once
+            ys = [torch.zeros(k + 1) for k in range(3)]
+            reqs = [f.Iallreduce(full(k + 1, k + comm.rank), y) for k, y in enumerate(ys)]
+            reqs[1].Wait()
+            mcr.Request.Waitall(reqs)
+        for k, y in enumerate(ys):
+            assert_equal(y, full(k + 1, k * comm.size + comm.size * (comm.size - 1) // 2))
     finally:
         del gloo.stream_ordered
 

@@ -243,6 +243,11 @@ class _Bucket:
                 return False
         return self.test()
 
+    def wait_ready(self) -> bool:
+        """Whether wait() needs no polling: the collective is posted and its
+        works are waited at once (NCCL's: stream-ordered)."""
+        return self.state == _POSTED and self.fusion._waits_at_once(self.req)
+
     def wait(self) -> None:
         self.finish()
 
@@ -306,7 +311,7 @@ class Fusion:
     """
 
     __slots__ = ("_comm", "_torch", "_tensor", "_in_place", "_work_request", "_meta", "_quick",
-                 "_pack", "_unpack", "_ops",
+                 "_pack", "_unpack", "_ops", "_waits_at_once",
                  "_rank", "_size", "_leader", "_st", "_cycle", "_since",
                  "_backend", "_ctl", "_sends", "_rbuf", "_rreq", "_queue", "_posted",
                  "_driving", "_quiet_calls", "_thread", "_busy", "_defer", "_cuda", "_driven",
@@ -346,6 +351,7 @@ class Fusion:
         self._quick = _core._fuse_quick
         self._pack, self._unpack = _core._pack, _core._unpack
         self._quiet_calls = _core._staged_quiet
+        self._waits_at_once = _core._waits_at_once
         self._ops = (MPI.SUM, MPI.PROD, MPI.MAX, MPI.MIN)
         self._rank = comm.Get_rank()
         self._size = comm.Get_size()

@@ -380,6 +380,20 @@ cdef int wait_work(_Work w) except -1:
         spins += 1
 
 
+def _waits_at_once(object req):
+    """Whether a wait of `req` needs no polling: it has backend works and
+    each says ``wait_ready()`` (NCCL's, stream-ordered). A Fusion's posted
+    bucket asks it of its collective's request."""
+    cdef _Work w = work_of(req)
+    if w is None:
+        return False
+    for x in w.works:
+        ready = getattr(x, "wait_ready", None)
+        if ready is None or not ready():
+            return False
+    return True
+
+
 cdef int detach(_Work w) except -1:
     global settle_at_exit
     if not settled(w):
