@@ -64,22 +64,19 @@ def pump_all() -> None:
     this process (the helper thread leaves those on CUDA tensors to the
     threads that called them)."""
     helper = in_helper()
-    if not helper and _helper is not None and _helper.drives_for_me():
-        with paused():
-            for driver in list(_active):
-                driver.pump(False)
-        return
-    for driver in list(_active):
-        driver.pump(helper)
+    with paused():
+        for driver in list(_active):
+            driver.pump(helper)
 
 
 class paused:
-    """``with paused():`` around the drivers' code that a thread runs inside
-    its own window, between the blocking call and the window's end (the
-    works of freed requests, a wait under a timeout): the helper stops
-    meanwhile, so that one thread at a time drives (a ``Fusion`` is not
-    thread-safe; both threads reading its decisions lost one: a hang). Does
-    nothing in any other thread."""
+    """``with paused():`` around the drivers' code that a thread may run
+    inside its own window, between the blocking call and the window's end
+    (the works of freed requests, a wait under a timeout, a backend's
+    set-up): the helper stops meanwhile, so that one thread at a time
+    drives (a ``Fusion`` is not thread-safe; both threads reading its
+    decisions lost one: a hang). Does nothing in any other thread, the
+    helper included."""
 
     __slots__ = ("helper",)
 
@@ -99,8 +96,9 @@ def before_collective(comm: Any) -> None:
     (buffer methods, neighborhood collectives, constructors, mpi4py's
     methods on pickled objects): what must come before it on ``comm`` is
     posted first (a ``Fusion``'s open buckets)."""
-    for driver in list(_active):
-        driver.collective(comm)
+    with paused():                  # (in a window: Subcomm.start's rendezvous)
+        for driver in list(_active):
+            driver.collective(comm)
 
 
 class _Helper:
