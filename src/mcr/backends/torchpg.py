@@ -228,11 +228,17 @@ class TorchSubcomm(Subcomm):
 
 class TorchBackend(Backend):
     """A backend on a torch process group: it only says how to make the group
-    (``make_group``); its sub-communicator is a ``TorchSubcomm``."""
+    (``make_group``); its sub-communicator is a ``TorchSubcomm``.
+
+    Attributes
+    ----------
+    stream_ordered : bool
+        Whether the group's works are stream-ordered: ``wait()`` queues the
+        caller's current stream after the operation and returns (NCCL). The
+        core then waits them at once (``StreamOrdered``).
+    """
 
     subcomm = TorchSubcomm
-    # whether the group's works are stream-ordered: wait() queues the caller's
-    # current stream after the operation and returns (NCCL); see StreamOrdered
     stream_ordered: bool = False
 
     def unavailable(self) -> str | None:
