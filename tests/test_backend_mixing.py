@@ -5,7 +5,8 @@ after Get_status or a failed Testall); randomized interleavings with seeds share
 (matrix collectives on random backends, blocking calls on one backend while the other has
 requests outstanding, same tags on both backends); communicators (own Gloo groups made at any
 first Gloo call, released by Free; freed and null ones refuse every backend); stream-ordered
-works (NCCL's) waited at once, not polled. Expected values: torch on the whole data.
+works (NCCL's collectives and receives) waited at once, not polled. Expected values: torch on
+the whole data.
 """
 
 import itertools
@@ -18,6 +19,7 @@ import torch
 import mcr
 import mcr.backends.gloo
 from mcr import MPI, _core
+from mcr.backends import compose
 from mcr.backends.torchpg import StreamOrdered
 from mpiharness import case, mpi_cases, run_script, world_sizes
 from opmatrix import COMPLETIONS, OPERATIONS, complete, nonblocking, poller, run_operation
@@ -579,6 +581,64 @@ def stream_ordered_works_are_waited_not_polled(comm):
             assert_equal(y, full(k + 1, k * comm.size + comm.size * (comm.size - 1) // 2))
     finally:
         del gloo.stream_ordered
+
+
+class BusyDevice:
+    """A Gloo group whose receives look as NCCL's do while the device is busy: never finished,
+    and wait() returns once the payload is there (NCCL's would only queue the stream). Its sends
+    are polled through a thread, as Gloo's are."""
+
+    def __init__(self, pg):
+        self.pg, self.waits = pg, 0
+
+    def __getattr__(self, name):
+        return getattr(self.pg, name)
+
+    def recv(self, tensors, source, tag):
+        work, busy = self.pg.recv(tensors, source, tag), Queued()
+
+        def wait():
+            self.waits += 1
+            return work.wait()
+        busy.wait = wait
+        return busy
+
+    def send(self, tensors, dest, tag):
+        return compose._Waited(self.pg.send(tensors, dest, tag))
+
+
+@case
+def stream_ordered_receives_are_waited_not_polled(comm):
+    """A receive whose payload comes on a stream-ordered backend (NCCL's point-to-point) is
+    complete once its payload's wait() returns: Recv, Sendrecv, Wait and Waitall (polled until
+    the device finished, BusyDevice would hang them). Test asks the device."""
+    dup, gloo = comm.Dup(), mcr.backends.gloo.BACKEND
+    right, left = ring(comm)
+    n = gloo.eager_limit // 4 + 3            # past the eager limit: the payload goes on Gloo
+    warm_up(dup)
+    sub = mcr.backends.subcomm(dup, "gloo")
+    sub._pg = busy = BusyDevice(sub.pg)
+    gloo.stream_ordered, gloo.p2p_pollable = True, True
+    try:
+        outs = [torch.zeros(n) for _ in range(5)]     # outs[k]: the message of seed k
+        dup.Sendrecv(rank_data(comm.rank, n, seed=1), right, 1, outs[1], left, 1, backend="gloo")
+        req = dup.Irecv(outs[2], left, 2, backend="gloo")
+        dup.Send(rank_data(comm.rank, n, seed=2), right, 2, backend="gloo")
+        if comm.size > 1:       # (a message to itself is copied: no payload on the group)
+            dup.Barrier()       # the header has arrived, and the payload with it
+            assert not req.Test() and not mcr.Request.Testall([req]), "Test: the device is busy"
+        req.Wait()
+        reqs = [dup.Irecv(outs[k], left, k, backend="gloo") for k in (3, 4)]
+        for k in (3, 4):
+            dup.Send(rank_data(comm.rank, n, seed=k), right, k, backend="gloo")
+        mcr.Request.Waitall(reqs)
+        for k in range(1, 5):
+            assert_equal(outs[k], rank_data(left, n, seed=k))
+        assert busy.waits == (4 if comm.size > 1 else 0), busy.waits
+    finally:
+        del gloo.stream_ordered, gloo.p2p_pollable
+        sub._pg = busy.pg
+    dup.Free()
 
 test_mpi = mpi_cases(__name__, timeout=150)
 

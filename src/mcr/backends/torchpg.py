@@ -114,7 +114,8 @@ class TorchSubcomm(Subcomm):
                 keep: object = None, status: Callable[[], tuple[Any, ...]] | None = None) -> Any:
         """``Subcomm.request``; on a stream-ordered backend, the group's own
         works are wrapped (``StreamOrdered``), not mcr's point-to-point
-        handles, which need this process to drive MPI."""
+        handles, which need this process to drive MPI (their payload's
+        receive is wrapped in ``tensor_recv``)."""
         if self.backend.stream_ordered:
             group_work = c10d().Work
             works = [StreamOrdered(w) if isinstance(w, group_work) else w for w in works]
@@ -132,8 +133,12 @@ class TorchSubcomm(Subcomm):
         return work
 
     def tensor_recv(self, tensor: torch.Tensor, source: int, tag: int) -> Work:
+        # a receive's payload is waited as the group's collectives are: on a
+        # stream-ordered backend, its wait() only queues the caller's stream.
+        # (A send's is not waited: it is buffered, and its payload copy is
+        # kept until the device has sent it.)
         work: Work = self.pg.recv([tensor], source, tag)
-        return work
+        return StreamOrdered(work) if self.backend.stream_ordered else work
 
     # -- Collectives the group runs ----------------------------------------------------
 

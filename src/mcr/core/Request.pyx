@@ -1277,15 +1277,14 @@ cdef object completion(int kind, object requests, object st, bint wait):
     cdef _Turn turn = _Turn.__new__(_Turn)
     turn.kind, turn.requests, turn.st, turn.wait = kind, requests, st, wait
     turn.works, turn.plain = split_work(requests)
-    if kind == K_ALL and wait and limit == 0:
-        waited_ready(requests, turn.works)
+    turn.ready = kind == K_ALL and wait and limit == 0
     return until_done(requests, turn, wait, limit)
 
 
 cdef int waited_ready(list requests, list indices) except -1:
-    """Waitall: first wait, without polling, for the works that need no
-    driving (``_Work.wait_ready_works``: a stream-ordered NCCL collective, a
-    matched Gloo receive), as Wait does."""
+    """Waitall, at each turn: wait, without polling, for the works that need
+    no driving (``_Work.wait_ready_works``: a stream-ordered NCCL collective,
+    a receive whose header has matched), as Wait does."""
     for i in indices:
         try:
             work_of(requests[i]).wait_ready_works()
@@ -1302,6 +1301,7 @@ cdef class _Turn:
     cdef list requests, works, plain     # all; indices of those with a _Work, of the others
     cdef object st
     cdef bint wait
+    cdef bint ready                      # Waitall with no time limit: waited_ready each turn
     cdef object test                     # the step of a Python test function (see polled)
 
     cdef tuple step(self):
@@ -1315,6 +1315,8 @@ cdef class _Turn:
 
     cdef tuple all_step(self):
         requests, works, plain = self.requests, self.works, self.plain
+        if self.ready:
+            waited_ready(requests, works)
         if not all_tested(requests, works):
             mpi_progress()
             return False, False
