@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 import mcr
+import mcr.hooks
 from mpiharness import case, mpi_cases, run_script, world_sizes
 from opref import rank_data, reduce_ref
 from util import raises
@@ -30,12 +31,16 @@ _groups = {}
 
 
 def group(backend):
-    """An "mcr" group running `backend` (the default group first, once per job)."""
+    """An "mcr" group running `backend` (the default group first, once per job); "mpi-same":
+    on MPI, its ranks promising the same async_op (Options.same_async_op: blocking forms)."""
     if not dist.is_initialized():
         dist.init_process_group("mcr")
+    if backend == "torch-gloo" and backend not in _groups:
+        _groups[backend] = dist.new_group(backend="gloo")
     if backend not in _groups:
-        _groups[backend] = dist.new_group(backend="gloo") if backend == "torch-gloo" else \
-            dist.new_group(backend="mcr", pg_options=mcr.distributed.Options(backend=backend))
+        options = mcr.distributed.Options(backend=backend.removesuffix("-same"),
+                                          same_async_op=backend.endswith("-same"))
+        _groups[backend] = dist.new_group(backend="mcr", pg_options=options)
     return _groups[backend]
 
 
@@ -55,14 +60,16 @@ def init_takes_ranks_from_mpi(comm):
     assert group("gloo").comm.backend == "gloo"
 
 
-@case.matrix(backend=BACKENDS, quick=lambda backend: True)
+@case.matrix(backend=BACKENDS + ("mpi-same",), quick=lambda backend: backend in BACKENDS)
 def reductions_match_torch(comm, backend):
     size, rank = comm.size, comm.rank
     g = group(backend)
     for name, dtype in REDUCTIONS:
         everyone = [rank_data(r, 6, dtype) for r in range(size)]
-        want = torch.stack(everyone).mean(0) if name == "AVG" else \
-            reduce_ref(everyone, {"PRODUCT": "PROD"}.get(name, name))
+        if name == "AVG":
+            want = torch.stack(everyone).mean(0)
+        else:
+            want = reduce_ref(everyone, {"PRODUCT": "PROD"}.get(name, name))
         same = torch.allclose if name == "AVG" else torch.equal
         op = getattr(dist.ReduceOp, name)
         t = rank_data(rank, 6, dtype)
@@ -73,7 +80,7 @@ def reductions_match_torch(comm, backend):
         assert same(t, want if rank == size - 1 else everyone[rank]), (name, t)
 
 
-@case.matrix(backend=BACKENDS, quick=lambda backend: True)
+@case.matrix(backend=BACKENDS + ("mpi-same",), quick=lambda backend: backend in BACKENDS)
 def gathers_and_scatters_match_torch(comm, backend):
     size, rank = comm.size, comm.rank
     g, root = group(backend), size // 2
@@ -137,6 +144,54 @@ def all_to_all_uneven_matches_torch(comm, backend):
     outs = [torch.empty(q + 1) for q in range(size)]
     dist.all_to_all(outs, [full(rank + 1, rank * 10 + q) for q in range(size)], group=g)
     assert all(torch.equal(o, full(q + 1, q * 10 + rank)) for q, o in enumerate(outs)), outs
+
+
+@case.matrix(backend=BACKENDS + ("auto",))
+def ranks_may_differ_in_async_op_and_splits(comm, backend):
+    """torch lets each rank choose async_op, and give all_to_all_single's even splits or none:
+    the collectives match whatever each rank chose (MPI never matches a blocking collective
+    with a non-blocking one, nor Alltoall with Alltoallv)."""
+    size, rank = comm.size, comm.rank
+    g = group(backend)
+    for turn in range(2):
+        waits = rank % 2 == turn           # these ranks wait at once, the others post
+
+        def run(fn, *args, **kwargs):
+            work = fn(*args, **kwargs, group=g, async_op=not waits)
+            if not waits:
+                work.wait()
+        t = rank_data(rank, 4)
+        run(dist.all_reduce, t)
+        assert torch.equal(t, reduce_ref([rank_data(r, 4) for r in range(size)], "SUM")), t
+        t = rank_data(rank, 4)
+        run(dist.broadcast, t, src=size - 1)
+        assert torch.equal(t, rank_data(size - 1, 4)), t
+        whole = torch.empty(4 * size)
+        run(dist.all_gather_into_tensor, whole, rank_data(rank, 4))
+        assert torch.equal(whole, torch.cat([rank_data(r, 4) for r in range(size)])), whole
+        out = torch.empty(2)
+        run(dist.reduce_scatter_tensor, out, torch.cat([rank_data(10 * rank + q, 2)
+                                                        for q in range(size)]))
+        assert torch.equal(out, sum(rank_data(10 * r + rank, 2) for r in range(size))), out
+        even = [2] * size
+        splits = ((even, even), (even, None))[turn] if waits else (None, None)
+        out = torch.empty(2 * size)
+        run(dist.all_to_all_single, out, torch.arange(2.0 * size) + 10 * rank, *splits)
+        assert torch.equal(out, torch.cat([torch.arange(2 * rank, 2 * rank + 2.0) + 10 * q
+                                           for q in range(size)])), (splits, out)
+
+
+@case
+def blocking_forms_only_where_the_ranks_promise_the_same_async_op(comm):
+    """async_op=False posts the non-blocking form and waits for it, unless the group's ranks
+    promise the same async_op (Options.same_async_op): the blocking form then."""
+    for backend, form in (("mpi", "nonblocking"), ("mpi-same", "blocking")):
+        g, seen, t = group(backend), [], torch.ones(3)
+        with mcr.hooks.installed(lambda call: seen.append((call.op, call.form))):
+            dist.all_reduce(t, group=g)
+            dist.all_reduce(t, group=g, async_op=True).wait()
+        assert seen == [("Allreduce", form), ("Allreduce", "nonblocking")], (backend, seen)
+        assert torch.equal(t, full(3, comm.size ** 2)), (backend, t)
 
 
 @case.matrix(backend=BACKENDS, asynchronous=(False, True))
@@ -372,12 +427,32 @@ def train_zero(g, size, rank, steps=6):
     return losses, shard
 
 
-@case.matrix(train=(train_ddp, train_zero))
+def train_joined(g, size, rank, steps=3):
+    """DDP with uneven inputs under torch's Join: rank r trains on steps + r batches. The
+    ranks still training post their allreduces with async_op=True; a joined one shadows them
+    with async_op=False."""
+    from torch.distributed.algorithms.join import Join
+    from torch.nn.parallel import DistributedDataParallel
+    model, x, y = setup(steps + size, size, 12, 24, 3, torch.nn.Tanh, 6, seed=3)
+    ddp = DistributedDataParallel(model, process_group=g, bucket_cap_mb=0.0005)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    losses = []
+    with Join([ddp]):
+        for step in range(steps + rank):
+            optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(ddp(x[step, rank]), y[step, rank])
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+    return losses, parameters_to_vector(model.parameters()).detach()
+
+
+@case.matrix(train=(train_ddp, train_zero, train_joined))
 def training_matches_torch_gloo(comm, train):
     """`train` on torch's own Gloo group, then on each mcr group: the same losses, parameters."""
     size, rank = comm.size, comm.rank
     reference, ref_params = train(group("torch-gloo"), size, rank)
-    for backend in BACKENDS:
+    for backend in BACKENDS + (("mpi-same",) if train is train_zero else ()):
         losses, params = train(group(backend), size, rank)
         assert torch.allclose(torch.tensor(losses), torch.tensor(reference), rtol=1e-5,
                               atol=1e-6), (backend, losses, reference)
