@@ -5,6 +5,7 @@ API on "mcr" groups running MPI and Gloo against torch on every rank's data; DDP
 ZeRO-style step against torch's own Gloo group. Then what ``import mcr`` does and does not do.
 """
 
+import functools
 import os
 import socket
 import subprocess
@@ -26,7 +27,11 @@ from util import raises
 BACKENDS = ("mpi", "gloo")
 REDUCTIONS = [(name, dtype) for name in ("SUM", "PRODUCT", "MAX", "MIN")
               for dtype in (torch.float32, torch.int64, torch.float64)] + [
-    ("AVG", torch.float64), ("BXOR", torch.int32)]
+    ("AVG", torch.float64), ("BXOR", torch.int32)] + [
+    (name, torch.bool) for name in ("SUM", "PRODUCT", "MAX", "MIN", "BAND", "BOR", "BXOR")]
+# what torch computes for each reduction on two bool tensors (True + True is True)
+ON_BOOLS = {"SUM": torch.add, "PRODUCT": torch.mul, "MAX": torch.maximum, "MIN": torch.minimum,
+            "BAND": torch.bitwise_and, "BOR": torch.bitwise_or, "BXOR": torch.bitwise_xor}
 _groups = {}
 
 
@@ -66,7 +71,9 @@ def reductions_match_torch(comm, backend):
     g = group(backend)
     for name, dtype in REDUCTIONS:
         everyone = [rank_data(r, 6, dtype) for r in range(size)]
-        if name == "AVG":
+        if dtype == torch.bool:
+            want = functools.reduce(ON_BOOLS[name], everyone)
+        elif name == "AVG":
             want = torch.stack(everyone).mean(0)
         else:
             want = reduce_ref(everyone, {"PRODUCT": "PROD"}.get(name, name))

@@ -79,6 +79,10 @@ class Options:
 # torch's reduction -> the MPI op mcr runs (AVG is SUM, then a division)
 _OPS = {"SUM": "SUM", "AVG": "SUM", "PRODUCT": "PROD", "MIN": "MIN", "MAX": "MAX",
         "BAND": "BAND", "BOR": "BOR", "BXOR": "BXOR"}
+# ... on bool tensors, where MPI's arithmetic and bitwise ops do not apply:
+# the logical op with torch's result (True + True is True, as on Gloo)
+_BOOL_OPS = {"SUM": "LOR", "MAX": "LOR", "BOR": "LOR", "PRODUCT": "LAND", "MIN": "LAND",
+             "BAND": "LAND", "BXOR": "LXOR"}
 # torch's RedOpType by its integer value (reading an enum's name through
 # pybind11 costs 2 us a call; its int, 0.6 us)
 _KINDS = {int(value): name   # type: ignore[call-overload]
@@ -348,6 +352,8 @@ class ProcessGroupMCR(_ProcessGroup):  # type: ignore[misc]
         if avg and not (tensor.is_floating_point() or tensor.is_complex()):
             raise TypeError(f"{name}: ReduceOp.AVG needs a floating-point or complex "
                             f"tensor, got {tensor.dtype}")
+        if tensor.dtype == torch.bool:
+            return getattr(MPI, _BOOL_OPS[kind]), False
         return getattr(MPI, _OPS[kind]), avg
 
     def _avg(self, tensors: Sequence[torch.Tensor]) -> Callable[[], None]:
