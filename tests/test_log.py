@@ -39,8 +39,13 @@ def calls(rows):
     return {(r["op"], r["backend"], r["bytes"]): r["calls"] for r in rows}
 
 
-@case.matrix(backend=BACKENDS)
-def every_form(comm, backend):
+@case.matrix(backend=BACKENDS, timed=(False, True))
+def every_form(comm, backend, timed):
+    """Each form is logged as the program called it; under a timeout too, where a blocking call
+    is posted and waited for."""
+    if timed:
+        comm = comm.Dup()
+        comm.timeout = 60
     size, rank = comm.size, comm.rank
     f8 = torch.float64
     x = rank_data(rank, 6, f8)
@@ -68,6 +73,8 @@ def every_form(comm, backend):
             peer=0 if r["op"] == "Bcast" else None)
         assert r["end"] >= r["start"] and r["duration_us"] >= 0
     assert calls(log.rows) == {("Allreduce", backend, 48): 4, ("Bcast", backend, 48): 2}
+    if timed:
+        comm.Free()
 
 
 @case.matrix(backend=BACKENDS)

@@ -1259,6 +1259,8 @@ cdef class _Watched(Interceptor):
                 return result             # emulated: each start's is that of the call it posts
         attach_pend(req, p, w.timeout)
         if timed:
+            if c.rec is not None:     # the logger saw the form posted here, not the program's
+                (<_Rec>c.rec).form = BLOCKING
             try:
                 req.Wait(status)
             except _errors.TimeoutError as exc:
