@@ -362,6 +362,31 @@ def explicit_datatypes_and_typecodes(comm):
 
 
 @case
+def a_status_counts_in_the_type_of_the_receive_that_wrote_it(comm):
+    """Get_count() counts in the element type of the mcr receive that filled the status, a
+    truncated one too, and a copy keeps it; once anything else wrote the status (mpi4py's own
+    requests, waited for by themselves or in a list), in bytes."""
+    right, left = ring(comm)
+    st = mcr.Status()
+    comm.Sendrecv(np.arange(4.0), right, 1, np.zeros(4), left, 1, st)
+    copy = mcr.Status(st)
+    assert (st.Get_count(), copy.Get_count(), copy.Get_count(MPI.BYTE)) == (4, 4, 32)
+    plain = comm.to_mpi4py()
+    for k, wait in enumerate((lambda r: r.Wait(st), lambda r: MPI.Request.Waitany([r], st),
+                              lambda r: MPI.Request.Waitall([r], [st]))):
+        r = plain.Irecv(np.zeros(6, "i1"), left, 2 + k)
+        comm.Send(np.arange(6, dtype="i1"), right, 2 + k)
+        wait(r)
+        assert st.Get_count() == 6, (k, st.Get_count())
+        comm.Sendrecv(np.arange(4.0), right, 1, np.zeros(4), left, 1, st)    # float64 again
+    comm.Sendrecv(np.arange(4, dtype="i2"), right, 8, np.zeros(4, "i2"), left, 8, st)
+    comm.Send(np.arange(3.0), right, 9)
+    with raises(mcr.Exception):
+        comm.Recv(np.zeros(2), left, 9, st)             # 3 doubles into 2
+    assert st.Get_count() * 8 == st.Get_count(MPI.BYTE), (st.Get_count(), st.Get_count(MPI.BYTE))
+
+
+@case
 def mpi4py_datatypes_on_numpy_bytes_and_derived(comm):
     """BYTE moves raw bytes; a datatype overrides the buffer's; derived ones count their own."""
     size, rank, (right, left) = comm.size, comm.rank, ring(comm)

@@ -18,7 +18,7 @@ from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from cpython.ref cimport PyObject, Py_INCREF, Py_REFCNT
 from libc.limits cimport INT_MAX
-from libc.string cimport memcpy, memset
+from libc.string cimport memcmp, memcpy, memset
 
 from mpi4py import MPI as _mpi4py
 

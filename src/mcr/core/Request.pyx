@@ -734,8 +734,8 @@ cdef class _Handles:
         """Copy the status of requests[index] (k-th in self.statuses) into `status`."""
         (<_MPI.Status>status).ob_mpi = self.statuses[k]
         req = self.requests[index]
-        if isinstance(req, Request):
-            status_type(status, (<Request>req).rtype)
+        status_type(status, (<Request>req).rtype if isinstance(req, Request)
+                    else MPI_DATATYPE_NULL)
         return 0
 
     cdef int fill_list(self, object statuses, int count, bint by_index) except -1:
@@ -788,8 +788,8 @@ cdef side *recv_side(object req) noexcept:
 
 cdef int copy_status(object status, object source) except -1:
     (<_MPI.Status>status).ob_mpi = (<_MPI.Status>source).ob_mpi
-    if isinstance(source, Status):
-        status_type(status, (<Status>source).rtype)
+    status_type(status, (<Status>source).rtype if isinstance(source, Status)
+                else MPI_DATATYPE_NULL)
     return 0
 
 

@@ -8,9 +8,14 @@ cdef class Status(_MPI.Status):
     the receive it came from, so that ``Get_count()`` counts elements.
     """
     cdef MPI_Datatype rtype
+    cdef MPI_Status typed     # ob_mpi when rtype was set: a status written since (by
+                              # mpi4py's own Wait, say) counts in bytes, not in rtype
 
     def __cinit__(self, *args, **kwargs):
         self.rtype = MPI_DATATYPE_NULL
+        other = args[0] if args else kwargs.get("status")
+        if isinstance(other, Status):       # a copy (mpi4py's copies ob_mpi): the type too
+            self.rtype, self.typed = (<Status>other).rtype, (<Status>other).typed
 
     def Get_count(self, datatype=None):
         """Number of elements received.
@@ -29,7 +34,10 @@ cdef class Status(_MPI.Status):
         """
         cdef side x
         cdef int count = 0
-        cdef MPI_Datatype dt = self.rtype if self.rtype != MPI_DATATYPE_NULL else MPI_BYTE
+        cdef MPI_Datatype dt = MPI_BYTE
+        if self.rtype != MPI_DATATYPE_NULL and \
+                memcmp(&self.typed, &self.ob_mpi, sizeof(MPI_Status)) == 0:
+            dt = self.rtype
         if isinstance(datatype, _MPI.Datatype) and \
                 (<_MPI.Datatype>datatype).ob_mpi == MPI_DATATYPE_NULL:
             dt = MPI_DATATYPE_NULL          # MPI's own error (ERR_TYPE), as mpi4py
@@ -140,3 +148,4 @@ cdef inline void status_type(object status, MPI_Datatype rtype) noexcept:
     # subclasses too: mcr.MPI.Status is one
     if type(status) is Status or isinstance(status, Status):
         (<Status>status).rtype = rtype
+        (<Status>status).typed = (<Status>status).ob_mpi

@@ -59,9 +59,9 @@ cdef int mpi_recv(Comm comm, _Call c, int form, MPI_Info info, MPI_Request *req)
     with nogil:
         ierr = mcr_recv(form, c.r.addr, c.r.count, c.r.dtype, c.isource, c.itag, comm.ob_mpi,
                         sp, req)
+    status_type(c.status, c.r.dtype)     # (a truncated message is counted in it too)
     if ierr != MPI_SUCCESS:
         raise_recv_error(ierr, sp, &c.r, "buf")
-    status_type(c.status, c.r.dtype)
     return 0
 
 
@@ -108,9 +108,9 @@ cdef int mpi_sendrecv(Comm comm, _Call c, int form, MPI_Info info,
             ierr = mcr_sendrecv(form, c.s.addr, c.s.count, c.s.dtype, c.idest, c.itag,
                                 c.r.addr, c.r.count, c.r.dtype, c.isource, c.irecvtag,
                                 comm.ob_mpi, sp, req)
+    status_type(c.status, c.r.dtype)
     if ierr != MPI_SUCCESS:
         raise_recv_error(ierr, sp, &c.r, "buf" if replace else "recvbuf")
-    status_type(c.status, c.r.dtype)
     return 0
 
 
