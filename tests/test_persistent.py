@@ -223,6 +223,36 @@ def startall_mixed_requests(comm):
     assert_comm_works(comm)
 
 
+@case
+def startall_takes_mpi4pys_requests_too(comm):
+    """A communicator mcr leaves to mpi4py (Create_from_group) makes mpi4py's Prequests:
+    Startall starts them with mcr's; a freed one is refused before any starts."""
+    right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+    group = comm.Get_group()
+    other = MPI.Intracomm.Create_from_group(group)
+    got, y = np.zeros(2), torch.zeros(3)
+    theirs = [other.Recv_init(got, left, 1),
+              other.Send_init(np.full(2, float(comm.rank)), right, 1)]
+    assert not any(isinstance(r, mcr.Prequest) for r in theirs), theirs
+    ours = comm.Allreduce_init(torch.ones(3), y)
+    for _ in range(2):
+        got[:] = -1
+        mcr.Prequest.Startall([theirs[0], ours, theirs[1]])
+        MPI.Request.Waitall(theirs + [ours])
+        assert np.array_equal(got, np.full(2, float(left))), got
+        assert_equal(y, torch.full((3,), float(comm.size)))
+    freed = other.Send_init(np.zeros(1), right, 2)
+    freed.Free()
+    with raises(ValueError, "requests[1]", "freed"):
+        mcr.Prequest.Startall([ours, freed])
+    ours.Start()            # (not started by the refused Startall)
+    ours.Wait()
+    for r in theirs + [ours]:
+        r.Free()
+    other.Free()
+    group.Free()
+
+
 @case.matrix(emulated=MODES)
 def startall_rejects_non_persistent_before_starting_any(comm, emulated):
     with emulation(emulated):

@@ -1532,7 +1532,8 @@ cdef class Prequest(Request):
 
     @classmethod
     def Startall(cls, requests):
-        """Start each of `requests` (a sequence of ``Prequest``), in order.
+        """Start each of `requests` (a sequence of ``Prequest``, mcr's or
+        mpi4py's: those of the communicators mcr leaves to mpi4py), in order.
 
         Requests that are known not to be startable (freed, or emulated and
         still active) raise ``ValueError`` before any request is started; MPI
@@ -1543,8 +1544,12 @@ cdef class Prequest(Request):
         cdef Prequest req
         for i, r in enumerate(requests):
             if not isinstance(r, Prequest):
-                raise TypeError(f"requests[{i}]: expected an mcr.Prequest, got "
-                                f"{type(r).__name__}")
+                if not isinstance(r, _MPI.Prequest):
+                    raise TypeError(f"requests[{i}]: expected an MPI.Prequest, got "
+                                    f"{type(r).__name__}")
+                if not r:
+                    raise ValueError(f"requests[{i}]: it was freed (or never created)")
+                continue
             req = <Prequest>r
             if not req:
                 raise ValueError(f"requests[{i}]: it was freed (or never created)")
@@ -1553,8 +1558,11 @@ cdef class Prequest(Request):
                 raise still_active(i)
             if req.comm is not None and (<_MPI.Comm>req.comm).ob_mpi == MPI_COMM_NULL:
                 raise ValueError(f"requests[{i}]: its communicator was freed")
-        for i in range(len(requests)):
-            (<Prequest>requests[i]).start(i)
+        for i, r in enumerate(requests):
+            if isinstance(r, Prequest):
+                (<Prequest>r).start(i)
+            else:
+                _MPI.Prequest.Start(r)
 
     def Free(self):
         """Release the request; freeing twice is harmless.
