@@ -131,8 +131,8 @@ def checked_calls_that_agree_run_as_usual(comm, backend):
     c.Free()
 
 
-def allreduce(c, backend, n=4, dtype=torch.float32, op=mcr.SUM):
-    c.Allreduce(mcr.IN_PLACE, data(c.rank, n, dtype), op, backend=backend)
+def allreduce(c, backend, n=4, dtype=torch.float32, op=mcr.SUM, compress=None):
+    c.Allreduce(mcr.IN_PLACE, data(c.rank, n, dtype), op, backend=backend, compress=compress)
 
 
 def skip_then_barrier(c, odd, backend):
@@ -179,6 +179,10 @@ MISMATCHES = {
              "Iallreduce float32[4] SUM{on} #1"),
     "vector_counts": (gatherv_one_too_many, "send 3", "do not add up",
                       "send {sent} elements in all and receive {n}"),
+    "compression": (lambda c, odd, b: allreduce(c, b, compress="fp16" if odd else None),
+                    "compressed fp16", "different compression", "Allreduce float32[4] SUM"),
+    "codec": (lambda c, odd, b: allreduce(c, b, compress="bf16" if odd else "fp16"),
+              "compressed bf16", "different compression", "compressed fp16"),
 }
 
 

@@ -59,6 +59,12 @@ cdef class Interceptor:
     cdef bint applies_to(self, Comm comm) except -1:
         return bool(self.applies(comm))
 
+    cdef str reshapes(self, Comm comm, _Call c):
+        """What this interceptor will make of the parsed call's message that
+        every process must make alike (compression: its codec), for checked
+        mode to compare; None: nothing."""
+        return None
+
     cdef object run_call(self, Comm comm, _Call c, Py_ssize_t i):
         """Run `c` as the i-th of the chain (the core's features override
         this: no `next` object is made for them)."""

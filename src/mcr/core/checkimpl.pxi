@@ -39,12 +39,13 @@ cdef enum:
 
 cdef enum:                         # the fields of a fingerprint
     F_MAGIC, F_SEQ, F_OP, F_FORM, F_BACKEND, F_ROOT, F_DTYPE, F_ROP, F_COUNT,
-    F_SEND, F_RECV, F_HASH, F_ERROR, F_EXTENT, F_SIZE
+    F_SEND, F_RECV, F_HASH, F_ERROR, F_EXTENT, F_SIZE,
+    F_RESHAPE                      # what the interceptors after the watch make of the message
 
 # compared across processes: a difference is a mismatch (F_DTYPE, F_COUNT and
 # F_HASH only once the operations agree)
 cdef tuple MATCHED = (F_SEQ, F_OP, F_FORM, F_BACKEND, F_ROOT, F_ROP, F_DTYPE, F_COUNT,
-                      F_HASH)
+                      F_HASH, F_RESHAPE)
 
 # the collective calls outside the buffer methods, fingerprinted as op CALL_COUNT + their
 # index: those that make or free a communicator (MADE_CALL_NAMES), mpi4py's neighborhood
@@ -84,6 +85,28 @@ cdef dict BACKEND_OF_CRC = {}      # crc32 of a backend name -> the name
 cdef long long backend_id(str name):
     cdef long long key = _crc32(name.encode())
     BACKEND_OF_CRC[key] = name
+    return key
+
+
+cdef dict RESHAPE_OF_CRC = {0: ""}   # crc32 of what interceptors make of a message -> it
+
+
+cdef long long reshape_id(Comm comm, _Call c, Py_ssize_t i):
+    """What the interceptors after the i-th of `c`'s chain make of its
+    message (Interceptor.reshapes: compression's codec), as a number; 0:
+    nothing."""
+    cdef tuple chain = c.chain
+    cdef Py_ssize_t k
+    parts = []
+    for k in range(i + 1, len(chain)):
+        part = (<Interceptor>chain[k]).reshapes(comm, c)
+        if part:
+            parts.append(part)
+    if not parts:
+        return 0
+    text = " ".join(parts)
+    cdef long long key = _crc32(text.encode())
+    RESHAPE_OF_CRC[key] = text
     return key
 
 
@@ -357,6 +380,9 @@ cdef str fingerprint_text(long long *f, bint with_seq=True, bint with_backend=Tr
     backend = BACKEND_OF_CRC.get(f[F_BACKEND], "another backend")
     if with_backend and backend != "mpi":
         parts.append(f"on {backend}")
+    reshape = RESHAPE_OF_CRC.get(f[F_RESHAPE], "reshaped otherwise")
+    if reshape:
+        parts.append(reshape)
     if with_seq:
         parts.append(f"#{f[F_SEQ]}")
     return " ".join(parts)
@@ -393,7 +419,8 @@ cdef object mismatch(bytearray everyone, int size):
                         F_BACKEND: "different backends", F_ROOT: "different roots",
                         F_ROP: "different reduction ops", F_DTYPE: "different element types",
                         F_COUNT: "different counts",
-                        F_HASH: "different counts arrays"}[k]
+                        F_HASH: "different counts arrays",
+                        F_RESHAPE: "different compression"}[k]
     cdef long long sent = 0, received = 0
     if CALL_GATHER <= f[F_OP] <= CALL_ALLTOALLV:
         for i in range(size):
@@ -406,8 +433,8 @@ cdef object mismatch(bytearray everyone, int size):
     return None
 
 
-cdef _Pend check_collective(Comm comm, _Watch w, _Call c, int form, str backend,
-                            bint record):
+cdef _Pend check_collective(Comm comm, _Watch w, _Call c, Py_ssize_t i, int form,
+                            str backend, bint record):
     """Checked mode: parse the call, agree with the other processes on its
     fingerprint (as run in `form`), and raise on every process if they differ
     or one refused its arguments. The call's record when `record`: made
@@ -423,6 +450,14 @@ cdef _Pend check_collective(Comm comm, _Watch w, _Call c, int form, str backend,
     cdef char *mbuf = mine
     cdef long long *f = <long long*>mbuf
     fill_fingerprint(f, comm, c, form, backend, w.seq)
+    if err is None:
+        try:
+            f[F_RESHAPE] = reshape_id(comm, c, i)
+        except _builtins.Exception as exc:
+            err = exc
+    if err is None and f[F_RESHAPE]:               # (the others print it)
+        text = RESHAPE_OF_CRC[f[F_RESHAPE]].encode("utf-8", "replace")[:FP_TEXT - 1]
+        mine[FP_INTS * 8:FP_INTS * 8 + len(text)] = text
     if err is not None:
         text = f"{type(err).__name__}: {err}".encode("utf-8", "replace")[:FP_TEXT - 1]
         mine[FP_INTS * 8:FP_INTS * 8 + len(text)] = text
@@ -481,6 +516,10 @@ cdef int agree_fingerprints(Comm comm, _Watch w, bytearray mine, object err) exc
         if fp[F_MAGIC] != FP_MAGIC:
             lines.append("(not a fingerprint: a call outside mcr on the private communicator)")
             continue
+        if fp[F_RESHAPE] and not fp[F_ERROR]:       # its text travels in the text area
+            start = i * FP_BYTES + FP_INTS * 8
+            text = bytes(everyone[start:start + FP_TEXT]).split(b"\0", 1)[0]
+            RESHAPE_OF_CRC[fp[F_RESHAPE]] = text.decode("utf-8", "replace")
         lines.append(fingerprint_text(fp, True, True, forms))
         if fp[F_ERROR]:
             start = i * FP_BYTES + FP_INTS * 8
@@ -1229,7 +1268,8 @@ cdef class _Watched(Interceptor):
         cdef bint record = w.timeout > 0 or recorder_on
         if collective and w.checked:
             # (the form it runs in: MPI matches blocking collectives only with blocking ones)
-            p = check_collective(comm, w, c, NONBLOCKING if timed else form, c.name, record)
+            p = check_collective(comm, w, c, i, NONBLOCKING if timed else form, c.name,
+                                 record)
         elif record:
             try:
                 comm.parse(c)

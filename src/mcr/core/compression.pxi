@@ -34,6 +34,19 @@ cdef class _Compression(Interceptor):
     cdef bint applies_to(self, Comm comm) except -1:
         return comm.compress_dflt is not None
 
+    cdef str reshapes(self, Comm comm, _Call c):
+        spec = comm.compress_dflt if c.compress is None else c.compress
+        if spec is None or spec is False or not OP_TABLE[c.op].flags & OP_COMPRESSIBLE:
+            return None
+        compress = compress_module()
+        try:
+            codec = compress.codec(spec)
+        except _builtins.Exception:
+            return f"compress={spec!r}"      # refused in run_call, after the agreement
+        if c.compress is None and not compress.usable(CALL_NAMES[c.op], c, c.args()):
+            return None
+        return f"compressed {codec.name}"
+
     cdef object run_call(self, Comm comm, _Call c, Py_ssize_t i):
         spec = comm.compress_dflt if c.compress is None else c.compress
         if spec is None or spec is False or not OP_TABLE[c.op].flags & OP_COMPRESSIBLE:
