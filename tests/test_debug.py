@@ -1,6 +1,7 @@
 """python -m mcr.debug, merging the flight-recorder files of a job's ranks: each case plants
 the files of a made-up job (the format is the contract with the core's recorder) and checks the
-report against the expected one, written out by hand. No MPI: test_check_jobs reads real files."""
+report against the expected one, written out by hand. Real jobs under mpiexec check the vector
+collectives, whose records differ between ranks (test_check_jobs reads real files of hangs)."""
 
 import json
 import os
@@ -9,7 +10,8 @@ import sys
 
 import pytest
 
-from mcr import debug
+from mcr import debug, launch
+from mpiharness import mpi_env, world_sizes
 
 SUM4 = "Allreduce float32[4] SUM"
 IALL = "Iallreduce float32[4] SUM"
@@ -247,6 +249,41 @@ REPORTS = {
          "communicator tp (ranks 2-3): calls #1-#2 agree, all completed"],
         lambda r: [(c.label, c.members, c.ok) for c in r.comms] == [
             ("tp", [0, 1], False), ("world", [0, 1, 2, 3], True), ("tp", [2, 3], True)]),
+    # each rank's own counts of a vector collective differ (a zero is left out of the
+    # description); what must agree does, and the elements sent add up to those received
+    "vector_collectives_agree": (
+        [(rank, 3, [call(1, f"Gatherv float32{send} recv 6 root=0" if rank == 0 else
+                          f"Gatherv float32{send} root=0", root=0),
+                    call(2, "Scatterv float32 send 6 recv 1 root=0" if rank == 0 else
+                         f"Scatterv float32 recv {rank + 1} root=0", root=0),
+                    call(3, f"Alltoallv float32 send {3 * (rank + 1)} recv 6"),
+                    call(4, "Allgatherv float32[6]"),
+                    call(5, "Reduce_scatter float32[6] SUM")])
+         for rank, send in ((0, " send 1"), (1, ""), (2, " send 5"))],
+        ["communicator world (ranks 0-2): calls #1-#5 agree, all completed"], lambda r: r.ok),
+    "vector_counts_do_not_add_up": (    # rank 2 sends one element more than the root takes
+        [(rank, 3, done(1, 1) + [pending(2, 5.0, desc, root=0)])
+         for rank, desc in ((0, "Gatherv float32 send 1 recv 6 root=0"),
+                            (1, "Gatherv float32 send 2 root=0"),
+                            (2, "Gatherv float32 send 4 root=0"))],
+        ["communicator world (ranks 0-2): ranks diverge at call #2 (counts that do not add "
+         "up: the ranks send 7 elements in all and receive 6)",
+         "  rank 0: Gatherv float32 send 1 recv 6 root=0  [mpi, blocking] pending for 5.0 s",
+         "  rank 1: Gatherv float32 send 2 root=0         [mpi, blocking] pending for 5.0 s",
+         "  rank 2: Gatherv float32 send 4 root=0         [mpi, blocking] pending for 5.0 s",
+         "  (call #1 agrees)"],
+        lambda r: r.comms[0].divergence.why.startswith("counts that do not add up")),
+    **{kind: (
+        [(0, 2, [pending(1, 2.0, "Gatherv float32 send 1 recv 3 root=0", root=0)]),
+         (1, 2, [pending(1, 2.0, other, root=root)])],
+        ["communicator world (ranks 0-1): ranks diverge at call #1",
+         "  rank 0: Gatherv float32 send 1 recv 3 root=0  [mpi, blocking] pending for 2.0 s",
+         f"  rank 1: {other:<36}  [mpi, blocking] pending for 2.0 s"],
+        lambda r: r.comms[0].divergence.why == "")
+       for kind, other, root in (
+           ("vector_root", "Gatherv float32 send 2 root=1", 1),
+           ("vector_operation", "Scatterv float32 recv 2 root=0", 0),
+           ("vector_element_type", "Gatherv float64 send 2 root=0", 0))},
     "64_ranks_grouped": (
         [(rank, 64, done(1, 7) + [pending(8, 30.0, "Barrier") if rank == 37
                                   else pending(8, 30.0 + rank / 100)],
@@ -266,7 +303,8 @@ def test_report(tmp_path, name):
     for rank, size, calls, *kw in files:
         plant(tmp_path, rank, size, calls, **(kw[0] if kw else {}))
     report = debug.merge([tmp_path])
-    assert report.status == (0 if name in ("all_agree", "every_ring_past_the_first_calls") else 1)
+    agree = ("all_agree", "every_ring_past_the_first_calls", "vector_collectives_agree")
+    assert report.status == (0 if name in agree else 1)
     assert report.text().endswith("\n")
     assert report.text().splitlines()[0 if want[0].startswith("mcr.debug:") else 1:] == want
     assert check is None or check(report), report
@@ -422,3 +460,130 @@ def test_no_paths_an_empty_directory_and_a_missing_file(tmp_path):
     missing = tmp_path / "mcr-flight-9.json"
     assert run_cli(missing)[::2] == (2, f"mcr.debug: {missing}: cannot read it (No such "
                                         "file or directory)\n")
+
+
+# -- Real jobs: vector collectives, each rank with its own counts ---------------------------
+
+# counts[k]: what rank k contributes, uneven and 0 for rank 2; Alltoallv: rank r sends
+# moved(r, k) elements to rank k, each 10 * r + k
+VECTOR_HEAD = """
+import sys, torch, mcr
+comm = mcr.COMM_WORLD
+r, n = comm.rank, comm.size
+counts = [(k + 1) % 3 for k in range(n)]
+total = sum(counts)
+def moved(src, dst):
+    return (src + 2 * dst) % 3
+def blocks(sizes, values):
+    return torch.cat([torch.full((c,), float(v)) for c, v in zip(sizes, values)])
+"""
+
+VECTOR_AGREE = VECTOR_HEAD + """
+def check(what, got, want):
+    assert torch.equal(got, want), (what, r, got, want)
+mine = torch.full((counts[r],), float(r))
+out = torch.empty(total) if r == n - 1 else None
+comm.Gatherv(mine, [out, counts] if r == n - 1 else None, root=n - 1)             # 1
+if r == n - 1:
+    check("Gatherv", out, blocks(counts, range(n)))
+whole = torch.arange(float(total))
+got = torch.empty(counts[r])
+comm.Scatterv([whole, counts] if r == 0 else None, got, root=0)                   # 2
+check("Scatterv", got, whole[sum(counts[:r]):sum(counts[:r + 1])])
+out = torch.empty(total)
+comm.Allgatherv(mine, [out, counts])                                              # 3
+check("Allgatherv", out, blocks(counts, range(n)))
+send = [moved(r, k) for k in range(n)]
+recv = [moved(k, r) for k in range(n)]
+for post in (comm.Alltoallv, lambda s, d: comm.Ialltoallv(s, d).Wait()):          # 4, 5
+    out = torch.empty(sum(recv))
+    post([blocks(send, [10 * r + k for k in range(n)]), send], [out, recv])
+    check("Alltoallv", out, blocks(recv, [10 * k + r for k in range(n)]))
+got = torch.empty(counts[r])
+comm.Reduce_scatter(torch.full((total,), float(r + 1)), got, counts)              # 6
+check("Reduce_scatter", got, torch.full((counts[r],), n * (n + 1) / 2))
+print(f"rank {r}: all correct", flush=True)
+"""
+
+# with MCR_CHECK=1: each mismatch on a communicator of its own, made in this order (so
+# labelled #1-#4), where every rank raises before any communicates
+VECTOR_DIVERGE = VECTOR_HEAD + """
+last = n - 1
+def mismatched(call):
+    try:
+        call()
+    except mcr.MismatchError as exc:
+        print(f"rank {r}: MismatchError: {exc}", flush=True)
+sums, roots, ops, types = (comm.Dup() for _ in range(4))                          # 1-4
+# the last rank sends one element more than the root takes from it
+mismatched(lambda: sums.Gatherv(torch.ones(counts[r] + (r == last)),
+                                [torch.empty(total), counts] if r == 0 else None, root=0))
+# the last rank names itself the root
+root = last if r == last else 0
+mismatched(lambda: roots.Scatterv([torch.ones(total), counts] if r == root else None,
+                                  torch.empty(counts[r]), root=root))
+# the last rank calls Scatterv, the others Gatherv
+mismatched(lambda: ops.Scatterv(None, torch.empty(counts[r]), root=0) if r == last else
+           ops.Gatherv(torch.ones(counts[r]), [torch.empty(total), counts] if r == 0
+                       else None, root=0))
+# the last rank gathers float64
+kind = torch.float64 if r == last else torch.float32
+mismatched(lambda: types.Allgatherv(torch.ones(counts[r], dtype=kind),
+                                    [torch.empty(total, dtype=kind), counts]))
+"""
+
+
+def _recorded_job(tmp_path, nprocs, code, **env):
+    """`code` run on `nprocs` ranks with the flight recorder on: its output (it must end with
+    status 0) and the recorder's directory."""
+    script, flight = tmp_path / "job.py", tmp_path / "flight"
+    script.write_text(code)
+    job_env = dict(mpi_env(), MCR_FLIGHT_RECORDER=str(flight), **env)
+    job_env["PYTHONPATH"] = os.pathsep.join(filter(None, [SRC, job_env.get("PYTHONPATH")]))
+    for key in ("MCR_CHECK", "MCR_TIMEOUT"):
+        if key not in env:
+            job_env.pop(key, None)
+    result = launch.run(nprocs, [sys.executable, str(script)], timeout=120, env=job_env,
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert result.returncode == 0, result.stdout
+    return result.stdout, flight
+
+
+@pytest.mark.parametrize("nprocs", world_sizes())
+def test_a_correct_job_with_vector_collectives_agrees(tmp_path, nprocs):
+    out, flight = _recorded_job(tmp_path, nprocs, VECTOR_AGREE)
+    assert out.count(": all correct") == nprocs, out
+    ranks = "rank 0" if nprocs == 1 else f"ranks 0-{nprocs - 1}"
+    assert run_cli(flight) == (
+        0, f"mcr.debug: {nprocs} file{'s' * (nprocs > 1)}, {ranks} of {nprocs} (reasons: "
+           f"{ranks} exit)\n"
+           f"communicator world ({ranks}): calls #1-#6 agree, all completed\n", "")
+
+
+@pytest.mark.parametrize("nprocs", world_sizes([2, 3, 4]))
+def test_a_job_whose_vector_collectives_diverge_is_reported(tmp_path, nprocs):
+    out, flight = _recorded_job(tmp_path, nprocs, VECTOR_DIVERGE, MCR_CHECK="1")
+    assert out.count("MismatchError") == 4 * nprocs, out
+    members = f"0-{nprocs - 1}"
+    counts = [(k + 1) % 3 for k in range(nprocs)]
+    report = debug.merge([flight])
+    assert report.status == 1
+    found = {c.label: c for c in report.comms}
+    assert found["world"].ok and found["world"].agreed_to == 4, report.text()
+    sums, roots, ops, types = (found[f"{members}#{i}"] for i in range(1, 5))
+    for comm in (sums, roots, ops, types):
+        assert comm.divergence is not None and comm.divergence.seq == 1, report.text()
+        assert all(a.kind == "call" for a in comm.divergence.ranks), report.text()
+    assert sums.divergence.why == (f"counts that do not add up: the ranks send "
+                                   f"{sum(counts) + 1} elements in all and receive "
+                                   f"{sum(counts)}")
+    calls = {name: [a.call for a in comm.divergence.ranks]
+             for name, comm in (("roots", roots), ("ops", ops), ("types", types))}
+    assert [c.root for c in calls["roots"]] == [0] * (nprocs - 1) + [nprocs - 1]
+    assert [c.op for c in calls["ops"]] == ["Gatherv"] * (nprocs - 1) + ["Scatterv"]
+    assert [c.desc for c in calls["types"]] == [f"Allgatherv float32[{sum(counts)}]"] * (
+        nprocs - 1) + [f"Allgatherv float64[{sum(counts)}]"]
+    assert all(comm.divergence.why == "" for comm in (roots, ops, types))
+    text = " ".join(report.text().split())
+    assert (f"communicator {members}#1 (ranks {members}): ranks diverge at call #1 "
+            f"(counts that do not add up") in text, text

@@ -5,9 +5,10 @@ With ``MCR_FLIGHT_RECORDER=DIR`` set, each rank writes ``DIR/mcr-flight-<world
 rank>.json`` when it raises :class:`mcr.TimeoutError` or
 :class:`mcr.MismatchError`, and at exit: its most recent calls, each with its
 communicator, the communicator's collective number (``seq``), a description
-that must be the same on every member rank, and whether it completed. This
-module reads those files and says, per communicator, on which collective call
-the ranks stopped agreeing::
+(the same on every member rank but for the elements each sends and receives
+in a vector collective), and whether it completed. This module reads those
+files and says, per communicator, on which collective call the ranks stopped
+agreeing::
 
     python -m mcr.debug DIR                      # every mcr-flight-*.json in DIR
     python -m mcr.debug FILE [FILE ...]          # these files, in any order
@@ -24,9 +25,12 @@ groups made by one split may share a label) it walks the collective numbers
 upward, from the oldest call any member's file holds, and names
 
 - the first call on which the ranks **diverge**: a rank made another call
-  (another description, backend or root), or a rank made no call with that
-  number (it stopped earlier: its last collective on that communicator is
-  named, with whether it completed), or a member rank has no file;
+  (another operation, element type, count, reduction op, backend or root), the
+  elements the ranks send in a vector collective (``Gatherv``, ``Scatterv``,
+  ``Alltoallv``) do not add up to those they receive, or a rank made no
+  call with that number (it stopped earlier: its last collective on that
+  communicator is named, with whether it completed), or a member rank has no
+  file;
 - the first call that **did not complete** on some rank (pending, or failed
   with an error), when it comes before the divergence: a collective that
   never finished.
@@ -68,6 +72,7 @@ import dataclasses
 import glob
 import json
 import os
+import re
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -328,11 +333,14 @@ class RankAt:
 @dataclass(frozen=True)
 class Finding:
     """A collective number where something is wrong, and what each member rank
-    has there. ``kind``: ``"diverge"`` or ``"incomplete"``."""
+    has there. ``kind``: ``"diverge"`` or ``"incomplete"``; ``why``, where the
+    calls look alike but do not match (a vector collective whose counts do not
+    add up), says how."""
 
     seq: int
     kind: str
     ranks: list[RankAt]
+    why: str = ""
 
 
 @dataclass(frozen=True)
@@ -392,9 +400,40 @@ def _track(f: FlightFile, label: str, members: tuple[int, ...]) -> _Track:
     return _Track(calls, first, max([info.next_seq, *(s + 1 for s in calls)]), in_file=True)
 
 
+# The elements a rank sends and receives in a vector collective (Gatherv, Scatterv,
+# Alltoallv), as the recorder's description gives them: "Gatherv float32 send 2 recv 5
+# root=0". Each rank's own, so they may differ between ranks; a zero is left out.
+_MOVES = re.compile(r" (send|recv) (\d+)(?= |$)")
+
+
 def _same_call(c: Call) -> tuple[str, str, str, int]:
-    """What must be equal on every member rank for a collective to match."""
-    return (c.op, c.desc, c.backend, c.root)
+    """What must be equal on every member rank for a collective to match: the
+    operation, backend, root and description, less the elements this rank sends
+    and receives (its own counts of a vector collective; :func:`_moves_add_up`
+    compares their totals)."""
+    return (c.op, _MOVES.sub("", c.desc), c.backend, c.root)
+
+
+def _moves_add_up(at: Sequence[RankAt]) -> str:
+    """Why the elements the member ranks send and receive in a vector collective
+    do not add up, or "" when they do or cannot be counted (a rank's file no
+    longer has the call, or the call moves no counted elements)."""
+    calls = [a.call for a in at if a.call is not None]
+    if len(calls) < len(at):
+        return ""
+    sent = received = 0
+    counted = False
+    for c in calls:
+        for way, count in _MOVES.findall(c.desc):
+            counted = True
+            if way == "send":
+                sent += int(count)
+            else:
+                received += int(count)
+    if not counted or sent == received:
+        return ""
+    return f"counts that do not add up: the ranks send {sent} elements in all and " \
+           f"receive {received}"
 
 
 def _compare(label: str, members: tuple[int, ...], files: Mapping[int, FlightFile]) -> CommReport:
@@ -420,6 +459,10 @@ def _compare(label: str, members: tuple[int, ...], files: Mapping[int, FlightFil
         stopped = any(a.kind in ("none", "no comm") for a in at)
         if (made and stopped) or len({_same_call(c) for c in calls}) > 1:
             divergence = Finding(seq, "diverge", at)
+            break
+        why = _moves_add_up(at)
+        if why:
+            divergence = Finding(seq, "diverge", at, why)
             break
         if incomplete is None and any(c.state != "done" for c in calls):
             incomplete = Finding(seq, "incomplete", at)
@@ -722,6 +765,8 @@ def _finding_lines(comm: CommReport, found: Finding) -> list[str]:
     head = f"communicator {comm.label} ({_ranks(comm.members)}): "
     if found.kind == "diverge":
         head += f"ranks diverge at call #{found.seq}"
+        if found.why:
+            head += f" ({found.why})"
     else:
         states = {a.rank: a.call.state for a in found.ranks
                   if a.call is not None and a.call.state != "done"}
