@@ -13,6 +13,7 @@ import torch
 from mpi4py import MPI as _mpi4py
 
 import mcr
+import mcr.log
 from mcr import MPI
 from mpiharness import case, mpi_cases
 from opmatrix import (COMPLETIONS, Findings, allgatherv_maker, allreduce_maker,
@@ -327,10 +328,12 @@ def free_after_use_and_twice(comm, emulated):
 @case
 def start_while_active_says_still_active_in_both_modes(comm):
     """Start or Startall on a request not completed: ValueError "still active" naming it, native
-    (MPI's MPI_ERR_REQUEST kept as the cause) as emulated; the operation completes right and the
-    request starts again."""
+    (MPI's MPI_ERR_REQUEST kept as the cause) as emulated; the operation completes right, the
+    logger keeps the record of the start running, and the request starts again."""
     size = comm.size
     for emulated in MODES:
+        mcr.log.reset()
+        mcr.log.start(records=True)
         with emulation(emulated):
             req = comm.Allreduce_init(x := torch.zeros(3), y := torch.zeros(3))
             other = comm.Barrier_init()
@@ -354,6 +357,10 @@ def start_while_active_says_still_active_in_both_modes(comm):
                 assert_equal(y, torch.full((3,), float(sum(range(size)) + size * it)))
             req.Free()
             other.Free()
+        mcr.log.stop()
+        starts = [r for r in mcr.log.records() if r["op"] == "Allreduce"]
+        assert len(starts) == ITERATIONS, (emulated, starts)
+        mcr.log.reset()
     # persistent point-to-point (always native on MPI)
     right, left = (comm.rank + 1) % size, (comm.rank - 1) % size
     out = torch.zeros(2)

@@ -1471,29 +1471,31 @@ cdef class Prequest(Request):
     cdef int start(self, Py_ssize_t index) except -1:
         """Start; `index`: the request's position in Startall's list (-1: Start)."""
         cdef int ierr
-        if self.obs is not None:
-            restart_all(self.obs)
         if self.comm is not None and (<_MPI.Comm>self.comm).ob_mpi == MPI_COMM_NULL:
             # Open MPI crashes starting a persistent collective on a freed comm
             raise ValueError(f"{request_name(index)}: its communicator was freed; free "
                              "persistent requests before their communicator")
+        # the observers and interceptors hear of a start once it is made: a
+        # start refused (still active) leaves those of the running one alone
         if self.start_fn is None:
             if self.ob_mpi == MPI_REQUEST_NULL:
                 raise ValueError(f"{request_name(index)}: it was freed (or never created)")
             if type(self.ob_buf) is _Call and (<_Call>self.ob_buf).staged is not None:
                 restage(<_Call>self.ob_buf)
-            self.started(None, 0)
             with nogil:
                 ierr = MPI_Start(&self.ob_mpi)
             if ierr != MPI_SUCCESS:
-                if self.obs is not None:
-                    notify(self, OBS_FAILED)
                 start_failed(ierr, index)
+            if self.obs is not None:
+                restart_all(self.obs)
+            self.started(None, 0)
             if self.owner is None and self.comm is not None:
                 owned_by(self, <Comm>self.comm)
             return 0
         if self.ob_mpi != MPI_REQUEST_NULL or self.ext is not None:
             raise still_active(index)
+        if self.obs is not None:
+            restart_all(self.obs)
         cdef long long t0 = now_ns()
         cdef Request inner = self.start_fn()
         self.ob_mpi, inner.ob_mpi = inner.ob_mpi, MPI_REQUEST_NULL
