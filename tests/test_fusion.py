@@ -282,6 +282,53 @@ def a_bucket_whose_collective_fails_fails_its_calls(comm, backend):
     dup.Free()
 
 
+TIMEOUT = 0.5       # the communicator's timeout in the timeout cases
+SLACK = 20.0        # a loaded 2-core machine: well before the harness's timeout, not to the ms
+WAITS = {"Wait": lambda f, reqs: reqs[0].Wait(),
+         "Waitall": lambda f, reqs: mcr.Request.Waitall(reqs),
+         "Waitany": lambda f, reqs: mcr.Request.Waitany(reqs),
+         "flush": lambda f, reqs: f.flush(),
+         "close": lambda f, reqs: f.close()}
+
+
+@case.matrix(backend=BACKENDS, wait=tuple(WAITS), late=("first", "last"))
+def a_late_rank_makes_fused_waits_time_out(comm, backend, wait, late):
+    # the communicator's timeout bounds the waits on a Fusion's calls: one rank (rank 0, which
+    # decides the buckets, or the last) makes its fused calls late. A wait for their results
+    # times out on the other ranks; flush and close wait for rank 0's decisions only, so they
+    # time out on the others when rank 0 is late. The calls stay pending and the Fusion open:
+    # once the late rank comes, waited for again, they give the right values
+    c = comm.Dup()
+    c.timeout = TIMEOUT
+    assert_comm_works(c)
+    c.Barrier()         # (a backend's set-up timing out is test_check's)
+    if backend == "gloo":
+        c.Allreduce(mcr.IN_PLACE, torch.zeros(1), backend="gloo")
+    f = mcr.Fusion(c, backend=backend)
+    calls = Calls(c, f)
+    latecomer = 0 if late == "first" else comm.size - 1
+    reqs = []
+    if comm.rank != latecomer:
+        reqs = [calls.allreduce(3) for _ in range(2)]
+        waits_for_rank_0 = wait in ("flush", "close")
+        if comm.size > 1 and not (waits_for_rank_0 and (comm.rank == 0 or latecomer != 0)):
+            t0 = time.monotonic()
+            with raises(mcr.TimeoutError, "the communicator's timeout", "mcr.Fusion",
+                        "rank 0" if waits_for_rank_0 else "fused Iallreduce float32[3] SUM"):
+                WAITS[wait](f, reqs)
+            assert TIMEOUT * 0.9 <= time.monotonic() - t0 < TIMEOUT + SLACK
+        else:
+            WAITS[wait](f, reqs)
+    comm.Barrier()      # every rank has timed out: now the late one comes
+    if comm.rank == latecomer:
+        reqs = [calls.allreduce(3) for _ in range(2)]
+    mcr.Request.Waitall(reqs)
+    calls.check()
+    f.close()
+    assert_comm_works(c)
+    c.Free()
+
+
 @case
 def ineligible_calls_run_unfused(comm):
     with mcr.Fusion(comm, trace=True) as f:

@@ -310,8 +310,8 @@ class Fusion:
         If an argument has the wrong type or value (named in the message).
     """
 
-    __slots__ = ("_comm", "_torch", "_tensor", "_in_place", "_work_request", "_meta", "_quick",
-                 "_pack", "_unpack", "_ops", "_waits_at_once",
+    __slots__ = ("_comm", "_torch", "_tensor", "_in_place", "_request", "_meta", "_quick",
+                 "_pack", "_unpack", "_ops", "_waits_at_once", "_timed_wait",
                  "_rank", "_size", "_leader", "_st", "_cycle", "_since",
                  "_backend", "_ctl", "_sends", "_rbuf", "_rreq", "_queue", "_posted",
                  "_driving", "_quiet_calls", "_thread", "_busy", "_defer", "_cuda", "_driven",
@@ -346,7 +346,8 @@ class Fusion:
         self._torch: Any = torch              # imported here: import mcr stays light
         self._tensor = torch.Tensor
         self._in_place = MPI.IN_PLACE
-        self._work_request = _core._work_request
+        self._request = _core._fused_request
+        self._timed_wait = _core._fusion_wait
         self._meta = _core._tensor_key
         self._quick = _core._fuse_quick
         self._pack, self._unpack = _core._pack, _core._unpack
@@ -356,10 +357,12 @@ class Fusion:
         self._rank = comm.Get_rank()
         self._size = comm.Get_size()
         self._leader = self._rank == 0
-        # what the core's fast path (_fuse_quick) reads and updates: the open
+        # what the core's fast path (_fuse_quick) reads and updates: the
+        # communicator (its timeout bounds the fused calls' waits), the open
         # buckets, the calls so far, the bucket size, the next call a decision
         # ends at, whether it is closed or timed
         self._st = _core._FusionState()
+        self._st.comm = comm
         self._st.limit = bucket_bytes
         self._cycle = float(cycle) if cycle is not None else 0.0
         self._st.timed = cycle is not None and self._leader
@@ -497,7 +500,7 @@ class Fusion:
             assert b is not None
         index = st.count
         st.count = index + 1
-        req: Request = self._work_request("fusion", b.add(index, inp, out, n))
+        req: Request = self._request(st, b.add(index, inp, out, n), index)
         if self._posted and not index & 31:
             self._progress()
         if leader:
@@ -706,6 +709,14 @@ class Fusion:
         Collective over the communicator in program order, like a fused call:
         on ranks other than 0, it waits until rank 0's decisions cover every
         call made so far (rank 0 flushes at the same point).
+
+        Raises
+        ------
+        mcr.TimeoutError
+            On a rank other than 0, when rank 0's decisions have not come
+            within the communicator's timeout (``comm.timeout``). The calls
+            not yet decided stay in their open buckets: a later ``flush()``
+            or wait goes on from there.
         """
         if self._st.closed:
             return
@@ -716,19 +727,31 @@ class Fusion:
         self._advance()
         while any(b.first < end for b in self._st.open.values()):
             assert self._rreq is not None
-            # blocked in MPI: the helper drives the staged operations
-            # meanwhile, not this fusion (its request is being waited for)
+            # the staged operations are driven meanwhile, not this fusion
+            # (its request is being waited for)
             busy, self._busy = self._busy, True
             try:
-                with self._driving.window():
-                    self._rreq.Wait()
+                if self._comm.timeout is None:
+                    with self._driving.window():    # blocked in MPI: by the helper
+                        self._rreq.Wait()
+                else:
+                    # polled (MPI's wait cannot be interrupted), driving them itself
+                    self._timed_wait(self._comm, self._rreq,
+                                     lambda comm: self._undecided(end, comm))
             finally:
                 self._busy = busy
             self._advance()
 
     def close(self) -> None:
         """Flush, and release the private communicator; collective. Afterwards
-        every call is forwarded unfused. Closing twice is harmless."""
+        every call is forwarded unfused. Closing twice is harmless.
+
+        Raises
+        ------
+        mcr.TimeoutError
+            At the communicator's timeout, as ``flush()``; the fusion stays
+            open, and ``close()`` can be called again.
+        """
         if self._st.closed:
             return
         self.flush()
@@ -739,7 +762,11 @@ class Fusion:
             return
         from mpi4py import MPI
         if self._leader:
-            MPI.Request.Waitall(self._sends)
+            if self._comm.timeout is None:
+                MPI.Request.Waitall(self._sends)
+            else:
+                for send in self._sends:
+                    self._timed_wait(self._comm, send, self._undelivered)
             self._sends = []
         else:
             assert self._rreq is not None
@@ -795,6 +822,45 @@ class Fusion:
     def __repr__(self) -> str:
         state = "closed" if self._st.closed else f"{len(self._st.open)} open buckets"
         return f"<mcr.Fusion of {self._comm!r}, bucket_bytes={self._st.limit}, {state}>"
+
+    # ------------------------------------------------------------------
+    # What a timed-out wait waits for (mcr.TimeoutError's message; `comm` is
+    # the communicator's label there, "world", ...)
+
+    def _pending(self, b: _Bucket, index: int, comm: str) -> str:
+        """Fused call `index`, of bucket `b`, not complete: "fused Iallreduce
+        float32[4] SUM (call 3 of an mcr.Fusion) on world [mpi]: ..." """
+        where = bisect_left(b.calls, index)
+        count = b.counts[where] if where < len(b.calls) and b.calls[where] == index else "?"
+        dtype = str(b.outs[0].dtype).replace("torch.", "") if b.outs else "?"
+        if b.kind == _ALLREDUCE:
+            names = [n for op, n in zip(self._ops, ("SUM", "PROD", "MAX", "MIN")) if op is b.arg]
+            call = f"Iallreduce {dtype}[{count}] {names[0] if names else b.arg}"
+        elif b.kind == _BCAST:
+            call = f"Ibcast {dtype}[{count}] root={b.arg}"
+        else:
+            call = f"Iallgather {dtype}[{count}]"
+        calls = f"calls {b.first}-{b.calls[-1]}" if b.calls else "its calls"
+        if b.state == _OPEN:
+            why = (f"its bucket ({calls}) is not posted" if self._leader else
+                   f"its bucket ({calls}) is not posted: rank 0 has not decided where it "
+                   "ends (it does when it waits for or tests a request, or flushes)")
+        else:
+            why = f"the collective of its bucket ({calls}) has not completed"
+        backend = b.backend or self._comm.backend
+        return f"fused {call} (call {index} of an mcr.Fusion) on {comm} [{backend}]: {why}"
+
+    def _undecided(self, end: int, comm: str) -> str:
+        """A flush waiting for rank 0's decisions on the calls before `end`."""
+        first = min((b.first for b in self._st.open.values()), default=end)
+        return (f"rank 0 of {comm} to flush an mcr.Fusion: rank 0 decides where the "
+                f"buckets of fused calls end, and has not decided on calls {first}-{end - 1} "
+                "of this process (a flush waits until it has)")
+
+    def _undelivered(self, comm: str) -> str:
+        """Rank 0's close waiting for its decisions to be received."""
+        return (f"every process of {comm} to receive rank 0's decisions on the buckets of "
+                "an mcr.Fusion (at its close)")
 
 
 def _first(b: _Bucket) -> int:

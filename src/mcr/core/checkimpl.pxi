@@ -855,6 +855,12 @@ cdef str request_what(Request req):
     if p is not None:
         seq = f" #{p.seq}" if p.seq is not None else ""
         return f"waiting for {p.desc}{seq} on {p.comm} [{p.backend}]"
+    cdef _Observer o = req.obs
+    while o is not None:            # (a fused call's: mcr.Fusion names it)
+        what = o.describe()
+        if what is not None:
+            return f"waiting for {what}"
+        o = o.next_obs
     return "waiting for a request"
 
 

@@ -34,6 +34,11 @@ cdef class _Observer:
         """A persistent request holding this observer was started again."""
         return 0
 
+    cdef str describe(self):
+        """What a wait for the operation waits for, to name it in a
+        TimeoutError; None: nothing to say."""
+        return None
+
 
 cdef inline _Observer linked(_Observer head, _Observer o):
     """`head`'s list with `o` in front."""

@@ -80,10 +80,12 @@ def _unpack(object src, list tensors):
 
 cdef class _FusionState:
     """The part of an mcr.Fusion that its compiled fast path (_fuse_quick)
-    reads and updates: the open buckets by key, the calls fused so far, the
+    reads and updates: the communicator (its timeout bounds the waits of
+    the fused calls), the open buckets by key, the calls fused so far, the
     bucket size in bytes, the next call a decision of rank 0 ends at,
     whether the fusion is closed, and whether rank 0 closes buckets on a
     timer (the Python path then decides)."""
+    cdef public Comm comm
     cdef public dict open
     cdef public Py_ssize_t count
     cdef public Py_ssize_t limit
@@ -117,11 +119,72 @@ def _fuse_quick(_FusionState f, sendbuf, recvbuf, op, backend):
     if <Py_ssize_t>b.nbytes + r.nbytes >= f.limit or not (index & 31) or index >= f.next_at:
         return None
     f.count = index + 1
-    cdef list handles = b.add(index, inp, recvbuf, r.nbytes // <Py_ssize_t>b.itemsize)
+    return fused_request(f, b.add(index, inp, recvbuf, r.nbytes // <Py_ssize_t>b.itemsize),
+                         index)
+
+
+def _fused_request(_FusionState f, list handles, Py_ssize_t index):
+    """The Request of fused call `index`, waiting on `handles` ([its
+    bucket]; see _work_request): its waits last at most the timeout of the
+    fusion's communicator, as that communicator's own requests' do."""
+    return fused_request(f, handles, index)
+
+
+cdef inline Request fused_request(_FusionState f, list handles, Py_ssize_t index):
     cdef Request req = Request.__new__(Request)
     cdef _Work w = _Work.__new__(_Work)
     w.backend = "fusion"
     w.works = handles
     w.steps = []
     req.ext = w
+    cdef _Watch watch = f.comm.watch
+    cdef _FusedCall o
+    if watch is not None and watch.timeout > 0:
+        o = _FusedCall.__new__(_FusedCall)
+        o.timeout, o.handles, o.index, o.comm = watch.timeout, handles, index, f.comm
+        req.obs = o
     return req
+
+
+@cython.final
+cdef class _FusedCall(_Observer):
+    """The time limit of a fused call's request (its communicator's timeout
+    when the call was made), and what a timed-out wait for it waits for,
+    as its Fusion says (``_pending``: its bucket not yet decided by rank 0,
+    or its bucket's collective not complete)."""
+    cdef double timeout
+    cdef list handles           # [its bucket], as its request's work holds it
+    cdef Py_ssize_t index       # the call's position in the fusion's sequence
+    cdef Comm comm
+
+    cdef bint ended(self, int how) except -1:
+        return how != OBS_FREED
+
+    cdef double limit(self) noexcept:
+        return self.timeout
+
+    cdef str describe(self):
+        bucket = self.handles[0]
+        w = self.comm.watch
+        label = comm_label(w, self.comm.ob_mpi) if w is not None else repr(self.comm)
+        return bucket.fusion._pending(bucket, self.index, label)
+
+
+def _fusion_wait(Comm comm, _MPI.Request req, object what):
+    """Wait for `req`, a message of an mcr.Fusion on `comm` (a decision of
+    rank 0), polled, driving MPI and the progress engine: TimeoutError at
+    `comm`'s timeout, "waiting for " ``what(label)``, `label` naming `comm`
+    (`what` is called only then). For a communicator with a timeout: MPI's
+    own wait cannot be interrupted."""
+    cdef int flag = 0, spins = 0
+    cdef _Watch w = comm.watch
+    cdef double timeout = w.timeout if w is not None else 0
+    cdef long long deadline = now_ns() + <long long>(timeout * 1e9)
+    while True:
+        CHKERR(MPI_Test(&req.ob_mpi, &flag, MPI_STATUS_IGNORE))
+        if flag:
+            return
+        if timeout > 0 and now_ns() > deadline:
+            raise_timeout(timeout, f"waiting for {what(comm_label(w, comm.ob_mpi))}")
+        idle(spins)
+        spins += 1
