@@ -1317,3 +1317,61 @@ cdef class _Watched(Interceptor):
 
 
 _register(_Watched(50, "checked mode, timeouts, flight recorder"))
+
+
+# -- a Fusion's calls (fuseimpl.pxi): their waits are bounded by the communicator's timeout
+
+cdef int watch_fused(Request req, Comm comm, list handles, Py_ssize_t index) except -1:
+    """Give fused call `index`'s request (waiting on `handles`, [its bucket])
+    the time limit of `comm`'s timeout, when it has one."""
+    cdef _Watch watch = comm.watch
+    cdef _FusedCall o
+    if watch is not None and watch.timeout > 0:
+        o = _FusedCall.__new__(_FusedCall)
+        o.timeout, o.handles, o.index, o.comm = watch.timeout, handles, index, comm
+        req.obs = o
+    return 0
+
+
+@cython.final
+cdef class _FusedCall(_Observer):
+    """The time limit of a fused call's request (its communicator's timeout
+    when the call was made), and what a timed-out wait for it waits for,
+    as its Fusion says (``_pending``: its bucket not yet decided by rank 0,
+    or its bucket's collective not complete)."""
+    cdef double timeout
+    cdef list handles           # [its bucket], as its request's work holds it
+    cdef Py_ssize_t index       # the call's position in the fusion's sequence
+    cdef Comm comm
+
+    cdef bint ended(self, int how) except -1:
+        return how != OBS_FREED
+
+    cdef double limit(self) noexcept:
+        return self.timeout
+
+    cdef str describe(self):
+        bucket = self.handles[0]
+        w = self.comm.watch
+        label = comm_label(w, self.comm.ob_mpi) if w is not None else repr(self.comm)
+        return bucket.fusion._pending(bucket, self.index, label)
+
+
+def _fusion_wait(Comm comm, _MPI.Request req, object what):
+    """Wait for `req`, a message of an mcr.Fusion on `comm` (a decision of
+    rank 0), polled, driving MPI and the progress engine: TimeoutError at
+    `comm`'s timeout, "waiting for " ``what(label)``, `label` naming `comm`
+    (`what` is called only then). For a communicator with a timeout: MPI's
+    own wait cannot be interrupted."""
+    cdef int flag = 0, spins = 0
+    cdef _Watch w = comm.watch
+    cdef double timeout = w.timeout if w is not None else 0
+    cdef long long deadline = now_ns() + <long long>(timeout * 1e9)
+    while True:
+        CHKERR(MPI_Test(&req.ob_mpi, &flag, MPI_STATUS_IGNORE))
+        if flag:
+            return
+        if timeout > 0 and now_ns() > deadline:
+            raise_timeout(timeout, f"waiting for {what(comm_label(w, comm.ob_mpi))}")
+        idle(spins)
+        spins += 1
