@@ -251,6 +251,12 @@ class _Bucket:
     def wait(self) -> None:
         self.finish()
 
+    def describe(self, index: int, comm: str) -> str:
+        """Why fused call `index` of this bucket is not complete, for the
+        TimeoutError of a wait for it (the core asks; `comm`: the
+        communicator's label)."""
+        return self.fusion._pending(self, index, comm)
+
     def finish(self) -> None:
         """Copy the results out, once for the whole bucket."""
         if self.state == _FAILED:

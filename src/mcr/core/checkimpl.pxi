@@ -1337,7 +1337,7 @@ cdef int watch_fused(Request req, Comm comm, list handles, Py_ssize_t index) exc
 cdef class _FusedCall(_Observer):
     """The time limit of a fused call's request (its communicator's timeout
     when the call was made), and what a timed-out wait for it waits for,
-    as its Fusion says (``_pending``: its bucket not yet decided by rank 0,
+    as its bucket says (``describe``: the bucket not yet decided by rank 0,
     or its bucket's collective not complete)."""
     cdef double timeout
     cdef list handles           # [its bucket], as its request's work holds it
@@ -1354,7 +1354,7 @@ cdef class _FusedCall(_Observer):
         bucket = self.handles[0]
         w = self.comm.watch
         label = comm_label(w, self.comm.ob_mpi) if w is not None else repr(self.comm)
-        return bucket.fusion._pending(bucket, self.index, label)
+        return bucket.describe(self.index, label)
 
 
 def _fusion_wait(Comm comm, _MPI.Request req, object what):
