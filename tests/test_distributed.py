@@ -389,20 +389,25 @@ def setup(steps, size, d_in, hidden, d_out, activation, n, seed):
         torch.randn(steps, size, n, d_out, generator=data)
 
 
-def train_ddp(g, size, rank, steps=8):
-    """A small MLP trained with DDP on group `g`: the losses and final weights."""
+def train_ddp(g, size, rank, steps=8, uneven=False):
+    """A small MLP trained with DDP on group `g`: the losses and final weights. `uneven`: rank r
+    trains on 3 + r batches under torch's Join (the ranks still training post their allreduces
+    with async_op=True; a joined one shadows them with async_op=False)."""
+    from torch.distributed.algorithms.join import Join
     from torch.nn.parallel import DistributedDataParallel
-    model, x, y = setup(steps, size, 12, 24, 3, torch.nn.Tanh, 6, seed=1)
+    batches = 3 + size if uneven else steps
+    model, x, y = setup(batches, size, 12, 24, 3, torch.nn.Tanh, 6, seed=3 if uneven else 1)
     # tiny buckets: several allreduces per step, as in a large model
     ddp = DistributedDataParallel(model, process_group=g, bucket_cap_mb=0.0005)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
     losses = []
-    for step in range(steps):
-        optimizer.zero_grad()
-        loss = torch.nn.functional.mse_loss(ddp(x[step, rank]), y[step, rank])
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
+    with Join([ddp], enable=uneven):
+        for step in range(3 + rank if uneven else steps):
+            optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(ddp(x[step, rank]), y[step, rank])
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
     return losses, parameters_to_vector(model.parameters()).detach()
 
 
@@ -434,24 +439,9 @@ def train_zero(g, size, rank, steps=6):
     return losses, shard
 
 
-def train_joined(g, size, rank, steps=3):
-    """DDP with uneven inputs under torch's Join: rank r trains on steps + r batches. The
-    ranks still training post their allreduces with async_op=True; a joined one shadows them
-    with async_op=False."""
-    from torch.distributed.algorithms.join import Join
-    from torch.nn.parallel import DistributedDataParallel
-    model, x, y = setup(steps + size, size, 12, 24, 3, torch.nn.Tanh, 6, seed=3)
-    ddp = DistributedDataParallel(model, process_group=g, bucket_cap_mb=0.0005)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
-    losses = []
-    with Join([ddp]):
-        for step in range(steps + rank):
-            optimizer.zero_grad()
-            loss = torch.nn.functional.mse_loss(ddp(x[step, rank]), y[step, rank])
-            loss.backward()
-            optimizer.step()
-            losses.append(loss.item())
-    return losses, parameters_to_vector(model.parameters()).detach()
+def train_joined(g, size, rank):
+    """DDP with uneven inputs under torch's Join (train_ddp)."""
+    return train_ddp(g, size, rank, uneven=True)
 
 
 @case.matrix(train=(train_ddp, train_zero, train_joined))
