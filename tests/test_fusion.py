@@ -282,7 +282,7 @@ def a_bucket_whose_collective_fails_fails_its_calls(comm, backend):
     dup.Free()
 
 
-TIMEOUT = 0.5       # the communicator's timeout in the timeout cases
+TIMEOUT = 0.2       # the communicator's timeout in the timeout cases
 SLACK = 20.0        # a loaded 2-core machine: well before the harness's timeout, not to the ms
 WAITS = {"Wait": lambda f, reqs: reqs[0].Wait(),
          "Waitall": lambda f, reqs: mcr.Request.Waitall(reqs),
@@ -298,12 +298,7 @@ def a_late_rank_makes_fused_waits_time_out(comm, backend, wait, late):
     # times out on the other ranks; flush and close wait for rank 0's decisions only, so they
     # time out on the others when rank 0 is late. The calls stay pending and the Fusion open:
     # once the late rank comes, waited for again, they give the right values
-    c = comm.Dup()
-    c.timeout = TIMEOUT
-    assert_comm_works(c)
-    c.Barrier()         # (a backend's set-up timing out is test_check's)
-    if backend == "gloo":
-        c.Allreduce(mcr.IN_PLACE, torch.zeros(1), backend="gloo")
+    c = timed_comm(comm, backend)
     f = mcr.Fusion(c, backend=backend)
     calls = Calls(c, f)
     latecomer = 0 if late == "first" else comm.size - 1
@@ -326,7 +321,21 @@ def a_late_rank_makes_fused_waits_time_out(comm, backend, wait, late):
     calls.check()
     f.close()
     assert_comm_works(c)
-    c.Free()
+
+
+_timed = {}
+
+
+def timed_comm(comm, backend):
+    """A duplicate of `comm` with the timeout, its `backend` set up (a set-up timing out is
+    test_check's), one per backend for the cases of a job (each leaves it as it found it)."""
+    if backend not in _timed:
+        c = _timed[backend] = comm.Dup()
+        c.timeout = TIMEOUT
+        c.Barrier()
+        if backend == "gloo":
+            c.Allreduce(mcr.IN_PLACE, torch.zeros(1), backend="gloo")
+    return _timed[backend]
 
 
 @case
