@@ -34,9 +34,17 @@ cdef class _Compression(Interceptor):
     cdef bint applies_to(self, Comm comm) except -1:
         return comm.compress_dflt is not None
 
-    cdef str reshapes(self, Comm comm, _Call c):
+    cdef object spec_of(self, Comm comm, _Call c):
+        """The compression asked of `c` (its own, else the communicator's
+        default) when its operation can be compressed; None: it runs as it is."""
         spec = comm.compress_dflt if c.compress is None else c.compress
-        if spec is None or spec is False or not OP_TABLE[c.op].flags & OP_COMPRESSIBLE:
+        if spec is False or not OP_TABLE[c.op].flags & OP_COMPRESSIBLE:
+            return None
+        return spec
+
+    cdef str reshapes(self, Comm comm, _Call c):
+        spec = self.spec_of(comm, c)
+        if spec is None:
             return None
         compress = compress_module()
         try:
@@ -48,8 +56,8 @@ cdef class _Compression(Interceptor):
         return f"compressed {codec.name}"
 
     cdef object run_call(self, Comm comm, _Call c, Py_ssize_t i):
-        spec = comm.compress_dflt if c.compress is None else c.compress
-        if spec is None or spec is False or not OP_TABLE[c.op].flags & OP_COMPRESSIBLE:
+        spec = self.spec_of(comm, c)
+        if spec is None:
             return proceed(comm, c, i + 1)
         compress = compress_module()
         codec = compress.codec(spec)
