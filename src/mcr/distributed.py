@@ -284,10 +284,12 @@ class ProcessGroupMCR(_ProcessGroup):  # type: ignore[misc]
     them; the communicator numbers its processes the same way. The methods
     take torch's options form, ``(tensors, opts)``, as torch.distributed's
     functions call them; call those functions, not the methods.
+    ``timeout`` and ``same_async_op`` are the group's (``init_process_group``'s
+    or ``new_group``'s timeout; :class:`Options`).
     """
 
     def __init__(self, comm: Any, rank: int, size: int,
-                 timeout: datetime.timedelta | None = None) -> None:
+                 timeout: datetime.timedelta | None = None, same_async_op: bool = False) -> None:
         super().__init__(rank, size)
         self.comm = comm
         self._name = ""
@@ -301,7 +303,7 @@ class ProcessGroupMCR(_ProcessGroup):  # type: ignore[misc]
         self._control = comm.Dup()
         self._control.backend = "mpi"
         self._timed_out: list[Work] = []    # timed-out barriers: their requests stay alive
-        self._same_async_op = False         # Options.same_async_op
+        self._same_async_op = same_async_op     # Options.same_async_op
 
     # torch keeps a group's name and description on the backends registered
     # with it; this group registers none (it is its own backend), so it keeps
@@ -374,13 +376,14 @@ class ProcessGroupMCR(_ProcessGroup):  # type: ignore[misc]
 
         torch lets each rank choose ``async_op`` for itself, and MPI never
         matches a blocking collective with a non-blocking one."""
-        if opts is not None and not opts.asyncOp:
-            if self._same_async_op:
-                getattr(self.comm, call)(*args, **kwargs)
-            else:
-                getattr(self.comm, "I" + call.lower())(*args, **kwargs).Wait()
+        waits = opts is not None and not opts.asyncOp
+        if waits and self._same_async_op:
+            getattr(self.comm, call)(*args, **kwargs)
             return Work(name, [], result, finish)
         request = getattr(self.comm, "I" + call.lower())(*args, **kwargs)
+        if waits:
+            request.Wait()
+            return Work(name, [], result, finish)
         return Work(name, [request], result, finish)
 
     # -- collectives ---------------------------------------------------------
@@ -817,6 +820,5 @@ def create(opts: Any, pg_options: Any) -> ProcessGroupMCR:
     elif comm.backend != "mpi":
         from . import backends
         backends.subcomm(comm, comm.backend).start()
-    pg = ProcessGroupMCR(comm, rank, size, opts.timeout)
-    pg._same_async_op = pg_options is not None and pg_options.same_async_op
-    return pg
+    return ProcessGroupMCR(comm, rank, size, opts.timeout,
+                           pg_options is not None and pg_options.same_async_op)
