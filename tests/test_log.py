@@ -16,6 +16,7 @@ from mpi4py import MPI as MPI4
 import mcr
 import mcr.hooks
 import mcr.log
+from mcr import _core
 from mcr import launch
 from mcr.log import output, report
 from mcr.log.config import Config
@@ -159,10 +160,22 @@ def auto_says_why(comm):
     with logging_on() as log:
         comm.Allreduce(x, y, backend="auto")
         comm.Send(x, mcr.PROC_NULL, 1, backend="auto")
-    ar, send = log.records
+        for emulated in (False, True):     # MPI's persistent request, and mcr's
+            previous = _core._set_persistent_emulation(emulated)
+            try:
+                req = comm.Allreduce_init(x, y, backend="auto")
+                req.Start()
+                req.Wait()
+                req.Free()
+            finally:
+                _core._set_persistent_emulation(previous)
+    ar, send, *started = log.records
     choice = comm.choose("Allreduce", 32)
     has(ar, backend=choice.backend, why=choice.reason)
     has(send, backend="mpi", why=None)
+    for r in started:
+        has(r, form="persistent", backend=choice.backend, why=choice.reason)
+    assert len(started) == 2
 
 
 @case

@@ -336,7 +336,8 @@ cdef class _Logger(Interceptor):
         if r is not None:
             r.form = PERSISTENT
         elif p.op:
-            r = log_post(<Comm>p.comm, p.op - 1, PERSISTENT, p.backend or "mpi", p.keep, None)
+            r = log_post(<Comm>p.comm, p.op - 1, PERSISTENT, p.backend or "mpi", p.keep,
+                         (<_Call>p.keep).why if isinstance(p.keep, _Call) else None)
             if inner is not None:
                 r.t0 = t0
         else:

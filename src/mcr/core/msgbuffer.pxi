@@ -691,7 +691,7 @@ cdef class _Call:
         c.op, c.form, c.backend, c.compress = self.op, form, backend, self.compress
         c.sendbuf, c.recvbuf, c.dest, c.source = self.sendbuf, self.recvbuf, self.dest, self.source
         c.tag, c.recvtag, c.root, c.redop = self.tag, self.recvtag, self.root, self.redop
-        c.recvcounts = self.recvcounts
+        c.recvcounts, c.why = self.recvcounts, self.why    # (auto's reason, for the logger)
         c.status = None if form != BLOCKING else self.status
         return c
 
