@@ -366,6 +366,11 @@ def unsupported_and_bad_calls_raise_clearly(comm):
     with raises(ValueError, "input_split_sizes", "sum to"):
         dist.all_to_all_single(torch.empty(size), torch.empty(size), [1] * size,
                                [2] * size, group=g)
+    splits = [-1] + [1] * (size - 2) + [3] if size > 1 else [-1]      # (they sum to size)
+    with raises(ValueError, "output_split_sizes", "negative size, -1 (for rank 0)"):
+        dist.all_to_all_single(torch.empty(size), torch.empty(size), splits, None, group=g)
+    with raises(TypeError, "broadcast", "torch.sparse_coo", "all_reduce only"):
+        dist.broadcast(torch.ones(2).to_sparse(), src=0, group=g)
     with raises(ValueError, "all_gather_into_tensor", "expected"):
         dist.all_gather_into_tensor(torch.empty(size + 1), torch.empty(1), group=g)
     with raises(ValueError, "reduce_scatter_tensor"):

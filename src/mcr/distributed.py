@@ -223,6 +223,9 @@ def _tensor(tensors: Sequence[torch.Tensor], op: str) -> torch.Tensor:
 
 
 def _contiguous(tensor: torch.Tensor, op: str) -> torch.Tensor:
+    if tensor.layout != torch.strided:
+        raise TypeError(f"{op}: a tensor of layout {tensor.layout} is not supported; the 'mcr' "
+                        "backend, as Gloo, takes sparse tensors in all_reduce only")
     if not tensor.is_contiguous():
         raise ValueError(f"{op}: tensor of shape {tuple(tensor.shape)} and strides "
                          f"{tensor.stride()} is not contiguous; pass tensor.contiguous()")
@@ -579,6 +582,9 @@ class ProcessGroupMCR(_ProcessGroup):  # type: ignore[misc]
         if len(splits) != size:
             raise ValueError(f"all_to_all_single: {what} has {len(splits)} entries for "
                              f"{size} ranks")
+        if min(splits) < 0:
+            raise ValueError(f"all_to_all_single: {what} holds a negative size, "
+                             f"{min(splits)} (for rank {list(splits).index(min(splits))})")
         if sum(splits) != rows:
             raise ValueError(f"all_to_all_single: {what} sum to {sum(splits)}, but the "
                              f"tensor has {rows} rows")
