@@ -151,6 +151,14 @@ def in_place_and_none_where_no_buffer_may_be(comm):
          comm.Reduce, ip, None, mcr.SUM, 0),
         (f"sendbuf|IN_PLACE|rank {r}", comm.Gather, ip, None, 0),
         (f"recvbuf|IN_PLACE|rank {r}", comm.Scatter, None, ip, 0)], here=r != 0)
+    g = "gloo" if comm.size > 1 else "mpi"    # the root's buffer that is None (only it calls)
+    check(comm, TypeError, [
+        (f"sendbuf|None at the root (rank 0)|each of the {comm.size} processes",
+         comm.Scatter, None, x, 0),
+        ("sendbuf|None at the root", partial(comm.Scatterv, backend=g), None, x, 0),
+        (f"recvbuf|None at the root (rank 0)|each of the {comm.size} processes",
+         comm.Gather, x, None, 0),
+        ("recvbuf|None at the root", partial(comm.Igatherv, backend=g), x, None, 0)], here=r == 0)
 
 
 # -- message specs, receive buffers too small, element types --------------------------------

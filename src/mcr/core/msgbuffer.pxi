@@ -747,6 +747,9 @@ cdef class _Call:
     cdef int for_gather(self, object sendbuf, object recvbuf, int root, int rank,
                         int size, bint v) except -1:
         if rank == root:
+            if recvbuf is None:
+                raise TypeError(f"recvbuf: None at the root (rank {root}), which receives "
+                                f"a block from each of the {size} processes")
             self.rown = self.recv_blocks(recvbuf, size, v)
         else:
             set_null(&self.r)
@@ -765,6 +768,9 @@ cdef class _Call:
     cdef int for_scatter(self, object sendbuf, object recvbuf, int root, int rank,
                          int size, bint v) except -1:
         if rank == root:
+            if sendbuf is None:
+                raise TypeError(f"sendbuf: None at the root (rank {root}), which sends a "
+                                f"block to each of the {size} processes")
             self.sown = self.send_blocks(sendbuf, size, v)
         else:
             set_null(&self.s)
