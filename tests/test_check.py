@@ -152,6 +152,14 @@ def gatherv_one_too_many(c, odd, backend):
     c.Gatherv(data(c.rank, 3 if odd else 2), recv, root=0, backend=backend)
 
 
+def alltoallv_pairs_differ(c, odd, backend):
+    # each rank sends 2 to each; the last sends rank 0 one more and rank 1 one less: the
+    # totals add up, the pairs do not
+    n = 2 * c.size
+    counts = [3, 1] + [2] * (c.size - 2) if odd else [2] * c.size
+    c.Alltoallv([data(c.rank, n), counts], [torch.zeros(n), [2] * c.size], backend=backend)
+
+
 # kind: (call(c, odd, backend), `odd` on the last rank; what its call shows; words of
 # every rank's message), formatted with {n}: 2 * size, {sent}: 2 * size + 1, {on}: the
 # backend as a call names it (MPI, the default, goes unnamed)
@@ -179,6 +187,8 @@ MISMATCHES = {
              "Iallreduce float32[4] SUM{on} #1"),
     "vector_counts": (gatherv_one_too_many, "send 3", "do not add up",
                       "send {sent} elements in all and receive {n}"),
+    "pair_counts": (alltoallv_pairs_differ, "Alltoallv", "counts that do not match",
+                    "sends another a block"),
     "compression": (lambda c, odd, b: allreduce(c, b, compress="fp16" if odd else None),
                     "compressed fp16", "different compression", "Allreduce float32[4] SUM"),
     "codec": (lambda c, odd, b: allreduce(c, b, compress="bf16" if odd else "fp16"),

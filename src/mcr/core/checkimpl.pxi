@@ -32,15 +32,16 @@ from mcr import errors as _errors
 from mcr._env import flag as _env_flag
 
 cdef enum:
-    FP_INTS = 16
-    FP_TEXT = 384                  # the refusal of a process's arguments, if any
+    FP_INTS = 17
+    FP_TEXT = 376                  # the refusal of a process's arguments, if any
     FP_BYTES = FP_INTS * 8 + FP_TEXT
     FP_MAGIC = 0x6d637231          # "mcr1": a fingerprint, not something else
 
 cdef enum:                         # the fields of a fingerprint
     F_MAGIC, F_SEQ, F_OP, F_FORM, F_BACKEND, F_ROOT, F_DTYPE, F_ROP, F_COUNT,
     F_SEND, F_RECV, F_HASH, F_ERROR, F_EXTENT, F_SIZE,
-    F_RESHAPE                      # what the interceptors after the watch make of the message
+    F_RESHAPE,                     # what the interceptors after the watch make of the message
+    F_PAIRS                        # what moves between each pair of processes, weighted
 
 # compared across processes: a difference is a mismatch (F_DTYPE, F_COUNT and
 # F_HASH only once the operations agree)
@@ -244,6 +245,39 @@ cdef inline int own(side *x, int rank) noexcept:
     return x.counts[rank] if x.counts != NULL and 0 <= rank < x.nblocks else x.count
 
 
+cdef inline unsigned long long pair_weight(int sender, int receiver) noexcept:
+    """A pseudo-random weight of the pair (the same on every process)."""
+    cdef unsigned long long z = (<unsigned long long>sender << 32 | <unsigned int>receiver)
+    z = (z + 0x9E3779B97F4A7C15ULL) * 0xBF58476D1CE4E5B9ULL
+    z = (z ^ (z >> 31)) * 0x94D049BB133111EBULL
+    return z ^ (z >> 29)
+
+
+cdef long long pairs(side *s, side *r, int op, int size, int rank, int root,
+                     long long mine) noexcept:
+    """The elements this process sends to each process, weighted by the pair,
+    less those it receives from each (F_PAIRS): summed over the processes, zero
+    (but for a 2**-64 chance) only when every pair agrees on what moves. `mine`:
+    what a gather sends the root, or a scatter receives from it."""
+    cdef unsigned long long h = 0
+    cdef int j
+    if op == CALL_ALLTOALLV:
+        for j in range(size):
+            h += <unsigned long long>own(s, j) * pair_weight(rank, j)
+            h -= <unsigned long long>own(r, j) * pair_weight(j, rank)
+    elif op == CALL_GATHER or op == CALL_GATHERV:
+        h += <unsigned long long>mine * pair_weight(rank, root)
+        if rank == root:
+            for j in range(size):
+                h -= <unsigned long long>own(r, j) * pair_weight(j, root)
+    else:                                  # Scatter(v)
+        h -= <unsigned long long>mine * pair_weight(root, rank)
+        if rank == root:
+            for j in range(size):
+                h += <unsigned long long>own(s, j) * pair_weight(root, j)
+    return <long long>h
+
+
 cdef int msg_fields(long long *f, int op, _Call m, int size, int rank) except -1:
     """The dtype, counts and totals of a parsed collective, into fingerprint `f`:
     what each process must agree on (F_COUNT, F_HASH), and for the gathers,
@@ -266,6 +300,8 @@ cdef int msg_fields(long long *f, int op, _Call m, int size, int rank) except -1
         f[F_SEND] = (own(r, rank) if in_place_s else s.count) if root else s.count
         if root:
             f[F_RECV] = total(r, size)
+        if op == CALL_GATHERV:
+            f[F_PAIRS] = pairs(s, r, op, size, rank, f[F_ROOT], f[F_SEND])
     elif op == CALL_SCATTER or op == CALL_SCATTERV:
         if root:
             f[F_DTYPE], f[F_EXTENT] = s.tindex, s.extent
@@ -273,6 +309,8 @@ cdef int msg_fields(long long *f, int op, _Call m, int size, int rank) except -1
         if op == CALL_SCATTER:
             f[F_COUNT] = s.count if root else r.count
         f[F_RECV] = own(s, rank) if root and in_place_r else r.count
+        if op == CALL_SCATTERV:
+            f[F_PAIRS] = pairs(s, r, op, size, rank, f[F_ROOT], f[F_RECV])
     elif op == CALL_ALLGATHER or op == CALL_ALLTOALL or op == CALL_ALLREDUCE \
             or op == CALL_SCAN or op == CALL_EXSCAN or op == CALL_REDUCE_SCATTER_BLOCK:
         f[F_COUNT] = r.count
@@ -284,6 +322,7 @@ cdef int msg_fields(long long *f, int op, _Call m, int size, int rank) except -1
     elif op == CALL_ALLTOALLV:
         f[F_SEND] = total(r if in_place_s else s, size)
         f[F_RECV] = total(r, size)
+        f[F_PAIRS] = pairs(r if in_place_s else s, r, op, size, rank, -1, 0)
     elif op == CALL_REDUCE:
         if not in_place_s:
             f[F_DTYPE], f[F_EXTENT] = s.tindex, s.extent
@@ -422,6 +461,7 @@ cdef object mismatch(bytearray everyone, int size):
                         F_HASH: "different counts arrays",
                         F_RESHAPE: "different compression"}[k]
     cdef long long sent = 0, received = 0
+    cdef unsigned long long pairsum = 0
     if CALL_GATHER <= f[F_OP] <= CALL_ALLTOALLV:
         for i in range(size):
             g = <long long*>(base + i * FP_BYTES)
@@ -430,6 +470,12 @@ cdef object mismatch(bytearray everyone, int size):
         if sent != received:
             return (f"counts that do not add up: the processes send {sent} elements in "
                     f"all and receive {received}")
+        for i in range(size):
+            g = <long long*>(base + i * FP_BYTES)
+            pairsum += <unsigned long long>g[F_PAIRS]
+        if pairsum:
+            return ("counts that do not match: some process sends another a block of a "
+                    "size that this one does not expect from it")
     return None
 
 
