@@ -53,7 +53,7 @@ rank, collectives included).
       rank 1: Bcast float32[4] root=0   [mpi, blocking] pending for 30.9 s
       (calls #1-#16 agree)
     pending point-to-point:
-      rank 0: Irecv from 1 tag 5, 16 bytes, pending for 40.0 s
+      rank 0: Recv from 1 tag 5, 16 bytes, pending for 40.0 s
 
 **Exit status**: 0 when every communicator's calls agree on every rank, every
 call completed and every rank of the job has a file; 1 when a divergence, a
