@@ -11,6 +11,8 @@ top layer: a module below that imports a name from it closes a cycle.
 
 import ast
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -199,3 +201,18 @@ def test_the_core_catches_python_errors_by_the_builtins_name():
              for number, line in enumerate(path.read_text().splitlines(), 1)
              if re.search(r"except\s*\(?[^:]*(?<![\w.])Exception\b", line)]
     assert not found, found
+
+
+def test_every_public_submodule_is_an_attribute_of_mcr():
+    # ``mcr.backends.names()`` after a plain ``import mcr``, as the docs write it
+    public = sorted(path.stem if path.is_file() else path.name
+                    for path in (SRC / "mcr").iterdir()
+                    if not path.name.startswith("_") and path.name != "core"
+                    and (path.suffix == ".py" and path.stem != "MPI"
+                         or (path / "__init__.py").exists()))
+    code = ("import mcr, sys; names = sys.argv[1:]; "
+            "assert set(names) == set(mcr._SUBMODULES), sorted(mcr._SUBMODULES); "
+            "assert all(getattr(mcr, n).__name__ == 'mcr.' + n for n in names)")
+    done = subprocess.run([sys.executable, "-c", code, *public], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -98,6 +98,12 @@ from ._torchreg import install as _join_torch   # noqa: E402
 _join_torch()   # the "mcr" torch.distributed backend (imports neither torch nor MPI)
 
 
+# the public submodules, imported at their first use as attributes of mcr
+_SUBMODULES = ("backends", "bench", "compress", "debug", "device", "distributed", "errors",
+               "fusion", "hooks", "interceptors", "launch", "log", "progress", "stages", "tune",
+               "tuning", "workloads")
+
+
 def _load() -> None:
     """Import the core (this initializes MPI) and bind every public name here."""
     from mpi4py import MPI  # loads the libmpi mcr must share
@@ -113,11 +119,11 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY_NAMES:
         _load()
         return globals()[name]
-    if name == "distributed":       # imports torch.distributed (not MPI)
+    if name in _SUBMODULES:         # mcr.backends.names() without importing mcr.backends
         import importlib
-        return importlib.import_module(".distributed", __name__)
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'mcr' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__) | {"distributed"})
+    return sorted(set(globals()) | set(__all__) | set(_SUBMODULES))
