@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import time
 import warnings
 
@@ -457,7 +458,19 @@ def collectives_on_objects_are_watched_too(comm):
     expect_mismatch(d, lambda odd: d.bcast(rank, root=min(rank, 1)), "bcast root=1 #13",
                     "different roots", "bcast root=0 #13")
     expect_mismatch(d, lambda odd: d.allreduce(rank) if odd else d.Dup(),
-                    "allreduce #15", "different operations", "Dup #15")
+                    "allreduce SUM #15", "different operations", "Dup #15")
+    expect_mismatch(d, lambda odd: d.allreduce(rank, op=mcr.MAX if odd else mcr.SUM),
+                    "allreduce MAX", "different reduction ops", "allreduce SUM")
+    # what mpi4py refuses at one rank only (the root's list to scatter, an object that does
+    # not pickle) reaches the others before anyone communicates
+    for method, sent, words in ((d.scatter, list(range(size + 1)),
+                                 (f"expecting {size} items, got {size + 1}",)),
+                                (d.bcast, threading.Lock(), ("pickle",))):
+        if size > 1:
+            exc = raises(Exception, method, sent if rank == last else None, root=last)
+            assert all(w in str(exc) for w in words), str(exc)
+            assert rank == last or isinstance(exc, mcr.MismatchError) and \
+                f"the arguments of rank {last} were refused" in str(exc), str(exc)
     objects_results(d)
     for each in (c, d):
         each.Free()

@@ -395,6 +395,8 @@ cdef str fingerprint_text(long long *f, bint with_seq=True, bint with_backend=Tr
     cdef int op = <int>f[F_OP]
     if CALL_COUNT <= op < CALL_COUNT + len(COMM_CALL_NAMES):
         name = COMM_CALL_NAMES[op - CALL_COUNT]
+        if f[F_ROP] >= 0:
+            name = f"{name} {rop_name(f[F_ROP])}"
         if f[F_ROOT] >= 0:
             name = f"{name} root={f[F_ROOT]}"
         return f"{name} #{f[F_SEQ]}" if with_seq else name
@@ -505,9 +507,7 @@ cdef _Pend check_collective(Comm comm, _Watch w, _Call c, Py_ssize_t i, int form
         text = RESHAPE_OF_CRC[f[F_RESHAPE]].encode("utf-8", "replace")[:FP_TEXT - 1]
         mine[FP_INTS * 8:FP_INTS * 8 + len(text)] = text
     if err is not None:
-        text = f"{type(err).__name__}: {err}".encode("utf-8", "replace")[:FP_TEXT - 1]
-        mine[FP_INTS * 8:FP_INTS * 8 + len(text)] = text
-        f[F_ERROR] = len(text)
+        put_refusal(mine, err)
     cdef _Pend p = new_pend(comm, w, c, c.form, backend, w.seq) if record else None
     try:
         agree_fingerprints(comm, w, mine, err)
@@ -520,14 +520,15 @@ cdef _Pend check_collective(Comm comm, _Watch w, _Call c, Py_ssize_t i, int form
     return p
 
 
-cdef int check_comm_call(Comm comm, _Watch w, str call, int root) except -1:
+cdef int check_comm_call(Comm comm, _Watch w, str call, int root, _Call c) except -1:
     """Checked mode: agree with the other processes on a collective call
     outside the buffer methods (`call`, one of COMM_CALL_NAMES; `root`, or
     -1) as on a collective, before any enters MPI's call, which blocks
     uninterruptibly (or, for Free, leaves the others waiting): when one calls
     another of these or a collective instead, every process raises
     MismatchError. The call has its number in the sequence of collectives
-    already (meet)."""
+    already (meet). `c`: the call, for mpi4py's methods on pickled objects
+    (pickled_refusal), or None."""
     cdef bytearray mine = bytearray(FP_BYTES)
     cdef char *mbuf = mine
     cdef long long *f = <long long*>mbuf
@@ -536,8 +537,55 @@ cdef int check_comm_call(Comm comm, _Watch w, str call, int root) except -1:
     f[F_BACKEND], f[F_SIZE] = backend_id("mpi"), comm.nprocs()
     f[F_DTYPE] = f[F_ROP] = f[F_COUNT] = f[F_HASH] = -1
     f[F_ROOT] = root
-    agree_fingerprints(comm, w, mine, None)
+    err = pickled_refusal(comm, c, f) if c is not None and call in PICKLED_NAMES else None
+    if err is not None:
+        put_refusal(mine, err)
+    agree_fingerprints(comm, w, mine, err)
     return 0
+
+
+cdef frozenset PICKLED_NAMES = frozenset(("bcast", "gather", "scatter", "allgather", "alltoall",
+                                          "reduce", "allreduce", "scan", "exscan"))
+
+
+cdef object pickled_refusal(Comm comm, _Call c, long long *f):
+    """Checked mode, one of mpi4py's collectives on pickled objects: the
+    reduction op into fingerprint `f`, and what mpi4py would refuse on this
+    process alone (a list of the wrong length to scatter, an object that does
+    not pickle), returned before the processes agree, so that the refusal
+    reaches them all (as a buffer method's). An iterable to scatter becomes
+    the list mpi4py would make of it. Costs a second pickling of what this
+    process sends."""
+    cdef str name = c.callname
+    cdef tuple args = c.makeargs
+    cdef int size = comm.nprocs()
+    if name in ("reduce", "allreduce", "scan", "exscan"):
+        f[F_ROP] = rop_id(args[1])          # (-1: a Python function, not compared)
+    sent = args[0]
+    if name == "bcast" and comm.myrank() != c.iroot:
+        return None
+    try:
+        if name == "alltoall" or name == "scatter" and comm.myrank() == c.iroot:
+            if sent is None:
+                return None                 # (mpi4py sends None to each)
+            sent = list(sent)
+            if len(sent) != size:
+                raise ValueError(f"sendobj: expecting {size} items, got {len(sent)}")
+            c.makeargs = (sent,) + args[1:]
+        elif name == "scatter":
+            return None
+        _mpi4py.pickle.dumps(sent)
+    except _builtins.Exception as exc:      # (Python's)
+        return exc
+    return None
+
+
+cdef void put_refusal(bytearray mine, object err):
+    """This process's refusal of its arguments into its fingerprint `mine`."""
+    cdef char *mbuf = mine
+    text = f"{type(err).__name__}: {err}".encode("utf-8", "replace")[:FP_TEXT - 1]
+    mine[FP_INTS * 8:FP_INTS * 8 + len(text)] = text
+    (<long long*>mbuf)[F_ERROR] = len(text)
 
 
 cdef int agree_fingerprints(Comm comm, _Watch w, bytearray mine, object err) except -1:
@@ -932,7 +980,7 @@ cdef int timed_out(list requests, double timeout) except -1:
 
 # -- mpi4py's point-to-point methods on pickled objects ------------------------------
 
-cdef object meet(Comm comm, str call, int root=-1):
+cdef object meet(Comm comm, str call, int root=-1, _Call c=None):
     """Before a collective call outside the buffer methods (`call`, one
     of COMM_CALL_NAMES: one that makes or frees a communicator, one of
     mpi4py's methods on pickled objects, or a neighborhood collective;
@@ -957,7 +1005,7 @@ cdef object meet(Comm comm, str call, int root=-1):
         else None
     try:
         if w.checked:
-            check_comm_call(comm, w, call, root)
+            check_comm_call(comm, w, call, root, c)
         elif w.timeout > 0 and call not in UNAWAITED_CALLS:
             if comm.meeting is None:
                 comm.meeting = _MPI.Intracomm.Ibarrier(comm)
@@ -984,7 +1032,7 @@ cdef object watched_comm_call(Comm comm, _Call c, Py_ssize_t i):
     as it returns or raises; a non-blocking one's request as an mcr Request
     with the record and the timeout."""
     p = group_pend(comm, c.callname) if c.kind == COMM_GROUP else \
-        meet(comm, c.callname, c.iroot)
+        meet(comm, c.callname, c.iroot, c)
     if p is not None:
         (<_Pend>p).backend = c.name     # (a neighbourhood collective composed on a backend)
     try:
