@@ -353,6 +353,15 @@ def bad_status_arguments_refused_before_anything_completes(comm, mix):
         with raises(TypeError, *fragments):
             call()
         assert all(reqs), fragments                    # nothing completed
+    if mix == "mpi":        # one MPI request twice would be waited on once freed: refused
+        n, null = len(reqs), MPI.REQUEST_NULL
+        for call, first, again in ((lambda: R.Waitall(reqs + [reqs[0]]), 0, n),
+                                   (lambda: R.Waitany([reqs[1], null, reqs[1]]), 0, 2),
+                                   (lambda: R.Testsome(reqs * 5), 0, n)):      # (a long list)
+            with raises(ValueError, f"requests[{again}]: the same request as requests[{first}]"):
+                call()
+            assert all(reqs)
+    assert R.Testall([MPI.REQUEST_NULL] * 3)           # the null request may repeat
     assert word == "x" and not_statuses == ["not-a-status"]
     statuses = []
     R.Waitall(reqs, statuses)

@@ -660,6 +660,11 @@ cdef enum:
     SMALL_LIST = 4             # lists of up to this many requests are completed without malloc
 
 
+cdef int twice(Py_ssize_t i, Py_ssize_t j) except -1:
+    raise ValueError(f"requests[{j}]: the same request as requests[{i}]; pass each request "
+                     "once (MPI completes it once)")
+
+
 @cython.no_gc             # (holds a list of requests, which never refer back to it)
 @cython.freelist(4)
 cdef class _Handles:
@@ -694,6 +699,30 @@ cdef class _Handles:
         for i in range(self.n):
             self.handles[i] = (<_MPI.Request>requests[i]).ob_mpi
             self.statuses[i] = empty_status
+        if self.n > 1:
+            self.check_distinct()
+
+    cdef int check_distinct(self) except -1:
+        """Refuse a request passed twice (MPI would complete it once and then
+        wait on its freed handle). The null request may repeat, and so may a
+        handle: Open MPI gives every operation with PROC_NULL the same one."""
+        cdef Py_ssize_t i, j
+        cdef dict seen
+        cdef list requests = self.requests
+        if self.n <= 16:                        # (a few comparisons cost less than a dict)
+            for j in range(1, self.n):
+                if self.handles[j] != MPI_REQUEST_NULL:
+                    for i in range(j):
+                        if requests[i] is requests[j]:
+                            twice(i, j)
+            return 0
+        seen = {}
+        for j in range(self.n):
+            if self.handles[j] != MPI_REQUEST_NULL:
+                i = seen.setdefault(id(requests[j]), j)
+                if i != j:
+                    twice(i, j)
+        return 0
 
     def __dealloc__(self):
         if self.handles != self.few_handles:
