@@ -168,7 +168,8 @@ def sendrecv(comm, call, backend, composed):
     try:
         reqs, statuses = [], [mcr.Status() for _ in messages]
         for tag, (sendspec, recvspec, *_) in enumerate(messages):
-            args = (sendspec, right, tag) + ((recvspec,) if not replace else ()) + \
+            dest = float(right) if tag == 1 else right     # (a float rank, as mpi4py takes it)
+            args = (sendspec, dest, tag) + ((recvspec,) if not replace else ()) + \
                 wildcards(tag, left)
             with found.check(f"message {tag}"):
                 if call.startswith("I"):

@@ -32,12 +32,12 @@ cdef int mpi_send(Comm comm, _Call c, int form, MPI_Info info, MPI_Request *req)
 cdef object sub_send(object sub, _Call c):
     cdef int send_mode = OP_TABLE[c.op].variant
     if send_mode == STANDARD:
-        return sub.send(c, dest=c.dest, tag=c.tag)
+        return sub.send(c, dest=c.idest, tag=c.itag)
     if send_mode == BUFFERED:
-        return sub.bsend(c, dest=c.dest, tag=c.tag)
+        return sub.bsend(c, dest=c.idest, tag=c.itag)
     if send_mode == SYNCHRONOUS:
-        return sub.ssend(c, dest=c.dest, tag=c.tag)
-    return sub.rsend(c, dest=c.dest, tag=c.tag)
+        return sub.ssend(c, dest=c.idest, tag=c.itag)
+    return sub.rsend(c, dest=c.idest, tag=c.itag)
 
 
 cdef int parse_recv(Comm comm, _Call c) except -1:
@@ -66,7 +66,7 @@ cdef int mpi_recv(Comm comm, _Call c, int form, MPI_Info info, MPI_Request *req)
 
 
 cdef object sub_recv(object sub, _Call c):
-    return sub.recv(c, source=c.source, tag=c.tag)
+    return sub.recv(c, source=c.isource, tag=c.itag)
 
 
 cdef int parse_sendrecv(Comm comm, _Call c) except -1:
@@ -116,9 +116,9 @@ cdef int mpi_sendrecv(Comm comm, _Call c, int form, MPI_Info info,
 
 cdef object sub_sendrecv(object sub, _Call c):
     if OP_TABLE[c.op].variant:
-        return sub.sendrecv_replace(c, dest=c.dest, sendtag=c.tag, source=c.source,
-                                    tag=c.recvtag)
-    return sub.sendrecv(c, dest=c.dest, sendtag=c.tag, source=c.source, tag=c.recvtag)
+        return sub.sendrecv_replace(c, dest=c.idest, sendtag=c.itag, source=c.isource,
+                                    tag=c.irecvtag)
+    return sub.sendrecv(c, dest=c.idest, sendtag=c.itag, source=c.isource, tag=c.irecvtag)
 
 
 # -- Collectives ----------------------------------------------------------------
@@ -157,7 +157,7 @@ cdef int mpi_bcast(Comm comm, _Call c, int form, MPI_Info info, MPI_Request *req
 
 
 cdef object sub_bcast(object sub, _Call c):
-    return sub.bcast(c, root=c.root)
+    return sub.bcast(c, root=c.iroot)
 
 
 cdef int parse_gather(Comm comm, _Call c) except -1:
@@ -186,8 +186,8 @@ cdef int mpi_gather(Comm comm, _Call c, int form, MPI_Info info, MPI_Request *re
 
 cdef object sub_gather(object sub, _Call c):
     if OP_TABLE[c.op].variant:
-        return sub.gatherv(c, root=c.root)
-    return sub.gather(c, root=c.root)
+        return sub.gatherv(c, root=c.iroot)
+    return sub.gather(c, root=c.iroot)
 
 
 cdef int parse_scatter(Comm comm, _Call c) except -1:
@@ -216,8 +216,8 @@ cdef int mpi_scatter(Comm comm, _Call c, int form, MPI_Info info, MPI_Request *r
 
 cdef object sub_scatter(object sub, _Call c):
     if OP_TABLE[c.op].variant:
-        return sub.scatterv(c, root=c.root)
-    return sub.scatter(c, root=c.root)
+        return sub.scatterv(c, root=c.iroot)
+    return sub.scatter(c, root=c.iroot)
 
 
 cdef int parse_allgather(Comm comm, _Call c) except -1:
@@ -325,7 +325,7 @@ cdef int mpi_reduce(Comm comm, _Call c, int form, MPI_Info info, MPI_Request *re
 
 
 cdef object sub_reduce(object sub, _Call c):
-    return sub.reduce(c, op=c.redop, root=c.root)
+    return sub.reduce(c, op=c.redop, root=c.iroot)
 
 
 cdef int parse_allreduce(Comm comm, _Call c) except -1:
