@@ -145,7 +145,10 @@ def in_place_and_none_where_no_buffer_may_be(comm):
         ("recvbuf|None is not a buffer|2 elements of float32", comm.Allreduce, x, None),
         ("recvbuf|None is not a buffer", comm.Allreduce, None, None),
         ("recvbuf|None is not a buffer", comm.Iallreduce, ip, None),
-        ("recvbuf|None is not a buffer", comm.Scan, x, None)])
+        ("recvbuf|None is not a buffer", comm.Scan, x, None),
+        (f"recvbuf|None is not a buffer|each of the {comm.size} processes", comm.Allgather, x,
+         None),
+        ("recvbuf|None is not a buffer", comm.Ialltoallv, x, None)])
     check(comm, ValueError, [
         (f"sendbuf|IN_PLACE is only valid at the root (0)|rank {r}",
          comm.Reduce, ip, None, mcr.SUM, 0),

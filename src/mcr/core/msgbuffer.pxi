@@ -926,6 +926,9 @@ cdef class _Call:
     # -- helpers for block messages ---------------------------------------
 
     cdef object recv_blocks(self, object recvbuf, int size, bint v):
+        if recvbuf is None:       # (say so, rather than report the empty message's sizes)
+            raise TypeError(f"recvbuf: None is not a buffer; it receives a block from each "
+                            f"of the {size} processes")
         if v:
             owner = parse_vector(recvbuf, &self.r, True, size, b"recvbuf", self.rroom)
             check_blocks_disjoint(&self.r, size, b"recvbuf")
