@@ -207,6 +207,8 @@ def message_specs(comm):
 @case
 def receive_buffer_too_small(comm):
     s, r, has = comm.size, comm.rank, "sendbuf has 4 elements|recvbuf has 3"
+    f4, triple = np.float32, MPI.DOUBLE.Create_contiguous(3).Commit()   # datatypes differ:
+    signature = "({} bytes of type signature sent, {} received)"        # their bytes are told
     rows = [(f"{has}|counts must match", comm.Allreduce, torch.ones(4), torch.zeros(3)),
             (has, comm.Iallreduce, torch.ones(4), torch.zeros(3)),
             (has, comm.Scan, torch.ones(4), torch.zeros(3)),
@@ -217,7 +219,9 @@ def receive_buffer_too_small(comm):
             (f"sendbuf has {4 * s} elements|recvbuf count 3|{s} processes",
              comm.Reduce_scatter_block, torch.ones(4 * s), torch.zeros(3)),
             (f"recvbuf|holds 1 elements|recvcounts[{r}]|needs 2",
-             comm.Reduce_scatter, torch.ones(2 * s), torch.zeros(1), [2] * s)]
+             comm.Reduce_scatter, torch.ones(2 * s), torch.zeros(1), [2] * s),
+            (f"sendbuf|has 4 elements|recvbuf takes 3|rank {r}|{signature.format(4, 12)}",
+             comm.Allgather, [np.ones(1, f4), 4, MPI.BYTE], [np.zeros(3 * s, f4), 3, MPI.FLOAT])]
     if s > 1:
         rows.append((f"recvbuf|{4 * s - 1} elements do not split evenly|{s} processes",
                      comm.Allgather, torch.ones(4), torch.zeros(4 * s - 1)))
@@ -230,13 +234,16 @@ def receive_buffer_too_small(comm):
                 ("sendbuf has 3 elements|recvbuf has 2",
                  comm.Reduce, torch.ones(3), torch.zeros(2), mcr.SUM, root),
                 ("sendbuf|has 3 elements|recvbuf takes 2",
-                 comm.Igather, torch.ones(3), torch.zeros(2 * s), root)]
+                 comm.Igather, torch.ones(3), torch.zeros(2 * s), root),
+                (f"recvbuf|holds 2 elements|root sends itself 1|{signature.format(24, 16)}",
+                 comm.Scatter, [np.ones(3 * s), 1, triple], [np.zeros(2), 2, MPI.DOUBLE], root)]
         if s > 1:
             rows += [(f"recvbuf|{3 * s + 1} elements do not split evenly|{s} processes",
                       comm.Gather, torch.ones(3), torch.zeros(3 * s + 1), root),
                      (f"sendbuf|{3 * s - 1} elements do not split evenly",
                       comm.Scatter, torch.ones(3 * s - 1), torch.zeros(3), root)]
         check(comm, ValueError, rows, here=r == root)
+    triple.Free()
 
 
 @case

@@ -417,6 +417,63 @@ def mpi4py_datatypes_on_numpy_bytes_and_derived(comm):
         pair.Free()
 
 
+@case
+def collectives_match_type_signatures_not_datatypes(comm):
+    """MPI matches the data moved (count x type size), not the datatypes: a column type is 3
+    doubles, a contiguous pair 2, BYTE any 8 bytes; odd ranks use the other side's datatype
+    (so do their checked fingerprints, on a checked duplicate)."""
+    size, rank, (right, left) = comm.size, comm.rank, ring(comm)
+    odd, root = rank % 2, size - 1
+    col = MPI.DOUBLE.Create_vector(3, 1, size).Create_resized(0, 8).Commit()
+    c2 = MPI.DOUBLE.Create_contiguous(2).Commit()
+    ones, offs = [1] * size, list(range(size))
+
+    def x(r, n=2 * size):                  # rank r's doubles
+        return np.arange(n, dtype=np.float64) + 100 * r
+
+    def pairs(buf, count=1, flip=False):   # `count` pairs, or twice as many doubles
+        return [buf, count, c2] if odd != flip else [buf, 2 * count, MPI.DOUBLE]
+
+    def bcast(c, o):
+        o[:] = x(0) if rank == 0 else -1
+        c.Bcast(pairs(o, size, rank == 0), root=0)
+
+    mine, at_root = x(rank), rank == root
+    firsts, mat = cat([x(r)[:2] for r in range(size)]), x(0, 3 * size).reshape(3, size)
+    mine_of = cat([x(r)[2 * rank:2 * rank + 2] for r in range(size)])
+    rows = [  # (call, out, what it holds then: None where the call writes nothing)
+        (lambda c, o: c.Scatter([mat, 1, col] if at_root else None, [o, 3, MPI.DOUBLE],
+                                root=root), np.zeros(3), mat[:, rank]),
+        (lambda c, o: c.Gather([x(rank, 3), 3, MPI.DOUBLE], [o, 1, col] if at_root else None,
+                               root=root),
+         np.zeros((3, size)), np.stack([x(r, 3) for r in range(size)], 1) if at_root else None),
+        (lambda c, o: c.Allgather(pairs(mine), pairs(o, flip=True)), np.zeros(2 * size), firsts),
+        (lambda c, o: c.Alltoall(pairs(mine), pairs(o, flip=True)), np.zeros(2 * size), mine_of),
+        (lambda c, o: c.Alltoallv([mine, ones, offs, c2],
+                                  [o, [2] * size, [2 * r for r in offs], MPI.DOUBLE]),
+         np.zeros(2 * size), mine_of),
+        (lambda c, o: c.Gatherv(pairs(mine), [o, ones, offs, c2] if at_root else None,
+                                root=root), np.zeros(2 * size), firsts if at_root else None),
+        (bcast, np.zeros(2 * size), x(0)),
+        (lambda c, o: c.Allgather([mine.astype(np.float32)[:2], 8, MPI.BYTE], [o, 2, MPI.FLOAT]),
+         np.zeros(2 * size, np.float32), firsts.astype(np.float32))]
+    checked = comm.Dup()
+    checked.checked = True
+    for c in (comm, checked):
+        for call, out, want in rows:
+            call(c, out)
+            if want is not None:
+                expect(out, want)
+        cart = c.Create_cart([size], periods=[True])
+        got = np.zeros(4)
+        cart.Neighbor_alltoall([x(rank, 4), 1, c2], [got, 2, MPI.DOUBLE])
+        expect(got, cat([x(left, 4)[2:], x(right, 4)[:2]]))
+        cart.Free()
+    checked.Free()
+    col.Free()
+    c2.Free()
+
+
 # -- unusual buffers -----------------------------------------------------------------------
 @case
 def zero_d_tensors(comm):

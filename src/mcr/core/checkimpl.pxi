@@ -32,16 +32,19 @@ from mcr import errors as _errors
 from mcr._env import flag as _env_flag
 
 cdef enum:
-    FP_INTS = 17
-    FP_TEXT = 376                  # the refusal of a process's arguments, if any
+    FP_INTS = 19
+    FP_TEXT = 360                  # the refusal of a process's arguments, if any
     FP_BYTES = FP_INTS * 8 + FP_TEXT
     FP_MAGIC = 0x6d637231          # "mcr1": a fingerprint, not something else
 
 cdef enum:                         # the fields of a fingerprint
     F_MAGIC, F_SEQ, F_OP, F_FORM, F_BACKEND, F_ROOT, F_DTYPE, F_ROP, F_COUNT,
-    F_SEND, F_RECV, F_HASH, F_ERROR, F_EXTENT, F_SIZE,
+    F_SEND, F_RECV, F_HASH, F_ERROR,
+    F_TSIZE,                       # bytes of data per element of F_COUNT (MPI_Type_size)
+    F_SIZE,
     F_RESHAPE,                     # what the interceptors after the watch make of the message
-    F_PAIRS                        # what moves between each pair of processes, weighted
+    F_PAIRS,                       # what moves between each pair of processes, weighted
+    F_SUNIT, F_RUNIT               # bytes of data per element of F_SEND, of F_RECV
 
 # compared across processes: a difference is a mismatch (F_DTYPE, F_COUNT and
 # F_HASH only once the operations agree)
@@ -254,27 +257,29 @@ cdef inline unsigned long long pair_weight(int sender, int receiver) noexcept:
 
 
 cdef long long pairs(side *s, side *r, int op, int size, int rank, int root,
-                     long long mine) noexcept:
-    """The elements this process sends to each process, weighted by the pair,
-    less those it receives from each (F_PAIRS): summed over the processes, zero
-    (but for a 2**-64 chance) only when every pair agrees on what moves. `mine`:
-    what a gather sends the root, or a scatter receives from it."""
+                     long long mine, long long sunit, long long runit) noexcept:
+    """The bytes this process sends to each process (`sunit` per element of
+    `s`), weighted by the pair, less those it receives from each (`runit`
+    per element of `r`) (F_PAIRS): summed over the processes, zero (but for a
+    2**-64 chance) only when every pair agrees on what moves, whatever
+    datatypes each uses. `mine`: the elements a gather sends the root, or a
+    scatter receives from it."""
     cdef unsigned long long h = 0
     cdef int j
     if op == CALL_ALLTOALLV:
         for j in range(size):
-            h += <unsigned long long>own(s, j) * pair_weight(rank, j)
-            h -= <unsigned long long>own(r, j) * pair_weight(j, rank)
+            h += <unsigned long long>(own(s, j) * sunit) * pair_weight(rank, j)
+            h -= <unsigned long long>(own(r, j) * runit) * pair_weight(j, rank)
     elif op == CALL_GATHER or op == CALL_GATHERV:
-        h += <unsigned long long>mine * pair_weight(rank, root)
+        h += <unsigned long long>(mine * sunit) * pair_weight(rank, root)
         if rank == root:
             for j in range(size):
-                h -= <unsigned long long>own(r, j) * pair_weight(j, root)
+                h -= <unsigned long long>(own(r, j) * runit) * pair_weight(j, root)
     else:                                  # Scatter(v)
-        h -= <unsigned long long>mine * pair_weight(root, rank)
+        h -= <unsigned long long>(mine * runit) * pair_weight(root, rank)
         if rank == root:
             for j in range(size):
-                h += <unsigned long long>own(s, j) * pair_weight(root, j)
+                h += <unsigned long long>(own(s, j) * sunit) * pair_weight(root, j)
     return <long long>h
 
 
@@ -282,35 +287,39 @@ cdef int msg_fields(long long *f, int op, _Call m, int size, int rank) except -1
     """The dtype, counts and totals of a parsed collective, into fingerprint `f`:
     what each process must agree on (F_COUNT, F_HASH), and for the gathers,
     scatters and all-to-alls, the elements it sends and receives, whose sums
-    over the processes must be equal."""
+    over the processes must be equal (in bytes: F_SUNIT, F_RUNIT). An
+    in-place side has the other's datatype (set_in_place), so its units."""
     cdef side *s = &m.s
     cdef side *r = &m.r
     cdef bint in_place_s = s.addr == <char*>MPI_IN_PLACE
     cdef bint in_place_r = r.addr == <char*>MPI_IN_PLACE
     cdef bint root = f[F_ROOT] == rank
+    f[F_SUNIT], f[F_RUNIT] = type_size(s), type_size(r)
     f[F_DTYPE] = r.tindex
-    f[F_EXTENT] = r.extent
+    f[F_TSIZE] = f[F_RUNIT]
     if op == CALL_BCAST:
         f[F_COUNT] = r.count
     elif op == CALL_GATHER or op == CALL_GATHERV:
         if not root:
-            f[F_DTYPE], f[F_EXTENT] = s.tindex, s.extent
+            f[F_DTYPE], f[F_TSIZE] = s.tindex, f[F_SUNIT]
         if op == CALL_GATHER:
             f[F_COUNT] = r.count if root else s.count
         f[F_SEND] = (own(r, rank) if in_place_s else s.count) if root else s.count
         if root:
             f[F_RECV] = total(r, size)
         if op == CALL_GATHERV:
-            f[F_PAIRS] = pairs(s, r, op, size, rank, f[F_ROOT], f[F_SEND])
+            f[F_PAIRS] = pairs(s, r, op, size, rank, f[F_ROOT], f[F_SEND], f[F_SUNIT],
+                               f[F_RUNIT])
     elif op == CALL_SCATTER or op == CALL_SCATTERV:
         if root:
-            f[F_DTYPE], f[F_EXTENT] = s.tindex, s.extent
+            f[F_DTYPE], f[F_TSIZE] = s.tindex, f[F_SUNIT]
             f[F_SEND] = total(s, size)
         if op == CALL_SCATTER:
             f[F_COUNT] = s.count if root else r.count
         f[F_RECV] = own(s, rank) if root and in_place_r else r.count
         if op == CALL_SCATTERV:
-            f[F_PAIRS] = pairs(s, r, op, size, rank, f[F_ROOT], f[F_RECV])
+            f[F_PAIRS] = pairs(s, r, op, size, rank, f[F_ROOT], f[F_RECV], f[F_SUNIT],
+                               f[F_RUNIT])
     elif op == CALL_ALLGATHER or op == CALL_ALLTOALL or op == CALL_ALLREDUCE \
             or op == CALL_SCAN or op == CALL_EXSCAN or op == CALL_REDUCE_SCATTER_BLOCK:
         f[F_COUNT] = r.count
@@ -322,10 +331,11 @@ cdef int msg_fields(long long *f, int op, _Call m, int size, int rank) except -1
     elif op == CALL_ALLTOALLV:
         f[F_SEND] = total(r if in_place_s else s, size)
         f[F_RECV] = total(r, size)
-        f[F_PAIRS] = pairs(r if in_place_s else s, r, op, size, rank, -1, 0)
+        f[F_PAIRS] = pairs(r if in_place_s else s, r, op, size, rank, -1, 0, f[F_SUNIT],
+                           f[F_RUNIT])
     elif op == CALL_REDUCE:
         if not in_place_s:
-            f[F_DTYPE], f[F_EXTENT] = s.tindex, s.extent
+            f[F_DTYPE], f[F_TSIZE] = s.tindex, f[F_SUNIT]
         f[F_COUNT] = r.count if in_place_s else s.count
     elif op == CALL_REDUCE_SCATTER:
         f[F_COUNT] = total(r, size)
@@ -375,7 +385,7 @@ cdef int fill_fingerprint(long long *f, Comm comm, _Call c, int form, str backen
         f[F_DTYPE] = -2                      # derived datatypes
     elif OP_TABLE[op].flags & OP_P2P:             # what this process moves, and the peer
         x = &c.r if op == CALL_RECV or op == CALL_SENDRECV_REPLACE else &c.s
-        f[F_DTYPE], f[F_COUNT], f[F_EXTENT] = x.tindex, x.count, x.extent
+        f[F_DTYPE], f[F_COUNT], f[F_TSIZE] = x.tindex, x.count, type_size(x)
         f[F_ROOT] = int_or(c.source if op == CALL_RECV else c.dest, -1)
     else:
         msg_fields(f, op, c, size, comm.myrank())
@@ -442,6 +452,22 @@ cdef str grouped(list lines):
                      for l in order)
 
 
+cdef bint same_signatures(long long *f, long long *g, int k) noexcept:
+    """Whether fields F_DTYPE or F_COUNT (`k`), which differ between
+    fingerprints `f` and `g` of one operation, still describe the same type
+    signature. MPI matches the data moved, not the datatypes: a process may
+    send or receive in a derived datatype (or BYTE: no element type known,
+    F_DTYPE -1) what another moves in named ones, a column type as 3 DOUBLEs,
+    when the bytes agree (count x type size). Not in a reduction, whose
+    datatype is the same at every process."""
+    if f[F_ROP] >= 0 or (f[F_DTYPE] >= 0 and g[F_DTYPE] >= 0):
+        return False
+    if k == F_DTYPE:
+        return True
+    return k == F_COUNT and f[F_COUNT] >= 0 and g[F_COUNT] >= 0 \
+        and f[F_COUNT] * f[F_TSIZE] == g[F_COUNT] * g[F_TSIZE]
+
+
 cdef object mismatch(bytearray everyone, int size):
     """Why the fingerprints of `everyone` disagree, or None when they agree."""
     cdef char *base = everyone
@@ -453,7 +479,7 @@ cdef object mismatch(bytearray everyone, int size):
         for k in MATCHED:
             if k in (F_DTYPE, F_COUNT, F_HASH) and g[F_OP] != f[F_OP]:
                 continue
-            if g[k] != f[k]:
+            if g[k] != f[k] and not same_signatures(f, g, k):
                 return {F_SEQ: "their calls are out of step", F_OP: "different operations",
                         F_FORM: "blocking and non-blocking or persistent forms, which MPI "
                                 "does not match",
@@ -462,16 +488,21 @@ cdef object mismatch(bytearray everyone, int size):
                         F_COUNT: "different counts",
                         F_HASH: "different counts arrays",
                         F_RESHAPE: "different compression"}[k]
-    cdef long long sent = 0, received = 0
+    cdef long long sent = 0, received = 0, unit = 0
     cdef unsigned long long pairsum = 0
     if CALL_GATHER <= f[F_OP] <= CALL_ALLTOALLV:
-        for i in range(size):
+        for i in range(size):               # in bytes: the processes' datatypes may differ
             g = <long long*>(base + i * FP_BYTES)
-            sent += g[F_SEND]
-            received += g[F_RECV]
+            sent += g[F_SEND] * g[F_SUNIT]
+            received += g[F_RECV] * g[F_RUNIT]
+            for k in ((F_SUNIT,) if g[F_SEND] else ()) + ((F_RUNIT,) if g[F_RECV] else ()):
+                unit = g[k] if unit in (0, g[k]) else -1
         if sent != received:
-            return (f"counts that do not add up: the processes send {sent} elements in "
-                    f"all and receive {received}")
+            if unit <= 0:
+                return (f"counts that do not add up: the processes send {sent} bytes of data "
+                        f"in all and receive {received}")
+            return (f"counts that do not add up: the processes send {sent // unit} elements "
+                    f"in all and receive {received // unit}")
         for i in range(size):
             g = <long long*>(base + i * FP_BYTES)
             pairsum += <unsigned long long>g[F_PAIRS]
@@ -810,7 +841,7 @@ cdef _Pend new_pend(Comm comm, _Watch w, _Call c, int form, str backend, long lo
     else:
         p.root = <int>f[F_ROOT]
         p.desc = fingerprint_text(f, False, False)
-    p.nbytes = f[F_EXTENT] * max(f[F_COUNT], f[F_SEND], f[F_RECV], 0)
+    p.nbytes = f[F_TSIZE] * max(f[F_COUNT], f[F_SEND], f[F_RECV], 0)
     return kept_pend(p, w)
 
 

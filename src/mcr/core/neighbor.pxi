@@ -483,16 +483,22 @@ cdef _Call nb_msg(int kind, object sendbuf, object recvbuf, int indegree, int ou
     else:
         m.rown = parse_vector(recvbuf, &m.r, True, indegree, b"recvbuf", m.rroom)
         check_blocks_disjoint(&m.r, indegree, b"recvbuf")
-    if m.sown is not None and m.rown is not None:
-        check_same_type(&m.s, &m.r)
+    # MPI: a block's type signature is the same at every process (of the v
+    # kinds, only the element types are known to match here)
+    cdef bint blocks = (kind == NB_ALLGATHER or kind == NB_ALLTOALL) and indegree and outdegree
+    cdef int scount = m.s.count if blocks else 0
+    cdef int rcount = m.r.count if blocks else 0
+    if m.sown is None or m.rown is None:
+        same = scount == rcount       # an empty side (None) has no element type to match
+    else:
+        same = same_signature(&m.s, scount, &m.r, rcount)
         check_apart(&m.s, &m.r, outdegree if kind == NB_ALLTOALL else 1, indegree,
                     kind == NB_ALLGATHERV or kind == NB_ALLTOALLV, NULL)
-    if (kind == NB_ALLGATHER or kind == NB_ALLTOALL) and indegree and outdegree \
-            and m.s.count != m.r.count:
-        # MPI: a block's type signature is the same at every process
+    if not same:
         raise ValueError(f"recvbuf: {m.r.count} elements per neighbour, but sendbuf "
                          f"sends {m.s.count}: the blocks of {nb_method(kind, BLOCKING)} are "
-                         "the same size at every process")
+                         "the same size at every process"
+                         + signature_bytes(&m.s, scount, &m.r, rcount))
     return m
 
 
