@@ -7,6 +7,7 @@ datatypes and reductions; explicit datatypes trusted over the buffer's format. I
 COMM_SELF; expected values come from numpy.
 """
 
+import array
 import ctypes
 import gc
 import re
@@ -269,6 +270,25 @@ def test_host_memory_claimed_as_cuda_gets_mcrs_error():
         with pytest.raises(TypeError, match="sendbuf: CUDA buffer .* but torch sees no "
                                             "CUDA device"):
             sendrecv(fake, np.zeros(4, np.int32))
+
+
+# -- buffer formats -------------------------------------------------------------------------
+def test_pointer_and_character_formats_move_as_in_mpi4py():
+    """'P' (void*), 'u' (ctypes' wchar_t), 'w' (UCS-4), numpy's one-character strings '1s' and
+    '1w'; longer strings ('3s') name the datatype to give instead."""
+    wchars = ctypes.c_wchar * 2
+    for src, out in [((ctypes.c_void_p * 2)(1, 2**40), (ctypes.c_void_p * 2)()),
+                     (wchars("a", "\u20ac"), wchars()),
+                     (array.array("u", "a\u20ac"), array.array("u", "zz")),
+                     (np.array([b"x", b"y"], "S1"), np.zeros(2, "S1")),
+                     (np.array(["x", "\u20ac"], "U1"), np.zeros(2, "U1"))]:
+        sendrecv(src, out)
+        assert bytes(memoryview(out)) == bytes(memoryview(src)), memoryview(src).format
+    src, out = np.array([b"abc", b"de"], "S3"), np.zeros(2, "S3")
+    with pytest.raises(TypeError, match="sendbuf: buffer format '3s' has 3 values per element"):
+        sendrecv(src, out)
+    sendrecv([src, MPI.CHAR], [out, MPI.CHAR])
+    np.testing.assert_array_equal(out, src)
 
 
 # -- long double ----------------------------------------------------------------------------

@@ -128,7 +128,7 @@ cdef object view_info(object obj, bufinfo *b, bint writable, bint typed, const c
     cdef int tindex = -1
     if not typed:
         fmt = v.view.format.decode() if v.view.format != NULL else "B"
-        tindex = format_type_index(fmt, arg)
+        tindex = format_type_index(fmt, v.view.itemsize, arg)
         if v.view.itemsize != TYPES[tindex].itemsize:
             raise BufferError(f"{arg.decode()}: buffer format {fmt!r} has item size "
                               f"{v.view.itemsize}, expected {TYPES[tindex].itemsize}")

@@ -79,7 +79,16 @@ cdef void init_type_table() noexcept:
         FORMAT_TO_TYPE[code.upper()] = ints[struct.calcsize(code), False]
     # struct's "c" and mpi4py's typecode "c" are C char, as MPI_CHAR is
     FORMAT_TO_TYPE["c"] = T_INT8 if CHAR_MIN < 0 else T_UINT8
-    FORMAT_TO_TYPE["p"] = T_INT64 if struct.calcsize("P") == 8 else T_INT32
+    # characters as mpi4py maps them: "s" (numpy's bytes "S1": "1s") is C char; "u" is
+    # UCS-2 (MPI_UINT16_T); "w" (array "u", numpy's str "U1": "1w") is UCS-4, MPI_WCHAR
+    # in mpi4py, moved here as uint32, its 4 bytes
+    FORMAT_TO_TYPE["s"] = FORMAT_TO_TYPE["c"]
+    FORMAT_TO_TYPE["u"] = T_UINT16
+    FORMAT_TO_TYPE["w"] = T_UINT32
+    # pointers: "P" is void* (ctypes' c_void_p), unsigned as in mpi4py; mpi4py's
+    # typecode "p" is MPI_AINT, signed (struct's "p", a Pascal string, is no buffer's)
+    FORMAT_TO_TYPE["P"] = ints[struct.calcsize("P"), False]
+    FORMAT_TO_TYPE["p"] = ints[struct.calcsize("P"), True]
     # Named MPI datatypes a user may pass explicitly, with the same meaning.
     cdef MPI_Datatype aliases[21]
     cdef int alias_types[21]
@@ -120,18 +129,28 @@ cdef inline int torch_type_index(object dtype) noexcept:
     return -1
 
 
-cdef int format_type_index(str fmt, const char *arg) except -2:
-    """Type index of a struct format string (buffer protocol)."""
+cdef int format_type_index(str fmt, Py_ssize_t itemsize, const char *arg) except -2:
+    """Type index of a struct format string (buffer protocol) for items of
+    `itemsize` bytes."""
     code = fmt
     if code and code[0] in "@=<>!":
         if code[0] in ">!" and _LITTLE_ENDIAN or code[0] == "<" and not _LITTLE_ENDIAN:
             raise BufferError(f"{arg.decode()}: byte order of buffer format {fmt!r} "
                               "is not the machine's")
         code = code[1:]
-    index = FORMAT_TO_TYPE.get(code)
+    repeat = code[:len(code) - len(code.lstrip("0123456789"))]
+    if repeat and int(repeat) != 1:
+        # (numpy's "S3", "U3": mpi4py has no MPI datatype for them either)
+        raise TypeError(f"{arg.decode()}: buffer format {fmt!r} has {repeat} values per "
+                        "element, which no MPI datatype matches; give the datatype of one "
+                        "value, counted in values: [buf, MPI.CHAR] for numpy's 'S', "
+                        "[buf, MPI.WCHAR] for 'U'")
+    index = FORMAT_TO_TYPE.get(code[len(repeat):])
     if index is None:
         raise TypeError(f"{arg.decode()}: buffer format {fmt!r} is not supported; "
                         f"supported formats: {' '.join(sorted(FORMAT_TO_TYPE))}")
+    if index == T_UINT16 and code == "u" and itemsize == 4:
+        return T_UINT32         # ctypes' c_wchar: "u" for a 4-byte wchar_t, not UCS-2
     return index
 
 
