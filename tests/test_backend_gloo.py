@@ -386,6 +386,11 @@ def gloo_rejects_derived_datatypes_and_user_ops(comm, found):
         total = np.zeros(3, dtype=np.longdouble)
         comm.Allreduce(ld, total, backend="mpi")
         assert (total == comm.size).all(), total
+    for code in ("f2", "e", "i2", "u8", "c8", "b1"):      # numpy's typecodes as struct's
+        with found.check(f"typecode {code!r} is an element type"):
+            got = np.zeros(3 * comm.size, dtype=code)
+            comm.Allgather([np.arange(3).astype(code), code], [got, code], backend=GLOO)
+            assert (got == np.tile(np.arange(3).astype(code), comm.size)).all(), got
 
 
 @checked(min_size=2)

@@ -330,7 +330,7 @@ def none_sendbuf_is_in_place(comm):
 # -- explicit datatypes: mpi4py Datatype objects and typecodes ------------------------
 TYPED = [  # (torch dtype, mpi4py datatype, typecodes)
     (torch.float32, MPI.FLOAT, ["f", "f4"]), (torch.float64, MPI.DOUBLE, ["d", "f8"]),
-    (torch.float16, None, ["e"]), (torch.int8, MPI.INT8_T, ["b", "i1"]),
+    (torch.float16, None, ["e", "f2"]), (torch.int8, MPI.INT8_T, ["b", "i1"]),
     (torch.int8, MPI.SIGNED_CHAR, []), (torch.uint8, MPI.UINT8_T, ["B", "u1"]),
     (torch.uint8, MPI.UNSIGNED_CHAR, []), (torch.int16, MPI.SHORT, ["h", "i2"]),
     (torch.uint16, MPI.UINT16_T, ["H", "u2"]), (torch.int32, MPI.INT, ["i", "i4"]),

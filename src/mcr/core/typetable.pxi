@@ -44,7 +44,7 @@ cdef struct typeinfo:
     PyObject *torch_dtype    # borrowed; the dtype objects live as long as torch
 
 cdef typeinfo TYPES[NTYPES]
-cdef dict FORMAT_TO_TYPE = {}     # struct format code -> type index
+cdef dict FORMAT_TO_TYPE = {}     # struct format code or typecode -> type index
 cdef dict HANDLE_TO_TYPE = {}     # MPI datatype handle (as int) -> type index
 cdef list TYPE_NAMES = [row[0] for row in TYPE_TABLE]
 
@@ -70,6 +70,14 @@ cdef void init_type_table() noexcept:
             FORMAT_TO_TYPE[codes] = i
         if category != CAT_HALF and handles[i] != MPI_DATATYPE_NULL:
             HANDLE_TO_TYPE[handle_key(handles[i])] = i
+    # numpy's typecodes, kind and item size ("f2", "u8", "c16"), as mpi4py's typedict has
+    # them: through its MPI datatypes "f2" would be MPI_SHORT_FLOAT, which is no handle
+    # of TYPES (float16 moves as MPI_UINT16_T)
+    kinds = {CAT_BOOL: "b", CAT_FLOAT: "f", CAT_HALF: "f", CAT_COMPLEX: "c"}
+    for i, (name, category, itemsize, codes) in enumerate(TYPE_TABLE):
+        if name != "bfloat16":                     # (numpy has none)
+            kind = "u" if name.startswith("uint") else kinds.get(category, "i")
+            FORMAT_TO_TYPE.setdefault(f"{kind}{itemsize}", i)
     # C integer codes whose size depends on the platform
     import struct
     ints = {(1, True): T_INT8, (2, True): T_INT16, (4, True): T_INT32, (8, True): T_INT64,
