@@ -68,6 +68,7 @@ analysed.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import dataclasses
 import glob
 import json
@@ -406,34 +407,70 @@ def _track(f: FlightFile, label: str, members: tuple[int, ...]) -> _Track:
 _MOVES = re.compile(r" (send|recv) (\d+)(?= |$)")
 
 
-def _same_call(c: Call) -> tuple[str, str, str, int]:
+# the element types a description names, and their bytes; a datatype mcr does
+# not name is described by its bytes ("Scatter 24-byte[1] root=0")
+_ITEMSIZE = {"bool": 1, "uint8": 1, "int8": 1, "uint16": 2, "int16": 2, "uint32": 4,
+             "int32": 4, "uint64": 8, "int64": 8, "float16": 2, "bfloat16": 2, "float32": 4,
+             "float64": 8, "complex64": 8, "complex128": 16,
+             "longdouble": ctypes.sizeof(ctypes.c_longdouble),
+             "clongdouble": 2 * ctypes.sizeof(ctypes.c_longdouble)}
+_TYPED = re.compile(r"^(\S+) ((\d+)-byte|[a-z]+\d*)(?:\[(\d+)\])?(?= |$)")
+
+
+def _unit(c: Call) -> int | None:
+    """The bytes of one element of the call's description, or None (no type)."""
+    m = _TYPED.match(c.desc)
+    if m is None:
+        return None
+    return int(m[3]) if m[3] else _ITEMSIZE.get(m[2])
+
+
+def _in_bytes(c: Call) -> bool:
+    """Whether the call moves a datatype mcr does not name: MPI matches it with
+    the others' by the bytes of data, not by element type and count."""
+    m = _TYPED.match(c.desc)
+    return m is not None and m[3] is not None
+
+
+def _same_call(c: Call, in_bytes: bool = False) -> tuple[str, str, str, int]:
     """What must be equal on every member rank for a collective to match: the
     operation, backend, root and description, less the elements this rank sends
     and receives (its own counts of a vector collective; :func:`_moves_add_up`
-    compares their totals)."""
-    return (c.op, _MOVES.sub("", c.desc), c.backend, c.root)
+    compares their totals). `in_bytes`: the element type and count as bytes
+    (where some rank moves a datatype mcr does not name)."""
+    desc = _MOVES.sub("", c.desc)
+    m = _TYPED.match(desc)
+    unit = _unit(c)
+    if in_bytes and m is not None and unit is not None:
+        size = f"{int(m[4]) * unit} bytes" if m[4] else "bytes"
+        desc = f"{m[1]} {size}{desc[m.end():]}"
+    return (c.op, desc, c.backend, c.root)
 
 
 def _moves_add_up(at: Sequence[RankAt]) -> str:
     """Why the elements the member ranks send and receive in a vector collective
     do not add up, or "" when they do or cannot be counted (a rank's file no
-    longer has the call, or the call moves no counted elements)."""
+    longer has the call, or the call moves no counted elements). In bytes where
+    the ranks' elements differ in size."""
     calls = [a.call for a in at if a.call is not None]
     if len(calls) < len(at):
         return ""
+    units = {_unit(c) for c in calls if _MOVES.search(c.desc)}
+    in_bytes = len(units) > 1 and None not in units
     sent = received = 0
     counted = False
     for c in calls:
         for way, count in _MOVES.findall(c.desc):
             counted = True
+            n = int(count) * (_unit(c) or 1 if in_bytes else 1)
             if way == "send":
-                sent += int(count)
+                sent += n
             else:
-                received += int(count)
+                received += n
     if not counted or sent == received:
         return ""
-    return f"counts that do not add up: the ranks send {sent} elements in all and " \
-           f"receive {received}"
+    return f"counts that do not add up: the ranks send {sent} " \
+           f"{'bytes of data' if in_bytes else 'elements'} in all and receive {received}"
 
 
 def _compare(label: str, members: tuple[int, ...], files: Mapping[int, FlightFile]) -> CommReport:
@@ -457,7 +494,8 @@ def _compare(label: str, members: tuple[int, ...], files: Mapping[int, FlightFil
         calls = [a.call for a in at if a.call is not None]
         made = any(a.kind in ("call", "dropped") for a in at)
         stopped = any(a.kind in ("none", "no comm") for a in at)
-        if (made and stopped) or len({_same_call(c) for c in calls}) > 1:
+        in_bytes = any(_in_bytes(c) for c in calls)
+        if (made and stopped) or len({_same_call(c, in_bytes) for c in calls}) > 1:
             divergence = Finding(seq, "diverge", at)
             break
         why = _moves_add_up(at)

@@ -413,8 +413,10 @@ cdef str fingerprint_text(long long *f, bint with_seq=True, bint with_backend=Tr
     if not 0 <= op < CALL_COUNT:
         return "(not an mcr call)"
     parts = [method_name(op, <int>f[F_FORM]) if with_form else CALL_NAMES[op]]
+    # a datatype mcr does not name (derived, BYTE) by the bytes of data in one
+    # element, which is what MPI matches it by ("24-byte[1]"; mcr.debug reads it)
     dtype = TYPE_NAMES[f[F_DTYPE]] if 0 <= f[F_DTYPE] < len(TYPE_NAMES) else \
-        "derived" if f[F_DTYPE] == -2 else ""
+        "derived" if f[F_DTYPE] == -2 else f"{f[F_TSIZE]}-byte" if f[F_TSIZE] > 0 else ""
     if op == CALL_BARRIER:
         pass
     elif f[F_COUNT] >= 0:
