@@ -207,7 +207,11 @@ def proc_null_peer(comm):
     for backend in BACKENDS:
         with attached(1 << 10, 24):
             for mode, form, buf in itertools.product(MODES, FORMS, (x, None)):
-                finish([send(comm, mode, form, buf, null, 123, backend)])
+                req, st = send(comm, mode, form, buf, null, 123, backend), mcr.Status()
+                if req is not None:     # (a send's status: source PROC_NULL, as MPI's)
+                    req.Wait(st)
+                    assert st.source == null, (mode, form, backend, st.source)
+                finish([req])
         for composed, (what, call), y in itertools.product(
                 (None, True), receives.items(), (torch.full((4,), 5.0), None)):
             if y is None and "replace" in what:

@@ -439,7 +439,7 @@ def post_send(sub: "Subcomm", s: Side, dest: int, tag: int, synchronous: bool = 
     (``synchronous``: once the receiver has matched the header)."""
     if dest == MPI.PROC_NULL:
         sub.start()        # a call on the backend: it joins the set-up as any other
-        return sub.request([])
+        return sub.request([], status=lambda: _NO_MESSAGE)     # (source PROC_NULL, as MPI's)
     nbytes = s.count * s.extent
     seq = sub.seq[dest]
     sub.seq[dest] = (seq + 1) % _SEQ_MOD
