@@ -610,8 +610,9 @@ class BusyDevice:
 @case
 def stream_ordered_receives_are_waited_not_polled(comm):
     """A receive whose payload comes on a stream-ordered backend (NCCL's point-to-point) is
-    complete once its payload's wait() returns: Recv, Sendrecv, Wait and Waitall (polled until
-    the device finished, BusyDevice would hang them). Test asks the device."""
+    complete once its payload's wait() returns: Recv, Sendrecv, Wait, Waitall, Waitany and
+    Waitsome (polled until the device finished, BusyDevice would hang them). Test asks the
+    device."""
     dup, gloo = comm.Dup(), mcr.backends.gloo.BACKEND
     right, left = ring(comm)
     n = gloo.eager_limit // 4 + 3            # past the eager limit: the payload goes on Gloo
@@ -620,7 +621,7 @@ def stream_ordered_receives_are_waited_not_polled(comm):
     sub._pg = busy = BusyDevice(sub.pg)
     gloo.stream_ordered, gloo.p2p_pollable = True, True
     try:
-        outs = [torch.zeros(n) for _ in range(5)]     # outs[k]: the message of seed k
+        outs = [torch.zeros(n) for _ in range(9)]     # outs[k]: the message of seed k
         dup.Sendrecv(rank_data(comm.rank, n, seed=1), right, 1, outs[1], left, 1, backend="gloo")
         req = dup.Irecv(outs[2], left, 2, backend="gloo")
         dup.Send(rank_data(comm.rank, n, seed=2), right, 2, backend="gloo")
@@ -632,9 +633,18 @@ def stream_ordered_receives_are_waited_not_polled(comm):
         for k in (3, 4):
             dup.Send(rank_data(comm.rank, n, seed=k), right, k, backend="gloo")
         mcr.Request.Waitall(reqs)
-        for k in range(1, 5):
+        for first, complete in ((5, lambda: [mcr.Request.Waitany(reqs)]),
+                                (7, lambda: mcr.Request.Waitsome(reqs))):
+            reqs = [dup.Irecv(outs[k], left, k, backend="gloo") for k in (first, first + 1)]
+            for k in (first, first + 1):
+                dup.Send(rank_data(comm.rank, n, seed=k), right, k, backend="gloo")
+            done = []
+            while len(done) < 2:
+                done += complete()
+            assert sorted(done) == [0, 1], done
+        for k in range(1, 9):
             assert_equal(outs[k], rank_data(left, n, seed=k))
-        assert busy.waits == (4 if comm.size > 1 else 0), busy.waits
+        assert busy.waits == (8 if comm.size > 1 else 0), busy.waits
     finally:
         del gloo.stream_ordered, gloo.p2p_pollable
         sub._pg = busy.pg

@@ -1306,14 +1306,15 @@ cdef object completion(int kind, object requests, object st, bint wait):
     cdef _Turn turn = _Turn.__new__(_Turn)
     turn.kind, turn.requests, turn.st, turn.wait = kind, requests, st, wait
     turn.works, turn.plain = split_work(requests)
-    turn.ready = kind == K_ALL and wait and limit == 0
+    turn.ready = wait and limit == 0
     return until_done(requests, turn, wait, limit)
 
 
 cdef int waited_ready(list requests, list indices) except -1:
-    """Waitall, at each turn: wait, without polling, for the works that need
-    no driving (``_Work.wait_ready_works``: a stream-ordered NCCL collective,
-    a receive whose header has matched), as Wait does."""
+    """Waitall, Waitany and Waitsome, at each turn: wait, without polling, for
+    the works that need no driving (``_Work.wait_ready_works``: a
+    stream-ordered NCCL collective, a receive whose header has matched), as
+    Wait does."""
     for i in indices:
         try:
             work_of(requests[i]).wait_ready_works()
@@ -1330,7 +1331,7 @@ cdef class _Turn:
     cdef list requests, works, plain     # all; indices of those with a _Work, of the others
     cdef object st
     cdef bint wait
-    cdef bint ready                      # Waitall with no time limit: waited_ready each turn
+    cdef bint ready                      # a wait with no time limit: waited_ready each turn
     cdef object test                     # the step of a Python test function (see polled)
 
     cdef tuple step(self):
@@ -1365,6 +1366,8 @@ cdef class _Turn:
 
     cdef tuple any_step(self):
         requests, works, plain = self.requests, self.works, self.plain
+        if self.ready:
+            waited_ready(requests, works)
         cdef _Poll poll = _Poll.__new__(_Poll)
         for i in works:
             if poll.test(requests[i]):
@@ -1384,6 +1387,8 @@ cdef class _Turn:
 
     cdef tuple some_step(self):
         requests, works, plain, statuses = self.requests, self.works, self.plain, self.st
+        if self.ready:
+            waited_ready(requests, works)
         cdef _Poll poll = _Poll.__new__(_Poll)
         done = [i for i in works if poll.test(requests[i])]
         sub = [] if statuses is not None else None
