@@ -464,9 +464,9 @@ def stream_case(t, how):
     """DESIGN.md: the communication waits for work queued on the caller's current stream (a long
     kernel, then the write of the send buffer); Wait() makes the caller's current stream wait
     for the result, and on NCCL returns before the device has finished (the host is not held).
-    `how`: blocking, nonblocking, persistent (made before the write), or elsewhere (Iallreduce
+    `how`: blocking, nonblocking, persistent (made before the write), elsewhere (Iallreduce
     waited on another stream while the posting one is kept busy: a copy-back queued on the
-    posting stream would land after the read)."""
+    posting stream would land after the read), or waitany (Iallreduce, Request.Waitany)."""
     n, comm, kw, cuda = t.big, t.comm, t.kw, t.cuda
 
     def on(stream):
@@ -496,7 +496,10 @@ def stream_case(t, how):
             sleep()
     with on(s2 if how == "elsewhere" else s):
         if req is not None:
-            req.Wait()
+            if how == "waitany":
+                type(req).Waitany([req])              # (mcr.Request's class method)
+            else:
+                req.Wait()
             queued = cuda and not s.query()
         if cuda:                  # no host synchronization before this copy
             h = torch.empty(n, pin_memory=True)
@@ -509,7 +512,8 @@ def stream_case(t, how):
     compare(h if cuda else y, ones(n, sum(r + 2 for r in range(t.size))),
             "recvbuf read on the stream current at Wait")
     # NCCL's wait only queues the caller's stream (torchpg.StreamOrdered): the host goes on
-    ensure(not (t.name == "nccl" and busy and how in ("blocking", "nonblocking") and not queued),
+    ensure(not (t.name == "nccl" and busy and how in ("blocking", "nonblocking", "waitany")
+                and not queued),
            "the host waited for the device: the stream was idle when the call returned")
     if cuda and how == "elsewhere" and not late:
         raise Note("the posting stream was idle when the result was read: inconclusive")
@@ -522,7 +526,8 @@ def stream_case(t, how):
 STREAM_CASES = {"blocking": "Allreduce after queued writes",
                 "nonblocking": "Iallreduce after queued writes + Wait",
                 "persistent": "Allreduce_init Start after queued writes",
-                "elsewhere": "Wait orders the stream current at Wait"}
+                "elsewhere": "Wait orders the stream current at Wait",
+                "waitany": "Iallreduce after queued writes + Waitany"}
 
 
 def mixed_cases(tm, tb):
