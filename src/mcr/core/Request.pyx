@@ -665,6 +665,29 @@ cdef int twice(Py_ssize_t i, Py_ssize_t j) except -1:
                      "once (MPI completes it once)")
 
 
+cdef int check_distinct(list requests) except -1:
+    """Refuse an active MPI request passed twice (MPI would complete it once
+    and then wait on its freed handle), before anything is waited for. The
+    null request may repeat, and so may a handle: Open MPI gives every
+    operation with PROC_NULL the same one (the check is by object)."""
+    cdef Py_ssize_t i, j, n = len(requests)
+    cdef dict seen
+    if n <= 16:                             # (a few comparisons cost less than a dict)
+        for j in range(1, n):
+            if (<_MPI.Request>requests[j]).ob_mpi != MPI_REQUEST_NULL:
+                for i in range(j):
+                    if requests[i] is requests[j]:
+                        twice(i, j)
+        return 0
+    seen = {}
+    for j in range(n):
+        if (<_MPI.Request>requests[j]).ob_mpi != MPI_REQUEST_NULL:
+            i = seen.setdefault(id(requests[j]), j)
+            if i != j:
+                twice(i, j)
+    return 0
+
+
 @cython.no_gc             # (holds a list of requests, which never refer back to it)
 @cython.freelist(4)
 cdef class _Handles:
@@ -699,30 +722,6 @@ cdef class _Handles:
         for i in range(self.n):
             self.handles[i] = (<_MPI.Request>requests[i]).ob_mpi
             self.statuses[i] = empty_status
-        if self.n > 1:
-            self.check_distinct()
-
-    cdef int check_distinct(self) except -1:
-        """Refuse a request passed twice (MPI would complete it once and then
-        wait on its freed handle). The null request may repeat, and so may a
-        handle: Open MPI gives every operation with PROC_NULL the same one."""
-        cdef Py_ssize_t i, j
-        cdef dict seen
-        cdef list requests = self.requests
-        if self.n <= 16:                        # (a few comparisons cost less than a dict)
-            for j in range(1, self.n):
-                if self.handles[j] != MPI_REQUEST_NULL:
-                    for i in range(j):
-                        if requests[i] is requests[j]:
-                            twice(i, j)
-            return 0
-        seen = {}
-        for j in range(self.n):
-            if self.handles[j] != MPI_REQUEST_NULL:
-                i = seen.setdefault(id(requests[j]), j)
-                if i != j:
-                    twice(i, j)
-        return 0
 
     def __dealloc__(self):
         if self.handles != self.few_handles:
@@ -1288,6 +1287,8 @@ cdef object completion(int kind, object requests, object st, bint wait):
     if not wait:
         progress_poll()
     requests = as_requests(requests)
+    if len(requests) > 1:
+        check_distinct(requests)
     if kind == K_ANY:
         check_status(st)
     else:
