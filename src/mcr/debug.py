@@ -417,9 +417,9 @@ _ITEMSIZE = {"bool": 1, "uint8": 1, "int8": 1, "uint16": 2, "int16": 2, "uint32"
 _TYPED = re.compile(r"^(\S+) ((\d+)-byte|[a-z]+\d*)(?:\[(\d+)\])?(?= |$)")
 
 
-def _unit(c: Call) -> int | None:
-    """The bytes of one element of the call's description, or None (no type)."""
-    m = _TYPED.match(c.desc)
+def _unit(m: re.Match[str] | None) -> int | None:
+    """The bytes of one element of a description's type (`m`: its _TYPED
+    match), or None (no type)."""
     if m is None:
         return None
     return int(m[3]) if m[3] else _ITEMSIZE.get(m[2])
@@ -440,7 +440,7 @@ def _same_call(c: Call, in_bytes: bool = False) -> tuple[str, str, str, int]:
     (where some rank moves a datatype mcr does not name)."""
     desc = _MOVES.sub("", c.desc)
     m = _TYPED.match(desc)
-    unit = _unit(c)
+    unit = _unit(m)
     if in_bytes and m is not None and unit is not None:
         size = f"{int(m[4]) * unit} bytes" if m[4] else "bytes"
         desc = f"{m[1]} {size}{desc[m.end():]}"
@@ -455,14 +455,15 @@ def _moves_add_up(at: Sequence[RankAt]) -> str:
     calls = [a.call for a in at if a.call is not None]
     if len(calls) < len(at):
         return ""
-    units = {_unit(c) for c in calls if _MOVES.search(c.desc)}
+    units = {_unit(_TYPED.match(c.desc)) for c in calls if _MOVES.search(c.desc)}
     in_bytes = len(units) > 1 and None not in units
     sent = received = 0
     counted = False
     for c in calls:
+        unit = (_unit(_TYPED.match(c.desc)) or 1) if in_bytes else 1
         for way, count in _MOVES.findall(c.desc):
             counted = True
-            n = int(count) * (_unit(c) or 1 if in_bytes else 1)
+            n = int(count) * unit
             if way == "send":
                 sent += n
             else:
