@@ -84,10 +84,20 @@ def dist_graph(size):
                                 for r in range(size)])
 
 
+def chain_with_proc_null(size):
+    """A dist graph of a chain, its ends' missing neighbours given as PROC_NULL (which
+    crashes Open MPI's own neighborhood collectives), the sources in another order."""
+    def rank(r):
+        return r if 0 <= r < size else M4.PROC_NULL
+    return graph("dist graph with PROC_NULL", [[rank(r - 1), rank(r + 1)] for r in range(size)],
+                 [[M4.PROC_NULL, rank(r + 1), rank(r - 1)] for r in range(size)])
+
+
 def topologies(size):
     out = [cartesian([size], [True]), cartesian([size], [False]),
            cartesian([size, 1], [True, True])]
-    return out + ([cartesian([2, 2], [True, False])] if size == 4 else []) + [dist_graph(size)]
+    return out + ([cartesian([2, 2], [True, False])] if size == 4 else []) + [
+        dist_graph(size), chain_with_proc_null(size)]
 
 
 # -- Data -------------------------------------------------------------------------------

@@ -36,6 +36,13 @@
 # every form gives MPI 4.0's result on every backend; Neighbor_alltoallw's
 # (derived datatypes, MPI only) are one MPI alltoallw in that order instead
 # (_nb_alltoallw_in_order).
+#
+# A graph whose neighbours include MPI_PROC_NULL (as at the border of a
+# Cartesian grid: Open MPI makes such graphs, and the MPI Forum means to allow
+# them, mpi-issues #87) crashes Open MPI's neighborhood collectives (5.0: a
+# receive posted from PROC_NULL). Every form runs composed on MPI there
+# (alltoallw: in order, as above), and a PROC_NULL neighbour's block is left
+# as it was, as on a grid's border.
 
 cdef enum:
     NB_ALLGATHER
@@ -130,8 +137,9 @@ cdef object nb_run(Comm comm, int kind, int form, object sendbuf, object recvbuf
     sub = comm.sub(backend)
     if sub is AUTO_SUB:
         sub = None
-    if sub is None and form != BLOCKING and (kind == NB_ALLTOALL or kind == NB_ALLTOALLV) \
-            and nb_plan(comm)[6]:
+    cdef tuple plan = nb_plan(comm)
+    if sub is None and kind != NB_ALLTOALLW and (plan[7] or plan[6] and form != BLOCKING
+                                                 and kind >= NB_ALLTOALL):
         sub = MPI_SUB                   # see above: composed on MPI
     if sub is not None:
         if kind == NB_ALLTOALLW:
@@ -147,14 +155,13 @@ cdef object nb_run(Comm comm, int kind, int form, object sendbuf, object recvbuf
             return comm.posted(name, _nb_composed, args, where)
         return comm.initialized(name, _nb_composed, args, where)
     fn = NB_MPI4PY[form][kind]
-    if kind == NB_ALLTOALLW and form != BLOCKING and nb_plan(comm)[6]:
-        fn = _nb_alltoallw_in_order     # see above: Open MPI's would take the old order
-    cdef tuple plan
+    if kind == NB_ALLTOALLW and (plan[7] or plan[6] and form != BLOCKING):
+        # see above: Open MPI's would take the old order, or crash
+        fn = _nb_alltoallw_waited if form == BLOCKING else _nb_alltoallw_in_order
     cdef _Call m = None
     if kind != NB_ALLTOALLW:
         # mcr's checks first, as on the other backends (mpi4py would leave
         # some to MPI), and mcr's [buf, counts, displs] in mpi4py's form
-        plan = nb_plan(comm)
         m = nb_msg(kind, sendbuf, recvbuf, len(plan[1]), len(plan[2]))
         if kind == NB_ALLTOALLV:
             sendbuf = nb_vector_form(sendbuf)
@@ -248,6 +255,12 @@ def _nb_alltoallw_in_order(comm, sendbuf, recvbuf, info=None):
     if made:
         (<_MPI.Request>q).ob_buf = ((<_MPI.Request>q).ob_buf, _NbTypes(made))
     return q
+
+
+def _nb_alltoallw_waited(comm, sendbuf, recvbuf):
+    """_nb_alltoallw_in_order, waited: Neighbor_alltoallw on a graph with
+    MPI_PROC_NULL neighbours."""
+    (<_MPI.Request>_nb_alltoallw_in_order(comm, sendbuf, recvbuf)).Wait()
 
 
 cdef tuple nb_w_side(object spec, int degree, str arg):
@@ -520,7 +533,8 @@ cdef int per_neighbour(side *x, int n, const char *arg) except -1:
 cdef tuple nb_plan(Comm comm):
     """(size, sources, destinations, round of each destination's block,
     round of each source's slot, rounds, whether Open MPI's non-blocking
-    alltoall would take the wrong order: see above), worked out once per
+    alltoall would take the wrong order: see above, whether a graph's
+    neighbours include MPI_PROC_NULL: see above), worked out once per
     communicator, without communicating (a distributed graph's rounds: -1 -
     this process's own, until nb_agreed)."""
     if comm.nbplan is not None:
@@ -550,11 +564,12 @@ cdef tuple nb_plan(Comm comm):
         index, edges = _MPI.Graphcomm.Get_topo(comm)
         for i in range(len(index)):
             mine = edges[index[i - 1] if i else 0:index[i]]
-            rounds = max([rounds] + [mine.count(j) for j in set(mine)])
+            rounds = max([rounds] + [mine.count(j) for j in set(mine) if j != MPI_PROC_NULL])
     elif topology == _mpi4py.DIST_GRAPH:
         rounds = -1 - rounds            # nb_agreed: the processes agree on it first
     comm.nbplan = (size, sources, dests, sround, rround, rounds,
-                   topology == _mpi4py.CART and rounds > 1)
+                   topology == _mpi4py.CART and rounds > 1,
+                   topology != _mpi4py.CART and MPI_PROC_NULL in sources + dests)
     return comm.nbplan
 
 
