@@ -361,7 +361,7 @@ def gloo_rejects_derived_datatypes_and_user_ops(comm, found):
     calls = {  # the argument the TypeError names: (method, args)
         "buf": [("Bcast", ([x, pair], 0)), ("Ibcast", ([f[:3], 1, strided], 0)),
                 ("Bcast_init", ([x, one], 0)), ("Send", ([x, 1, pair], right, 0)),
-                ("Irecv", ([x, pair], left, 0))],
+                ("Irecv", ([x, pair], left, 0)), ("Bcast", ([x, 32, MPI.BYTE], 0))],
         # long double: torch has no such type, so only MPI reduces it
         "sendbuf": [("Allgather", ([x, one], g)), ("Allreduce", (ld, ld.copy())),
                     ("Ireduce", (ld, ld.copy(), mcr.MAX, 0)), ("Scan", (ld, ld.copy())),
@@ -375,7 +375,8 @@ def gloo_rejects_derived_datatypes_and_user_ops(comm, found):
     for arg, method, args in ((a, m, args) for a, group in calls.items() for m, args in group):
         exc = raised(getattr(comm, method), *args, backend=GLOO)
         with found.check(f"{method} ({arg})"):
-            assert isinstance(exc, TypeError) and str(exc).startswith(f"{arg}:"), repr(exc)
+            assert isinstance(exc, TypeError) and str(exc).startswith(f"{arg}:") \
+                and "'mpi'" in str(exc), repr(exc)
     for handle in (pair, one, strided, user_op):
         handle.Free()
     allreduce_works(comm, found, torch.float64, "PROD")
@@ -386,6 +387,11 @@ def gloo_rejects_derived_datatypes_and_user_ops(comm, found):
         total = np.zeros(3, dtype=np.longdouble)
         comm.Allreduce(ld, total, backend="mpi")
         assert (total == comm.size).all(), total
+    with found.check("MPI.WCHAR and typecode 'U' move as their bytes"):
+        for spec in ("U", MPI.WCHAR):
+            got = np.zeros(4 * comm.size, "U1")
+            comm.Allgather([np.array(list("mcr\u20ac"), "U1"), spec], [got, spec], backend=GLOO)
+            assert "".join(got) == "mcr\u20ac" * comm.size, got
     for code in ("f2", "e", "i2", "u8", "c8", "b1"):      # numpy's typecodes as struct's
         with found.check(f"typecode {code!r} is an element type"):
             got = np.zeros(3 * comm.size, dtype=code)

@@ -141,7 +141,9 @@ class Subcomm:
                 raise err
             if x.tname is None:
                 raise TypeError(f"{arg}: backend {self.name!r} moves the element types of "
-                                "torch tensors only, not derived MPI datatypes")
+                                "torch tensors only, not MPI datatypes that are none (derived "
+                                "ones, MPI.BYTE, MPI.AINT, pairs such as MPI.FLOAT_INT); "
+                                "use backend='mpi'")
         return x
 
     def check(self, msg: Any, args: Sequence[object], one_buffer: bool) -> None:

@@ -2,6 +2,7 @@
 # dtypes, MPI datatypes and the allowed reduction ops are all derived.
 
 from libc.limits cimport CHAR_MIN
+from libc.stddef cimport wchar_t
 
 cdef enum:
     CAT_BOOL = 1
@@ -115,6 +116,10 @@ cdef void init_type_table() noexcept:
     for i in range(21):
         if aliases[i] != MPI_DATATYPE_NULL:
             HANDLE_TO_TYPE.setdefault(handle_key(aliases[i]), alias_types[i])
+    # MPI_WCHAR (mpi4py's typecode "U"), C's wchar_t: its bytes, as format "w" moves
+    if MPI_WCHAR != MPI_DATATYPE_NULL and sizeof(wchar_t) in (2, 4):
+        HANDLE_TO_TYPE.setdefault(handle_key(MPI_WCHAR),
+                                  T_UINT32 if sizeof(wchar_t) == 4 else T_UINT16)
 
 
 cdef int bind_torch_dtypes(object torch) except -1:
