@@ -523,8 +523,11 @@ def aliased_buffers_and_null_communicators(comm):
     mine, counts = w[3 * r:3 * r + 3], [3] * comm.size
     check(comm, ValueError, [
         ("sendbuf and recvbuf overlap|IN_PLACE as sendbuf", comm.Allreduce, x, x),
-        ("overlap", comm.Allreduce, big[:4], big[2:6]),
-        ("overlap", comm.Sendrecv, x, dst, 0, x, src, 0),
+        ("overlap|sendbuf's 16 bytes, recvbuf's 16, recvbuf starting 8 bytes after sendbuf",
+         comm.Allreduce, big[:4], big[2:6]),
+        ("overlap|recvbuf starting 8 bytes before", comm.Allreduce, big[2:6], big[:4]),
+        ("overlap|Sendrecv_replace sends a buffer and receives into it", comm.Sendrecv, x, dst,
+         0, x, src, 0),
         # every collective with a send and a receive buffer (Open MPI runs some, and an
         # Alltoall computes garbage; MPICH refuses them)
         ("overlap|IN_PLACE as sendbuf", comm.Allgather, mine, w),

@@ -532,7 +532,8 @@ cdef inline int check_apart(side *s, side *r, int s_blocks, int r_blocks, bint v
     """MPI forbids send and receive buffers that share memory (MPICH refuses
     them, Open MPI may compute garbage): name the fix instead. A side spans
     blocks of its count, or with v its vector blocks; in_place names the
-    side that takes IN_PLACE (NULL: none can). Sides of derived datatypes,
+    side that takes IN_PLACE (NULL: none can; "Sendrecv_replace": the method
+    that sends a buffer and receives into it). Sides of derived datatypes,
     whose elements may interleave without touching, are MPI's to judge."""
     if s.addr + s.nelems * s.extent <= r.addr or r.addr + r.nelems * r.extent <= s.addr:
         return 0                          # the whole buffers apart: the common case
@@ -546,10 +547,17 @@ cdef int check_spans_apart(side *s, side *r, int s_blocks, int r_blocks, bint v,
     cdef char *s_end = s.addr + blocks_end(s, s_blocks, v) * s.extent
     cdef char *r_end = r.addr + blocks_end(r, r_blocks, v) * r.extent
     if s.addr < r_end and r.addr < s_end and s_end > s.addr and r_end > r.addr:
+        off = r.addr - s.addr
+        where = (f"sendbuf and recvbuf overlap in memory (sendbuf's {s_end - s.addr} bytes, "
+                 f"recvbuf's {r_end - r.addr}, recvbuf starting {abs(off)} bytes "
+                 f"{'after' if off >= 0 else 'before'} sendbuf)")
         if in_place == NULL:
-            raise ValueError("sendbuf and recvbuf overlap in memory, which MPI forbids")
-        raise ValueError(f"sendbuf and recvbuf overlap in memory; for an in-place "
-                         f"operation pass IN_PLACE as {argstr(in_place)}")
+            raise ValueError(f"{where}, which MPI forbids")
+        if argstr(in_place) == "Sendrecv_replace":
+            raise ValueError(f"{where}, which MPI forbids; Sendrecv_replace sends a buffer "
+                             "and receives into it")
+        raise ValueError(f"{where}; for an in-place operation pass IN_PLACE as "
+                         f"{argstr(in_place)}")
     return 0
 
 

@@ -81,7 +81,7 @@ cdef int parse_sendrecv(Comm comm, _Call c) except -1:
         c.sown = parse_simple(c.sendbuf, &c.s, False, b"sendbuf")
     c.rown = parse_simple(c.recvbuf, &c.r, True, b"buf" if replace else b"recvbuf")
     if not replace:
-        check_disjoint(&c.s, &c.r)
+        check_apart(&c.s, &c.r, 1, 1, False, b"Sendrecv_replace")
     if c.form == BLOCKING:
         check_status(c.status)
     return 0
