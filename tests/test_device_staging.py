@@ -360,6 +360,33 @@ def staged_persistent_requests_land_at_each_completion(comm):
                 r.Free()
 
 
+@case
+def a_refused_start_leaves_the_running_operations_staged_data(comm):
+    """Start on a staged native request still running is refused before its buffers are
+    copied in again: the running Allreduce (in place, 2 MiB: read late, at the peer's match)
+    sums the data of its own start, not the caller's newer data."""
+    n, rank, f64 = 1 << 18, comm.rank, torch.float64
+    peer = comm.Dup()
+    with staging(True), emulation(False):
+        summed = rank_data(rank, n, f64, 70)
+        req = comm.Allreduce_init(mcr.IN_PLACE, summed)
+        if rank == 0:
+            req.Start()
+            summed.copy_(rank_data(rank, n, f64, 71))
+            with pytest.raises(ValueError, match="request: still active"):
+                req.Start()
+            if comm.size > 1:
+                peer.Send(torch.ones(1), 1, 9)      # the others start only now
+        else:
+            if rank == 1:
+                peer.Recv(torch.zeros(1), 0, 9)
+            req.Start()
+        req.Wait()
+        assert_equal(summed, total(n, f64, 70, range(comm.size)))
+        req.Free()
+    peer.Free()
+
+
 # -- staging must not change what the caller observes ------------------------------------------
 @case.matrix(staged=MODES)
 def a_receive_changes_nothing_outside_its_message(comm, staged):

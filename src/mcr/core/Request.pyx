@@ -1506,6 +1506,7 @@ cdef class Prequest(Request):
     cdef int start(self, Py_ssize_t index) except -1:
         """Start; `index`: the request's position in Startall's list (-1: Start)."""
         cdef int ierr
+        cdef bint staged
         if self.comm is not None and (<_MPI.Comm>self.comm).ob_mpi == MPI_COMM_NULL:
             # Open MPI crashes starting a persistent collective on a freed comm
             raise ValueError(f"{request_name(index)}: its communicator was freed; free "
@@ -1515,11 +1516,18 @@ cdef class Prequest(Request):
         if self.start_fn is None:
             if self.ob_mpi == MPI_REQUEST_NULL:
                 raise ValueError(f"{request_name(index)}: it was freed (or never created)")
-            if type(self.ob_buf) is _Call and (<_Call>self.ob_buf).staged is not None:
+            staged = type(self.ob_buf) is _Call and (<_Call>self.ob_buf).staged is not None
+            if staged:
+                # (MPI would refuse the start only after the copy in had
+                # overwritten what the running operation reads)
+                if (<_Call>self.ob_buf).live:
+                    raise still_active(index)
                 restage(<_Call>self.ob_buf)
             with nogil:
                 ierr = MPI_Start(&self.ob_mpi)
             if ierr != MPI_SUCCESS:
+                if staged:
+                    (<_Call>self.ob_buf).live = False
                 start_failed(ierr, index)
             if self.obs is not None:
                 restart_all(self.obs)
@@ -1591,7 +1599,7 @@ cdef class Prequest(Request):
             if not req:
                 raise ValueError(f"requests[{i}]: it was freed (or never created)")
             if req.start_fn is not None and (req.ob_mpi != MPI_REQUEST_NULL or (
-                    req.ext is not None)):
+                    req.ext is not None)) or staged_running(req):
                 raise still_active(i)
             if req.comm is not None and (<_MPI.Comm>req.comm).ob_mpi == MPI_COMM_NULL:
                 raise ValueError(f"requests[{i}]: its communicator was freed")
@@ -1633,6 +1641,12 @@ cdef Prequest emulated_prequest(object comm, object start, object keep):
 
 cdef str request_name(Py_ssize_t index):
     return "request" if index < 0 else f"requests[{index}]"
+
+
+cdef inline bint staged_running(Prequest req):
+    """Whether `req` is native with staged buffers, started and not complete."""
+    return type(req.ob_buf) is _Call and (<_Call>req.ob_buf).staged is not None \
+        and (<_Call>req.ob_buf).live
 
 
 cdef object still_active(Py_ssize_t index):
