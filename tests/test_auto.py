@@ -220,26 +220,40 @@ def ranks_with_different_tables_are_refused(comm):
             assert_comm_works(c)           # MPI, explicitly, still works
 
 
+def broken_tables():
+    """{name: (the file's bytes, what the error says)}: a field of the wrong kind, a file that
+    is no text, a size beyond the core's bounds, a backend for memory it does not serve."""
+    def edited(entry, **fields):
+        data = routing_table().to_json()
+        data["entries"][entry].update(fields)
+        return json.dumps(data).encode()
+    return {"field": (edited(2, bytes="sixty-four"), ("entries[2].bytes", "expected int, got str")),
+            "binary": (b"\xff\xfe{" * 8, ("not UTF-8 text",)),
+            "huge": (edited(2, bytes=2**70), ("entries[2].bytes", "2**62")),
+            "device": (edited(0, backend="nccl", latency_us={"nccl": 1.0}),
+                       ("Barrier on cpu: backend 'nccl' serves cuda buffers only",))}
+
+
 @case
 def unusable_table_on_one_rank_raises_everywhere(comm):
     last = comm.size - 1
     with shared_dir(comm) as folder:
-        good, bad = os.path.join(folder, "good.json"), os.path.join(folder, "bad.json")
-        if comm.rank == 0:
-            data = routing_table().to_json()
-            data["entries"][2]["bytes"] = "sixty-four"
-            with open(bad, "w") as f:
-                json.dump(data, f)
+        good = os.path.join(folder, "good.json")
         save_table(comm, good)
-        # the last rank alone has the broken table: the others must not wait for it
-        with environ(MCR_TUNING=bad if comm.rank == last else good), dup(comm) as c:
-            with raises(tuning.TuningError, f"rank {last}: {bad}", "entries[2].bytes",
-                        "expected int, got str"):
-                c.Allreduce(torch.ones(4), torch.zeros(4), backend="auto")
-            if comm.rank == last:        # locally, choose says why
-                with raises(tuning.TuningError, bad, "entries[2].bytes"):
-                    c.choose("Allreduce", 4)
-            assert_comm_works(c)
+        for name, (content, fragments) in broken_tables().items():
+            bad = os.path.join(folder, name + ".json")
+            if comm.rank == 0:
+                with open(bad, "wb") as f:
+                    f.write(content)
+            comm.Barrier()
+            # the last rank alone has the broken table: the others must not wait for it
+            with environ(MCR_TUNING=bad if comm.rank == last else good), dup(comm) as c:
+                with raises(tuning.TuningError, f"rank {last}: {bad}", *fragments):
+                    c.Allreduce(torch.ones(4), torch.zeros(4), backend="auto")
+                if comm.rank == last:        # locally, choose says why
+                    with raises(tuning.TuningError, bad, *fragments):
+                        c.choose("Allreduce", 4)
+                assert_comm_works(c)
 
 
 test_mpi = mpi_cases(__name__, timeout=240)
@@ -294,6 +308,9 @@ def test_one_backend_for_ops_whose_sizes_differ_across_ranks():
     (lambda d: d["entries"][1].update(device="gpu"), ("entries[1].device", "'gpu'")),
     (lambda d: d["entries"][1].update(bytes=-1), ("entries[1].bytes", "-1")),
     (lambda d: d["entries"][1].update(bytes=True), ("entries[1].bytes", "bool")),
+    (lambda d: d["entries"][1].update(bytes=2**62), ("entries[1].bytes", "2**62 - 1")),
+    (lambda d: d.update(version=True), ("version", "version True")),
+    (lambda d: d.update(version=1.0), ("version", "version 1.0")),
     (lambda d: d["entries"][0]["latency_us"].update(gloo="fast"),
      ("entries[0].latency_us.gloo", "'fast'")),
     (lambda d: d["entries"][0].update(backend="nccl"), ("entries[0].backend", "'nccl'")),
@@ -315,6 +332,12 @@ def test_unreadable_tables(tmp_path):
         tuning.Table.load(str(path))
     with raises(tuning.TuningError, "cannot read"):
         tuning.Table.load(str(tmp_path / "missing.json"))
+    path.write_bytes(b"\x89PNG\r\n")
+    with raises(tuning.TuningError, str(path), "not UTF-8 text (byte 0x89 at offset 0)"):
+        tuning.Table.load(str(path))
+    path.write_text("[" * 100_000)
+    with raises(tuning.TuningError, str(path), "nested too deeply"):
+        tuning.Table.load(str(path))
 
 
 def test_resolve_order(tmp_path, monkeypatch):
@@ -333,4 +356,7 @@ def test_resolve_order(tmp_path, monkeypatch):
     assert tuning.resolve(2)[1] == str(named)
     monkeypatch.setenv("MCR_TUNING", str(tmp_path / "nope.json"))
     with pytest.raises(tuning.TuningError, match="MCR_TUNING.*no such file"):
+        tuning.resolve(2)
+    monkeypatch.setenv("MCR_TUNING", str(tmp_path))
+    with pytest.raises(tuning.TuningError, match="MCR_TUNING.*a folder, not a table file"):
         tuning.resolve(2)

@@ -47,6 +47,7 @@ __all__ = ["FORMAT", "VERSION", "OPS", "FIXED_OPS", "DEVICES", "TuningError", "E
 
 FORMAT = "mcr-tuning"
 VERSION = 1
+MAX_BYTES = 1 << 62         # sizes above the core's 64-bit bounds are no message's
 # the collectives auto chooses a backend for, in mcr's call order
 OPS: tuple[str, ...] = (
     "Barrier", "Bcast", "Gather", "Gatherv", "Scatter", "Scatterv", "Allgather",
@@ -190,6 +191,11 @@ class Table:
         except json.JSONDecodeError as exc:
             raise TuningError(f"{path}: not JSON (line {exc.lineno}, column {exc.colno}: "
                               f"{exc.msg})") from None
+        except UnicodeDecodeError as exc:
+            raise TuningError(f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at "
+                              f"offset {exc.start}): not a tuning table") from None
+        except RecursionError:
+            raise TuningError(f"{path}: JSON nested too deeply: not a tuning table") from None
         return cls.from_json(data, path)
 
     @classmethod
@@ -202,7 +208,7 @@ class Table:
             raise fail("top level", f"expected an object, got {type(data).__name__}")
         if data.get("format") != FORMAT:
             raise fail("format", f"expected {FORMAT!r}, got {data.get('format')!r}")
-        if data.get("version") != VERSION:
+        if type(data.get("version")) is not int or data.get("version") != VERSION:
             raise fail("version", f"this mcr reads version {VERSION}, the file is version "
                        f"{data.get('version')!r} (run python -m mcr.tune again)")
         machine = data.get("machine", {})
@@ -226,8 +232,9 @@ class Table:
                 raise fail(f"{where}.device", f"expected one of {', '.join(DEVICES)}, got "
                            f"{device!r}")
             nbytes = _field(item, "bytes", int, where, fail)
-            if nbytes < 0:
-                raise fail(f"{where}.bytes", f"expected a size >= 0, got {nbytes}")
+            if not 0 <= nbytes < MAX_BYTES:
+                raise fail(f"{where}.bytes", f"expected a size from 0 to 2**62 - 1, got "
+                           f"{nbytes}")
             latency = _field(item, "latency_us", dict, where, fail)
             if not latency:
                 raise fail(f"{where}.latency_us", "no backend measured")
@@ -306,6 +313,8 @@ def resolve(size: int) -> tuple[Table | None, str]:
     """
     named = os.environ.get("MCR_TUNING")
     if named:
+        if os.path.isdir(named):
+            raise TuningError(f"MCR_TUNING: {named}: a folder, not a table file")
         if not os.path.isfile(named):
             raise TuningError(f"MCR_TUNING: {named}: no such file")
         return Table.load(named), named

@@ -79,12 +79,17 @@ cdef class _Chooser:
                 raise tuning.TuningError(f"{self.source}: {opname} on {device}: "
                                          f"{len(ranges)} size ranges, at most {AUTO_RANGES}")
             for i, (upper, name) in enumerate(ranges):
-                if name not in names:
+                if name != "mpi":
                     try:
-                        backends_module().check_name(name)
+                        served = backends_module().get(name).devices
                     except ValueError as exc:
                         raise tuning.TuningError(f"{self.source}: {opname} on {device}: "
                                                  f"{exc}") from None
+                    if device not in served:
+                        raise tuning.TuningError(
+                            f"{self.source}: {opname} on {device}: backend {name!r} serves "
+                            f"{' and '.join(sorted(served))} buffers only")
+                if name not in names:
                     names.append(name)
                 self.bound[op][dev][i] = LLONG_MAX if upper is None else upper
                 self.pick[op][dev][i] = names.index(name)
@@ -113,6 +118,10 @@ cdef _Chooser load_chooser(object comm):
         ch.fill()
     except tuning.TuningError as exc:
         ch.error = exc
+    except Exception as exc:    # kept as well: every rank must reach the agreement
+        ch.error = tuning.TuningError(
+            f"{ch.source if ch.table is not None else 'MCR_TUNING or the cached table'}: "
+            f"cannot use the tuning table: {type(exc).__name__}: {exc}")
     comm.Set_attr(auto_keyval(), ch)
     return ch
 
