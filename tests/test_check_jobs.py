@@ -312,7 +312,9 @@ def test_requests_left_pending_at_exit_end_quietly(tmp_path):
 
 @pytest.mark.parametrize("name, value, error", [
     ("MCR_TIMEOUT", "soon", "MCR_TIMEOUT: expected a number of seconds > 0, got 'soon'"),
-    ("MCR_CHECK", "maybe", "MCR_CHECK: expected 1 (on) or 0 (off), got 'maybe'")])
+    ("MCR_CHECK", "maybe", "MCR_CHECK: expected 1 (on) or 0 (off), got 'maybe'"),
+    ("MCR_FLIGHT_KEEP", "abc", "MCR_FLIGHT_KEEP: expected a whole number >= 1, got 'abc'"),
+    ("MCR_FLIGHT_KEEP", "0", "MCR_FLIGHT_KEEP: expected a whole number >= 1, got '0'")])
 def test_bad_environment_values_are_refused(tmp_path, name, value, error):
     code, out, _ = _run(tmp_path, 1, "", **{name: value})        # (HEAD makes COMM_WORLD)
     assert code != 0 and error in out, out

@@ -156,6 +156,15 @@ def test_mcr_cuda_aware_overrides_the_library(monkeypatch, value, expected):
     assert device.mpi_cuda_aware() is expected
 
 
+@pytest.mark.parametrize("value", ["flase", "2", "aware"])
+def test_mcr_cuda_aware_refuses_what_it_does_not_know(monkeypatch, value):
+    """A typo must not hand device pointers to an MPI library that cannot read them."""
+    monkeypatch.setenv("MCR_CUDA_AWARE", value)
+    with pytest.raises(ValueError, match=f"MCR_CUDA_AWARE: expected 1 .on. or 0 .off., got "
+                                         f"'{value}'"):
+        device.mpi_cuda_aware()
+
+
 def python(code, **env):
     """The output of `code` run by a fresh Python, outside the MPI job."""
     env.update({k: v for k, v in os.environ.items()

@@ -1,12 +1,14 @@
-"""mcr's on/off environment variables (``MCR_CHECK``): one reading, for the core and for
-:mod:`mcr._transports`, which runs before the core loads. Imports nothing of mcr's."""
+"""mcr's environment variables of a kind (on/off as ``MCR_CHECK``, seconds as
+``MCR_TIMEOUT``, counts as ``MCR_FLIGHT_KEEP``): one reading each, for the core, the backends
+and :mod:`mcr._transports`, which runs before the core loads. A bad value raises ValueError
+naming the variable. Imports nothing of mcr's."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
 
-__all__ = ["flag"]
+__all__ = ["count", "flag", "seconds"]
 
 
 def flag(name: str, environ: Mapping[str, str] | None = None) -> bool:
@@ -17,3 +19,31 @@ def flag(name: str, environ: Mapping[str, str] | None = None) -> bool:
     if value in ("1", "yes", "true", "on"):
         return True
     raise ValueError(f"{name}: expected 1 (on) or 0 (off), got {value!r}")
+
+
+def seconds(name: str, environ: Mapping[str, str] | None = None) -> float:
+    """The seconds of variable `name` (a number > 0); 0 when unset."""
+    value = (os.environ if environ is None else environ).get(name, "").strip()
+    if not value:
+        return 0.0
+    try:
+        out = float(value)
+    except ValueError:
+        out = -1.0
+    if not 0 < out < float("inf"):
+        raise ValueError(f"{name}: expected a number of seconds > 0, got {value!r}")
+    return out
+
+
+def count(name: str, default: int, environ: Mapping[str, str] | None = None) -> int:
+    """The count of variable `name` (an integer >= 1); `default` when unset."""
+    value = (os.environ if environ is None else environ).get(name, "").strip()
+    if not value:
+        return default
+    try:
+        out = int(value)
+    except ValueError:
+        out = 0
+    if out < 1:
+        raise ValueError(f"{name}: expected a whole number >= 1, got {value!r}")
+    return out

@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from ._env import flag
+
 __all__ = ["interface", "mpi_cuda_aware", "byte_region", "HostInterface", "CudaInterface"]
 
 
@@ -101,9 +103,8 @@ class CudaInterface:
 def mpi_cuda_aware() -> bool:
     """Whether MPI is given CUDA memory directly: ``$MCR_CUDA_AWARE`` if set,
     else what the MPI library reports (unknown counts as not aware)."""
-    value = os.environ.get("MCR_CUDA_AWARE")
-    if value is not None and value.strip():
-        return value.strip().lower() not in ("0", "no", "false", "off")
+    if os.environ.get("MCR_CUDA_AWARE", "").strip():
+        return flag("MCR_CUDA_AWARE")      # (a value it does not know raises ValueError)
     from mpi4py import MPI  # noqa: F401 - first: it loads the libmpi _core links to
 
     from mcr import _core

@@ -29,7 +29,7 @@ from zlib import crc32 as _crc32
 
 
 from mcr import errors as _errors
-from mcr._env import flag as _env_flag
+from mcr._env import count as _env_count, flag as _env_flag, seconds as _env_seconds
 
 cdef enum:
     FP_INTS = 19
@@ -114,24 +114,10 @@ cdef long long reshape_id(Comm comm, _Call c, Py_ssize_t i):
     return key
 
 
-def _env_seconds(str name):
-    """Seconds from the environment variable `name`; 0 when unset."""
-    value = _os.environ.get(name, "").strip()
-    if not value:
-        return 0.0
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = -1.0
-    if not 0 < seconds < float("inf"):
-        raise ValueError(f"{name}: expected a number of seconds > 0, got {value!r}")
-    return seconds
-
-
 cdef bint ENV_CHECK = _env_flag("MCR_CHECK")
 cdef double ENV_TIMEOUT = _env_seconds("MCR_TIMEOUT")
 cdef object FLIGHT_DIR = _os.environ.get("MCR_FLIGHT_RECORDER") or None
-cdef Py_ssize_t FLIGHT_KEEP = int(_os.environ.get("MCR_FLIGHT_KEEP") or 1000)
+cdef Py_ssize_t FLIGHT_KEEP = _env_count("MCR_FLIGHT_KEEP", 1000)
 cdef bint recorder_on = FLIGHT_DIR is not None
 
 
@@ -893,7 +879,7 @@ cdef _Pend kept_pend(_Pend p, _Watch w):
     pending_recs[id(p)] = p
     if recorder_on:
         if recent_recs is None:
-            recent_recs = _deque(maxlen=max(FLIGHT_KEEP, 1))
+            recent_recs = _deque(maxlen=FLIGHT_KEEP)
             _atexit.register(_flight_exit)
         recent_recs.append(p)
         recorded_watches[p.comm] = w
