@@ -10,6 +10,7 @@ messages: tests/test_p2p_buf.py; request sets: test_backend_mixing.
 
 import contextlib
 import functools
+import os
 import re
 import socket
 import subprocess
@@ -27,7 +28,7 @@ from mcr import MPI, launch
 from mpiharness import case, mpi_cases, mpi_env
 from opmatrix import Findings
 from opref import OPS, data, expect, operands, reduce_ref, sentinel
-from util import assert_truncated, ring, status_of
+from util import assert_truncated, raises, ring, status_of
 
 GLOO = "gloo"
 BACKENDS = ("mpi", GLOO)
@@ -421,6 +422,38 @@ def bad_first_call_on_a_new_communicator_raises_alone(comm, found):
         comm.bcast(None, root=0)
     with found.check("Barrier on the new communicator"):
         fresh.Barrier(backend=GLOO)
+    fresh.Free()
+
+
+@case
+def store_variables_one_process_lacks_raise_everywhere(comm):
+    """MCR_STORE_HOST set on the last process only (mpiexec -x forgotten), or an
+    MCR_BACKEND_TIMEOUT it cannot use: every process raises ValueError naming the variable at the
+    set-up (the others waited for a store that process did not make); then Gloo works."""
+    last = comm.size - 1
+    for name, value, fragments in [
+            ("MCR_STORE_HOST", "127.0.0.1", ["MCR_STORE_HOST differs", "rank 0: (unset)",
+                                             f"rank {last}: 127.0.0.1", "mpiexec -x"]),
+            ("MCR_BACKEND_TIMEOUT", "abc", [f"rank {last} (", "MCR_BACKEND_TIMEOUT: expected a "
+                                            "number of seconds > 0, got 'abc'"])]:
+        if comm.size == 1 and name == "MCR_STORE_HOST":
+            continue
+        fresh = comm.Dup()
+        saved = os.environ.pop(name, None)
+        if comm.rank == last:
+            os.environ[name] = value
+        try:
+            with raises(ValueError, *fragments):
+                fresh.Allreduce(mcr.IN_PLACE, torch.ones(2), backend=GLOO)
+        finally:
+            os.environ.pop(name, None)
+            if saved is not None:
+                os.environ[name] = saved
+        fresh.Free()
+    fresh = comm.Dup()
+    x = torch.ones(2)
+    fresh.Allreduce(mcr.IN_PLACE, x, backend=GLOO)
+    assert x.tolist() == [float(comm.size)] * 2, x
     fresh.Free()
 
 

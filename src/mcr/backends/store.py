@@ -24,6 +24,8 @@ import socket
 import tempfile
 from typing import Any
 
+from .._env import seconds
+
 __all__ = ["c10d", "rendezvous", "timeout"]
 
 _made: list[str] = []   # store files this process made, removed at exit if still there
@@ -38,20 +40,32 @@ def c10d() -> Any:
 
 def timeout() -> datetime.timedelta:
     """How long backend operations may take before they fail
-    (``MCR_BACKEND_TIMEOUT`` seconds, default 600)."""
-    return datetime.timedelta(seconds=float(os.environ.get("MCR_BACKEND_TIMEOUT", 600)))
+    (``MCR_BACKEND_TIMEOUT`` seconds, default 600; ValueError naming it for a
+    value that is no number of seconds > 0)."""
+    return datetime.timedelta(seconds=seconds("MCR_BACKEND_TIMEOUT") or 600)
 
 
 def rendezvous(comm: Any) -> Any:
     """A torch store shared by the processes of ``comm`` (collective). Its
     exchanges are mcr's, not the program's: they run on mpi4py's view of
-    ``comm``, which no interceptor (the logger, hooks, checked mode) sees."""
+    ``comm``, which no interceptor (the logger, hooks, checked mode) sees.
+    The processes first agree on the variables that shape it, so that a
+    value one of them lacks or cannot use raises on every one (no process
+    waits for a store the others do not make)."""
     from mpi4py import MPI
     comm = MPI.Intracomm(comm)
-    host = os.environ.get("MCR_STORE_HOST")
+    host = os.environ.get("MCR_STORE_HOST", "")
+    try:
+        timeout()
+        problem = None
+    except ValueError as exc:
+        problem = str(exc)
+    path = _new_file() if comm.Get_rank() == 0 and not host else None
+    seen = comm.allgather((socket.gethostname(), path, host, problem))
+    _agree([(name, host, problem) for name, _, host, problem in seen], path)
     if host:
         return _tcp_store(comm, host)
-    path = comm.bcast(_new_file() if comm.Get_rank() == 0 else None, root=0)
+    path = seen[0][1]
     seen = comm.allgather((socket.gethostname(), path is not None and os.path.exists(path)))
     hosts = [name for name, _ in seen]
     one_host = len(set(hosts)) == 1
@@ -62,6 +76,26 @@ def rendezvous(comm: Any) -> Any:
     if comm.Get_rank() == 0 and path is not None:
         _remove(path)
     return _tcp_store(comm, "127.0.0.1" if one_host else hosts[0])
+
+
+def _agree(every: list[tuple[str, str, str | None]], path: str | None) -> None:
+    """Raise on every process where one could not read MCR_BACKEND_TIMEOUT,
+    or MCR_STORE_HOST differs between them (`every`: each process's host
+    name, MCR_STORE_HOST and problem; `path`: the store file rank 0 made, or
+    None, removed then)."""
+    problems = [f"rank {rank} ({name}): {problem}"
+                for rank, (name, _, problem) in enumerate(every) if problem]
+    hosts = {host for _, host, _ in every}
+    if not problems and len(hosts) == 1:
+        return
+    if path is not None:
+        _remove(path)
+    if problems:
+        raise ValueError("backend bootstrap: " + "; ".join(problems[:4]))
+    values = "; ".join(f"rank {rank}: {host or '(unset)'}"
+                       for rank, (_, host, _) in enumerate(every) if rank < 8)
+    raise ValueError(f"MCR_STORE_HOST differs between the processes ({values}); set it alike "
+                     "on every one (Open MPI: mpiexec -x MCR_STORE_HOST)")
 
 
 def _job_folder() -> str | None:
