@@ -342,11 +342,23 @@ def test_summary_per_rank():
     assert "(rank 0 of 2)" in out and "(rank 1 of 2)" in out and out.count("Bcast") == 2
 
 
-def test_bad_mcr_log_fails_import_without_mpi():
-    proc = subprocess.run([sys.executable, "-c", "import mcr"], capture_output=True, text=True,
-                          env=dict(os.environ, MCR_LOG="summary,jsn:x"), timeout=60)
-    assert proc.returncode != 0
-    assert "MCR_LOG: 'jsn:x' is not understood" in proc.stderr, proc.stderr
+def test_bad_mcr_log_fails_import_without_mpi(tmp_path):
+    """Bad syntax, and a log that could not be written at exit (its records lost after the
+    whole run, before), fail the import naming the item; a writable one is not left behind."""
+    for value, error in [("summary,jsn:x", "MCR_LOG: 'jsn:x' is not understood"),
+                         (f"json:{tmp_path}/no/such/x.jsonl",
+                          f"MCR_LOG: 'json:{tmp_path}/no/such/x.jsonl': cannot write the file: "
+                          "No such file or directory"),
+                         (f"summary,trace:{tmp_path}",
+                          f"MCR_LOG: 'trace:{tmp_path}': a folder, not a file to write")]:
+        proc = subprocess.run([sys.executable, "-c", "import mcr"], capture_output=True,
+                              text=True, env=dict(os.environ, MCR_LOG=value), timeout=60)
+        assert proc.returncode != 0 and error in proc.stderr, proc.stderr
+    fine = tmp_path / "calls.jsonl"
+    cfg = subprocess.run([sys.executable, "-c", "from mcr.log.config import Config\n"
+                          "print(Config.from_env().json)"], capture_output=True, text=True,
+                         env=dict(os.environ, MCR_LOG=f"json:{fine}"), timeout=60)
+    assert cfg.stdout.strip() == str(fine) and not fine.exists(), cfg.stdout + cfg.stderr
 
 
 def test_overhead_benchmark_runs():

@@ -230,10 +230,13 @@ def _at_exit(cfg: Config) -> None:
             everyone = [r for part in gathered for r in part]
         elif size > 1:
             suffix = f".{rank}"      # MPI is gone: each rank writes its own
-        if cfg.json is not None:
-            write_json(cfg.json + suffix, everyone)
-        if cfg.trace is not None:
-            write_trace(cfg.trace + suffix, everyone)
+        for path, write in ((cfg.json, write_json), (cfg.trace, write_trace)):
+            if path is not None:
+                try:
+                    write(path + suffix, everyone)
+                except OSError as exc:    # (checked at import: removed or made read-only since)
+                    print(f"mcr.log: MCR_LOG: cannot write {path + suffix}: {exc.strerror}",
+                          file=sys.stderr, flush=True)
 
 
 def _from_env() -> None:

@@ -55,4 +55,26 @@ class Config:
         text = os.environ.get("MCR_LOG", "").strip()
         if not text or text.lower() in ("0", "off", "none"):
             return None
-        return cls.parse(text)
+        cfg = cls.parse(text)
+        for kind in ("json", "trace"):
+            path = getattr(cfg, kind)
+            if path is not None:
+                _check_writable(f"{kind}:{path}", path)
+        return cfg
+
+
+def _check_writable(item: str, path: str) -> None:
+    """Raise ValueError naming MCR_LOG's `item` unless a file can be written at
+    `path` (opened, as the log will be at exit; removed again if new)."""
+    if os.path.isdir(path):
+        raise ValueError(f"MCR_LOG: {item!r}: a folder, not a file to write")
+    existed = os.path.exists(path)
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))
+    except OSError as exc:
+        raise ValueError(f"MCR_LOG: {item!r}: cannot write the file: {exc.strerror}") from None
+    if not existed:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
