@@ -426,6 +426,62 @@ def bad_first_call_on_a_new_communicator_raises_alone(comm, found):
 
 
 @case
+def threads_share_a_communicators_gloo_point_to_point(comm):
+    """MPI_THREAD_MULTIPLE on one communicator's Gloo point-to-point, each step of which hung
+    before its state had a lock: two threads' first calls (one set-up, not two); two threads'
+    large Sendrecvs (sends in flight lost, a send's work waited twice); and a thread probing
+    ANY_SOURCE while another receives (the header it waits for stashed by the probe)."""
+    right, left = ring(comm)
+    fresh, errors = comm.Dup(), []
+
+    def in_threads(*bodies):
+        def run(body):
+            try:
+                body()
+            except BaseException as exc:          # (reported below, not lost in a thread)
+                errors.append(exc)
+        threads = [threading.Thread(target=run, args=(b,), daemon=True) for b in bodies]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not any(t.is_alive() for t in threads), "a thread hangs"
+        assert not errors, errors
+
+    def exchanges(tag, times, n):
+        def body():
+            for i in range(times):
+                got = torch.zeros(n)
+                fresh.Sendrecv(torch.full((n,), float(1000 * comm.rank + i)), right, tag, got,
+                               left, tag, backend=GLOO)
+                assert (got == float(1000 * left + i)).all(), (tag, i, got[:3])
+        return body
+
+    in_threads(exchanges(1, 1, 4), exchanges(2, 1, 4))            # both threads' first call
+    in_threads(exchanges(3, 20, 100000), exchanges(4, 20, 100000))    # 400 kB: no eager
+    messages, stop = 300, threading.Event()
+
+    def prober():
+        while not stop.is_set():
+            fresh.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, backend=GLOO)
+
+    def receiver():
+        try:
+            got = torch.zeros(2)
+            for i in range(messages):
+                fresh.Recv(got, left, i, backend=GLOO)
+                assert got[0].item() == i, (i, got)
+        finally:
+            stop.set()
+
+    def sender():
+        for i in range(messages):
+            fresh.Send(torch.full((2,), float(i)), right, i, backend=GLOO)
+    in_threads(prober, receiver, sender)
+    fresh.Free()
+
+
+@case
 def store_variables_one_process_lacks_raise_everywhere(comm):
     """MCR_STORE_HOST set on the last process only (mpiexec -x forgotten), or an
     MCR_BACKEND_TIMEOUT it cannot use: every process raises ValueError naming the variable at the

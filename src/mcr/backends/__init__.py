@@ -17,6 +17,7 @@ an attribute of the MPI communicator (so every Python object sharing the
 handle shares it), and shut down by ``Comm.Free``.
 """
 
+import threading
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +38,7 @@ _ENTRY_POINTS: "dict[str, EntryPoint] | None" = None     # read once, at first n
 _BUILTINS: tuple[str, ...] = ()
 _NAMES: tuple[str, ...] = ()
 _LOADED: "dict[str, Backend]" = {}
+_MAKING = threading.Lock()              # held while a communicator's sub-communicator is made
 
 
 def __getattr__(attr: str) -> tuple[str, ...]:
@@ -170,16 +172,21 @@ def subcomm(comm: Any, name: str) -> Any:
     """``comm``'s sub-communicator on backend ``name``, made at first use
     (collective over ``comm``)."""
     subs = comm.Get_attr(_keyval())
-    if subs is None:
-        subs = {}
-        comm.Set_attr(_keyval(), subs)
-    found = subs.get(name)
-    if found is None:
-        backend = get(name)
-        if backend is None or name == "mpi":
-            raise ValueError(f"backend: {name!r} runs in mcr's core, not as a "
-                             "sub-communicator")
-        found = subs[name] = backend.create(comm)
+    found = None if subs is None else subs.get(name)
+    if found is not None:
+        return found
+    with _MAKING:               # (two threads' first calls get the same one)
+        subs = comm.Get_attr(_keyval())
+        if subs is None:
+            subs = {}
+            comm.Set_attr(_keyval(), subs)
+        found = subs.get(name)
+        if found is None:
+            backend = get(name)
+            if backend is None or name == "mpi":
+                raise ValueError(f"backend: {name!r} runs in mcr's core, not as a "
+                                 "sub-communicator")
+            found = subs[name] = backend.create(comm)
     return found
 
 

@@ -7,6 +7,7 @@ operation: ``Subcomm``'s default bodies compose them (``compose``). It
 overrides the operations it runs itself, which are its ``native`` ones.
 """
 
+import threading
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -80,6 +81,9 @@ class Subcomm:
         self.loopback: dict[int, torch.Tensor] = {}
         self.receives: weakref.WeakSet[Any] = weakref.WeakSet()
         self.spare: list[torch.Tensor] = []
+        # held while that state changes, and by the set-up: the threads of a
+        # process may call on the communicator at once (compose.py)
+        self.lock = threading.RLock()
 
     # -- set-up ------------------------------------------------------------------------
 
@@ -99,19 +103,25 @@ class Subcomm:
         communicator's timeout bounds (a process that never makes a call on
         this backend, as with a point-to-point exchange between two of four
         processes, is a TimeoutError here, not a hang in the set-up)."""
-        if self._hcomm is None:
-            reason = self.backend.unavailable()
-            if reason is not None:
-                raise RuntimeError(f"backend {self.name!r}: {reason}")
-            if self._meeting is None:
-                self._meeting = self.comm.to_mpi4py().Ibarrier()
-            _core._meet(self.comm, self._meeting,
-                        f"to make its first call on backend {self.name!r} (that call "
-                        "sets the backend up, collectively over the communicator)")
-            self._meeting = None
-            with progress.window():     # (blocking: the staged operations go on meanwhile)
-                self.connect()
-                self._hcomm = self.comm.to_mpi4py().Dup()
+        if self._hcomm is not None:
+            return
+        with self.lock:         # (another thread's first call waits for the same set-up)
+            if self._hcomm is None:
+                self._start()
+
+    def _start(self) -> None:
+        reason = self.backend.unavailable()
+        if reason is not None:
+            raise RuntimeError(f"backend {self.name!r}: {reason}")
+        if self._meeting is None:
+            self._meeting = self.comm.to_mpi4py().Ibarrier()
+        _core._meet(self.comm, self._meeting,
+                    f"to make its first call on backend {self.name!r} (that call "
+                    "sets the backend up, collectively over the communicator)")
+        self._meeting = None
+        with progress.window():     # (blocking: the staged operations go on meanwhile)
+            self.connect()
+            self._hcomm = self.comm.to_mpi4py().Dup()
 
     @property
     def hcomm(self) -> Any:

@@ -29,10 +29,16 @@ its behalf.
   host memory is copied into a buffer that an earlier, delivered send used
   (``payload_buffer``): fresh memory costs a page fault per 4 KiB, more than
   the copy itself.
+
+A sub-communicator's point-to-point state (sequence numbers, sends in flight,
+probed headers, spare buffers) is shared by the threads that use the
+communicator (MPI_THREAD_MULTIPLE): every step that reads and changes it
+holds ``Subcomm.lock``, and no step blocks while holding it.
 """
 
 import ctypes
 import struct
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -195,6 +201,7 @@ def operand(sub: "Subcomm", msg: Any) -> tuple[Side, Side, Side]:
 # -- Point-to-point ---------------------------------------------------------------------
 
 _waiters: Any = None
+_WAITED_LOCK = threading.Lock()
 
 
 class _Waited:
@@ -205,31 +212,45 @@ class _Waited:
     its way (the receive is posted once the header has arrived), so that wait
     always ends, and it must not queue behind sends' waits in the pool."""
 
-    __slots__ = ("work", "future", "done")
+    __slots__ = ("work", "future", "inline", "done")
 
     def __init__(self, work: "Work") -> None:
         self.work: "Work" = work
-        self.future: Any = None
+        self.future: Any = None                 # the pool's wait, once polled
+        self.inline: threading.Event | None = None     # set when a caller's own wait ends
         self.done = False
 
     def is_completed(self) -> bool:
         if self.done:
             return True
-        if self.future is None:
-            global _waiters
-            if _waiters is None:
-                from concurrent.futures import ThreadPoolExecutor
-                _waiters = ThreadPoolExecutor(max_workers=4, thread_name_prefix="mcr-p2p")
-            self.future = _waiters.submit(self.work.wait)
+        with _WAITED_LOCK:      # (one wait only: a second one of Gloo's would never end)
+            if self.future is None and self.inline is None:
+                global _waiters
+                if _waiters is None:
+                    from concurrent.futures import ThreadPoolExecutor
+                    _waiters = ThreadPoolExecutor(max_workers=4, thread_name_prefix="mcr-p2p")
+                self.future = _waiters.submit(self.work.wait)
+        if self.inline is not None:
+            return self.inline.is_set()
         return bool(self.future.done())
 
     def wait(self) -> None:
-        if not self.done:
-            if self.future is None:
+        if self.done:
+            return
+        mine = False
+        with _WAITED_LOCK:
+            if self.future is None and self.inline is None:
+                self.inline, mine = threading.Event(), True
+        if mine:
+            try:
                 self.work.wait()
-            else:
-                self.future.result()
-            self.done = True
+            finally:
+                self.inline.set()   # type: ignore[union-attr]
+        elif self.inline is not None:
+            self.inline.wait()      # another thread's wait of the same work
+        else:
+            self.future.result()
+        self.done = True
 
 
 def header_buffer(nbytes: int) -> Any:
@@ -284,6 +305,12 @@ def payload_buffer(sub: "Subcomm", nbytes: int) -> torch.Tensor:
 
 def settle(sub: "Subcomm") -> None:
     """Forget the delivered sends, keeping their payload buffers for reuse."""
+    with sub.lock:
+        _settle(sub)
+
+
+def _settle(sub: "Subcomm") -> None:
+    """settle, the lock held."""
     pending = []
     for f in sub.inflight:
         if not f.done():
@@ -342,13 +369,15 @@ class _RecvWork:
         # is a truncation, reported as on MPI
         self.capacity = r.count * r.extent
         self.header = header_buffer(min(sub.backend.eager_limit, self.capacity))
-        for i, h in enumerate(sub.stash):
-            if h.matches(source, tag):
-                del sub.stash[i]
-                self.arrived(h)
-                return
-        self.hstatus = MPI.Status()
-        self.hreq = sub.hcomm.Irecv(self.header, source, tag)
+        with sub.lock:          # (a probe in between would stash the header it waits for)
+            sub.receives.add(self)
+            for i, h in enumerate(sub.stash):
+                if h.matches(source, tag):
+                    del sub.stash[i]
+                    self.arrived(h)
+                    return
+            self.hstatus = MPI.Status()
+            self.hreq = sub.hcomm.Irecv(self.header, source, tag)
 
     def arrived(self, h: _Received) -> None:
         self.got = h
@@ -381,7 +410,11 @@ class _RecvWork:
 
     def matched(self) -> bool:
         """Whether the header has arrived (the payload's receive is posted then)."""
-        if self.got is None:
+        if self.got is not None:
+            return True
+        with self.sub.lock:     # (another thread may test it too: one takes the header)
+            if self.got is not None:
+                return True
             try:
                 if not self.hreq.Test(self.hstatus):
                     return False
@@ -390,9 +423,9 @@ class _RecvWork:
                     raise
                 # an eager payload longer than the receive buffer
                 source, tag = self.hstatus.Get_source(), self.hstatus.Get_tag()
-                self.got = _Received(source, tag, self.capacity, 0)
                 self.error = (f"a message from rank {source} (tag {tag}) does not fit "
                               f"the receive buffer of {self.capacity} bytes")
+                self.got = _Received(source, tag, self.capacity, 0)
                 return True
             self.arrived(read_header(self.header, self.hstatus))
         return True
@@ -440,6 +473,13 @@ def post_send(sub: "Subcomm", s: Side, dest: int, tag: int, synchronous: bool = 
     if dest == MPI.PROC_NULL:
         sub.start()        # a call on the backend: it joins the set-up as any other
         return sub.request([], status=lambda: _NO_MESSAGE)     # (source PROC_NULL, as MPI's)
+    with sub.lock:
+        _post_send(sub, s, dest, tag, synchronous)
+    return sub.request([_Matched(sub.inflight[-1].header_req)] if synchronous else [])
+
+
+def _post_send(sub: "Subcomm", s: Side, dest: int, tag: int, synchronous: bool) -> None:
+    """post_send's steps, under the sub-communicator's lock."""
     nbytes = s.count * s.extent
     seq = sub.seq[dest]
     sub.seq[dest] = (seq + 1) % _SEQ_MOD
@@ -469,9 +509,8 @@ def post_send(sub: "Subcomm", s: Side, dest: int, tag: int, synchronous: bool = 
             work = pollable(sub, sub.tensor_send(payload, dest, seq))
     if hreq is None:
         hreq = isend(header, dest, tag)
-    settle(sub)
+    _settle(sub)
     sub.inflight.append(_Inflight(hreq, work, (header, payload), buffer))
-    return sub.request([_Matched(hreq)] if synchronous else [])
 
 
 def send(sub: "Subcomm", msg: Any, dest: int, tag: int, synchronous: bool = False) -> Any:
@@ -484,7 +523,6 @@ def recv(sub: "Subcomm", msg: Any, source: int, tag: int, arg: str = "buf") -> A
         sub.start()
         return sub.request([], status=lambda: _NO_MESSAGE)
     work = _RecvWork(sub, r, source, tag)
-    sub.receives.add(work)
     return sub.request([work], status=work.status, keep=msg)
 
 
@@ -507,21 +545,33 @@ def probe(sub: "Subcomm", source: int, tag: int, status: Any, blocking: bool) ->
         sub.start()
         _core._fill_status(status, MPI.PROC_NULL, MPI.ANY_TAG, 0)
         return True
-    for h in sub.stash:
-        if h.matches(source, tag):
-            _core._fill_status(status, h.source, h.tag, h.nbytes)
-            return True
-    st = MPI.Status()
-    if blocking:
-        message = sub.hcomm.Mprobe(source, tag, st)
-    else:
+    # blocking: polled, not MPI's Mprobe, which would hold the lock while it
+    # waits, or (without it) wait for a header another thread's probe stashed
+    spins = 0
+    while not _probed(sub, source, tag, status):
+        if not blocking:
+            return False
+        spins += 1
+        if spins > 100:
+            time.sleep(1e-5 if spins < 10000 else 1e-4)
+    return True
+
+
+def _probed(sub: "Subcomm", source: int, tag: int, status: Any) -> bool:
+    """One try of probe: a stashed header, or one taken off MPI into the stash."""
+    with sub.lock:
+        for h in sub.stash:
+            if h.matches(source, tag):
+                _core._fill_status(status, h.source, h.tag, h.nbytes)
+                return True
+        st = MPI.Status()
         message = sub.hcomm.Improbe(source, tag, st)
         if message is None:
             return False
-    header = header_buffer(st.Get_count(MPI.BYTE) - _HEADER)
-    message.Recv(header)
-    h = read_header(header, st)
-    sub.stash.append(h)
+        header = header_buffer(st.Get_count(MPI.BYTE) - _HEADER)
+        message.Recv(header)
+        h = read_header(header, st)
+        sub.stash.append(h)
     _core._fill_status(status, h.source, h.tag, h.nbytes)
     return True
 
@@ -546,7 +596,9 @@ def drain(sub: "Subcomm") -> None:
     spins = 0
     while True:
         settle(sub)
-        for r in list(sub.receives):
+        with sub.lock:
+            receives = list(sub.receives)
+        for r in receives:
             r.matched()     # a header in: its payload's receive is posted
         _core._poll()       # MPI, and freed receives that the peers' sends wait for
         if sub.leaving is None and not sub.inflight:
@@ -561,7 +613,9 @@ def drain(sub: "Subcomm") -> None:
         if spins > 64:
             time.sleep(1e-4)
     sub.leaving = None
-    while any(r.payload_pending() for r in list(sub.receives)):
+    with sub.lock:
+        receives = list(sub.receives)
+    while any(r.payload_pending() for r in receives):
         _core._poll()
         time.sleep(1e-5)
 
