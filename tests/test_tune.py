@@ -6,6 +6,7 @@ latencies; a second run with another operation merges into it. Bad options exit 
 status 1. Counts, sizes, summary and progress: on made-up numbers, in this process.
 """
 
+import fcntl
 import io
 import json
 import math
@@ -13,6 +14,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -224,6 +226,35 @@ def test_ops_map_onto_the_tuning_table():
         assert OPERATIONS[name].method == op
     assert cli.parse_args(["--ops", "allreduce,bcast"]).ops == ["bcast", "allreduce"]
     assert cli.parse_args([]).ops == list(cli.TUNED)
+
+
+def made_up(op, latency):
+    table = tuning.Table(machine={"world_size": 2, "devices": ["cpu"]})
+    table.add(op, "cpu", 4, latency)
+    return table
+
+
+def test_saves_merge_into_the_file_as_it_is_now(tmp_path):
+    """A run reads --out again under the lock before it writes: a table another run
+    saved meanwhile (another operation) is kept, not overwritten with a stale copy."""
+    path = str(tmp_path / "table.json")
+    cli.save_merged(made_up("Allreduce", {"mpi": 1.0, "gloo": 9.0}), path, 2)
+    saver = threading.Thread(target=cli.save_merged,
+                             args=(made_up("Bcast", {"mpi": 2.0, "gloo": 1.0}), path, 2))
+    with open(path + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        saver.start()
+        saver.join(0.3)
+        assert saver.is_alive()             # it waits for the lock
+        # a third run saves while the second waits
+        table = tuning.Table.load(path)
+        table.merge(made_up("Barrier", {"mpi": 3.0, "gloo": 4.0}))
+        table.save(path)
+    saver.join(10)
+    merged = tuning.Table.load(path)
+    assert [(e.op, e.backend) for e in merged.entries] == [
+        ("Barrier", "mpi"), ("Bcast", "gloo"), ("Allreduce", "mpi")]
+    assert merged.machine["devices"] == ["cpu"]
 
 
 def test_message_sizes():

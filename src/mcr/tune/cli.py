@@ -11,6 +11,7 @@ records them under their MPI names (:data:`mcr.tuning.OPS`), mapped by
 from __future__ import annotations
 
 import argparse
+import fcntl
 import importlib
 import os
 from collections.abc import Sequence
@@ -24,7 +25,7 @@ from . import schedule
 
 __all__ = ["PROG", "parser", "TUNED", "DTYPE", "ITEMSIZE", "DEFAULT_SIZES", "DEFAULT_ROUNDS",
            "parse_args", "parse_plot_args", "message_sizes", "existing_table",
-           "pyplot"]
+           "save_merged", "pyplot"]
 
 PROG = "python -m mcr.tune"
 # benchmark name -> MPI name, for the collectives auto chooses a backend for
@@ -222,6 +223,34 @@ def existing_table(path: str, world_size: int) -> tuning.Table | None:
         raise tuning.TuningError(
             f"{path}: measured at world_size {measured}, this run has {world_size} "
             "processes; a table holds one world size (use another --out)")
+    return table
+
+
+def save_merged(new: tuning.Table, path: str, world_size: int) -> tuning.Table:
+    """Merge ``new`` into the table at ``path`` as it is now and save it; the
+    merged table.
+
+    The file is read again under an exclusive lock on ``path + ".lock"`` (left
+    in place: removing it would let two writers lock different files), so a
+    table saved meanwhile by another run, of other operations, is kept: what
+    ``new`` measured replaces its figures, the rest stays. ``new``'s machine
+    block is taken, its ``devices`` those the merged table has entries for.
+
+    Raises
+    ------
+    mcr.tuning.TuningError
+        When the file became unusable meanwhile (as :func:`existing_table`).
+    OSError
+        When the lock or the table cannot be written.
+    """
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)            # released when the file is closed
+        table = existing_table(path, world_size) or tuning.Table()
+        table.merge(new)
+        table.machine["devices"] = [d for d in tuning.DEVICES
+                                    if any(e.device == d for e in table.entries)]
+        table.save(path)
     return table
 
 

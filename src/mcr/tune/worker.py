@@ -33,7 +33,7 @@ import mcr.backends
 from mcr import tuning
 from mcr.bench.ops import OPERATIONS, Case, buffer_maker
 
-from .cli import DTYPE, ITEMSIZE, PROG, TUNED, existing_table, parse_args
+from .cli import DTYPE, ITEMSIZE, PROG, TUNED, existing_table, parse_args, save_merged
 from .progress import Reporter
 from .plot import show
 from .report import size_text
@@ -264,11 +264,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = args.out or tuning.cache_path(size)
     # rank 0 decides what is measured; a problem stops every rank before measuring
     problem: str | None = None
-    table: tuning.Table | None = None
     served: dict[str, list[str]] = {}
     if rank == 0:
         try:
-            table = existing_table(out, size)
+            existing_table(out, size)
             served, problem = _served(args)
         except tuning.TuningError as exc:
             problem = f"--out: {exc}"
@@ -290,25 +289,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         _say(rank, str(exc))
         status = 1
     if status == 0 and rank == 0:
-        table = table or tuning.Table()
+        measured = tuning.Table()
         for point, latency in results.items():
-            table.add(TUNED[point.op], point.device, point.nbytes, latency)
-        table.machine = _machine(size, ppn, table)
-        status = _write(table, out, args)
+            measured.add(TUNED[point.op], point.device, point.nbytes, latency)
+        measured.machine = _machine(size, ppn, measured)
+        status = _write(measured, out, args, size)
     status = control.bcast(status, root=0)
     tuner.free()
     control.Free()
     return int(status)
 
 
-def _write(table: tuning.Table, out: str, args: argparse.Namespace) -> int:
-    """Rank 0: save the merged table and, unless the launching process does
-    (``--progress-file``), show it; the status."""
+def _write(measured: tuning.Table, out: str, args: argparse.Namespace, world_size: int) -> int:
+    """Rank 0: merge what was measured into the table at ``out`` as it is now
+    (another run may have saved it meanwhile) and, unless the launching
+    process does (``--progress-file``), show it; the status."""
     try:
-        table.save(out)
+        table = save_merged(measured, out, world_size)
+    except tuning.TuningError as exc:
+        print(f"{PROG}: error: --out: {exc}; nothing was saved", file=sys.stderr, flush=True)
+        return 1
     except OSError as exc:
-        print(f"{PROG}: error: --out {out}: cannot write the table: {exc.strerror}",
-              file=sys.stderr, flush=True)
+        print(f"{PROG}: error: --out {out}: cannot write the table: "
+              f"{exc.strerror or exc}", file=sys.stderr, flush=True)
         return 1
     if args.progress_file is None:
         show(table, args, out)
