@@ -192,6 +192,18 @@ def test_unusable_out_file(tmp_path, text, problem):
     assert path.read_text() == text
 
 
+@pytest.mark.parametrize("path, problem", [
+    ("/dev/null/table.json", "/dev/null is not a folder"),
+    ("/proc/table.json", "cannot create a file in /proc"),
+    (".", "it is a folder"),
+])
+def test_unwritable_out_file(path, problem):
+    """Found before anything is measured (it was found when saving, after the run)."""
+    code, out = tune("--ops", "allreduce", "-m", "4:4", "--out", path, timeout=120)
+    assert code == 2 and f"--out {path}: {problem}" in out, out
+    assert "measurements" not in out                                    # nothing ran
+
+
 def test_wrong_result_stops_the_run(tmp_path):
     path = tmp_path / "table.json"
     code, out = tune("--ops", "allreduce", "-m", "4:8", "--rounds", "1",

@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 
 from mcr import launch, tuning
+from mcr._outputs import unwritable
 
 from .cli import PROG, existing_table, parse_args
 from .plot import show
@@ -74,7 +75,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return worker(argv)
     args = parse_args(argv)
     out = args.out or tuning.cache_path(args.nprocs)
-    try:                                        # before anything is measured
+    problem = unwritable(out, make_folder=True, replace=True)     # before anything is measured
+    if problem:
+        print(f"{PROG}: error: --out {out}: {problem}", file=sys.stderr)
+        return 2
+    try:
         existing_table(out, args.nprocs)
     except tuning.TuningError as exc:
         print(f"{PROG}: error: --out: {exc}", file=sys.stderr)

@@ -31,6 +31,7 @@ from mpi4py import MPI
 import mcr
 import mcr.backends
 from mcr import tuning
+from mcr._outputs import unwritable
 from mcr.bench.ops import OPERATIONS, Case, buffer_maker
 
 from .cli import DTYPE, ITEMSIZE, PROG, TUNED, existing_table, parse_args, save_merged
@@ -266,9 +267,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     problem: str | None = None
     served: dict[str, list[str]] = {}
     if rank == 0:
+        unusable = unwritable(out, make_folder=True, replace=True)
         try:
-            existing_table(out, size)
-            served, problem = _served(args)
+            if unusable:
+                problem = f"--out {out}: {unusable}"
+            else:
+                existing_table(out, size)
+                served, problem = _served(args)
         except tuning.TuningError as exc:
             problem = f"--out: {exc}"
     problem, served = world.bcast((problem, served), root=0)
