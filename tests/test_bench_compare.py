@@ -136,7 +136,8 @@ def test_sizes_and_lists():
     args = cli.parse_args(["-m", "3:20", "--ops", "all", "--forms", "persistent"])
     assert (args.sizes, args.ops) == ([3, 6, 12], list(cli.OPS))
     assert args.forms == ["blocking", "persistent"]
-    assert "mcr-nccl" not in args.peers           # CPU tensors: no NCCL peers
+    assert "mcr-nccl" not in args.peers           # CPU tensors: no NCCL peers (unless named)
+    assert cli.parse_args(["--ops", "barrier", "-m", "2"]).sizes == [1, 2]    # no element
     assert cli.parse_args(["-m", "64"]).sizes == [1, 2, 4, 8, 16, 32, 64]    # bad: test_tune
 
 

@@ -52,6 +52,13 @@ def _names(text: str, known: Sequence[str], what: str,
     return [x for x in known if x in names]
 
 
+def _runs(peer: str, dtype: str) -> bool:
+    """Whether ``peer`` can time ``dtype`` (the others' cells say why not)."""
+    if peer in C_PEERS:
+        return dtype in C_DTYPES
+    return not (peer.startswith("mpi4py") and dtype == "bfloat16")
+
+
 def _sizes(text: str, parser: argparse.ArgumentParser) -> list[int]:
     try:
         lo, _, hi = text.rpartition(":")
@@ -113,9 +120,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--forms", default="blocking,persistent",
                    help="forms for C and mcr-mpi: blocking, nonblocking, persistent "
                         "(default blocking,persistent); the other peers are blocking")
-    p.add_argument("--peers", default=",".join(DEFAULT_PEERS),
+    p.add_argument("--peers", default=None,
                    help=f"implementations to time ({', '.join(PEERS)}); default all "
-                        "(the NCCL ones need --buffer torch-cuda)")
+                        "that can run --buffer and --dtype (the NCCL ones need --buffer "
+                        "torch-cuda)")
     p.add_argument("--buffer", default="torch", choices=("torch", "torch-cuda"),
                    help="where the tensors live (default torch: CPU)")
     p.add_argument("--plot", metavar="FILE",
@@ -132,19 +140,42 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.ops = _names(args.ops, OPS, "--ops", p)
     args.forms = _names(args.forms, FORMS, "--forms", p)
-    args.peers = _names(args.peers, PEERS, "--peers", p)
+    named = args.peers is not None
+    args.peers = _names(args.peers if named else ",".join(DEFAULT_PEERS), PEERS, "--peers", p)
     if "blocking" not in args.forms:
         args.forms.insert(0, "blocking")      # every ratio is taken against it
     if args.buffer != "torch-cuda":
+        cuda = [x for x in args.peers if x in CUDA_PEERS]
+        if named and cuda:
+            p.error(f"--peers {','.join(cuda)}: NCCL runs on CUDA tensors only, and --buffer "
+                    f"is {args.buffer} (give --buffer torch-cuda, or leave them out)")
         args.peers = [x for x in args.peers if x not in CUDA_PEERS]
+    if not any(_runs(peer, args.dtype) for peer in args.peers):
+        why = ([f"the C reference has only {', '.join(C_DTYPES)}"]
+               if any(x in C_PEERS for x in args.peers) else []) + \
+              (["mpi4py has no bfloat16"] if any(x.startswith("mpi4py") for x in args.peers)
+               else [])
+        p.error(f"--dtype {args.dtype}: none of --peers {','.join(args.peers)} can run it "
+                f"({'; '.join(why)})")
     args.sizes = _sizes(args.message_size, p)
+    itemsize = ITEMSIZE[args.dtype]
+    if any(op != "barrier" for op in args.ops) and max(args.sizes) < itemsize:
+        p.error(f"-m {args.message_size}: no message size holds one {args.dtype} element "
+                f"({itemsize} bytes)")
     if isinstance(args.summary, str):
         try:
             args.summary = [int(x) for x in args.summary.split(",") if x.strip()]
         except ValueError:
             p.error(f"--summary: expected comma-separated byte counts, got {args.summary!r}")
-    if args.nprocs < 1 or args.iterations < 1 or args.rounds < 1 or args.warmup < 0:
-        p.error("-n, -i and --rounds must be >= 1, -x >= 0")
+    for option, value, least in (("-n", args.nprocs, 1), ("-i", args.iterations, 1),
+                                 ("--rounds", args.rounds, 1), ("-x", args.warmup, 0),
+                                 ("--iterations-large", args.iterations_large, 1),
+                                 ("--warmup-large", args.warmup_large, 0)):
+        if value is not None and value < least:
+            p.error(f"{option}: expected at least {least}, got {value}")
+    for option, seconds in (("--loop-time", args.loop_time), ("--timeout", args.timeout)):
+        if not seconds > 0:
+            p.error(f"{option}: expected seconds > 0, got {seconds:g}")
     if args.iterations_large is None:
         args.iterations_large = max(1, args.iterations // 10)
     if args.warmup_large is None:
