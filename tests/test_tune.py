@@ -21,7 +21,7 @@ import torch
 
 from mcr import launch, tuning
 from mcr.bench.ops import OPERATIONS
-from mcr.tune import cli, progress, report, schedule
+from mcr.tune import cli, plot, progress, report, schedule
 from mpiharness import run_script
 
 JOB_TIMEOUT = 150           # the driver stops the job after this (--timeout)
@@ -125,6 +125,21 @@ def test_plot(runs, tmp_path):
     assert again.stat().st_size > 1000
 
 
+def test_plot_to_an_unwritable_file(tmp_path, monkeypatch, capsys):
+    """Refused before drawing (exit 2); a write that fails all the same says so (exit 1)."""
+    pytest.importorskip("matplotlib")
+    table = str(tmp_path / "table.json")
+    made_up("Allreduce", {"mpi": 1.0, "gloo": 2.0}).save(table)
+    with pytest.raises(SystemExit) as info:
+        plot.main([table, "--out", "/dev/null/t.png"])
+    assert info.value.code == 2
+    assert "--out /dev/null/t.png: /dev/null is not a folder" in capsys.readouterr().err
+    monkeypatch.setattr(cli, "unwritable", lambda path: None)
+    assert plot.main([table, "--out", "/dev/null/t.png"]) == 1
+    assert "--out /dev/null/t.png: cannot write the figure: Not a directory" \
+        in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("args, names", [
     (["--ops", "allreduce,nosuchop"], ["--ops", "nosuchop"]),
     (["-m", "4:lots"], ["-m", "4:lots"]),
@@ -152,7 +167,8 @@ BAD_OPTIONS = {   # tool: (arguments, what its error names)
         (["--set", "moe.depth=3"], ["moe has no size 'depth'"]),
         (["--set", "dlrm.rows=many"], ["dlrm.rows: expected int, got 'many'"]),
         (["--workloads", "moe", "--set", "dlrm.rows=3"], ["WORKLOAD one of moe,"]),
-        (["--steps", "0"], ["--steps: expected at least 1"])],
+        (["--steps", "0"], ["--steps: expected at least 1"]),
+        (["--json", "/proc/w.json"], ["--json /proc/w.json: cannot create a file in /proc"])],
     "compare": [
         (["--ops", "allreduce,nosuchop"], ["--ops", "nosuchop", "choose from"]),
         (["-m", "3"], ["-m 3: no message size holds one float32 element (4 bytes)"]),
@@ -164,7 +180,8 @@ BAD_OPTIONS = {   # tool: (arguments, what its error names)
         (["--timeout", "-1"], ["--timeout: expected seconds > 0, got -1"]),
         (["--iterations-large", "0"], ["--iterations-large: expected at least 1, got 0"]),
         (["--warmup-large", "-1"], ["--warmup-large: expected at least 0, got -1"]),
-        (["-x", "-1"], ["-x: expected at least 0, got -1"])],
+        (["-x", "-1"], ["-x: expected at least 0, got -1"]),
+        (["--json", "/dev/null/c.json"], ["--json /dev/null/c.json: /dev/null is not a folder"])],
     "torchdist": [(["--ops", "all_reduce,nope"], ["--ops: unknown ['nope']"]),
                   (["--sizes", "2"], ["--sizes: expected byte counts of at least 4"])],
     "tune": [
@@ -176,7 +193,8 @@ BAD_OPTIONS = {   # tool: (arguments, what its error names)
         (["--devices", "tpu"], ["--devices", "tpu"]),
         (["--rounds", "0"], ["--rounds", "0"]),
         (["--time-budget", "0"], ["--time-budget", "0"]),
-        (["-n", "0"], ["-n", "0"])]}
+        (["-n", "0"], ["-n", "0"]),
+        (["--plot", "/dev/null/t.png"], ["--plot /dev/null/t.png"])]}
 
 
 @pytest.mark.parametrize("tool, args, names",

@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mcr import launch
+from mcr._outputs import unwritable
 from mcr.workloads import WORKLOADS
 
 __all__ = ["main", "parse_args"]
@@ -77,6 +78,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.configs = _configs(args.set, args.workloads)
     except ValueError as exc:
         parser.error(f"--set: {exc}")
+    problem = unwritable(args.json) if args.json else None
+    if problem:
+        parser.error(f"--json {args.json}: {problem}")
     return args
 
 
@@ -273,10 +277,15 @@ def _worker(args: argparse.Namespace) -> int:
         if row["log"]:
             print()
             print(_log_report(row))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"argv": sys.argv[1:], "rows": rows}, f, indent=1)
     sys.stdout.flush()
+    if args.json:
+        try:
+            with open(args.json, "w") as f:
+                json.dump({"argv": sys.argv[1:], "rows": rows}, f, indent=1)
+        except OSError as exc:
+            print(f"python -m mcr.bench.workloads: error: --json {args.json}: cannot write "
+                  f"the figures: {exc.strerror or exc}", file=sys.stderr, flush=True)
+            return 1
     return 0
 
 

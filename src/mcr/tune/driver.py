@@ -113,6 +113,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: the job ended without a table this process can read (was "
               f"rank 0 on another node?): {exc}", file=sys.stderr)
         return 1
-    show(table, args, out)
+    status = show(table, args, out)
     print(f"({args.nprocs} ranks, {time.perf_counter() - t0:.0f} s in all)")
-    return 0
+    return status

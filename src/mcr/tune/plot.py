@@ -105,14 +105,21 @@ def _bars(ax: Any, entry: tuning.Entry, colours: dict[str, str]) -> None:
     ax.set_ylabel("latency (us)")
 
 
-def show(table: tuning.Table, args: argparse.Namespace, path: str) -> None:
+def show(table: tuning.Table, args: argparse.Namespace, path: str) -> int:
     """Print the summary of what ``args`` (the options of the run) measured and,
-    with ``--plot``, draw the table."""
+    with ``--plot``, draw the table; the status (1: the figure could not be
+    written, which is said)."""
     measured = [(TUNED[name], d) for name in args.ops for d in args.devices]
     print("\n".join(summary(table, measured, path)), flush=True)
     if args.plot:
-        plot_table(table, args.plot)
+        try:
+            plot_table(table, args.plot)
+        except OSError as exc:
+            print(f"{PROG}: error: --plot {args.plot}: cannot write the figure: "
+                  f"{exc.strerror or exc}", file=sys.stderr, flush=True)
+            return 1
         print(f"figure written to {args.plot}", flush=True)
+    return 0
 
 
 def main(argv: Sequence[str]) -> int:
@@ -124,6 +131,10 @@ def main(argv: Sequence[str]) -> int:
         plot_table(table, args.out)
     except (tuning.TuningError, ValueError) as exc:
         print(f"{PROG} plot: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"{PROG} plot: error: --out {args.out}: cannot write the figure: "
+              f"{exc.strerror or exc}", file=sys.stderr)
         return 1
     print(f"figure written to {args.out}")
     return 0

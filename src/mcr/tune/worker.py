@@ -318,6 +318,4 @@ def _write(measured: tuning.Table, out: str, args: argparse.Namespace, world_siz
         print(f"{PROG}: error: --out {out}: cannot write the table: "
               f"{exc.strerror or exc}", file=sys.stderr, flush=True)
         return 1
-    if args.progress_file is None:
-        show(table, args, out)
-    return 0
+    return show(table, args, out) if args.progress_file is None else 0

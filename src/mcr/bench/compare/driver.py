@@ -238,7 +238,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns
     -------
     int
-        0 (errors exit with a message).
+        0, or 1 when --json or --plot could not be written (other errors exit
+        with a message: 2 a bad option, 1 a failed job).
     """
     args = parse_args(argv)
     if args.worker:
@@ -332,15 +333,26 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "mpi4py": "?", "mcr": "?", "mpi_thread_level": "?",
                         "build_info": info or {"mpi_library_version": "?"}}
     print("\n".join(report(args, data)))
+    status = 0
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(data, f, indent=1)
-        print(f"\nall rounds written to {args.json}")
+        try:
+            with open(args.json, "w") as f:
+                json.dump(data, f, indent=1)
+            print(f"\nall rounds written to {args.json}")
+        except OSError as exc:
+            print(f"error: --json {args.json}: cannot write the rounds: "
+                  f"{exc.strerror or exc}", file=sys.stderr)
+            status = 1
     if args.plot:
-        plot(args, results, args.plot)
-        print(f"figure written to {args.plot}")
+        try:
+            plot(args, results, args.plot)
+            print(f"figure written to {args.plot}")
+        except OSError as exc:
+            print(f"error: --plot {args.plot}: cannot write the figure: "
+                  f"{exc.strerror or exc}", file=sys.stderr)
+            status = 1
     print(f"(total {time.perf_counter() - t_start:.0f} s)")
-    return 0
+    return status
 
 
 if __name__ == "__main__":
