@@ -154,6 +154,19 @@ def test_plot_without_matplotlib_says_how_to_get_it(monkeypatch, capsys):
     assert "pip install 'mcr[bench]'" in str(info.value)
 
 
+def test_ctrl_c_says_so_without_a_traceback(monkeypatch, capsys):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt     # as Ctrl-C in launch.run, which stops the job on its way out
+    monkeypatch.setattr(launch, "run", interrupted)
+    monkeypatch.setattr(driver, "_mcr_build_info", lambda cuda=False: None)
+    try:
+        assert driver.main(["--ops", "allreduce", "-m", "4", "--peers", "mcr-mpi"]) == 130
+    except KeyboardInterrupt:
+        pytest.fail("the KeyboardInterrupt escaped (a traceback)")
+    assert capsys.readouterr().err.splitlines()[-1] == \
+        "python -m mcr.bench compare: interrupted; the run was stopped, nothing was written"
+
+
 def test_targets_arithmetic():
     us = {"4": {"C": 0.5, "C-mt": 0.6, "mcr-mpi": 1.0, "mpi4py-numpy": 2.0, "mpi4py-torch": 25.0,
                 "mcr-mpi pers": 0.9, "C pers": 0.6, "torch-gloo": 200.0, "mcr-gloo": 210.0},

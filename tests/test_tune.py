@@ -233,6 +233,24 @@ def test_unwritable_out_file(path, problem):
     assert "measurements" not in out                                    # nothing ran
 
 
+def interrupted(*args, **kwargs):
+    raise KeyboardInterrupt     # as Ctrl-C in launch.run, which stops the job on its way out
+
+
+def test_ctrl_c_says_so_without_a_traceback(tmp_path, monkeypatch, capsys):
+    from mcr.tune import driver
+    monkeypatch.setattr(launch, "run", interrupted)
+    monkeypatch.setattr(driver, "_warn_if_busy", lambda nprocs: None)
+    path = tmp_path / "table.json"
+    try:
+        assert driver.main(["--ops", "allreduce", "-m", "4:4", "--out", str(path)]) == 130
+    except KeyboardInterrupt:
+        pytest.fail("the KeyboardInterrupt escaped (a traceback)")
+    assert capsys.readouterr().err.splitlines()[-1] == \
+        "python -m mcr.tune: interrupted; the run was stopped, nothing was saved"
+    assert not path.exists()
+
+
 def test_wrong_result_stops_the_run(tmp_path):
     path = tmp_path / "table.json"
     code, out = tune("--ops", "allreduce", "-m", "4:8", "--rounds", "1",

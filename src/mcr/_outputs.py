@@ -8,7 +8,7 @@ import errno
 import os
 import tempfile
 
-__all__ = ["unwritable"]
+__all__ = ["unwritable", "stamp"]
 
 
 def _file_in_the_way(folder: str) -> str | None:
@@ -59,3 +59,13 @@ def unwritable(path: str, *, make_folder: bool = False, replace: bool = False) -
     if not replace and os.path.exists(path) and not os.access(path, os.W_OK):
         return f"the file is not writable: {os.strerror(errno.EACCES)}"
     return None
+
+
+def stamp(path: str) -> tuple[int, int] | None:
+    """What tells whether ``path`` was written since (its inode and time of
+    change), or None when there is no such file."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns

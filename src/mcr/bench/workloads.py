@@ -292,8 +292,17 @@ def _worker(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; started outside mpiexec, it starts ``mpiexec`` itself."""
     args = parse_args(argv)
-    return launch.main_in_job("mcr.bench.workloads", args.nprocs, argv, timeout=args.timeout,
-                              work=lambda: _worker(args), in_job=args.worker)
+    try:
+        return launch.main_in_job("mcr.bench.workloads", args.nprocs, argv,
+                                  timeout=args.timeout, work=lambda: _worker(args),
+                                  in_job=args.worker)
+    except KeyboardInterrupt:
+        if args.worker or launch.launched():
+            raise
+        # the job was stopped on the way out of mcr.launch.run
+        print("python -m mcr.bench.workloads: interrupted; the job was stopped",
+              file=sys.stderr, flush=True)
+        return 130
 
 
 if __name__ == "__main__":

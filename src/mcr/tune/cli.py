@@ -50,7 +50,8 @@ def parser() -> argparse.ArgumentParser:
         epilog=f"Example: {PROG} -n 2 --ops allreduce,bcast -m 4:65536 --time-budget 60 "
                f"--plot tuning.png.  Plot an existing table: {PROG} plot TABLE.json "
                "--out tuning.png.  Exit status: 0 done, 1 a wrong result or a failed "
-               "measurement, 2 a bad option or an unusable --out file.")
+               "measurement, 2 a bad option or an unusable --out file, 130 interrupted "
+               "(Ctrl-C stops the job).")
     p.add_argument("-n", "--nprocs", type=int, default=2,
                    help="ranks to launch (default 2; ignored under mpiexec)")
     p.add_argument("--ops", default="all",

@@ -6,6 +6,7 @@ wrote. Under mpiexec, it runs as one of the ranks instead.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import tempfile
@@ -13,7 +14,7 @@ import time
 from collections.abc import Sequence
 
 from mcr import launch, tuning
-from mcr._outputs import unwritable
+from mcr._outputs import stamp, unwritable
 
 from .cli import PROG, existing_table, parse_args
 from .plot import show
@@ -64,7 +65,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     -------
     int
         0 done, 1 a wrong result, a failed measurement or a job that ran past
-        ``--timeout``, 2 a bad option or an unusable ``--out`` file.
+        ``--timeout``, 2 a bad option or an unusable ``--out`` file, 130
+        interrupted (Ctrl-C: the job is stopped).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["plot"]:
@@ -89,6 +91,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except launch.MpiexecNotFoundError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1
+    before = stamp(out)
+    try:
+        return _run(args, argv, out, mpiexec)
+    except KeyboardInterrupt:       # the job was stopped on the way out of launch.run
+        saved = stamp(out) != before
+        print(f"{PROG}: interrupted; " + (f"the table was saved to {out} before" if saved
+                                          else "the run was stopped, nothing was saved"),
+              file=sys.stderr, flush=True)
+        return 130
+
+
+def _run(args: argparse.Namespace, argv: list[str], out: str, mpiexec: str) -> int:
+    """Launch the ranks, follow their progress and show the table; the status."""
     _warn_if_busy(args.nprocs)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="mcr-tune-") as tmp:

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mcr import launch
+from mcr._outputs import stamp
 
 from .cli import C_DTYPES, C_PEERS, LARGE, column, counted_sizes, parse_args, pyplot
 from .report import STATS, columns_of, plot, plural, report, round_stat, row_ratios, targets
@@ -238,8 +239,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns
     -------
     int
-        0, or 1 when --json or --plot could not be written (other errors exit
-        with a message: 2 a bad option, 1 a failed job).
+        0, 1 when --json or --plot could not be written, 130 interrupted
+        (Ctrl-C: the running job is stopped); other errors exit with a
+        message (2 a bad option, 1 a failed job).
     """
     args = parse_args(argv)
     if args.worker:
@@ -248,6 +250,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if launch.launched():
         sys.exit("error: run python -m mcr.bench compare as a plain program; it starts "
                  "mpiexec itself")
+    before = {path: stamp(path) for path in (args.json, args.plot) if path}
+    try:
+        return _compare(args, argv)
+    except KeyboardInterrupt:       # a running job was stopped on the way out of launch.run
+        written = [path for path, was in before.items() if stamp(path) != was]
+        print("python -m mcr.bench compare: interrupted; "
+              + (f"{' and '.join(written)} written before" if written
+                 else "the run was stopped, nothing was written"), file=sys.stderr, flush=True)
+        return 130
+
+
+def _compare(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
+    """Build and run the C reference and the Python job, report; the status."""
     t_start = time.perf_counter()
     load_before = os.getloadavg()
     cores = os.cpu_count() or 1
