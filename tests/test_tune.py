@@ -168,7 +168,12 @@ BAD_OPTIONS = {   # tool: (arguments, what its error names)
         (["--set", "dlrm.rows=many"], ["dlrm.rows: expected int, got 'many'"]),
         (["--workloads", "moe", "--set", "dlrm.rows=3"], ["WORKLOAD one of moe,"]),
         (["--steps", "0"], ["--steps: expected at least 1"]),
-        (["--json", "/proc/w.json"], ["--json /proc/w.json: cannot create a file in /proc"])],
+        (["--json", "/proc/w.json"], ["--json /proc/w.json: cannot create a file in /proc"]),
+        (["--set", "moe.hidden=-4"], ["--set: moe.hidden: expected at least 1, got -4"]),
+        (["--set", "dlrm.tables=0"], ["--set: dlrm.tables: expected at least 1, got 0"]),
+        (["--set", "moe.lr=nan"], ["--set: moe.lr: expected a finite number >= 0"]),
+        *([(["--variants", "mcr,nccl"], ["--variants nccl: needs CUDA"])]
+          if not torch.cuda.is_available() else [])],
     "compare": [
         (["--ops", "allreduce,nosuchop"], ["--ops", "nosuchop", "choose from"]),
         (["-m", "3"], ["-m 3: no message size holds one float32 element (4 bytes)"]),

@@ -28,6 +28,7 @@ import argparse
 import dataclasses
 import importlib
 import json
+import math
 import sys
 import time
 from collections.abc import Sequence
@@ -74,6 +75,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     for name in ("nprocs", "steps", "rounds"):
         if getattr(args, name) < 1:
             parser.error(f"--{name}: expected at least 1, got {getattr(args, name)}")
+    cuda = [v for v in args.variants if VARIANTS[v].device == "cuda"]
+    if cuda:
+        import torch
+        if not torch.cuda.is_available():
+            parser.error(f"--variants {','.join(cuda)}: needs CUDA, and torch sees no GPU "
+                         f"(torch {torch.__version__}, torch.cuda.is_available() is False)")
     try:
         args.configs = _configs(args.set, args.workloads)
     except ValueError as exc:
@@ -101,6 +108,12 @@ def _configs(settings: Sequence[str], workloads: Sequence[str]) -> dict[str, Any
             setattr(configs[workload], name, kind(value))
         except ValueError:
             raise ValueError(f"{key}: expected {kind.__name__}, got {value!r}") from None
+        number = getattr(configs[workload], name)
+        # every int but the seed is a size or a count
+        if kind is int and name != "seed" and number < 1:
+            raise ValueError(f"{key}: expected at least 1, got {number}")
+        if kind is float and not 0 <= number < math.inf:
+            raise ValueError(f"{key}: expected a finite number >= 0, got {value!r}")
     return configs
 
 
