@@ -94,7 +94,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         description="Time mcr against C, mpi4py and torch.distributed side by side "
                     "(starts mpiexec itself).",
         epilog="Example: python -m mcr.bench compare -n 2 --ops allreduce,bcast "
-               "-m 4:1048576 --forms blocking,persistent --plot compare.png")
+               "-m 4:1048576 --forms blocking,persistent --plot compare.png.  Exit "
+               "status: 0 done, 1 a failed job or an unwritten --json/--plot, 2 a bad "
+               "option (checked before anything runs: one under which nothing would be "
+               "timed, an unwritable --json or --plot), 130 interrupted (Ctrl-C stops "
+               "the job).")
     p.add_argument("-n", "--nprocs", type=int, default=2, help="world size (default 2)")
     p.add_argument("--ops", default="allreduce",
                    help=f"comma-separated operations or 'all' ({', '.join(OPS)}); "
