@@ -118,7 +118,7 @@ cdef _Chooser load_chooser(object comm):
         ch.fill()
     except tuning.TuningError as exc:
         ch.error = exc
-    except Exception as exc:    # kept as well: every rank must reach the agreement
+    except _builtins.Exception as exc:    # kept too: every rank must reach the agreement
         ch.error = tuning.TuningError(
             f"{ch.source if ch.table is not None else 'MCR_TUNING or the cached table'}: "
             f"cannot use the tuning table: {type(exc).__name__}: {exc}")
