@@ -167,6 +167,25 @@ def flush_points(comm, backend):
 
 
 @case.matrix(backend=BACKENDS)
+def a_second_fusion_flushes_the_first(comm, backend):
+    """A Fusion is made by a collective on comm (its private Dup): another Fusion's open bucket,
+    which a wait in between made rank 0 post (the others post theirs on its decision), goes
+    first, or the processes matched that bucket with the Dup (MPI_ERR_TRUNCATE, or a hang)."""
+    first = mcr.Fusion(comm, backend=backend)
+    g1, g2 = torch.full((64,), comm.rank + 1.0), torch.full((64,), comm.rank + 1.0)
+    r1 = first.Iallreduce(mcr.IN_PLACE, g1)
+    mcr.Request.Waitall([comm.Irecv(torch.zeros(4), comm.rank, 9),
+                         comm.Isend(torch.ones(4), comm.rank, 9)])
+    with mcr.Fusion(comm, backend=backend) as second:
+        r2 = second.Iallreduce(mcr.IN_PLACE, g2)
+        mcr.Request.Waitall([r1, r2])
+    first.close()
+    total = comm.size * (comm.size + 1) / 2
+    assert_equal(g1, torch.full((64,), total))
+    assert_equal(g2, torch.full((64,), total))
+
+
+@case.matrix(backend=BACKENDS)
 def cycle_rule_holds_when_clocks_disagree(comm, backend):
     """Rank 0 pauses longer than the cycle twice, the others elsewhere: rank 0's clock counts."""
     f = mcr.Fusion(comm, bucket_bytes=1 << 20, cycle=0.2, backend=backend, trace=True)

@@ -390,6 +390,11 @@ class Fusion:
         self.trace: list[tuple[str, int, int]] | None = [] if trace else None
         # decisions: rank 0 sends (first call, end call) pairs; the others
         # queue them until they reach the end call
+        if self._size > 1:
+            # (a collective on comm, by mpi4py: another Fusion's open buckets
+            # go first, as before mcr's own Dup, or the processes would match
+            # them with it)
+            progress.before_collective(comm)
         self._ctl = comm.to_mpi4py().Dup() if self._size > 1 else None
         self._sends: list[Any] = []
         self._rbuf = array("q", (0, 0))
