@@ -363,6 +363,26 @@ def timeout_in_waitall_and_waitany(comm):
 
 
 @case
+def timeout_in_a_blocking_probe(comm):
+    """Probe of a message not sent yet, on MPI and on Gloo: TimeoutError naming it (MPI_Probe
+    and Gloo's header probe blocked past the timeout); once it is sent, Probe finds it."""
+    size, rank = comm.size, comm.rank
+    c = timed(comm)
+    for tag, backend in ((4, "mpi"), (5, "gloo")):
+        c.Barrier(backend=backend)             # (Gloo's set-up: not part of the wait)
+        expect_timeout(lambda: c.Probe((rank - 1) % size, tag, backend=backend),
+                       f"Probe (source {(rank - 1) % size}, tag {tag}) [{backend}]")
+        c.Barrier()
+        c.Send(data(rank), dest=(rank + 1) % size, tag=tag, backend=backend)
+        st = mcr.Status()
+        assert c.Probe((rank - 1) % size, tag, st, backend=backend)
+        assert st.Get_count(mpi4py.MPI.FLOAT) == 4, st.Get_count(mpi4py.MPI.FLOAT)
+        c.Recv(y := torch.zeros(4), (rank - 1) % size, tag, backend=backend)
+        assert torch.equal(y, data((rank - 1) % size))
+    c.Free()
+
+
+@case
 def timeout_in_a_backends_set_up(comm):
     # the first call on Gloo sets it up over the whole communicator: a Send
     # between ranks 0 and 1 that the others never join on Gloo waits there

@@ -547,10 +547,14 @@ def probe(sub: "Subcomm", source: int, tag: int, status: Any, blocking: bool) ->
         return True
     # blocking: polled, not MPI's Mprobe, which would hold the lock while it
     # waits, or (without it) wait for a header another thread's probe stashed
-    spins = 0
+    spins, timeout = 0, sub.comm.timeout if blocking else None
+    deadline = None if not timeout else time.monotonic() + timeout
     while not _probed(sub, source, tag, status):
         if not blocking:
             return False
+        if deadline is not None and time.monotonic() > deadline:
+            _core._raise_wait_timeout(sub.comm, f"Probe (source {source}, tag {tag}) "
+                                      f"[{sub.name}]")
         spins += 1
         if spins > 100:
             time.sleep(1e-5 if spins < 10000 else 1e-4)

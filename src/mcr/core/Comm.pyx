@@ -242,6 +242,10 @@ cdef class Comm(_CommBase):
         cdef int itag = as_tag(tag, b"tag", True)
         cdef MPI_Status *sp = status_ptr(status)
         cdef int ierr
+        if self.watch is not None and self.watch.timeout > 0:
+            probe_timed(self, self.watch.timeout, isource, itag, sp)
+            status_type(status, MPI_DATATYPE_NULL)
+            return True
         window = progress_enter()
         try:
             with nogil:

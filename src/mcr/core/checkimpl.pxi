@@ -733,6 +733,30 @@ def _raise_timeout(Comm comm, str what):
     raise_timeout(w.timeout, f"waiting for every process of {comm_label(w, comm.ob_mpi)} {what}")
 
 
+def _raise_wait_timeout(Comm comm, str what):
+    """Raise the TimeoutError of `comm`'s timeout for a wait of this process
+    alone (a backend's blocking Probe): "waiting for <what> on <comm>"."""
+    cdef _Watch w = comm.watch
+    if w is None or w.timeout <= 0:
+        raise ValueError(f"{comm!r} has no timeout")
+    raise_timeout(w.timeout, f"waiting for {what} on {comm_label(w, comm.ob_mpi)}")
+
+
+cdef int probe_timed(Comm comm, double timeout, int source, int tag,
+                     MPI_Status *sp) except -1:
+    """Probe under `comm`'s timeout: MPI_Iprobe, polled until the deadline."""
+    cdef int flag = 0, spins = 0
+    cdef long long deadline = now_ns() + <long long>(timeout * 1e9)
+    while True:
+        CHKERR(MPI_Iprobe(source, tag, comm.ob_mpi, &flag, sp))
+        if flag:
+            return 0
+        if now_ns() > deadline:
+            _raise_wait_timeout(comm, f"Probe (source {source}, tag {tag}) [mpi]")
+        idle(spins)
+        spins += 1
+
+
 # -- Records of calls ----------------------------------------------------------------
 
 cdef enum:
