@@ -380,7 +380,14 @@ class _RecvWork:
             self.hreq = sub.hcomm.Irecv(self.header, source, tag)
 
     def arrived(self, h: _Received) -> None:
-        self.got = h
+        try:
+            self._arrived(h)
+        finally:
+            # last: a thread that sees the header taken (matched(), without the
+            # lock) must find the payload in place or its receive posted
+            self.got = h
+
+    def _arrived(self, h: _Received) -> None:
         capacity = self.r.count * self.r.extent
         if h.nbytes > capacity:
             self.error = (f"message of {h.nbytes} bytes from rank {h.source} (tag {h.tag}) "
@@ -474,12 +481,12 @@ def post_send(sub: "Subcomm", s: Side, dest: int, tag: int, synchronous: bool = 
         sub.start()        # a call on the backend: it joins the set-up as any other
         return sub.request([], status=lambda: _NO_MESSAGE)     # (source PROC_NULL, as MPI's)
     with sub.lock:
-        _post_send(sub, s, dest, tag, synchronous)
-    return sub.request([_Matched(sub.inflight[-1].header_req)] if synchronous else [])
+        hreq = _post_send(sub, s, dest, tag, synchronous)
+    return sub.request([_Matched(hreq)] if synchronous else [])
 
 
-def _post_send(sub: "Subcomm", s: Side, dest: int, tag: int, synchronous: bool) -> None:
-    """post_send's steps, under the sub-communicator's lock."""
+def _post_send(sub: "Subcomm", s: Side, dest: int, tag: int, synchronous: bool) -> Any:
+    """post_send's steps, under the sub-communicator's lock; the header's request."""
     nbytes = s.count * s.extent
     seq = sub.seq[dest]
     sub.seq[dest] = (seq + 1) % _SEQ_MOD
@@ -511,6 +518,7 @@ def _post_send(sub: "Subcomm", s: Side, dest: int, tag: int, synchronous: bool) 
         hreq = isend(header, dest, tag)
     _settle(sub)
     sub.inflight.append(_Inflight(hreq, work, (header, payload), buffer))
+    return hreq
 
 
 def send(sub: "Subcomm", msg: Any, dest: int, tag: int, synchronous: bool = False) -> Any:
