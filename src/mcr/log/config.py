@@ -2,6 +2,8 @@
 
 import os
 
+from mcr._outputs import unwritable
+
 __all__ = ["Config"]
 
 
@@ -64,17 +66,8 @@ class Config:
 
 
 def _check_writable(item: str, path: str) -> None:
-    """Raise ValueError naming MCR_LOG's `item` unless a file can be written at
-    `path` (opened, as the log will be at exit; removed again if new)."""
-    if os.path.isdir(path):
-        raise ValueError(f"MCR_LOG: {item!r}: a folder, not a file to write")
-    existed = os.path.exists(path)
-    try:
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))
-    except OSError as exc:
-        raise ValueError(f"MCR_LOG: {item!r}: cannot write the file: {exc.strerror}") from None
-    if not existed:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
+    """Raise ValueError naming MCR_LOG's `item` unless the log can be written at
+    `path` at exit (the command-line tools' check of their output files)."""
+    problem = unwritable(path)
+    if problem is not None:
+        raise ValueError(f"MCR_LOG: {item!r}: cannot write the file: {problem}")
