@@ -491,7 +491,7 @@ def store_variables_one_process_lacks_raise_everywhere(comm):
             ("MCR_STORE_HOST", "127.0.0.1", ["MCR_STORE_HOST differs", "rank 0: (unset)",
                                              f"rank {last}: 127.0.0.1", "mpiexec -x"]),
             ("MCR_BACKEND_TIMEOUT", "abc", [f"rank {last} (", "MCR_BACKEND_TIMEOUT: expected a "
-                                            "number of seconds > 0, got 'abc'"])]:
+                                            "number of seconds >= 0 (0: none), got 'abc'"])]:
         if comm.size == 1 and name == "MCR_STORE_HOST":
             continue
         fresh = comm.Dup()

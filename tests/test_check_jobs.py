@@ -13,6 +13,7 @@ import pytest
 
 import mcr
 from mcr import launch
+from mcr._env import seconds
 from mpiharness import mpi_env
 from test_debug import run_cli
 
@@ -310,8 +311,17 @@ def test_requests_left_pending_at_exit_end_quietly(tmp_path):
     assert "Traceback" not in out and "Exception ignored" not in out, out
 
 
+def test_environment_seconds_zero_is_none():
+    """MCR_TIMEOUT=0 means no timeout, as comm.timeout = 0 does (it was refused)."""
+    for value, expected in [("", 0.0), ("0", 0.0), (" 2.5 ", 2.5), ("1e-3", 0.001)]:
+        assert seconds("MCR_TIMEOUT", {"MCR_TIMEOUT": value}) == expected, value
+    for value in ["-1", "inf", "nan", "soon"]:
+        with pytest.raises(ValueError, match=f"MCR_TIMEOUT: .* got '{value}'"):
+            seconds("MCR_TIMEOUT", {"MCR_TIMEOUT": value})
+
+
 @pytest.mark.parametrize("name, value, error", [
-    ("MCR_TIMEOUT", "soon", "MCR_TIMEOUT: expected a number of seconds > 0, got 'soon'"),
+    ("MCR_TIMEOUT", "soon", "MCR_TIMEOUT: expected a number of seconds >= 0 (0: none), got 'soon'"),
     ("MCR_CHECK", "maybe", "MCR_CHECK: expected 1 (on) or 0 (off), got 'maybe'"),
     ("MCR_FLIGHT_KEEP", "abc", "MCR_FLIGHT_KEEP: expected a whole number >= 1, got 'abc'"),
     ("MCR_FLIGHT_KEEP", "0", "MCR_FLIGHT_KEEP: expected a whole number >= 1, got '0'")])

@@ -22,7 +22,8 @@ def flag(name: str, environ: Mapping[str, str] | None = None) -> bool:
 
 
 def seconds(name: str, environ: Mapping[str, str] | None = None) -> float:
-    """The seconds of variable `name` (a number > 0); 0 when unset."""
+    """The seconds of variable `name` (a number >= 0); 0 (none) when unset or 0, as
+    ``comm.timeout = 0``."""
     value = (os.environ if environ is None else environ).get(name, "").strip()
     if not value:
         return 0.0
@@ -30,8 +31,8 @@ def seconds(name: str, environ: Mapping[str, str] | None = None) -> float:
         out = float(value)
     except ValueError:
         out = -1.0
-    if not 0 < out < float("inf"):
-        raise ValueError(f"{name}: expected a number of seconds > 0, got {value!r}")
+    if not 0 <= out < float("inf"):
+        raise ValueError(f"{name}: expected a number of seconds >= 0 (0: none), got {value!r}")
     return out
 
 

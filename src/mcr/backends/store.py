@@ -40,8 +40,8 @@ def c10d() -> Any:
 
 def timeout() -> datetime.timedelta:
     """How long backend operations may take before they fail
-    (``MCR_BACKEND_TIMEOUT`` seconds, default 600; ValueError naming it for a
-    value that is no number of seconds > 0)."""
+    (``MCR_BACKEND_TIMEOUT`` seconds, 600 when unset or 0; ValueError naming it
+    for a value that is no number of seconds >= 0)."""
     return datetime.timedelta(seconds=seconds("MCR_BACKEND_TIMEOUT") or 600)
 
 
