@@ -229,9 +229,10 @@ SHOW_DEFAULTS = """
 """
 
 
-# $MCR_BACKEND: the default of every communicator, or None: import fails, naming it
+# $MCR_BACKEND (stripped, as the other variables): the default of every communicator, or None:
+# import fails, naming it
 @pytest.mark.parametrize("value, expected", [
-    ("gloo", "gloo"), ("auto", "auto"), ("nccl", "nccl"), ("mpi", "mpi"), ("", "mpi"),
+    (" gloo ", "gloo"), ("auto", "auto"), ("nccl", "nccl"), ("mpi", "mpi"), ("", "mpi"),
     ("bogus", None), ("Gloo", None), ("mpi,gloo", None)])
 def test_mcr_backend_at_import(value, expected):
     code, out = run_python(SHOW_DEFAULTS, MCR_BACKEND=value)

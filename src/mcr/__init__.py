@@ -68,7 +68,7 @@ def _check_default_backend() -> None:
     """A bad $MCR_BACKEND fails ``import mcr`` (the core reads it when it loads)."""
     import os
 
-    name = os.environ.get("MCR_BACKEND")
+    name = os.environ.get("MCR_BACKEND", "").strip()
     if name:
         from .backends import check_name   # no MPI, no torch
         try:

@@ -87,7 +87,7 @@ cdef int check_backend(object backend) except -1:
 cdef object default_backend():
     """The backend new communicators use: $MCR_BACKEND, else MPI (None)."""
     import os
-    name = os.environ.get("MCR_BACKEND") or None
+    name = os.environ.get("MCR_BACKEND", "").strip() or None
     if name is not None:
         try:
             check_backend(name)
