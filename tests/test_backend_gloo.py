@@ -15,6 +15,7 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -25,6 +26,7 @@ import torch
 import mcr
 import mcr.backends.gloo
 from mcr import MPI, launch
+from mcr.backends import store
 from mpiharness import case, mpi_cases, mpi_env
 from opmatrix import Findings
 from opref import OPS, data, expect, operands, reduce_ref, sentinel
@@ -581,6 +583,24 @@ def test_a_killed_job_leaves_no_store_file(tmp_path):
                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert result.returncode != 0 and "signal 9" in result.stdout, result.stdout
     assert list(tmp_path.rglob("mcr-store-*")) == []
+
+
+def test_a_forked_child_leaves_its_parents_store_file(tmp_path, monkeypatch):
+    """A forked child's exit does not remove the store files its parent made (it inherits the
+    list and the atexit handler); the parent's exit does."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.delenv("OMPI_FILE_LOCATION", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    monkeypatch.setattr(store, "_made", [])
+    path = store._new_file()
+    assert path is not None and os.path.dirname(path) == str(tmp_path), path
+    child = os.fork()
+    if child == 0:
+        store._remove_made()
+        os._exit(0)
+    assert os.waitpid(child, 0)[1] == 0 and os.path.exists(path)
+    store._remove_made()
+    assert not os.path.exists(path)
 
 
 def test_store_is_tcp_where_a_rank_cannot_see_the_file(tmp_path):

@@ -28,7 +28,7 @@ from .._env import seconds
 
 __all__ = ["c10d", "rendezvous", "timeout"]
 
-_made: list[str] = []   # store files this process made, removed at exit if still there
+_made: list[tuple[int, str]] = []   # (maker's pid, store file): removed at exit if still there
 
 
 def c10d() -> Any:
@@ -117,8 +117,8 @@ def _new_file() -> str | None:
     if not _made:
         atexit.register(_remove_made)
     elif len(_made) >= 64:                 # forget the files torch removed already
-        _made[:] = [made for made in _made if os.path.exists(made)]
-    _made.append(path)
+        _made[:] = [made for made in _made if os.path.exists(made[1])]
+    _made.append((os.getpid(), path))
     return path
 
 
@@ -131,9 +131,11 @@ def _remove(path: str) -> None:
 
 def _remove_made() -> None:
     """At exit: the store files this process made. torch removes a file when
-    every process has dropped its store; a store still held at exit is not."""
-    for path in _made:
-        _remove(path)
+    every process has dropped its store; a store still held at exit is not. A forked
+    child inherits the list and this handler, not its parent's files."""
+    for pid, path in _made:
+        if pid == os.getpid():
+            _remove(path)
 
 
 def _tcp_store(comm: Any, host: str) -> Any:
