@@ -364,10 +364,19 @@ def timeout_in_waitall_and_waitany(comm):
 
 @case
 def timeout_in_a_blocking_probe(comm):
-    """Probe of a message not sent yet, on MPI and on Gloo: TimeoutError naming it (MPI_Probe
-    and Gloo's header probe blocked past the timeout); once it is sent, Probe finds it."""
+    """Probe of a message not sent yet, on MPI and on Gloo, and Mprobe (mpi4py's) on MPI:
+    TimeoutError naming it (MPI_Probe, MPI_Mprobe and Gloo's header probe blocked past the
+    timeout); once it is sent, Probe finds it and Mprobe matches it."""
     size, rank = comm.size, comm.rank
     c = timed(comm)
+    expect_timeout(lambda: c.Mprobe((rank - 1) % size, 6),
+                   f"Mprobe (source {(rank - 1) % size}, tag 6) [mpi]")
+    c.Barrier()
+    c.Send(data(rank), dest=(rank + 1) % size, tag=6)
+    message = c.Mprobe((rank - 1) % size, 6, st := mcr.Status())
+    assert st.Get_count(mpi4py.MPI.FLOAT) == 4 and st.Get_source() == (rank - 1) % size
+    message.Recv(y := torch.zeros(4))
+    assert torch.equal(y, data((rank - 1) % size))
     for tag, backend in ((4, "mpi"), (5, "gloo")):
         c.Barrier(backend=backend)             # (Gloo's set-up: not part of the wait)
         expect_timeout(lambda: c.Probe((rank - 1) % size, tag, backend=backend),

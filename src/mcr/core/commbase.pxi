@@ -254,6 +254,24 @@ cdef class _CommBase(_MPI.Intracomm):
         (mpi4py's method)."""
         return self.pickled_p2p(P2P_MPROBE, _obj_mprobe, (source, tag, status))
 
+    def Mprobe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        """Wait for a message and match it, as an ``mpi4py.MPI.Message`` (mpi4py's
+        method, on MPI). Under a timeout it polls ``Improbe`` and raises
+        ``mcr.TimeoutError`` naming it, as ``Probe`` does."""
+        cdef int spins = 0
+        cdef long long deadline
+        if self.watch is None or self.watch.timeout <= 0:
+            return _MPI.Intracomm.Mprobe(self, source, tag, status)
+        deadline = now_ns() + <long long>(self.watch.timeout * 1e9)
+        while True:
+            message = _MPI.Intracomm.Improbe(self, source, tag, status)
+            if message is not None:
+                return message
+            if now_ns() > deadline:
+                _raise_wait_timeout(self, f"Mprobe (source {source}, tag {tag}) [mpi]")
+            idle(spins)
+            spins += 1
+
     # -- Communicator management -------------------------------------------------
 
     def Free(self):
