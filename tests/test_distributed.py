@@ -493,6 +493,32 @@ def all_gather_coalesced_lays_out_rank_then_tensor(comm):
             assert torch.equal(outputs[r][i], torch.full(shape, float(10 * r + i))), (r, i)
 
 
+@case
+def coalesced_averages_divide_once(comm):
+    """ReduceOp.AVG in torch's coalescing manager: each result divided by the size once (the
+    parts that completed at once were divided again when the whole completed)."""
+    size, rank = comm.size, comm.rank
+    g = group("mpi")
+    for async_ops in (False, True):
+        inputs = [torch.arange(k * size, dtype=torch.float64) * (rank + 1) for k in (2, 3)]
+        outputs = [torch.zeros(k, dtype=torch.float64) for k in (2, 3)]
+        means = [torch.zeros(k, dtype=torch.float64) + rank for k in (2, 3)]
+        with dist._coalescing_manager(group=g, async_ops=async_ops) as cm:
+            for out, inp in zip(outputs, inputs):
+                dist.reduce_scatter_tensor(out, inp, op=dist.ReduceOp.AVG, group=g)
+        with dist._coalescing_manager(group=g, async_ops=async_ops) as cm2:
+            for t in means:
+                dist.all_reduce(t, op=dist.ReduceOp.AVG, group=g)
+        if async_ops:
+            cm.wait()
+            cm2.wait()
+        factor = sum(r + 1 for r in range(size)) / size
+        for out, k in zip(outputs, (2, 3)):
+            want = torch.arange(k * size, dtype=torch.float64)[rank * k:(rank + 1) * k] * factor
+            assert torch.allclose(out, want), (async_ops, out, want)
+        assert all(torch.allclose(t, torch.full_like(t, (size - 1) / 2)) for t in means), means
+
+
 @case.matrix(backend=BACKENDS)
 def sparse_all_reduce_sums_as_dense(comm, backend):
     size, rank = comm.size, comm.rank

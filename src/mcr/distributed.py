@@ -120,6 +120,8 @@ class Work(dist.Work):
             self._complete()
 
     def _complete(self) -> None:
+        if self._done:          # (a coalesced work completes its parts, some done at once)
+            return
         self._done = True
         if self._finish is not None:
             self._finish()
