@@ -7,8 +7,13 @@ batch). The meshes' dimension names differ: ``DeviceMesh`` equality ignores the 
 DTensor's caches would send one mesh's collectives to another's group.
 """
 
+import shutil
+import tempfile
+
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
@@ -182,6 +187,35 @@ def gradient_divide_factor_needs_sum_reductions_as_on_gloo(comm):
         model(x[rank]).sum().backward()
         for p, ref in zip(model.parameters(), whole.parameters()):
             assert torch.allclose(p.grad.full_tensor(), ref.grad / 3.0, rtol=1e-5, atol=1e-6), name
+
+
+@case
+def checkpoints_load_and_save_as_on_gloo(comm):
+    """torch asks an "mcr" group for its devices (it listed none): a full state dict loaded from
+    rank 0 (broadcast_from_rank0, FSDP2's way to load a checkpoint) and dcp.async_save."""
+    rank = comm.rank
+    whole = mlp()
+    for name, mesh in meshes().items():
+        model = fully_shard(mlp(), mesh=mesh)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.zero_()
+        set_model_state_dict(model, whole.state_dict() if rank == 0 else {},
+                             options=StateDictOptions(full_state_dict=True,
+                                                      broadcast_from_rank0=True))
+        for p, ref in zip(model.parameters(), whole.parameters()):
+            assert torch.equal(p.full_tensor(), ref.detach()), name
+    folder = comm.bcast(tempfile.mkdtemp(prefix="mcr-dcp-") if rank == 0 else None)
+    try:
+        state = {"x": torch.arange(4.0), "y": torch.full((2,), 7.0)}
+        dcp.async_save(state, checkpoint_id=folder).result()
+        loaded = {"x": torch.zeros(4), "y": torch.zeros(2)}
+        dcp.load(loaded, checkpoint_id=folder)
+        assert all(torch.equal(loaded[k], state[k]) for k in state), loaded
+    finally:
+        comm.Barrier()
+        if rank == 0:
+            shutil.rmtree(folder)
 
 
 # a job of its own: the meshes and DTensor's caches are the process's for good

@@ -340,6 +340,13 @@ class ProcessGroupMCR(_ProcessGroup):  # type: ignore[misc]
     def _get_backend(self, device: Any) -> ProcessGroupMCR:
         return self
 
+    # the devices torch asks a group for (a C++ group lists those of the backends
+    # registered with it; this one registers none): checkpointing's async_save and
+    # broadcast_from_rank0, object collectives' device, look here
+    @property
+    def _device_types(self) -> list[torch.device]:
+        return [torch.device("cpu"), torch.device("cuda")]
+
     def getBackendName(self) -> str:
         return "mcr"
 
