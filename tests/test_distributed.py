@@ -361,8 +361,8 @@ def unsupported_and_bad_calls_raise_clearly(comm):
         dist.all_reduce(torch.ones(2).to_sparse(), op=dist.ReduceOp.MAX, group=g)
     with raises(ValueError, "all_gather_coalesced", f"{size + 1} lists for {size} ranks"):
         dist.all_gather_coalesced([[torch.empty(1)]] * (size + 1), [torch.ones(1)], group=g)
-    with raises(ValueError, "not contiguous"):
-        dist.all_reduce(torch.ones(4, 4).t(), group=g)
+    with raises(ValueError, "all_reduce", "strides (0,)", "expanded tensor"):
+        dist.all_reduce(torch.ones(1).expand(4), group=g)
     with raises(ValueError, "input_split_sizes", "sum to"):
         dist.all_to_all_single(torch.empty(size), torch.empty(size), [1] * size,
                                [2] * size, group=g)
@@ -491,6 +491,44 @@ def all_gather_coalesced_lays_out_rank_then_tensor(comm):
     for r in range(comm.size):
         for i, shape in enumerate(shapes):
             assert torch.equal(outputs[r][i], torch.full(shape, float(10 * r + i))), (r, i)
+
+
+def strided(rank, rows=3, cols=4):
+    """A (rows, cols) tensor that is not contiguous (a transpose), rank's values."""
+    return (torch.arange(float(rows * cols)).view(cols, rows) + 100 * rank).t()
+
+
+@case.matrix(backend=BACKENDS)
+def tensors_of_any_strides_move_through_copies(comm, backend):
+    """A transpose, or chunks along dim 1, as inputs and outputs (torch's Gloo takes them; they
+    were refused as not contiguous): outputs are written in place through a contiguous copy."""
+    size, rank, g = comm.size, comm.rank, group(backend)
+    everyone = sum(strided(r) for r in range(size))
+    t = strided(rank)
+    dist.all_reduce(t, group=g)
+    assert torch.equal(t, everyone) and not t.is_contiguous()
+    t = strided(rank)
+    dist.all_reduce(t, op=dist.ReduceOp.AVG, group=g, async_op=True).wait()
+    assert torch.allclose(t, everyone / size)
+    t = strided(rank)
+    dist.broadcast(t, size - 1, group=g)
+    assert torch.equal(t, strided(size - 1))
+    big = torch.zeros(3, 4 * size)                    # all_gather into chunks along dim 1
+    dist.all_gather(list(big.chunk(size, dim=1)), strided(rank), group=g)
+    assert torch.equal(big, torch.cat([strided(r) for r in range(size)], dim=1))
+    out = torch.zeros(3, 4 * size).t()
+    dist.all_gather_into_tensor(out, strided(rank).t(), group=g)
+    assert torch.equal(out, torch.cat([strided(r).t() for r in range(size)]))
+    out = torch.zeros(4, 3).t()
+    dist.reduce_scatter_tensor(out, torch.cat([strided(rank)] * size), group=g)
+    assert torch.equal(out, sum(strided(r) for r in range(size)))
+    if size > 1:
+        t = strided(rank) if rank == 0 else torch.zeros(4, 3).t()
+        if rank == 0:
+            dist.send(t, 1, group=g)
+        elif rank == 1:
+            dist.recv(t, 0, group=g)
+            assert torch.equal(t, strided(0))
 
 
 @case

@@ -217,21 +217,53 @@ class Work(dist.Work):
 
 
 def _tensor(tensors: Sequence[torch.Tensor], op: str) -> torch.Tensor:
-    """The one tensor of a torch tensor list, contiguous (as Gloo and NCCL require)."""
+    """The one tensor of a torch tensor list (dense, of any strides)."""
     if len(tensors) != 1:
         raise ValueError(f"{op}: the 'mcr' backend takes one tensor per call "
                          f"(got {len(tensors)}); use the *_coalesced calls for several")
-    return _contiguous(tensors[0], op)
+    return _strided(tensors[0], op)
 
 
-def _contiguous(tensor: torch.Tensor, op: str) -> torch.Tensor:
+def _strided(tensor: torch.Tensor, op: str) -> torch.Tensor:
     if tensor.layout != torch.strided:
         raise TypeError(f"{op}: a tensor of layout {tensor.layout} is not supported; the 'mcr' "
                         "backend, as Gloo, takes sparse tensors in all_reduce only")
-    if not tensor.is_contiguous():
-        raise ValueError(f"{op}: tensor of shape {tuple(tensor.shape)} and strides "
-                         f"{tensor.stride()} is not contiguous; pass tensor.contiguous()")
     return tensor
+
+
+# MPI reads and writes contiguous memory: a tensor of other strides (a transpose,
+# a chunk along dim 1) moves through a contiguous copy
+def _dense(tensor: torch.Tensor) -> torch.Tensor:
+    """An input as MPI reads it: ``tensor``, or a contiguous copy of it."""
+    return tensor if tensor.is_contiguous() else tensor.contiguous()
+
+
+def _out(tensor: torch.Tensor, op: str) -> tuple[torch.Tensor, Callable[[], None] | None]:
+    """An output as MPI writes it: ``tensor`` and None, or a contiguous copy and what
+    copies it back into ``tensor`` once the operation completes."""
+    if tensor.is_contiguous():
+        return tensor, None
+    if any(stride == 0 and n > 1 for stride, n in zip(tensor.stride(), tensor.shape)):
+        raise ValueError(f"{op}: the output tensor of shape {tuple(tensor.shape)} and strides "
+                         f"{tensor.stride()} repeats its elements (an expanded tensor); pass "
+                         "one with memory of its own (tensor.clone())")
+    copy = tensor.contiguous()
+
+    def back() -> None:
+        tensor.copy_(copy)
+    return copy, back
+
+
+def _then(*steps: Callable[[], None] | None) -> Callable[[], None] | None:
+    """The steps that are not None, one after the other (None when there are none)."""
+    todo = [step for step in steps if step is not None]
+    if len(todo) < 2:
+        return todo[0] if todo else None
+
+    def run() -> None:
+        for step in todo:
+            step()
+    return run
 
 
 def _flat(tensors: Sequence[torch.Tensor], op: str) -> torch.Tensor:
@@ -406,8 +438,9 @@ class ProcessGroupMCR(_ProcessGroup):  # type: ignore[misc]
             return self._sparse_allreduce(tensors[0], opts)
         tensor = _tensor(tensors, "all_reduce")
         mpi_op, avg = self._op(opts, "all_reduce", tensor)
-        return self._run(opts, "all_reduce", "Allreduce", (MPI.IN_PLACE, tensor), {"op": mpi_op},
-                         [tensor], self._avg([tensor]) if avg else None)
+        work, back = _out(tensor, "all_reduce")
+        return self._run(opts, "all_reduce", "Allreduce", (MPI.IN_PLACE, work), {"op": mpi_op},
+                         [tensor], _then(self._avg([work]) if avg else None, back))
 
     def _sparse_allreduce(self, tensor: torch.Tensor, opts: Any) -> Work:
         """The sum of a sparse COO tensor over the group, as Gloo makes it: every
@@ -440,19 +473,23 @@ class ProcessGroupMCR(_ProcessGroup):  # type: ignore[misc]
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         opts = opts or dist.AllreduceCoalescedOptions()
-        requests = []
+        requests, works, backs = [], [], []
         for tensor in tensors:
             mpi_op, avg = self._op(opts, "all_reduce_coalesced", tensor)
-            requests.append(self.comm.Iallreduce(MPI.IN_PLACE,
-                                                 _contiguous(tensor, "all_reduce_coalesced"),
-                                                 op=mpi_op))
+            work, back = _out(_strided(tensor, "all_reduce_coalesced"), "all_reduce_coalesced")
+            requests.append(self.comm.Iallreduce(MPI.IN_PLACE, work, op=mpi_op))
+            works.append(work)
+            backs.append(back)
         return Work("all_reduce_coalesced", requests, list(tensors),
-                    self._avg(tensors) if tensors and avg else None)
+                    _then(self._avg(works) if tensors and avg else None, *backs))
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         opts = opts or dist.BroadcastOptions()
         tensor = _tensor(tensors, "broadcast")
-        return self._run(opts, "broadcast", "Bcast", (tensor,), {"root": opts.rootRank}, [tensor])
+        work, back = (_dense(tensor), None) if self.rank() == opts.rootRank \
+            else _out(tensor, "broadcast")
+        return self._run(opts, "broadcast", "Bcast", (work,), {"root": opts.rootRank}, [tensor],
+                         back)
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         opts = opts or dist.ReduceOptions()
@@ -461,13 +498,14 @@ class ProcessGroupMCR(_ProcessGroup):  # type: ignore[misc]
         root = opts.rootRank
         kwargs = {"op": mpi_op, "root": root}
         if self.rank() == root:
-            return self._run(opts, "reduce", "Reduce", (MPI.IN_PLACE, tensor), kwargs, [tensor],
-                             self._avg([tensor]) if avg else None)
-        return self._run(opts, "reduce", "Reduce", (tensor, None), kwargs, [tensor])
+            work, back = _out(tensor, "reduce")
+            return self._run(opts, "reduce", "Reduce", (MPI.IN_PLACE, work), kwargs, [tensor],
+                             _then(self._avg([work]) if avg else None, back))
+        return self._run(opts, "reduce", "Reduce", (_dense(tensor), None), kwargs, [tensor])
 
     def allgather(self, output_tensors: list[list[torch.Tensor]],
                   input_tensors: list[torch.Tensor], opts: Any = None) -> Work:
-        tensor = _tensor(input_tensors, "all_gather")
+        tensor = _dense(_tensor(input_tensors, "all_gather"))
         outputs = self._one_list(output_tensors, "all_gather")
         staged = torch.empty(sum(t.numel() for t in outputs), dtype=tensor.dtype,
                              device=tensor.device)
@@ -493,18 +531,19 @@ class ProcessGroupMCR(_ProcessGroup):  # type: ignore[misc]
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
                           opts: Any = None) -> Work:
-        output = _contiguous(output, "all_gather_into_tensor")
-        input = _contiguous(input, "all_gather_into_tensor")
-        if output.numel() != input.numel() * self.size():
-            raise ValueError(f"all_gather_into_tensor: output has {output.numel()} elements, "
+        name = "all_gather_into_tensor"
+        user_output = _strided(output, name)
+        if output.numel() != _strided(input, name).numel() * self.size():
+            raise ValueError(f"{name}: output has {output.numel()} elements, "
                              f"expected input's {input.numel()} x {self.size()} ranks")
+        output, back = _out(user_output, name)
+        input = _dense(input)
         send: Any = input
         if _overlap(input, output):     # FSDP's form: the input is this rank's block
             own = output.data_ptr() + self.rank() * input.numel() * input.element_size()
             own_block = input.dtype == output.dtype and input.data_ptr() == own
             send = MPI.IN_PLACE if own_block else input.clone()
-        return self._run(opts, "all_gather_into_tensor", "Allgather", (send, output), {},
-                         [output])
+        return self._run(opts, name, "Allgather", (send, output), {}, [user_output], back)
 
     _allgather_base = all_gather_single
 
@@ -525,22 +564,25 @@ class ProcessGroupMCR(_ProcessGroup):  # type: ignore[misc]
         if counts[self.rank()] != output.numel():
             raise ValueError(f"reduce_scatter: output has {output.numel()} elements, but this "
                              f"rank's input block has {counts[self.rank()]}")
+        work, back = _out(output, "reduce_scatter")
         return self._run(opts, "reduce_scatter", "Reduce_scatter",
-                         (_flat(inputs, "reduce_scatter"), output),
+                         (_flat(inputs, "reduce_scatter"), work),
                          {"recvcounts": counts, "op": mpi_op}, [output],
-                         self._avg([output]) if avg else None)
+                         _then(self._avg([work]) if avg else None, back))
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
                               opts: Any = None) -> Work:
         opts = opts or dist.ReduceScatterOptions()
         name = "reduce_scatter_tensor"
-        output, input = _contiguous(output, name), _contiguous(input, name)
+        output, input = _strided(output, name), _strided(input, name)
         if input.numel() != output.numel() * self.size():
             raise ValueError(f"{name}: input has {input.numel()} elements, expected "
                              f"output's {output.numel()} x {self.size()} ranks")
         mpi_op, avg = self._op(opts, name, output)
-        return self._run(opts, name, "Reduce_scatter_block", (_apart(input, output), output),
-                         {"op": mpi_op}, [output], self._avg([output]) if avg else None)
+        work, back = _out(output, name)
+        return self._run(opts, name, "Reduce_scatter_block", (_apart(_dense(input), work), work),
+                         {"op": mpi_op}, [output], _then(self._avg([work]) if avg else None,
+                                                         back))
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -569,14 +611,15 @@ class ProcessGroupMCR(_ProcessGroup):  # type: ignore[misc]
                           output_split_sizes: list[int], input_split_sizes: list[int],
                           opts: Any = None) -> Work:
         name = "all_to_all_single"
-        output, input = _contiguous(output, name), _contiguous(input, name)
-        input = _apart(input, output)
+        output, input = _strided(output, name), _strided(input, name)
         # Alltoallv even without splits: a rank that gives even splits, or
         # none, must match the others whichever they do (MPI does not match
         # Alltoall with Alltoallv)
         send = self._splits(input, input_split_sizes, "input_split_sizes")
         recv = self._splits(output, output_split_sizes, "output_split_sizes")
-        return self._run(opts, name, "Alltoallv", ([input, send], [output, recv]), {}, [output])
+        work, back = _out(output, name)
+        return self._run(opts, name, "Alltoallv", ([_apart(_dense(input), work), send],
+                                                   [work, recv]), {}, [output], back)
 
     alltoall_base = all_to_all_single       # the name torch 2.11's all_to_all_single calls
 
@@ -602,7 +645,7 @@ class ProcessGroupMCR(_ProcessGroup):  # type: ignore[misc]
     def gather(self, output_tensors: list[list[torch.Tensor]],
                input_tensors: list[torch.Tensor], opts: Any = None) -> Work:
         opts = opts or dist.GatherOptions()
-        tensor = _tensor(input_tensors, "gather")
+        tensor = _dense(_tensor(input_tensors, "gather"))
         root = opts.rootRank
         if self.rank() != root:
             return self._run(opts, "gather", "Gatherv", (tensor, None), {"root": root}, [])
@@ -618,12 +661,14 @@ class ProcessGroupMCR(_ProcessGroup):  # type: ignore[misc]
         opts = opts or dist.ScatterOptions()
         tensor = _tensor(output_tensors, "scatter")
         root = opts.rootRank
+        work, back = _out(tensor, "scatter")
         if self.rank() != root:
-            return self._run(opts, "scatter", "Scatterv", (None, tensor), {"root": root},
-                             [tensor])
+            return self._run(opts, "scatter", "Scatterv", (None, work), {"root": root},
+                             [tensor], back)
         inputs = self._one_list(input_tensors, "scatter")
         send = [_flat(inputs, "scatter"), [t.numel() for t in inputs]]
-        return self._run(opts, "scatter", "Scatterv", (send, tensor), {"root": root}, [tensor])
+        return self._run(opts, "scatter", "Scatterv", (send, work), {"root": root}, [tensor],
+                         back)
 
     def barrier(self, opts: Any = None) -> Work:
         """A barrier that gives up after ``opts.timeout`` (``dist.barrier``'s
@@ -709,7 +754,7 @@ class ProcessGroupMCR(_ProcessGroup):  # type: ignore[misc]
         if len(tensors) != self.size():
             raise ValueError(f"{op}: the list has {len(tensors)} tensors for "
                              f"{self.size()} ranks")
-        return [_contiguous(t, op) for t in tensors]
+        return [_strided(t, op) for t in tensors]
 
     def _merged(self, op: str, works: list[Work]) -> Work:
         """One work over several (the *_coalesced calls)."""
@@ -725,17 +770,19 @@ class ProcessGroupMCR(_ProcessGroup):  # type: ignore[misc]
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Work:
         tensor = _tensor(tensors, "send")
-        return Work("send", [self.comm.Isend(tensor, dst, tag)], [tensor])
+        return Work("send", [self.comm.Isend(_dense(tensor), dst, tag)], [tensor])
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> Work:
         tensor = _tensor(tensors, "recv")
-        return Work("recv", [self.comm.Irecv(tensor, src, tag)], [tensor])
+        work, back = _out(tensor, "recv")
+        return Work("recv", [self.comm.Irecv(work, src, tag)], [tensor], back)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> Work:
         tensor = _tensor(tensors, "recv")
+        work, back = _out(tensor, "recv")
         status = MPI.Status()
-        request = self.comm.Irecv(tensor, MPI.ANY_SOURCE, tag)
-        return Work("recv", [request], [tensor], status=status)
+        request = self.comm.Irecv(work, MPI.ANY_SOURCE, tag)
+        return Work("recv", [request], [tensor], back, status=status)
 
     # -- lifetime ------------------------------------------------------------
 
