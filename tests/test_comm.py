@@ -64,6 +64,17 @@ def create_group_of_the_first_half(comm):
         sub.Allreduce(np.full(3, comm.rank, dtype=np.int32), y, op=mcr.MAX)
         assert y.tolist() == [max(half)] * 3
         sub.Free()
+        # without a parent (MPI-4): an mcr.Comm (it was mpi4py's Intracomm), on any backend
+        made = mcr.Comm.Create_from_group(group, "mcr.test")
+        assert type(made) is mcr.Comm and made.size == len(half), type(made)
+        x = torch.full((2,), float(comm.rank + 1))
+        made.Allreduce(mcr.IN_PLACE, x, backend="gloo")
+        assert torch.equal(x, torch.full((2,), float(sum(r + 1 for r in half))))
+        made.Free()
+        from mcr import MPI
+        made = MPI.Comm.Create_from_group(group, "mcr.test2")
+        assert isinstance(made, MPI.Comm) and isinstance(made, mcr.Comm), type(made)
+        made.Free()
     group.Free()
 
 

@@ -471,6 +471,17 @@ cdef class _CommBase(_MPI.Intracomm):
                                            _MPI.Intracomm.Create_group, (group, tag), -1,
                                            False))
 
+    @classmethod
+    def Create_from_group(cls, group, stringtag="org.mpi4py", info=None, errhandler=None):
+        """Create a communicator from a group without a parent (MPI-4, collective over
+        the group's processes); see mpi4py. Returns an object of this class (an
+        ``mcr.Comm``), with the settings of ``$MCR_BACKEND``, ``$MCR_TIMEOUT`` and
+        ``$MCR_CHECK``, as ``COMM_WORLD``'s."""
+        if info is None:
+            info = _mpi4py.INFO_NULL
+        return of_class(cls, _MPI.Intracomm.Create_from_group(group, stringtag, info,
+                                                              errhandler))
+
     # -- Topologies --------------------------------------------------------------------
     # MPI's calls, through mpi4py's methods; the result is mcr's class of the
     # topology (Cartcomm, ...), a Comm with mpi4py's topology methods
