@@ -692,6 +692,28 @@ def dups_with_hints_and_nonblocking_dups_are_watched(comm):
 
 
 @case
+def an_idup_waited_late_under_a_timeout_and_checked_mode(comm):
+    """Valid MPI: Idup, then blocking collectives on the parent and on another communicator, one
+    rank late, then the Idup's Wait. Timed and checked calls post non-blocking collectives,
+    which Open MPI ordered differently from the Idup's rounds on the processes
+    (MPI_ERR_INTERN, TimeoutError): they wait for the Idup first."""
+    for check in (False, True):
+        c, other = timed(comm, check), timed(comm)
+        c.timeout = other.timeout = 30.0
+        copy, req = c.Idup()
+        if comm.rank == 0:
+            time.sleep(0.2)
+        x, y = torch.ones(2), torch.ones(3)
+        other.Allreduce(mcr.IN_PLACE, y)
+        c.Allreduce(mcr.IN_PLACE, x)
+        req.Wait()
+        assert torch.equal(x, torch.full((2,), float(comm.size)))
+        assert torch.equal(y, torch.full((3,), float(comm.size)))
+        assert_allreduce_works(copy)
+        free(copy, other, c)
+
+
+@case
 def topologies_are_watched_as_constructors(comm):
     # Create_cart, the graph constructors and Cartcomm.Sub block as Split does, keeping the timeout
     size, rank = comm.size, comm.rank

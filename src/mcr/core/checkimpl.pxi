@@ -1043,6 +1043,8 @@ cdef object meet(Comm comm, str call, int root=-1, _Call c=None):
         w = comm.recorded_watch()
     if w is None or comm.unlogged:
         return None
+    if comm.idups:
+        settle_idups(comm)
     w.seq += 1
     p = comm_call_pend(comm, w, call, w.seq, root) if w.timeout > 0 or recorder_on \
         else None
@@ -1066,6 +1068,20 @@ cdef object meet(Comm comm, str call, int root=-1, _Call c=None):
             pend_end(<_Pend>p, PEND_FAILED)
         raise
     return p
+
+
+cdef int settle_idups(Comm comm) except -1:
+    """Before a watched collective on `comm`: wait for the Idups of `comm` still pending
+    (bounded by their timeout). Open MPI posts an Idup's rounds on its parent as progress
+    finds them, so the non-blocking collectives a watched call posts (its own form under a
+    timeout, checked mode's exchange, a constructor's barrier) could come before a round on
+    some processes and after it on others: MPI_ERR_TRUNCATE, a hang. Every process of
+    `comm` makes the same collectives, so every one waits here too."""
+    cdef list idups = comm.idups
+    while idups:
+        (<Request>idups[0]).Wait()
+        del idups[0]
+    return 0
 
 
 cdef object watched_comm_call(Comm comm, _Call c, Py_ssize_t i):
@@ -1404,6 +1420,8 @@ cdef class _Watched(Interceptor):
         cdef long long seq = 0
         cdef bint collective = not OP_TABLE[c.op].flags & OP_P2P
         cdef int form = c.form
+        if collective and comm.idups:
+            settle_idups(comm)
         if collective:
             w.seq += 1
             seq = w.seq

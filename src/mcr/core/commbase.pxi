@@ -14,6 +14,7 @@ cdef class _CommBase(_MPI.Intracomm):
     cdef bint unlogged             # mcr's private communicator: the logger skips it
     cdef _Watch watch              # checked mode, timeout, records (checkimpl.pxi), or None
     cdef object meeting            # a constructor's barrier that timed out (meet), or None
+    cdef list idups                # requests of its Idups, until a watched collective (settle)
     cdef object nbplan             # a topology's neighbourhood rounds (neighbor.pxi), or None
     cdef Py_ssize_t pending        # requests posted here not yet seen to complete (settle)
     cdef MPI_Comm deferred         # freed by Free while some were pending: freed at the last
@@ -350,8 +351,14 @@ cdef class _CommBase(_MPI.Intracomm):
         schedule under it: a segfault in the wait)."""
         comm, request = self.comm_call(COMM_STARTED, NONBLOCKING, call, make, args, -1,
                                        False)
-        return self.inherit(comm), pending_on(<Comm>self, request if isinstance(
-            request, Request) else as_mcr_request(request, 0, None))
+        request = pending_on(<Comm>self, request if isinstance(request, Request)
+                             else as_mcr_request(request, 0, None))
+        if self.idups is None:
+            self.idups = []
+        else:                        # (those waited meanwhile: they are done)
+            self.idups = [r for r in self.idups if (<Request>r).ob_mpi != MPI_REQUEST_NULL]
+        self.idups.append(request)
+        return self.inherit(comm), request
 
     cdef object posted(self, str call, object make, tuple args, str backend="mpi"):
         """The non-blocking collective `make(self, *args)` (`call`, such as
