@@ -1075,7 +1075,13 @@ def phase_torch(rep, env):
         dist.all_gather_into_tensor(out, full((3,), rank), group=g)
         compare(out, torch.arange(size, dtype=torch.float32).repeat_interleave(3),
                 "all_gather_into_tensor")
-        return "all_reduce, all_to_all_single (uneven), all_gather_into_tensor"
+        # a transpose: through a contiguous copy, written back on the caller's stream
+        t = (torch.arange(12.0, device=device).view(4, 3) + rank).t()
+        dist.all_reduce(t, op=dist.ReduceOp.AVG, group=g, async_op=True).wait()
+        compare(t.reshape(-1), (torch.arange(12.0).view(4, 3) + (size - 1) / 2).t().reshape(-1),
+                "strided all_reduce")
+        return ("all_reduce, all_to_all_single (uneven), all_gather_into_tensor, "
+                "strided all_reduce (AVG)")
     losses = {}
 
     def ddp(name):
