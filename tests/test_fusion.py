@@ -342,6 +342,30 @@ def a_late_rank_makes_fused_waits_time_out(comm, backend, wait, late):
     assert_comm_works(c)
 
 
+@case
+def a_late_rank_at_the_backends_first_use_times_out_then_goes_on(comm):
+    # a fused bucket whose posting is the first call on Gloo (its set-up is collective) with
+    # the last rank late: the others' Wait times out naming the set-up; waited for again once
+    # the late rank comes, the calls give the right values (they returned their own, before)
+    c = comm.Dup()
+    c.timeout = TIMEOUT
+    f = mcr.Fusion(c, backend="gloo")
+    calls = Calls(c, f)
+    last = comm.rank == comm.size - 1
+    reqs = [] if last else [calls.allreduce(3) for _ in range(2)]
+    if reqs and comm.size > 1:
+        with raises(mcr.TimeoutError, "first call on backend 'gloo'"):
+            reqs[0].Wait()
+    comm.Barrier()
+    if last:
+        reqs = [calls.allreduce(3) for _ in range(2)]
+    mcr.Request.Waitall(reqs)
+    calls.check()
+    f.close()
+    assert_comm_works(c)
+    c.Free()
+
+
 _timed = {}
 
 

@@ -87,6 +87,8 @@ from bisect import bisect_left
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from .errors import TimeoutError as _Timeout
+
 if TYPE_CHECKING:
     from ._core import Comm, Request
 
@@ -95,7 +97,7 @@ __all__ = ["Fusion", "DEFAULT_BUCKET_BYTES"]
 DEFAULT_BUCKET_BYTES = 1 << 20
 
 _ALLREDUCE, _BCAST, _ALLGATHER = "allreduce", "bcast", "allgather"
-_OPEN, _POSTED, _DONE, _FAILED = 0, 1, 2, 3
+_OPEN, _POSTED, _DONE, _FAILED, _STALLED = 0, 1, 2, 3, 4
 _EVERY = -1                 # a decision's first call that means "every open bucket"
 _NEVER = 1 << 62            # a call index no program reaches
 _TAG = 1
@@ -209,11 +211,20 @@ class _Bucket:
         self.state, self.error = _FAILED, error
         self.ins, self.outs, self.buf, self.req = [], [], None, None
 
+    def stall(self, error: BaseException) -> None:
+        """Posting its collective timed out (`error`, an mcr.TimeoutError: a backend's
+        first use, set up collectively, waits for a late process): it stays to post,
+        again at the next wait or test of its calls, or flush."""
+        self.state, self.error = _STALLED, error
+        self.buf, self.req = None, None
+
     def test(self) -> bool:
         """Whether the posted collective has completed (Waitall and the other
         class methods ask once per turn for all the calls of the bucket)."""
         if self.state == _FAILED:
             raise self.error  # type: ignore[misc]
+        if self.state == _STALLED:
+            self.fusion._posting([])          # (again, with the buckets stalled before it)
         if self.state == _POSTED:
             f = self.fusion
             if f._st.timed and f._st.open:
@@ -232,6 +243,8 @@ class _Bucket:
             return True
         if self.state == _FAILED:
             raise self.error  # type: ignore[misc]
+        if self.state == _STALLED:
+            return self.test()
         if self.state == _OPEN:
             f = self.fusion
             f._wanted(self)           # rank 0 posts it; the others read decisions
@@ -261,6 +274,8 @@ class _Bucket:
         """Copy the results out, once for the whole bucket."""
         if self.state == _FAILED:
             raise self.error  # type: ignore[misc]
+        if self.state == _STALLED:
+            self.fusion._posting([])
         if self.buf is None:
             return
         if self.state != _DONE:
@@ -320,6 +335,7 @@ class Fusion:
                  "_pack", "_unpack", "_ops", "_waits_at_once", "_timed_wait",
                  "_rank", "_size", "_leader", "_st", "_cycle", "_since",
                  "_backend", "_ctl", "_sends", "_rbuf", "_rreq", "_queue", "_posted",
+                 "_stalled",
                  "_driving", "_quiet_calls", "_thread", "_busy", "_defer", "_cuda", "_driven",
                  "trace")
 
@@ -378,6 +394,7 @@ class Fusion:
         self._st.count = 0                   # fused calls so far
         self._st.closed = False
         self._posted: deque[_Bucket] = deque()   # posted, not yet seen complete
+        self._stalled: list[_Bucket] = []        # closed, their posting timed out: in order
         # driven by every wait of the process while buckets are open
         # (mcr.stages): the thread that opened the newest bucket, whether the
         # fusion is posting buckets (nothing it calls may drive it then), and
@@ -583,10 +600,14 @@ class Fusion:
         self._posting(buckets)
 
     def _posting(self, buckets: list[_Bucket]) -> None:
-        """Post `buckets`, in order, as this fusion's own work: what the
-        posting calls drive (mcr.stages) leaves this fusion alone (busy),
-        and the calls of this thread drive nothing meanwhile (quiet: a
-        bucket costs no look at every driver)."""
+        """Post `buckets`, in order, after those whose posting timed out before
+        (stalled: every process posts the buckets in one order), as this
+        fusion's own work: what the posting calls drive (mcr.stages) leaves
+        this fusion alone (busy), and the calls of this thread drive nothing
+        meanwhile (quiet: a bucket costs no look at every driver). A timeout
+        leaves the buckets from there stalled, another error fails them."""
+        if self._stalled:
+            buckets, self._stalled = self._stalled + buckets, []
         busy, self._busy = self._busy, True
         quiet = self._quiet_calls(True)
         try:
@@ -594,8 +615,13 @@ class Fusion:
                 try:
                     b.post()
                 except BaseException as exc:
-                    for failed in buckets[i:]:    # (they stay unposted: their calls fail)
-                        failed.fail(exc)
+                    if isinstance(exc, _Timeout):
+                        self._stalled = buckets[i:]
+                        for stalled in self._stalled:
+                            stalled.stall(exc)
+                    else:
+                        for failed in buckets[i:]:    # (they stay unposted: calls fail)
+                            failed.fail(exc)
                     if not self._defer:
                         raise
                     break
@@ -731,6 +757,8 @@ class Fusion:
         """
         if self._st.closed:
             return
+        if self._stalled:
+            self._posting([])
         if self._leader:
             self._flush_all()
             return
@@ -852,7 +880,9 @@ class Fusion:
         else:
             call = f"Iallgather {dtype}[{count}]"
         calls = f"calls {b.first}-{b.calls[-1]}" if b.calls else "its calls"
-        if b.state == _OPEN:
+        if b.state == _STALLED:
+            why = f"its bucket ({calls}) is not posted yet: {b.error}"
+        elif b.state == _OPEN:
             why = (f"its bucket ({calls}) is not posted" if self._leader else
                    f"its bucket ({calls}) is not posted: rank 0 has not decided where it "
                    "ends (it does when it waits for or tests a request, or flushes)")

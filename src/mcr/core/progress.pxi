@@ -311,6 +311,8 @@ cdef class _Work:
             for w in self.works:
                 if not w.is_completed():   # (one whose operation failed may raise here)
                     return False
+        except _errors.TimeoutError:    # pending still (a fused bucket's posting timed out)
+            raise
         except _builtins.Exception:     # (`Exception` here is mcr.Exception)
             self.fail()
             raise
