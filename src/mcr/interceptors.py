@@ -38,9 +38,10 @@ Interceptors also see the calls that make communicators (``Dup``, ``Split``,
 arguments, ``call.backend`` is ``"mpi"``). They see the program's calls
 only: mcr's own exchanges on the communicator (a backend's set-up the first
 time it runs there, auto's agreement on its tuning table) run on mpi4py's
-view of it, after the processes have met within the communicator's timeout.
-A neighbourhood collective is seen once, not again as the mpi4py calls that
-run it.
+view of it, after the processes have met within the communicator's timeout;
+a compressed call's stages run on private communicators that they do not see
+(nor its Dups). A neighbourhood collective is seen once, not again as the
+mpi4py calls that run it.
 
 Adding a feature is one class and one registration::
 

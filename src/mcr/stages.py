@@ -112,9 +112,10 @@ class Group:
         ``MPI_Comm_idup`` only once the others have posted the ones it posted
         after it."""
         while len(self.comms) < stages:
-            private = self.comm.Dup()           # (a window: Comm.made)
+            # (a window: Comm.made); unlogged: the logger records the user's call, and
+            # the program's interceptors see that call, not mcr's Dup and stages
+            private = _core._private_dup(self.comm)
             private.compress = None             # its payloads are encoded already
-            _core._set_unlogged(private)        # the logger records the user's call
             if self.backend != "mpi":
                 # the backend's group too, now: a lazy one would be set up
                 # inside some stage's post, which processes reach at different

@@ -119,9 +119,20 @@ cdef int call_id(object name) except -1:
 
 def _set_unlogged(comm):
     """Mark `comm` as one of mcr's private communicators (those of
-    mcr.compress, mcr.Fusion): the logger does not record its calls."""
+    mcr.compress, mcr.Fusion): the logger, the watch, the program's hooks and
+    interceptors do not see its calls."""
     (<Comm?>comm).unlogged = True
     (<Comm>comm).epoch = 0        # its chain: without the logger and the watch
+
+
+def _private_dup(comm):
+    """A private copy of `comm` (unlogged), made by a Dup on its chain (the progress
+    engine's window; checked mode and the timeout see the collective) that the
+    program's interceptors do not see: mcr makes it, not the program."""
+    cdef Comm c = <Comm?>comm
+    copy = c.inherit(c.made("Dup", _MPI.Intracomm.Dup, (), -1, True))
+    _set_unlogged(copy)
+    return copy
 
 
 cdef str method_name(int op, int form):
@@ -192,7 +203,7 @@ cdef class _Hooks(Interceptor):
     it runs, and the callables they return get its result."""
 
     cdef bint applies_to(self, Comm comm) except -1:
-        return bool(call_hooks)
+        return bool(call_hooks) and not comm.unlogged
 
     cdef object run_call(self, Comm comm, _Call c, Py_ssize_t i):
         if OP_TABLE[c.op].flags & OP_COMM:      # (the hooks see the buffer methods')

@@ -57,7 +57,7 @@ cdef class Interceptor:
         return next(call)
 
     cdef bint applies_to(self, Comm comm) except -1:
-        return bool(self.applies(comm))
+        return not comm.unlogged and bool(self.applies(comm))     # (the program's calls)
 
     cdef str reshapes(self, Comm comm, _Call c):
         """What this interceptor will make of the parsed call's message that
