@@ -336,10 +336,16 @@ def test_mcr_log_env_writes_table_json_and_trace(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_summary_per_rank():
-    out = run_logged(["-c", "import mcr, torch\nmcr.COMM_WORLD.Bcast(torch.ones(3), 0)\n"],
-                     "summary:ranks")
-    assert "(rank 0 of 2)" in out and "(rank 1 of 2)" in out and out.count("Bcast") == 2
+def test_summary_per_rank_and_files_per_rank_after_finalize(tmp_path):
+    """A program that finalizes MPI itself: each rank labels its table and writes its own
+    file, named by its rank."""
+    jpath = tmp_path / "calls.jsonl"
+    out = run_logged(["-c", "import mcr, torch\nmcr.COMM_WORLD.Bcast(torch.ones(3), 0)\n"
+                      "from mpi4py import MPI\nMPI.Finalize()\n"], f"summary:ranks,json:{jpath}")
+    assert "(rank 0 of 2)" in out and "(rank 1 of 2)" in out and out.count("Bcast") == 2, out
+    assert not jpath.exists()
+    for rank in (0, 1):
+        assert fields(output.read_json(f"{jpath}.{rank}"), "rank", "op") == [(rank, "Bcast")]
 
 
 def test_bad_mcr_log_fails_import_without_mpi(tmp_path):

@@ -95,6 +95,7 @@ _on = False
 _keep = False
 _env_done = False
 _offset_ns: int | None = None
+_world_seen = (0, 1)         # COMM_WORLD's (rank, size), for after the program finalizes MPI
 
 
 def _core() -> ModuleType:
@@ -125,6 +126,7 @@ def start(records: bool = False) -> None:
     global _on, _keep
     _on, _keep = True, _keep or bool(records)
     _core()._log_set(True, _keep, _sink)
+    _world()            # remember the rank and size while MPI surely runs (the core is loaded)
 
 
 def stop() -> None:
@@ -153,11 +155,15 @@ def _comm_names() -> dict[int, str]:
 
 
 def _world() -> tuple[int, int, bool]:
-    """(rank, size, whether MPI is running) of COMM_WORLD."""
+    """(rank, size, whether MPI is running) of COMM_WORLD; once MPI is finalized, the
+    rank and size seen last (at ``start`` at the latest), so each rank still writes
+    its own file and labels its table."""
+    global _world_seen
     from mpi4py import MPI
     if not MPI.Is_initialized() or MPI.Is_finalized():
-        return 0, 1, False
-    return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size(), True
+        return *_world_seen, False
+    _world_seen = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+    return *_world_seen, True
 
 
 def records() -> list[dict[str, Any]]:
