@@ -392,6 +392,15 @@ def ineligible_calls_run_unfused(comm):
             f.Iallreduce(torch.ones(6), strided)
         with raises(ValueError, "recvbuf has 5"):     # the core's error, unchanged
             f.Iallreduce(torch.ones(6), torch.zeros(5))
+        with raises(BufferError, "sendbuf", "not contiguous"):
+            f.Iallgather(torch.zeros(6)[::2], torch.zeros(3 * comm.size))
+        # dtypes the core does not take: rejected at the call, not at the Wait
+        with raises(TypeError, "float8_e4m3fn is not supported"):
+            f.Iallreduce(mcr.IN_PLACE, torch.zeros(2, dtype=torch.float8_e4m3fn))
+        with raises(TypeError, "float8_e5m2 is not supported"):
+            f.Ibcast(torch.zeros(2, dtype=torch.float8_e5m2))
+        with raises(TypeError, "float8_e5m2 is not supported"):
+            f.Iallgather(mcr.IN_PLACE, torch.zeros(comm.size, dtype=torch.float8_e5m2))
         assert f.trace == []
     assert_comm_works(comm)
     # after the with block: forwarded unfused, not fused

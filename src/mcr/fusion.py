@@ -19,7 +19,8 @@ on complex), ``Ibcast``, and ``Iallgather`` (blocks of equal size; sendbuf a
 tensor or ``IN_PLACE``). A bucket holds calls of one kind only: operation,
 op (Allreduce) or root (Bcast), dtype, device and backend; calls of other
 kinds go to their own buckets. Anything else (a message spec list, a tensor
-of more than ``bucket_bytes`` bytes, other ops) runs unfused, after a flush.
+of more than ``bucket_bytes`` bytes, other ops, arguments the core rejects, such
+as a dtype it does not support) runs unfused, after a flush.
 ``bucket_bytes`` counts what each rank contributes (for Allgather, its send
 block).
 
@@ -332,7 +333,7 @@ class Fusion:
     """
 
     __slots__ = ("_comm", "_torch", "_tensor", "_in_place", "_request", "_meta", "_quick",
-                 "_pack", "_unpack", "_ops", "_waits_at_once", "_timed_wait",
+                 "_pack", "_unpack", "_ops", "_dtypes", "_waits_at_once", "_timed_wait",
                  "_rank", "_size", "_leader", "_st", "_cycle", "_since",
                  "_backend", "_ctl", "_sends", "_rbuf", "_rreq", "_queue", "_posted",
                  "_stalled",
@@ -376,6 +377,10 @@ class Fusion:
         self._quiet_calls = _core._staged_quiet
         self._waits_at_once = _core._waits_at_once
         self._ops = (MPI.SUM, MPI.PROD, MPI.MAX, MPI.MIN)
+        # the dtypes the core takes: a call on any other goes unfused, so the core
+        # rejects it at the call rather than its bucket at the Wait
+        self._dtypes = frozenset(getattr(torch, row[0]) for row in _core.TYPE_TABLE
+                                 if hasattr(torch, row[0]))
         self._rank = comm.Get_rank()
         self._size = comm.Get_size()
         self._leader = self._rank == 0
@@ -455,7 +460,7 @@ class Fusion:
             out = recvbuf if recvbuf.dim() == 1 else recvbuf.view(-1)
             if sendbuf is self._in_place:
                 inp = out
-            elif (type(sendbuf) is T and sendbuf.dtype is dtype
+            elif (type(sendbuf) is T and sendbuf.dtype is dtype and sendbuf.is_contiguous()
                   and sendbuf.get_device() == device and sendbuf.numel() == n):
                 inp = sendbuf if sendbuf.dim() == 1 else sendbuf.reshape(-1)
             else:
@@ -492,7 +497,7 @@ class Fusion:
             out = recvbuf.view(-1)
             if sendbuf is self._in_place:
                 inp = out[rank * n:(rank + 1) * n] if n * size == total else None
-            elif (type(sendbuf) is T and sendbuf.dtype == dtype
+            elif (type(sendbuf) is T and sendbuf.dtype == dtype and sendbuf.is_contiguous()
                   and sendbuf.get_device() == device and sendbuf.numel() * size == total):
                 inp = sendbuf.reshape(-1)
             else:
@@ -558,7 +563,7 @@ class Fusion:
                 tensor: Any) -> _Bucket | None:
         """A new open bucket for `key`, or None if such calls are not fused."""
         device = tensor.device.type
-        if device not in ("cpu", "cuda"):
+        if device not in ("cpu", "cuda") or tensor.dtype not in self._dtypes:
             return None
         if kind == _ALLREDUCE:
             dtype = tensor.dtype
