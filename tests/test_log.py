@@ -19,6 +19,7 @@ import mcr.log
 from mcr import _core
 from mcr import launch
 from mcr.log import output, report
+from mcr.log.__main__ import main as log_main
 from mcr.log.config import Config
 from mpiharness import case, mpi_cases, mpi_env, run_script
 from opref import rank_data
@@ -291,7 +292,7 @@ def run_logged(args, mcr_log):
     return result.stdout
 
 
-def test_mcr_log_env_writes_table_json_and_trace(tmp_path):
+def test_mcr_log_env_writes_table_json_and_trace(tmp_path, capsys):
     script = tmp_path / "prog.py"
     script.write_text(PROGRAM)
     jpath, tpath = tmp_path / "calls.jsonl", tmp_path / "trace.json"
@@ -334,6 +335,16 @@ def test_mcr_log_env_writes_table_json_and_trace(tmp_path):
                               str(png)], capture_output=True, text=True, timeout=120)
     assert plotted.returncode == 0, plotted.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the file written is the one named, and said; one that cannot be is refused first
+    noext = tmp_path / "figure"
+    assert log_main(["plot", str(tpath), "--out", str(noext)]) == 0
+    assert f"wrote {noext} (16 calls)" in capsys.readouterr().out
+    assert noext.read_bytes()[:8] == png.read_bytes()[:8]
+    for out, why in ((tmp_path, "it is a folder"),
+                     (tmp_path / "no" / "x.png", f"cannot create a file in {tmp_path}/no")):
+        assert log_main(["plot", str(tpath), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"mcr.log: cannot write {out}: {why}") and err.count("\n") == 1, err
 
 
 def test_summary_per_rank_and_files_per_rank_after_finalize(tmp_path):

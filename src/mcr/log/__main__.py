@@ -6,8 +6,11 @@
 """
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
+
+from mcr._outputs import unwritable
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -22,10 +25,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_sum.add_argument("file")
     p_plot = sub.add_parser("plot", help="draw a JSON log or trace (matplotlib)")
     p_plot.add_argument("file")
-    p_plot.add_argument("--out", default=None, help="the PNG to write (default FILE.png)")
+    p_plot.add_argument("--out", default=None, help="the figure to write: a PNG, or the format "
+                        "its extension names (default FILE.png)")
     p_plot.add_argument("--title", default="")
     sub.add_parser("overhead", help="measure what logging costs per call")
     args = parser.parse_args(argv)
+    if args.command == "plot":
+        args.out = args.out or os.path.splitext(args.file)[0] + ".png"
+        problem = unwritable(args.out)        # before the work
+        if problem:
+            print(f"mcr.log: cannot write {args.out}: {problem}", file=sys.stderr)
+            return 2
 
     from .output import read_json
     try:
@@ -39,13 +49,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                              f"mcr communication summary ({args.file}, all ranks)"))
         return 0
     from .plot import plot
-    out = args.out or args.file.rsplit(".", 1)[0] + ".png"
     try:
-        plot(records, out, args.title)
+        plot(records, args.out, args.title)
     except (ValueError, ImportError) as exc:
         print(f"mcr.log: {exc}", file=sys.stderr)
         return 2
-    print(f"mcr.log: wrote {out} ({len(records)} calls)")
+    print(f"mcr.log: wrote {args.out} ({len(records)} calls)")
     return 0
 
 

@@ -2,6 +2,7 @@
 backend, the histogram of message sizes, and a timeline of the calls."""
 
 import math
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -15,12 +16,13 @@ def _color(backend: str) -> str:
 
 
 def plot(records: Sequence[Mapping[str, Any]], out: str, title: str = "") -> None:
-    """Draw the figure of ``records`` (dicts of a JSON log or a trace) into ``out``.
+    """Draw the figure of ``records`` (dicts of a JSON log or a trace) into the file
+    ``out``: a PNG, or the format its extension names (``.svg``, ``.pdf``, ...).
 
     Raises
     ------
     ValueError
-        If there are no records.
+        If there are no records, or matplotlib writes no format of ``out``'s extension.
     ImportError
         If matplotlib is missing (``pip install "mcr[bench]"``).
     """
@@ -78,5 +80,6 @@ def plot(records: Sequence[Mapping[str, Any]], out: str, title: str = "") -> Non
                    loc="upper right")
     fig.suptitle(title or f"mcr.log: {len(records)} calls on {len(ranks)} ranks")
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    # with no extension, matplotlib would write out + ".png": write `out` itself
+    fig.savefig(out, dpi=110, format=None if os.path.splitext(out)[1] else "png")
     plt.close(fig)
