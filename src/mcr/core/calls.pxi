@@ -119,8 +119,8 @@ cdef int call_id(object name) except -1:
 
 def _set_unlogged(comm):
     """Mark `comm` as one of mcr's private communicators (those of
-    mcr.compress, mcr.Fusion): the logger, the watch, the program's hooks and
-    interceptors do not see its calls."""
+    mcr.compress, mcr.Fusion): the logger, the watch and the program's interceptors
+    do not see its calls (the call hooks do: every buffer call)."""
     (<Comm?>comm).unlogged = True
     (<Comm>comm).epoch = 0        # its chain: without the logger and the watch
 
@@ -203,7 +203,7 @@ cdef class _Hooks(Interceptor):
     it runs, and the callables they return get its result."""
 
     cdef bint applies_to(self, Comm comm) except -1:
-        return bool(call_hooks) and not comm.unlogged
+        return bool(call_hooks)     # (on private communicators too: every buffer call)
 
     cdef object run_call(self, Comm comm, _Call c, Py_ssize_t i):
         if OP_TABLE[c.op].flags & OP_COMM:      # (the hooks see the buffer methods')
