@@ -1456,8 +1456,11 @@ cdef class _Watched(Interceptor):
         req = <Request>result
         if form == PERSISTENT and p is not None:
             pend_end(p, PEND_DONE)        # pending again at each Start
-            if isinstance(req, Prequest) and (<Prequest>req).start_fn is not None:
-                return result             # emulated: each start's is that of the call it posts
+            if isinstance(req, Prequest) and (<Prequest>req).start_fn is not None \
+                    and (<Prequest>req).op == 0:
+                # emulated: each start's is that of the call it posts on the chain (a
+                # compressed one, whose starts post outside it, keeps this one)
+                return result
         attach_pend(req, p, w.timeout)
         if timed:
             if c.rec is not None:     # the logger saw the form posted here, not the program's
