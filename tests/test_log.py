@@ -341,7 +341,8 @@ def test_mcr_log_env_writes_table_json_and_trace(tmp_path, capsys):
     assert f"wrote {noext} (16 calls)" in capsys.readouterr().out
     assert noext.read_bytes()[:8] == png.read_bytes()[:8]
     for out, why in ((tmp_path, "it is a folder"),
-                     (tmp_path / "no" / "x.png", f"cannot create a file in {tmp_path}/no")):
+                     (tmp_path / "no" / "x.png", f"cannot create a file in {tmp_path}/no"),
+                     (tmp_path / "x.pnj", "matplotlib writes no 'pnj' files")):
         assert log_main(["plot", str(tpath), "--out", str(out)]) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"mcr.log: cannot write {out}: {why}") and err.count("\n") == 1, err

@@ -126,7 +126,8 @@ def test_plot(runs, tmp_path):
 
 
 def test_plot_to_an_unwritable_file(tmp_path, monkeypatch, capsys):
-    """Refused before drawing (exit 2); a write that fails all the same says so (exit 1)."""
+    """Refused before drawing (exit 2), as is a format matplotlib lacks; a write that fails all
+    the same says so (exit 1)."""
     pytest.importorskip("matplotlib")
     table = str(tmp_path / "table.json")
     made_up("Allreduce", {"mpi": 1.0, "gloo": 2.0}).save(table)
@@ -134,7 +135,14 @@ def test_plot_to_an_unwritable_file(tmp_path, monkeypatch, capsys):
         plot.main([table, "--out", "/dev/null/t.png"])
     assert info.value.code == 2
     assert "--out /dev/null/t.png: /dev/null is not a folder" in capsys.readouterr().err
-    monkeypatch.setattr(cli, "unwritable", lambda path: None)
+    with pytest.raises(SystemExit) as info:
+        plot.main([table, "--out", str(tmp_path / "t.pngg")])
+    assert info.value.code == 2 and "matplotlib writes no 'pngg' files" in capsys.readouterr().err
+    # without an extension: a PNG, in the file named (matplotlib alone adds ".png")
+    assert plot.main([table, "--out", str(tmp_path / "figure")]) == 0
+    assert f"figure written to {tmp_path / 'figure'}" in capsys.readouterr().out
+    assert (tmp_path / "figure").read_bytes()[:8] == PNG
+    monkeypatch.setattr(cli, "unwritable_figure", lambda path: None)
     assert plot.main([table, "--out", "/dev/null/t.png"]) == 1
     assert "--out /dev/null/t.png: cannot write the figure: Not a directory" \
         in capsys.readouterr().err
@@ -186,7 +194,8 @@ BAD_OPTIONS = {   # tool: (arguments, what its error names)
         (["--iterations-large", "0"], ["--iterations-large: expected at least 1, got 0"]),
         (["--warmup-large", "-1"], ["--warmup-large: expected at least 0, got -1"]),
         (["-x", "-1"], ["-x: expected at least 0, got -1"]),
-        (["--json", "/dev/null/c.json"], ["--json /dev/null/c.json: /dev/null is not a folder"])],
+        (["--json", "/dev/null/c.json"], ["--json /dev/null/c.json: /dev/null is not a folder"]),
+        (["--plot", "c.xyz"], ["--plot c.xyz: matplotlib writes no 'xyz' files"])],
     "torchdist": [(["--ops", "all_reduce,nope"], ["--ops: unknown ['nope']"]),
                   (["--sizes", "2"], ["--sizes: expected byte counts of at least 4"])],
     "tune": [
@@ -199,7 +208,8 @@ BAD_OPTIONS = {   # tool: (arguments, what its error names)
         (["--rounds", "0"], ["--rounds", "0"]),
         (["--time-budget", "0"], ["--time-budget", "0"]),
         (["-n", "0"], ["-n", "0"]),
-        (["--plot", "/dev/null/t.png"], ["--plot /dev/null/t.png"])]}
+        (["--plot", "/dev/null/t.png"], ["--plot /dev/null/t.png"]),
+        (["--plot", "t.jpgg"], ["--plot t.jpgg: matplotlib writes no 'jpgg' files"])]}
 
 
 @pytest.mark.parametrize("tool, args, names",

@@ -7,8 +7,9 @@ from __future__ import annotations
 import errno
 import os
 import tempfile
+from typing import Any
 
-__all__ = ["unwritable", "stamp"]
+__all__ = ["unwritable", "unwritable_figure", "save_figure", "stamp"]
 
 
 def _file_in_the_way(folder: str) -> str | None:
@@ -59,6 +60,35 @@ def unwritable(path: str, *, make_folder: bool = False, replace: bool = False) -
     if not replace and os.path.exists(path) and not os.access(path, os.W_OK):
         return f"the file is not writable: {os.strerror(errno.EACCES)}"
     return None
+
+
+def figure_format(path: str) -> str:
+    """The format matplotlib writes ``path`` in: the one its extension names,
+    PNG without one (matplotlib would write ``path + ".png"`` instead)."""
+    return os.path.splitext(path)[1][1:].lower() or "png"
+
+
+def unwritable_figure(path: str) -> str | None:
+    """Why a figure cannot be written to ``path``, or None: :func:`unwritable`'s
+    reasons, or an extension that names no format matplotlib writes (checked
+    once matplotlib is importable; the caller says when it is not)."""
+    problem = unwritable(path)
+    if problem:
+        return problem
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError:
+        return None
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if figure_format(path) not in formats:
+        return (f"matplotlib writes no {figure_format(path)!r} files (its formats: "
+                f"{', '.join(sorted(formats))}; no extension: PNG)")
+    return None
+
+
+def save_figure(fig: Any, path: str, dpi: int) -> None:
+    """``fig.savefig`` to ``path`` itself, in :func:`figure_format`'s format."""
+    fig.savefig(path, dpi=dpi, format=figure_format(path))
 
 
 def stamp(path: str) -> tuple[int, int] | None:

@@ -10,7 +10,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from mcr._outputs import unwritable
+from mcr._outputs import unwritable_figure
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -32,7 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "plot":
         args.out = args.out or os.path.splitext(args.file)[0] + ".png"
-        problem = unwritable(args.out)        # before the work
+        problem = unwritable_figure(args.out)        # before the work
         if problem:
             print(f"mcr.log: cannot write {args.out}: {problem}", file=sys.stderr)
             return 2

@@ -2,9 +2,10 @@
 backend, the histogram of message sizes, and a timeline of the calls."""
 
 import math
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from mcr._outputs import save_figure
 
 __all__ = ["plot"]
 
@@ -80,6 +81,5 @@ def plot(records: Sequence[Mapping[str, Any]], out: str, title: str = "") -> Non
                    loc="upper right")
     fig.suptitle(title or f"mcr.log: {len(records)} calls on {len(ranks)} ranks")
     fig.tight_layout()
-    # with no extension, matplotlib would write out + ".png": write `out` itself
-    fig.savefig(out, dpi=110, format=None if os.path.splitext(out)[1] else "png")
+    save_figure(fig, out, dpi=110)
     plt.close(fig)

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mcr import tuning
-from mcr._outputs import unwritable
+from mcr._outputs import unwritable_figure
 from mcr.backends import BUILTINS, names as backend_names
 from mcr.bench.ops import OPERATIONS, P2P_OPERATIONS
 
@@ -189,7 +189,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             pyplot()
         except ImportError as exc:
             p.error(f"--plot {args.plot}: {exc}")
-        problem = unwritable(args.plot)
+        problem = unwritable_figure(args.plot)
         if problem:
             p.error(f"--plot {args.plot}: {problem}")
     return args
@@ -208,7 +208,7 @@ def parse_plot_args(argv: Sequence[str]) -> argparse.Namespace:
         pyplot()
     except ImportError as exc:
         p.error(str(exc))
-    problem = unwritable(args.out)
+    problem = unwritable_figure(args.out)
     if problem:
         p.error(f"--out {args.out}: {problem}")
     return args

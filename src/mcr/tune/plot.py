@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mcr import tuning
+from mcr._outputs import save_figure
 
 from .cli import PROG, TUNED, parse_plot_args, pyplot
 from .report import backend_order, mpi_name, size_text, summary
@@ -68,7 +69,7 @@ def plot_table(table: tuning.Table, out: str) -> None:
     fig.suptitle(f"mcr tuning table: {m.get('world_size', '?')} ranks on "
                  f"{m.get('host', '?')} ({mpi_name(m)})", fontsize=11)
     fig.tight_layout(rect=(0, 0, 0.92, 0.95))
-    fig.savefig(out, dpi=100)
+    save_figure(fig, out, dpi=100)
     plt.close(fig)
 
 

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from mcr._outputs import unwritable
+from mcr._outputs import unwritable, unwritable_figure
 from mcr.bench.ops import FORMS, NAMES
 
 __all__ = ["parse_args", "column", "OPS", "FORMS", "PEERS", "C_PEERS", "FORM_PEERS",
@@ -187,8 +187,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.warmup_large = max(1, args.warmup // 20) if args.warmup else 0
     if args.plot and not args.worker:
         pyplot()                          # fail now, not after the run
-    for option, path in (("--json", args.json), ("--plot", args.plot)):
-        problem = unwritable(path) if path and not args.worker else None
+    for option, path, check in (("--json", args.json, unwritable),
+                                ("--plot", args.plot, unwritable_figure)):
+        problem = check(path) if path and not args.worker else None
         if problem:
             p.error(f"{option} {path}: {problem}")
     return args

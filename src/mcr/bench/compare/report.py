@@ -11,6 +11,8 @@ import textwrap
 from collections.abc import Callable
 from typing import Any
 
+from mcr._outputs import save_figure
+
 from .cli import FORM_PEERS, FORMS, LARGE, PEERS, column, pyplot
 
 __all__ = ["report", "summary", "targets", "plot", "columns_of", "round_stat", "row_ratios",
@@ -363,5 +365,5 @@ def plot(args: argparse.Namespace, results: dict[str, dict[str, Any]], path: str
     fig.legend(handles, labels, loc="lower center", ncol=min(6, len(labels)), fontsize=7,
                frameon=False)
     fig.tight_layout(rect=(0, 0.07 if nrows == 1 else 0.04, 1, 1))
-    fig.savefig(path, dpi=72)
+    save_figure(fig, path, dpi=72)
     plt.close(fig)
