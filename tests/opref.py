@@ -6,7 +6,8 @@ torch/numpy on the whole data, never with mcr. Element types are torch dtypes or
 the buffers are numpy arrays).
 
 Values are small integers, so every reduction order is exact in every type: PROD operands are 1..3,
-logical operands 0 and 1 (MPI returns a lone operand as it is), order, sum and bitwise operands of
+logical operands -2..2 (a lone operand, as at rank 0 of a Scan, comes back as it is, not as 0 or
+1; bool: False and True), order, sum and bitwise operands of
 signed types include negatives, and uint32/uint64 values reach above 2**31/2**63 (wrong if reduced
 or compared as signed).
 """
@@ -78,8 +79,10 @@ def data(key, n, dtype=torch.float32, op=None, seed=0):
 
     def ints(lo, hi):
         return torch.randint(lo, hi, (n,), generator=g)
-    if op in LOGICAL or dtype == torch.bool:
+    if dtype == torch.bool:
         return ints(0, 2).to(dtype)
+    if op in LOGICAL:
+        return ints(-2 if dtype.is_signed else 0, 3).to(dtype)
     if dtype.is_complex:
         if op == "PROD":
             return torch.complex(ints(1, 4).double(), ints(0, 2).double()).to(dtype)
@@ -118,9 +121,12 @@ def pair_block(src, dst, n, dtype, seed=0):
 
 def reduce_ref(xs, op):
     """`op` (a name) over `xs` in rank order with numpy, in their element type (bfloat16
-    through float32: exact on these small integers)."""
+    through float32: exact on these small integers); one operand as it is (MPI applies no
+    operation to it)."""
     if not len(xs):
         raise ValueError("nothing to reduce")
+    if len(xs) == 1:
+        return copy(xs[0])
     if is_numpy(xs[0].dtype) or isinstance(xs[0], np.ndarray):
         arrays = [x != 0 for x in xs] if op in LOGICAL else list(xs)
         return np.asarray(functools.reduce(UFUNCS[op], arrays)).astype(xs[0].dtype)

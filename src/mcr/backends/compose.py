@@ -146,7 +146,10 @@ def unpack(packed: torch.Tensor, sizes: Sequence[int], dst: torch.Tensor,
 
 def fold(op: str, operands: Sequence[torch.Tensor]) -> torch.Tensor:
     """Reduce ``operands`` (tensors of one type) in rank order, as MPI's
-    predefined ``op`` does."""
+    predefined ``op`` does: a lone operand as it is (MPI applies no operation
+    to it, so a logical one is not made 0 or 1)."""
+    if len(operands) == 1:
+        return clone(operands[0])
     dtype = operands[0].dtype
     signed = _SIGNED.get(dtype)
     if signed is not None:
