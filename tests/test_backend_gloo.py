@@ -222,6 +222,35 @@ def probe_and_iprobe_then_recv(comm, found, backend):
     wait_posted(found, "sends", sends)
 
 
+@checked(min_size=2, backend=BACKENDS)
+def a_probed_message_overtakes_none(comm, found, backend):
+    """A probe by tag finds a later message of its sender; the earlier ones still come first
+    (to a probe or a receive by any tag), small and large (a payload after the header)."""
+    right, left = ring(comm)
+    sizes = {1: 3, 2: 5, 3: 70000, 4: 2}
+    sends = [post(found, f"Isend tag {t}", lambda t=t: comm.Isend(
+        data(comm.rank, n, torch.int32, None, t), right, t, backend=backend))
+        for t, n in sizes.items()]
+    st = mcr.Status()
+    with found.check("Iprobe tag 3, then Probe any tag"):
+        deadline = time.monotonic() + 60
+        while not comm.Iprobe(left, 3, st, backend=backend):
+            assert time.monotonic() < deadline, "Iprobe never saw tag 3"
+        assert (st.Get_tag(), st.Get_count(MPI.INT32_T)) == (3, sizes[3]), st.Get_tag()
+        assert comm.Probe(left, MPI.ANY_TAG, st, backend=backend) is True
+        assert (st.Get_tag(), st.Get_count(MPI.INT32_T)) == (1, sizes[1]), st.Get_tag()
+    with found.check("Probe any source, tag 4"):
+        assert comm.Probe(MPI.ANY_SOURCE, 4, st, backend=backend) is True
+        assert (st.Get_source(), st.Get_tag()) == (left, 4), (st.Get_source(), st.Get_tag())
+    for t, n in sizes.items():
+        buf, rst = sentinel(max(sizes.values()), torch.int32), mcr.Status()
+        with found.check(f"Recv any tag: tag {t}"):
+            comm.Recv(buf, left, MPI.ANY_TAG, rst, backend=backend)
+            assert status_of(rst) == (left, t, n), status_of(rst)
+            expect(buf[:n], data(left, n, torch.int32, None, t))
+    wait_posted(found, "sends", sends)
+
+
 @case.matrix(call=("Send", "Recv", "Probe"))
 def proc_null_call_sets_the_backend_up(comm, call):
     """A call with a PROC_NULL peer is a call on the backend: it joins the collective set-up,

@@ -573,20 +573,28 @@ def probe(sub: "Subcomm", source: int, tag: int, status: Any, blocking: bool) ->
 
 
 def _probed(sub: "Subcomm", source: int, tag: int, status: Any) -> bool:
-    """One try of probe: a stashed header, or one taken off MPI into the stash."""
+    """One try of probe: a stashed header, or one taken off MPI into the stash.
+
+    The stash holds, of each sender, the earliest headers not yet received,
+    in order (a receive looks there before MPI): a header found by its tag is
+    taken with those its sender sent before it, so that none overtakes them."""
     with sub.lock:
         for h in sub.stash:
             if h.matches(source, tag):
                 _core._fill_status(status, h.source, h.tag, h.nbytes)
                 return True
         st = MPI.Status()
-        message = sub.hcomm.Improbe(source, tag, st)
-        if message is None:
+        if not sub.hcomm.Iprobe(source, tag, st):
             return False
-        header = header_buffer(st.Get_count(MPI.BYTE) - _HEADER)
-        message.Recv(header)
-        h = read_header(header, st)
-        sub.stash.append(h)
+        sender = st.Get_source()
+        while True:             # the sender's headers, oldest first, up to the one found
+            message = sub.hcomm.Improbe(sender, MPI.ANY_TAG, st)
+            header = header_buffer(st.Get_count(MPI.BYTE) - _HEADER)
+            message.Recv(header)
+            h = read_header(header, st)
+            sub.stash.append(h)
+            if h.matches(source, tag):
+                break
     _core._fill_status(status, h.source, h.tag, h.nbytes)
     return True
 
