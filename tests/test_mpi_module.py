@@ -89,6 +89,18 @@ def test_unbound_methods_take_mpi4pys_objects():
     got = torch.zeros(2)
     MPI.Comm.Recv(mcr.COMM_SELF, got, 0, 8)
     assert type(req) is mcr.Request and MPI.Request.Wait(req) and got.tolist() == [1.0, 1.0]
+    # Request's methods run mcr's on any mcr request (Prequest's dispatch took them over:
+    # MPI.Request.Wait of a Gloo receive returned at once, the buffer untouched)
+    for unbound in (MPI.Request.Wait, MPI.Request.Test):
+        got = torch.zeros(2)
+        req = mcr.COMM_SELF.Irecv(got, 0, 9, backend="gloo")
+        mcr.COMM_SELF.Send(torch.full((2,), 3.0), 0, 9, backend="gloo")
+        st = MPI.Status()
+        while not unbound(req, st):
+            pass
+        assert got.tolist() == [3.0, 3.0] and not req and st.Get_tag() == 9, unbound
+    assert (MPI.Request.Wait.__qualname__, MPI.Prequest.Start.__qualname__) == \
+        ("Request.Wait", "Prequest.Start")
     assert type(dup := MPI.Comm.Dup(m4comm)) is M4.Intracomm
     MPI.Comm.Free(dup)
     assert MPI.Status.Get_count(M4.Status(), M4.BYTE) == 0

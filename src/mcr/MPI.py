@@ -53,6 +53,8 @@ _TOPOLOGIES = {_mpi4py.Cartcomm: _Cartcomm, _mpi4py.Graphcomm: _Graphcomm,
 _PEERS = {}
 # an mcr method -> a function running it, or mpi4py's, by the type of self
 _UNBOUND = {}
+# mcr's classes behind them (a method is dispatched by the class defining it)
+_CORES = set()
 
 
 class _Namespaced(type):
@@ -93,9 +95,10 @@ def _peer(cls, core, peer, methods):
     """Make `cls` (over mcr's `core` class) accept `peer`, mpi4py's class, and
     run the methods of `methods`, mpi4py's class, on mpi4py's objects."""
     _PEERS[cls] = peer
+    _CORES.add(core)
     for klass in core.__mro__:          # mcr's classes (Comm and its base _CommBase)
-        if klass.__module__ != "mcr._core":
-            continue
+        if klass.__module__ != "mcr._core" or (klass is not core and klass in _CORES):
+            continue                    # (Request's methods are Request's, not Prequest's)
         for name, value in vars(klass).items():
             if type(value) is _MethodDescriptor and not name.startswith("__") \
                     and hasattr(methods, name):
