@@ -387,6 +387,31 @@ def a_status_counts_in_the_type_of_the_receive_that_wrote_it(comm):
 
 
 @case
+def a_status_that_mpi4pys_probes_wrote_counts_bytes(comm):
+    """The same message again (source, tag, size: the status's bytes as before): after the typed
+    receive, a probe of mpi4py's (Mprobe, Improbe, probe, iprobe, improbe) wrote the status,
+    and it counts bytes, as mpi4py's does (it went on counting doubles)."""
+    right, left = ring(comm)
+    kinds = ("Mprobe", "Improbe", "improbe", "probe", "iprobe")
+    sends = [comm.Isend(np.arange(4.0), right, 7) for _ in range(2 * len(kinds))]
+    st = mcr.Status()
+    for kind in kinds:
+        comm.Recv(np.zeros(4), left, 7, st)
+        assert (st.Get_count(), st.Get_count(MPI.BYTE)) == (4, 32), kind
+        found = getattr(comm, kind)(left, 7, st)
+        while not found:                                # (the I... forms: until it is there)
+            found = getattr(comm, kind)(left, 7, st)
+        assert (st.Get_count(), st.Get_count(MPI.DOUBLE)) == (32, 4), (kind, st.Get_count())
+        out = np.zeros(4)
+        if kind in ("probe", "iprobe"):
+            comm.Recv(out, left, 7)
+        else:
+            found.Recv(out)
+        assert out.tolist() == [0.0, 1.0, 2.0, 3.0], (kind, out)
+    MPI.Request.Waitall(sends)
+
+
+@case
 def mpi4py_datatypes_on_numpy_bytes_and_derived(comm):
     """BYTE moves raw bytes; a datatype overrides the buffer's; derived ones count their own."""
     size, rank, (right, left) = comm.size, comm.rank, ring(comm)

@@ -223,11 +223,13 @@ cdef class _CommBase(_MPI.Intracomm):
 
     def recv(self, buf=None, source=ANY_SOURCE, tag=ANY_TAG, status=None):
         """Receive a Python object (mpi4py's method, pickled)."""
+        status_type(status, MPI_DATATYPE_NULL)         # mpi4py's statuses count bytes
         return self.pickled_p2p(P2P_RECV, _obj_recv, (buf, source, tag, status))
 
     def sendrecv(self, sendobj, dest, sendtag=0, recvbuf=None, source=ANY_SOURCE,
                  recvtag=ANY_TAG, status=None):
         """Send a Python object and receive one (mpi4py's method, pickled)."""
+        status_type(status, MPI_DATATYPE_NULL)
         return self.pickled_p2p(P2P_SENDRECV, _obj_sendrecv, (sendobj, dest, sendtag, recvbuf,
                                                               source, recvtag, status))
 
@@ -248,11 +250,13 @@ cdef class _CommBase(_MPI.Intracomm):
 
     def probe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
         """Wait for a message, without receiving it (mpi4py's method)."""
+        status_type(status, MPI_DATATYPE_NULL)
         return self.pickled_p2p(P2P_PROBE, _obj_probe, (source, tag, status))
 
     def mprobe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
         """Wait for a message and match it, as an ``mpi4py.MPI.Message``
         (mpi4py's method)."""
+        status_type(status, MPI_DATATYPE_NULL)
         return self.pickled_p2p(P2P_MPROBE, _obj_mprobe, (source, tag, status))
 
     def Mprobe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
@@ -261,6 +265,7 @@ cdef class _CommBase(_MPI.Intracomm):
         ``mcr.TimeoutError`` naming it, as ``Probe`` does."""
         cdef int spins = 0
         cdef long long deadline
+        status_type(status, MPI_DATATYPE_NULL)
         if self.watch is None or self.watch.timeout <= 0:
             return _MPI.Intracomm.Mprobe(self, source, tag, status)
         deadline = now_ns() + <long long>(self.watch.timeout * 1e9)
@@ -272,6 +277,25 @@ cdef class _CommBase(_MPI.Intracomm):
                 _raise_wait_timeout(self, f"Mprobe (source {source}, tag {tag}) [mpi]")
             idle(spins)
             spins += 1
+
+    # a status mcr's typed receive filled counts in its element type until it is written
+    # again (Status.Get_count); mpi4py's methods write it too, and count bytes
+
+    def Improbe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        """Match a message if one is there, as an ``mpi4py.MPI.Message`` or None
+        (mpi4py's method, on MPI)."""
+        status_type(status, MPI_DATATYPE_NULL)
+        return _MPI.Intracomm.Improbe(self, source, tag, status)
+
+    def improbe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        """Match a message of a Python object if one is there (mpi4py's method)."""
+        status_type(status, MPI_DATATYPE_NULL)
+        return _MPI.Intracomm.improbe(self, source, tag, status)
+
+    def iprobe(self, source=ANY_SOURCE, tag=ANY_TAG, status=None):
+        """Whether a message is there, without receiving it (mpi4py's method)."""
+        status_type(status, MPI_DATATYPE_NULL)
+        return _MPI.Intracomm.iprobe(self, source, tag, status)
 
     # -- Communicator management -------------------------------------------------
 
