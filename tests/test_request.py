@@ -6,6 +6,8 @@ buffers until it completes, also dropped, freed or in a garbage cycle; compariso
 REQUEST_NULL. Data from opref."""
 
 import gc
+import threading
+import time
 import warnings
 import weakref
 
@@ -616,5 +618,35 @@ def a_copy_completes_the_request_it_copies(comm, backend):
     for r in copies:
         r.Free()
     c.Free()
+
+
+WAITS = {"Wait": lambda req, st: req.Wait(st), "Waitall": lambda req, st: R.Waitall([req], [st]),
+         "Waitany": lambda req, st: R.Waitany([req], st),
+         "Waitsome": lambda req, st: R.Waitsome([req], [st])}
+
+
+@case.matrix(wait=tuple(WAITS))
+def a_gloo_request_waited_in_one_thread_and_tested_in_another(comm, wait):
+    """One Gloo Irecv waited for in a thread (Wait or a class method) while another thread
+    Tests it (erroneous in MPI): both end, each told it completed, the waiter's status filled
+    and the data in. Before, the waiter read the work the Test had just taken off the request
+    (a segfault)."""
+    right, left = ring(comm)
+    for k in range(4):              # (the race is likely, not certain, on each round)
+        got, st, waited = torch.zeros(4), mcr.Status(), []
+        req = comm.Irecv(got, left, 30 + k, backend="gloo")
+        waiter = threading.Thread(target=lambda: waited.append(WAITS[wait](req, st)))
+        waiter.start()
+        time.sleep(0.05)            # (the waiter is polling the work)
+        comm.Send(data(comm.rank, 4, seed=k), right, 30 + k, backend="gloo")
+        deadline = time.monotonic() + 30
+        while not req.Test():
+            assert time.monotonic() < deadline, "Test: the receive never completed"
+        waiter.join(30)
+        assert not waiter.is_alive(), f"{wait}: still waiting for a completed request"
+        assert waited == [{"Wait": True, "Waitall": True, "Waitany": 0, "Waitsome": [0]}[wait]]
+        assert (st.source, st.tag, st.Get_count(MPI.FLOAT)) == (left, 30 + k, 4)
+        expect(got, data(left, 4, seed=k))
+        assert not req
 
 test_mpi = mpi_cases(__name__)

@@ -74,16 +74,17 @@ cdef class Request(_MPI.Request):
         cdef MPI_Status *sp = status_ptr(status)
         cdef MPI_Status own
         cdef int ierr
+        cdef _Work w = self.ext       # (held: see completed_from)
         if self.obs is not None and least_limit(self.obs) > 0:
             return timed_wait(self, status)
-        if self.ext is not None:
+        if w is not None:
             try:
-                wait_work(self.ext)
+                wait_work(w)
             except BaseException:
                 work_raised(self)
                 raise
-            self.ext.fill(status)
-            completed(self)           # the request is inactive now
+            w.fill(status)
+            completed_from(self, w)   # the request is inactive now
             return True
         if sp == MPI_STATUS_IGNORE and self.rtype != MPI_DATATYPE_NULL:
             sp = &own                 # a receive's status explains a truncation
@@ -114,13 +115,15 @@ cdef class Request(_MPI.Request):
         cdef MPI_Status *sp = status_ptr(status)
         cdef MPI_Status own
         cdef int flag = 0, ierr
+        cdef _Work w
         progress_poll()
-        if self.ext is not None:
-            if not tested_work(self):
+        w = self.ext
+        if w is not None:
+            if not tested_work(self, w):
                 mpi_progress()
                 return False
-            self.ext.fill(status)
-            completed(self)
+            w.fill(status)
+            completed_from(self, w)
             return True
         if sp == MPI_STATUS_IGNORE and self.rtype != MPI_DATATYPE_NULL:
             sp = &own
@@ -145,9 +148,10 @@ cdef class Request(_MPI.Request):
         """
         cdef MPI_Status *sp = status_ptr(status)
         cdef int flag = 0
-        if self.ext is not None:
-            if self.ext.test():
-                self.ext.fill(status)
+        cdef _Work w = self.ext
+        if w is not None:
+            if w.test():
+                w.fill(status)
                 return True
             return False
         CHKERR(MPI_Request_get_status(self.ob_mpi, &flag, sp))
@@ -973,6 +977,19 @@ cdef int completed(Request req) except -1:
     return 0
 
 
+cdef int completed_from(Request req, _Work w) except -1:
+    """The caller saw `w`, the work of `req` when it began, complete (and
+    filled its status from `w`): `req` becomes inactive, unless another thread
+    completed it meanwhile. Completing a request from two threads is
+    erroneous in MPI; here it ends with both callers told it completed, and
+    its completion seen once. (While a wait or a test lets go of the GIL,
+    `req.ext` may become None or, once a persistent request is started
+    again, another work: callers hold `w`, never read `req.ext` again.)"""
+    if req.ext is w:
+        completed(req)
+    return 0
+
+
 cdef int finished(_MPI.Request req) except -1:
     """The one place a request's completion is seen (Wait, Test and the
     class methods alike): a staged result is copied back, the buffers of a
@@ -1033,10 +1050,10 @@ cdef int ended_in_error(Request req) except -1:
     return 0
 
 
-cdef bint tested_work(Request req) except -1:
-    """Whether the backend work of `req` is complete (`_Work.test`)."""
+cdef bint tested_work(Request req, _Work w) except -1:
+    """Whether `w`, the backend work of `req`, is complete (`_Work.test`)."""
     try:
-        return req.ext.test()
+        return w.test()
     except BaseException:
         work_raised(req)
         raise
@@ -1243,13 +1260,13 @@ cdef class _Poll:
     again in that turn."""
     cdef object pending          # a handle that said "not yet" this turn
 
-    cdef bint test(self, object req) except -1:
-        cdef _Work w = work_of(req)
+    cdef bint test(self, object req, _Work w) except -1:
+        """Whether `w`, the work of `req`, is complete."""
         if w.done:
             return True
         if len(w.works) == 1 and w.works[0] is self.pending:
             return False
-        if tested_work(<Request>req):
+        if tested_work(<Request>req, w):
             return True
         if len(w.works) == 1:
             self.pending = w.works[0]
@@ -1264,13 +1281,21 @@ cdef bint has_work(object requests) except -1:
 
 
 cdef tuple split_work(list requests):
-    """(indices of the requests with a _Work, indices of the MPI-only ones)."""
-    works, plain = [], []
+    """({index: its _Work} of the requests with one, in order; indices of the
+    MPI-only ones). The works are taken once: another thread may complete a
+    request while a turn lets go of the GIL (see completed_from)."""
+    cdef dict works = {}
+    cdef list plain = []
+    cdef _Work w
     for i, req in enumerate(requests):
         if not isinstance(req, _MPI.Request):
             raise TypeError(f"requests[{i}]: expected an MPI.Request, got "
                             f"{type(req).__name__}")
-        (works if work_of(req) is not None else plain).append(i)
+        w = work_of(req)
+        if w is not None:
+            works[i] = w
+        else:
+            plain.append(i)
     return works, plain
 
 
@@ -1311,14 +1336,15 @@ cdef object completion(int kind, object requests, object st, bint wait):
     return until_done(requests, turn, wait, limit)
 
 
-cdef int waited_ready(list requests, list indices) except -1:
+cdef int waited_ready(list requests, dict works) except -1:
     """Waitall, Waitany and Waitsome, at each turn: wait, without polling, for
     the works that need no driving (``_Work.wait_ready_works``: a
     stream-ordered NCCL collective, a receive whose header has matched), as
-    Wait does."""
-    for i in indices:
+    Wait does. `works`: {index in `requests`: its _Work}."""
+    cdef _Work w
+    for i, w in works.items():
         try:
-            work_of(requests[i]).wait_ready_works()
+            w.wait_ready_works()
         except BaseException:
             work_raised(<Request>requests[i])
             raise
@@ -1329,7 +1355,8 @@ cdef class _Turn:
     """One turn of completing a list of requests: `step` tests each once
     (no blocking) and returns (done, the class method's result)."""
     cdef int kind
-    cdef list requests, works, plain     # all; indices of those with a _Work, of the others
+    cdef list requests, plain            # all; indices of those without a _Work
+    cdef dict works                      # {index: its _Work} of the others (split_work)
     cdef object st
     cdef bint wait
     cdef bint ready                      # a wait with no time limit: waited_ready each turn
@@ -1360,9 +1387,9 @@ cdef class _Turn:
                 copy_status(self.st[i], sub[k])
         for i in works:
             if i < room:
-                work_of(requests[i]).fill(self.st[i])
+                (<_Work>works[i]).fill(self.st[i])
         for i in works:
-            completed(requests[i])
+            completed_from(requests[i], works[i])
         return True, True
 
     cdef tuple any_step(self):
@@ -1371,9 +1398,9 @@ cdef class _Turn:
             waited_ready(requests, works)
         cdef _Poll poll = _Poll.__new__(_Poll)
         for i in works:
-            if poll.test(requests[i]):
-                work_of(requests[i]).fill(self.st)
-                completed(requests[i])
+            if poll.test(requests[i], works[i]):
+                (<_Work>works[i]).fill(self.st)
+                completed_from(requests[i], works[i])
                 return True, self.any_result(i, True)
         index, flag = complete_any([requests[i] for i in plain], self.st, False)
         if flag and index != MPI_UNDEFINED:
@@ -1391,7 +1418,7 @@ cdef class _Turn:
         if self.ready:
             waited_ready(requests, works)
         cdef _Poll poll = _Poll.__new__(_Poll)
-        done = [i for i in works if poll.test(requests[i])]
+        done = [i for i in works if poll.test(requests[i], works[i])]
         sub = [] if statuses is not None else None
         got = complete_some([requests[i] for i in plain], sub, False)
         if got is None and not works:
@@ -1404,21 +1431,21 @@ cdef class _Turn:
                 if i in from_mpi:
                     copy_status(statuses[pos], from_mpi[i])
                 else:
-                    work_of(requests[i]).fill(statuses[pos])
+                    (<_Work>works[i]).fill(statuses[pos])
         for i in done:
-            completed(requests[i])
+            completed_from(requests[i], works[i])
         if not finished:
             mpi_progress()
         return bool(finished), finished
 
 
-cdef bint all_tested(list requests, list indices) except -1:
-    """Test the works of requests[i] for each i (each distinct one, every
-    turn); whether all are complete."""
+cdef bint all_tested(list requests, dict works) except -1:
+    """Test `works`, {index in `requests`: its _Work} (each distinct one,
+    every turn); whether all are complete."""
     cdef _Poll poll = _Poll.__new__(_Poll)
     cdef bint done = True
-    for i in indices:
-        if not poll.test(requests[i]):
+    for i in works:
+        if not poll.test(requests[i], works[i]):
             done = False
     return done
 
