@@ -18,7 +18,9 @@ from opref import rank_data
 from util import assert_comm_works, assert_equal, raises, ring
 
 OPS = ["SUM", "PROD", "MAX", "MIN", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR"]
-MCR_NAMES = ["COMM_WORLD", "COMM_SELF", "Comm", "Request", "Prequest", "Status"]
+# (_handleof, _addressof: mpi4py's, noting that an mcr request's handle was read)
+MCR_NAMES = ["COMM_WORLD", "COMM_SELF", "Comm", "Request", "Prequest", "Status", "_handleof",
+             "_addressof"]
 
 
 # -- the namespace (in-process) --------------------------------------------------------
@@ -35,6 +37,9 @@ def test_mcr_names_replace_mpi4py_names():
         assert issubclass(mine, theirs), mine
     for name in MCR_NAMES:
         assert getattr(MPI, name) is not getattr(M4, name), name
+    for name in ("_handleof", "_addressof"):      # mpi4py's values, of any object
+        for obj in (M4.COMM_WORLD, M4.DOUBLE, mcr.Request(), mcr.COMM_SELF):
+            assert getattr(MPI, name)(obj) == getattr(M4, name)(obj), (name, obj)
 
 
 def test_every_other_name_is_mpi4pys_own_object():

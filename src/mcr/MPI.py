@@ -4,7 +4,8 @@
 and ``COMM_SELF`` are mcr communicators; ``Comm``, ``Request``, ``Prequest``
 and ``Status`` are mcr's classes; every other name (``MPI.DOUBLE``,
 ``MPI.Wtime``, ``MPI.SUM``, ``MPI.Intracomm``, ``MPI.Exception``, ...) is
-mpi4py's own object. mcr raises ``mcr.Exception``, a subclass of
+mpi4py's own object, but for ``_handleof`` and ``_addressof``, mpi4py's
+functions noting that an mcr request's handle was read. mcr raises ``mcr.Exception``, a subclass of
 ``MPI.Exception``, so one ``except MPI.Exception`` catches the errors of both.
 The topology communicators that mcr's communicators make (``Create_cart``,
 ``Create_graph``, ...) are mcr's (``mcr.Cartcomm``, ...), subclasses of
@@ -39,6 +40,7 @@ from mcr._core import Graphcomm as _Graphcomm  # noqa: E402
 from mcr._core import Prequest as _Prequest  # noqa: E402
 from mcr._core import Request as _Request  # noqa: E402
 from mcr._core import Status as _Status  # noqa: E402
+from mcr._core import _lend_handle  # noqa: E402
 from mcr.log import _from_env as _log_from_env  # noqa: E402
 
 _log_from_env()
@@ -193,6 +195,22 @@ class Status(_Status, metaclass=_Namespaced):
     """
 
     __slots__ = ()
+
+
+def _handleof(obj):
+    """As mpi4py's ``_handleof``; for an mcr request, the handle leaves it as
+    through ``handle``: mcr no longer completes its operation when it is
+    collected."""
+    if isinstance(obj, _Request):
+        _lend_handle(obj)
+    return _mpi4py._handleof(obj)
+
+
+def _addressof(obj):
+    """As mpi4py's ``_addressof``; for an mcr request, as ``_handleof``."""
+    if isinstance(obj, _Request):
+        _lend_handle(obj)
+    return _mpi4py._addressof(obj)
 
 
 # MPI.Comm is mpi4py's base class (COMM_NULL, Cartcomm, Intercomm, ... are

@@ -195,6 +195,28 @@ cdef class Request(_MPI.Request):
     def __bool__(self):
         return self.ob_mpi != MPI_REQUEST_NULL or self.ext is not None
 
+    # mpi4py's ways to read the MPI handle. Once it has left the request, a
+    # request made from it (fromhandle, f2py, fromint) or C code may complete
+    # the operation, unseen here: MPI would free the handle the request still
+    # holds, so mcr leaves the request alone when it is collected, as mpi4py
+    # does (see lent)
+
+    @property
+    def handle(self):
+        """MPI handle."""
+        lent(self)
+        return _MPI.Request.handle.__get__(self)
+
+    def py2f(self):
+        """Fortran handle."""
+        lent(self)
+        return _MPI.Request.py2f(self)
+
+    def toint(self):
+        """Translate object to integer handle."""
+        lent(self)
+        return _MPI.Request.toint(self)
+
     # a request alive without an MPI handle (a backend's work, an emulated
     # persistent request between starts) is equal only to itself and its
     # copies (Request(other)), not to REQUEST_NULL; the others compare their
@@ -1149,6 +1171,21 @@ cdef int copied(Request req, object other) except -1:
     return 0
 
 
+cdef inline int lent(Request req) noexcept:
+    """The MPI handle of `req` was read (``handle``, ``py2f``, ``toint``,
+    mcr.MPI's ``_handleof``, ``_addressof``): like a copy, the request no
+    longer completes its operation by itself when it is collected (see
+    dropped)."""
+    req.shared = True
+    return 0
+
+
+def _lend_handle(Request req):
+    """Note that the MPI handle of `req` is read outside it (mcr.MPI's
+    ``_handleof``, ``_addressof``), as its ``handle`` does."""
+    lent(req)
+
+
 cdef bint same_operation(Request a, Request b) noexcept:
     """Whether `a` and `b`, one alive without an MPI handle, hold one
     operation: one is a copy of the other (see copied)."""
@@ -1187,8 +1224,11 @@ cdef void dropped(Request req) noexcept:
     with the works of freed requests (message and all) until it completes,
     and its call's record (timeouts, flight recorder) stays pending till
     then (a wait that timed out drops its request so); an inactive persistent
-    request is freed. Nothing is done for a copy
-    (``Request(other)``: the other object completes it) or once MPI is
+    request is freed. Nothing is done for the operation of a copy
+    (``Request(other)``: the other object completes it) or of a request whose
+    handle was read (see lent): a copy made from the handle may have
+    completed it; their observers and their communicator's count end (a
+    copy's go back to its original). Nothing at all is done once MPI is
     finalized."""
     cdef int finalized = 1, flag = 0, ierr
     cdef MPI_Status st
@@ -1215,9 +1255,13 @@ cdef void dropped(Request req) noexcept:
                 w.owner, req.owner = req.owner, None
             detach(w)                       # (settled at once if nothing is left to wait for)
         return
-    if req.twin is not None and req.shared:
-        twin_done(req)
-    if req.shared or req.ob_mpi == MPI_REQUEST_NULL:
+    if req.shared:
+        if req.twin is not None:
+            twin_done(req)
+        else:
+            out_of_sight(req)
+        return
+    if req.ob_mpi == MPI_REQUEST_NULL:
         return
     ierr = MPI_Test(&req.ob_mpi, &flag, &st)
     if ierr != MPI_SUCCESS:             # it failed (and MPI freed it)
@@ -1237,6 +1281,18 @@ cdef void dropped(Request req) noexcept:
         MPI_Request_free(&req.ob_mpi)
     if req.owner is not None:           # (Free may be waiting for it)
         settle(req)
+
+
+cdef int out_of_sight(Request req) except -1:
+    """`req`, whose handle was read (lent), goes: what may follow its
+    operation on, a copy made from the handle, is not mcr's, so its call's
+    record ends (as done: in the pending calls it would stay forever) and its
+    communicator's count too."""
+    if req.obs is not None:
+        notify_all(notify(req, OBS_DROPPED), OBS_DONE)
+    if req.owner is not None:
+        settle(req)
+    return 0
 
 
 cdef class _Tested:
