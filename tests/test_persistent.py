@@ -394,6 +394,46 @@ def request_lifecycle_is_the_same_in_both_modes(comm, emulated):
         req.Free()                                  # harmless
 
 
+# MPI's results on a list of inactive requests, which count as complete: all True, none active
+ALL_INACTIVE = {"Waitall": True, "Testall": True, "Waitany": MPI.UNDEFINED,
+                "Testany": (MPI.UNDEFINED, True), "Waitsome": None, "Testsome": None}
+
+
+@case.matrix(emulated=MODES)
+def an_inactive_request_may_be_listed_twice(comm, emulated):
+    """An inactive persistent request (not started yet, or completed since its start) listed
+    twice, or twenty times, counts as complete in every completion method, as in MPI and mpi4py
+    (before, mcr refused a native one as if active: "the same request as requests[0]"); the
+    statuses are empty. Started, the same list is refused before anything is waited for."""
+    right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+    with emulation(emulated):
+        got, total = torch.zeros(N), torch.zeros(N)
+        recv = comm.Recv_init(got, left, 70)
+        reduce = comm.Allreduce_init(torch.ones(N), total)
+        gloo = comm.Allreduce_init(torch.ones(N), total, backend="gloo")
+        for phase in ("not started", "completed"):
+            for reqs in ([recv, recv], [reduce, gloo, reduce, gloo], [recv, reduce] * 10):
+                for method, want in ALL_INACTIVE.items():
+                    assert getattr(MPI.Request, method)(reqs) == want, (phase, method, reqs)
+                statuses = []
+                MPI.Request.Waitall(reqs, statuses)
+                assert [(st.source, st.tag, st.Get_count(MPI.BYTE)) for st in statuses] == \
+                    [(MPI.ANY_SOURCE, MPI.ANY_TAG, 0)] * len(reqs), phase
+            if phase == "completed":
+                break
+            for req in (recv, reduce):          # active: refused
+                req.Start()
+                with raises(ValueError, "requests[2]: the same request as requests[0]"):
+                    MPI.Request.Waitall([req, MPI.REQUEST_NULL, req])
+                assert req
+            comm.Send(torch.full((N,), float(comm.rank)), right, 70)
+            MPI.Request.Waitall([recv, reduce])
+            assert_equal(got, torch.full((N,), float(left)))
+            assert_equal(total, torch.full((N,), float(comm.size)))
+        for req in (recv, reduce, gloo):
+            req.Free()
+
+
 @case
 def startall_checks_before_starting_any(comm):
     with emulation(True):

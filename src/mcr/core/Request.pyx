@@ -694,24 +694,35 @@ cdef int twice(Py_ssize_t i, Py_ssize_t j) except -1:
 cdef int check_distinct(list requests) except -1:
     """Refuse an active MPI request passed twice (MPI would complete it once
     and then wait on its freed handle), before anything is waited for. The
-    null request may repeat, and so may a handle: Open MPI gives every
-    operation with PROC_NULL the same one (the check is by object)."""
+    null request may repeat, and so may an inactive persistent one (it counts
+    as complete) and a handle: Open MPI gives every operation with PROC_NULL
+    the same one (the check is by object)."""
     cdef Py_ssize_t i, j, n = len(requests)
     cdef dict seen
     if n <= 16:                             # (a few comparisons cost less than a dict)
         for j in range(1, n):
             if (<_MPI.Request>requests[j]).ob_mpi != MPI_REQUEST_NULL:
                 for i in range(j):
-                    if requests[i] is requests[j]:
+                    if requests[i] is requests[j] and not inactive_persistent(requests[j]):
                         twice(i, j)
         return 0
     seen = {}
     for j in range(n):
         if (<_MPI.Request>requests[j]).ob_mpi != MPI_REQUEST_NULL:
             i = seen.setdefault(id(requests[j]), j)
-            if i != j:
+            if i != j and not inactive_persistent(requests[j]):
                 twice(i, j)
     return 0
+
+
+cdef bint inactive_persistent(object req) noexcept:
+    """Whether `req`, holding an MPI handle, is one of mcr's persistent
+    requests that MPI runs (an emulated one holds a handle only while
+    active) and is not started, or completed since its last start: it counts
+    from its start until it is seen complete for its communicator (owner,
+    see Prequest.start and settle)."""
+    return (isinstance(req, Prequest) and (<Prequest>req).start_fn is None
+            and (<Prequest>req).owner is None)
 
 
 @cython.no_gc             # (holds a list of requests, which never refer back to it)
