@@ -65,10 +65,23 @@ def test_receive_into_views_writes_the_right_memory():
     (lambda: torch._neg_view(torch.ones(3)), BufferError, "negative bit"),
     (lambda: torch.ones(3, dtype=torch.complex128).conj(), BufferError, "conjugate bit"),
     (lambda: torch.ones(3).to_sparse(), TypeError, "layout torch.sparse_coo"),
+    (lambda: torch.ones(2, 2).to_sparse_csr(), TypeError, "layout torch.sparse_csr"),
+    (lambda: torch.ones(3).to_mkldnn(), TypeError, "layout torch._mkldnn"),
+    (lambda: torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]), TypeError,
+     "nested tensor with layout torch.strided"),
+    (lambda: torch.nested.nested_tensor([torch.ones(2), torch.ones(3)], layout=torch.jagged),
+     TypeError, "nested tensor with layout torch.jagged"),
+    (lambda: torch._efficientzerotensor(3), BufferError, "3 elements has no memory"),
     (lambda: torch.empty(3, device="meta"), TypeError, "device meta"),
     (lambda: torch.zeros(3, dtype=torch.float8_e4m3fn), TypeError, "dtype torch.float8_e4m3fn"),
 ])
-def test_rejected_tensors(make, exc, fragment):
+@pytest.mark.parametrize("backend", ["mpi", "gloo"])
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors",
+                            "ignore:Sparse CSR tensor support")
+def test_rejected_tensors(make, exc, fragment, backend):
+    t = make()
     with pytest.raises(exc, match=fragment):
-        SELF.Send(make(), mcr.PROC_NULL)
-    SELF.Allreduce(torch.ones(2), torch.zeros(2))     # still usable
+        SELF.Send(t, mcr.PROC_NULL, backend=backend)
+    with pytest.raises(exc, match=fragment):              # (a receive buffer too)
+        SELF.Allreduce(torch.ones(3), t, backend=backend)
+    SELF.Allreduce(torch.ones(2), torch.zeros(2), backend=backend)     # still usable

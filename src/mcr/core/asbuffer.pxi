@@ -33,14 +33,14 @@ cdef class _View:
 cdef object _Tensor = None           # torch.Tensor: exact-type fast path
 cdef object _TensorBase = None       # torch._C.TensorBase: subclasses
 cdef object _d_data_ptr, _d_numel, _d_is_contiguous, _d_is_conj, _d_is_neg
-cdef object _g_dtype, _g_is_cpu, _g_is_cuda
+cdef object _g_dtype, _g_is_cpu, _g_is_cuda, _g_layout, _g_is_nested
 cdef object _torch = None
 
 
 cdef int bind_torch() except -1:
     global _Tensor, _TensorBase, _torch
     global _d_data_ptr, _d_numel, _d_is_contiguous, _d_is_conj, _d_is_neg
-    global _g_dtype, _g_is_cpu, _g_is_cuda
+    global _g_dtype, _g_is_cpu, _g_is_cuda, _g_layout, _g_is_nested
     import torch
     base = torch._C.TensorBase
     attrs = base.__dict__
@@ -52,6 +52,8 @@ cdef int bind_torch() except -1:
     _g_dtype = attrs["dtype"]
     _g_is_cpu = attrs["is_cpu"]
     _g_is_cuda = attrs["is_cuda"]
+    _g_layout = attrs["layout"]
+    _g_is_nested = attrs["is_nested"]
     bind_torch_dtypes(torch)
     _torch = torch
     _TensorBase = base
@@ -80,12 +82,10 @@ cdef int slow_tensor_info(object t, bufinfo *b, const char *arg) except -1:
     try:
         contiguous = mcr_call0(_d_is_contiguous, t)
     except RuntimeError:
-        raise TypeError(f"{arg.decode()}: tensor with layout {t.layout} is not supported "
-                        "(only dense, torch.strided tensors)") from None
+        raise not_strided(t, arg) from None
+    if mcr_getattr(_g_layout, t) is not _torch.strided or mcr_getattr(_g_is_nested, t):
+        raise not_strided(t, arg)       # (a mkldnn or nested tensor says it is contiguous)
     if contiguous is not True:
-        if t.layout is not _torch.strided:
-            raise TypeError(f"{arg.decode()}: tensor with layout {t.layout} is not "
-                            "supported (only dense, torch.strided tensors)")
         raise BufferError(f"{arg.decode()}: tensor is not contiguous (shape "
                           f"{tuple(t.shape)}, strides {t.stride()}); pass t.contiguous()")
     # lazy conjugate/negative views: memory holds the values before the lazy op
@@ -97,9 +97,19 @@ cdef int slow_tensor_info(object t, bufinfo *b, const char *arg) except -1:
                           "holds the values before negation; pass t.resolve_neg()")
     b.addr = <char*>PyLong_AsVoidPtr(mcr_call0(_d_data_ptr, t))
     b.nbytes = PyLong_AsSsize_t(mcr_call0(_d_numel, t)) * TYPES[tindex].itemsize
+    if b.addr == NULL and b.nbytes > 0:
+        raise BufferError(f"{arg.decode()}: tensor of {t.numel()} elements has no memory "
+                          "(data_ptr() is 0, as a ZeroTensor's); pass t.clone()")
     b.tindex = tindex
     b.device = device
     return 0
+
+
+cdef object not_strided(object t, const char *arg):
+    """The TypeError for a tensor that is not dense and torch.strided."""
+    what = f"{'nested tensor' if t.is_nested else 'tensor'} with layout {t.layout}"
+    return TypeError(f"{arg.decode()}: {what} is not supported (only dense, torch.strided "
+                     "tensors)")
 
 
 cdef object view_info(object obj, bufinfo *b, bint writable, bint typed, const char *arg):

@@ -9,7 +9,10 @@
 # is checked against the Python API on probe tensors; if anything disagrees,
 # mcr keeps using the Python API. Any tensor the fast path is unsure about
 # (not CPU, not contiguous, unknown dtype, lazy bits, a shim error) goes to the
-# Python API too, which gives the error message.
+# Python API too, which gives the error message. The fast path reads only a
+# tensor whose dispatch keys say plain dense memory (Dense, no lazy bit, no
+# ZeroTensor, which has no memory): a mkldnn, sparse or nested tensor goes to
+# the Python API as well, for the price of the test of the lazy bits.
 
 from libc.stdint cimport int32_t, int64_t, uint64_t, intptr_t
 
@@ -38,7 +41,8 @@ cdef struct tensor_api:
     int32_t cpu
     Py_ssize_t handle_offset       # the at::Tensor inside the Python object
     Py_ssize_t keyset_offset       # the DispatchKeySet inside the TensorImpl
-    uint64_t lazy_bits             # Conjugate | Negative
+    uint64_t plain_mask            # Dense | Conjugate | Negative | ZeroTensor
+    uint64_t plain_keys            # of those, what a plain tensor has: Dense
     signed char code_to_type[MAX_DTYPE_CODE]
 
 cdef tensor_api FAST
@@ -61,7 +65,7 @@ cdef inline int fast_tensor_info(object t, bufinfo *b) noexcept:
     if tindex < 0 or FAST.is_contiguous(h, &contiguous) or not contiguous:
         return -1
     cdef char *impl = (<char**>h)[0]
-    if (<uint64_t*>(impl + FAST.keyset_offset))[0] & FAST.lazy_bits:
+    if ((<uint64_t*>(impl + FAST.keyset_offset))[0] & FAST.plain_mask) != FAST.plain_keys:
         return -1
     if FAST.data_ptr(h, &ptr) or FAST.numel(h, &numel):
         return -1
@@ -131,8 +135,10 @@ cdef int bind_fast_tensors(object torch) except -1:
 
     keys = torch._C._dispatch_keys
     key = torch._C.DispatchKey
-    FAST.lazy_bits = (torch._C.DispatchKeySet(key.Negative).raw_repr() |
-                      torch._C.DispatchKeySet(key.Conjugate).raw_repr())
+    FAST.plain_keys = torch._C.DispatchKeySet(key.Dense).raw_repr()
+    FAST.plain_mask = (FAST.plain_keys | torch._C.DispatchKeySet(key.Negative).raw_repr() |
+                       torch._C.DispatchKeySet(key.Conjugate).raw_repr() |
+                       torch._C.DispatchKeySet(key.ZeroTensor).raw_repr())
     base = torch.arange(12, dtype=torch.float32)
     probes = [base, base[2:7], base.view(3, 4).t(), torch._neg_view(base),
               torch.ones(3, dtype=torch.complex64).conj(), torch.ones(2, requires_grad=True),
@@ -149,9 +155,10 @@ cdef int bind_fast_tensors(object torch) except -1:
                                    [keys(p).raw_repr() for p in probes], 8, 256)
     if FAST.keyset_offset < 0:
         return 0
-    # the fast path must agree with the Python API on every probe
+    # the fast path must agree with the Python API on every probe, and on
+    # tensors it must leave to it
     cdef bufinfo fast, slow
-    for p in probes:
+    for p in probes + odd_tensors(torch):
         accepted = True
         try:
             slow_tensor_info(p, &slow, b"probe")
@@ -164,6 +171,25 @@ cdef int bind_fast_tensors(object torch) except -1:
             return 0
     fast_ok = True
     return 0
+
+
+cdef list odd_tensors(object torch):
+    """Tensors the fast path must leave to the Python API, which refuses
+    them: a ZeroTensor, a nested tensor and a mkldnn one, those this torch
+    builds."""
+    import warnings
+    makers = (lambda: torch._efficientzerotensor(3),
+              lambda: torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]),
+              lambda: torch.ones(3).to_mkldnn())
+    odd = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")         # (nested tensors are a prototype)
+        for make in makers:
+            try:
+                odd.append(make())
+            except (AttributeError, RuntimeError):
+                pass                            # (not in this torch, or not built in)
+    return odd
 
 
 def _fast_tensor_path():
