@@ -203,17 +203,19 @@ cdef class Request(_MPI.Request):
 
     @property
     def handle(self):
-        """MPI handle."""
+        """MPI handle. Once it is read, a request collected before it completed
+        is left alone, as in mpi4py (a copy made from the handle may complete
+        it); see :doc:`requests`."""
         lent(self)
         return _MPI.Request.handle.__get__(self)
 
     def py2f(self):
-        """Fortran handle."""
+        """Fortran handle (read: as ``handle``)."""
         lent(self)
         return _MPI.Request.py2f(self)
 
     def toint(self):
-        """Translate object to integer handle."""
+        """Translate object to integer handle (read: as ``handle``)."""
         lent(self)
         return _MPI.Request.toint(self)
 
