@@ -40,11 +40,12 @@ TRIAL_DEADLINE = 5.0        # seconds a message accepted by a send may take to a
 # MPICH's collectives may hang on a message that does not match its peers' (Open MPI raises
 # MPI_ERR_TRUNCATE on every rank): there collectives run in checked mode (MismatchError everywhere)
 MPICH = "MPICH" in _mpi4py.Get_library_version()
-# Not fuzzed: communicator management (no buffers; bad Create_cart dims: test_comm)
+# Not fuzzed: communicator management (no buffers; bad Create_cart dims: test_comm), and a
+# request's handle (no arguments; mcr's only to note the handle lent: test_request)
 EXCLUDED = {"Comm." + n for n in (
     "Free", "Dup", "Split", "Split_type", "Create", "Create_group", "Clone", "Dup_with_info",
     "Idup", "Idup_with_info", "Create_cart", "Create_graph", "Create_dist_graph",
-    "Create_dist_graph_adjacent")}
+    "Create_dist_graph_adjacent")} | {"Request.py2f", "Request.toint"}
 # Trials known to fail, skipped (a crash or a hang would hide every later trial): (method,
 # parameter, object, backend) fnmatch patterns -> the reason. Remove a line when its fix lands.
 KNOWN_FAILURES: dict[tuple[str, str, str, str], str] = {
