@@ -5,8 +5,9 @@ and ``COMM_SELF`` are mcr communicators; ``Comm``, ``Request``, ``Prequest``
 and ``Status`` are mcr's classes; every other name (``MPI.DOUBLE``,
 ``MPI.Wtime``, ``MPI.SUM``, ``MPI.Intracomm``, ``MPI.Exception``, ...) is
 mpi4py's own object, but for ``_handleof`` and ``_addressof``, mpi4py's
-functions noting that an mcr request's handle was read. mcr raises ``mcr.Exception``, a subclass of
-``MPI.Exception``, so one ``except MPI.Exception`` catches the errors of both.
+functions noting that an mcr request's handle was read. mcr raises
+``mcr.Exception``, a subclass of ``MPI.Exception``, so one ``except
+MPI.Exception`` catches the errors of both.
 The topology communicators that mcr's communicators make (``Create_cart``,
 ``Create_graph``, ...) are mcr's (``mcr.Cartcomm``, ...), subclasses of
 mpi4py's: ``isinstance(cart, MPI.Cartcomm)`` holds.
