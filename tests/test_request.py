@@ -28,6 +28,7 @@ DTYPES = dict(zip(COMPLETIONS, (torch.bfloat16, torch.complex64, torch.float32, 
                                 torch.int16, torch.float64, torch.uint8, torch.complex128)))
 MIXES = {"mpi": ("mpi",) * 3, "gloo": ("gloo",) * 3, "mixed": ("gloo", "mpi", "gloo")}
 R = mcr.Request
+OTHER = {"mpi": "gloo", "gloo": "mpi"}
 
 
 def rank_order(n, rank):
@@ -384,12 +385,12 @@ def scribble(n, dtype=torch.float32, times=8):
     return [torch.full((n,), -7, dtype=dtype) for _ in range(times)]
 
 
-def poll_until(comm, done, what, rounds=2000):
+def poll_until(comm, done, what, rounds=2000, backend="mpi"):
     """Make calls (each gives dropped requests a turn) until `done()` holds on every rank."""
     flag = torch.zeros(1, dtype=torch.int32)
     for _ in range(rounds):
         flag[0] = int(bool(done()))
-        comm.Allreduce(MPI.IN_PLACE, flag, op=MPI.MIN)
+        comm.Allreduce(MPI.IN_PLACE, flag, op=MPI.MIN, backend=backend)
         if flag[0]:
             return
     raise AssertionError(f"{what}: not after {rounds} calls")
@@ -472,6 +473,19 @@ def irecv_dropped_before_completion(comm, backend):
     assert ref() is not None, "the dropped Irecv let its buffer die"
     comm.Send(torch.ones(n), right, 11, backend=backend)
     poll_until(comm, lambda: ref() is None, "the buffer of a completed, dropped Irecv released")
+    # a dropped receive gets its turn at tests and at the other backend's calls alone (at
+    # neither did a Gloo or plug-in one: its data never came, and it was kept forever)
+    called, tested = torch.zeros(4), torch.zeros(4)
+    comm.Irecv(called, left, 15, backend=backend)
+    comm.Send(torch.full((4,), 15.0), right, 15, backend=backend)
+    poll_until(comm, lambda: called[0] == 15, "a dropped receive by another backend's calls",
+               backend=OTHER[backend])
+    comm.Irecv(tested, left, 16, backend=backend)
+    comm.Send(torch.full((4,), 16.0), right, 16, backend=backend)
+    deadline = time.monotonic() + 30
+    while tested[0] != 16 and time.monotonic() < deadline:
+        MPI.Request.Testall([])
+    expect(tested, torch.full((4,), 16.0))
     if comm.size == 1 and backend == "mpi":
         return        # Open MPI truncates a message to itself silently
     with warnings.catch_warnings(record=True) as seen:

@@ -572,6 +572,8 @@ cdef class Comm(_CommBase):
                 preq.rtype = c.r.dtype
             return preq
         req = OP_TABLE[c.op].post_sub(sub, c)
+        if detached:                    # the works of freed requests get a turn
+            poll_detached()
         if c.form == NONBLOCKING:
             return pending_on(self, req)
         req.Wait(c.status)

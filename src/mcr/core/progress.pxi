@@ -76,8 +76,10 @@ def _staged_quiet(bint on):
 
 
 cdef inline int progress_poll() except -1:
-    """Let the engine post what has become ready (a test; a turn of a
-    wait loop)."""
+    """Give the works of freed requests a turn, and let the engine post what
+    has become ready (a test; a turn of a wait loop)."""
+    if detached:
+        poll_detached()
     if engine_busy and not staged_quiet:
         engine.pump_all()
     return 0
@@ -255,8 +257,6 @@ def _poll():
     """Drive MPI, the works of freed requests and the staged operations once
     (for the backends' own waiting loops)."""
     mpi_progress()
-    if detached:
-        poll_detached()
     progress_poll()
 
 
@@ -265,8 +265,6 @@ cdef int idle(int spins) except -1:
     A signal's handler runs here (Ctrl-C raises KeyboardInterrupt)."""
     PyErr_CheckSignals()
     mpi_progress()
-    if detached:
-        poll_detached()
     progress_poll()
     # first yield the core (the backend's threads may need it: 2 ranks on 2
     # cores), then sleep, longer and longer, so that a long wait costs little
