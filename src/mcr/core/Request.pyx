@@ -516,13 +516,15 @@ cdef object statuses_of(list requests, int kind, object st):
     if kind == L_GET_STATUS_ANY:
         active = False
         for i, req in enumerate(requests):
-            if req:
+            if is_active(req):
                 active = True
                 if status_of(req, st):
                     return i, True
+        if not active and st is not None:
+            (<_MPI.Status>st).ob_mpi = empty_status_value()
         return MPI_UNDEFINED, not active
-    indices = [i for i, req in enumerate(requests) if req and status_of(req, None)]
-    if not indices and not any(requests):
+    indices = [i for i, req in enumerate(requests) if is_active(req) and status_of(req, None)]
+    if not indices and not any([is_active(req) for req in requests]):
         return None
     room = status_room(st, len(indices))
     for k in range(room):
@@ -540,12 +542,15 @@ cdef inline object listed(object requests):
 
 cdef bint needs_mcr(object requests) except -1:
     """Whether a request of `requests` needs mcr's completion: an mcr
-    operation (a backend's work, mcr's message) or a watched one."""
+    operation (a backend's work, mcr's message), a watched one, or an
+    emulated persistent one (between starts, MPI sees only a null handle)."""
     cdef Request r
     for req in requests:
         if isinstance(req, Request):
             r = <Request>req
             if r.ext is not None or r.obs is not None or type(r.ob_buf) is _Call:
+                return True
+            if isinstance(req, Prequest) and (<Prequest>req).start_fn is not None:
                 return True
     return False
 
@@ -625,7 +630,7 @@ cdef tuple pickled_any(list requests, object status):
     """testany over requests among which some are pickled: (index, flag, object)."""
     cdef bint active = False
     for i, req in enumerate(requests):
-        if req:
+        if is_active(req):
             active = True
             if status_of(req, None):
                 flag, obj = tested_one(req, status)
@@ -641,9 +646,9 @@ cdef tuple pickled_any(list requests, object status):
 cdef tuple pickled_some(list requests, object statuses):
     """testsome over requests among which some are pickled: (indices, objects),
     (None, None) when none is active."""
-    indices = [i for i, req in enumerate(requests) if req and status_of(req, None)]
+    indices = [i for i, req in enumerate(requests) if is_active(req) and status_of(req, None)]
     if not indices:
-        if not any(requests):
+        if not any([is_active(req) for req in requests]):
             return None, None
         mpi_progress()
         return [], []
@@ -725,6 +730,20 @@ cdef bint inactive_persistent(object req) noexcept:
     see Prequest.start and settle)."""
     return (isinstance(req, Prequest) and (<Prequest>req).start_fn is None
             and (<Prequest>req).owner is None)
+
+
+cdef bint is_active(object req) except -1:
+    """Whether `req` is active: not null, and no persistent request between
+    its starts (those count as complete, with an empty status)."""
+    cdef Prequest p
+    if not req:
+        return False
+    if isinstance(req, Prequest):
+        p = <Prequest>req
+        if p.start_fn is not None:
+            return p.ob_mpi != MPI_REQUEST_NULL or p.ext is not None
+        return not inactive_persistent(p)
+    return True
 
 
 @cython.no_gc             # (holds a list of requests, which never refer back to it)
