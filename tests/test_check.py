@@ -944,7 +944,9 @@ def checked_and_timed_constructor_times_out(comm):
 
 
 @case
-def bad_timeout_values_are_refused(comm):
+def timeout_values_bad_and_huge(comm):
+    """Bad values are refused. A huge one waits (1e10 s overflowed the deadline's nanoseconds
+    into the past: every wait raised TimeoutError at once)."""
     c = comm.Dup()
     raises(ValueError, setattr, c, "timeout", -1)
     raises(TypeError, setattr, c, "timeout", "soon")
@@ -952,6 +954,17 @@ def bad_timeout_values_are_refused(comm):
     assert c.timeout is None
     c.timeout = None
     assert c.timeout is None and not c.checked
+    left, right = (c.rank - 1) % c.size, (c.rank + 1) % c.size
+    for huge in (1e10, 1e300):
+        c.timeout = huge
+        for backend in BACKENDS:
+            assert_allreduce_works(c, backend)
+            c.Barrier(backend=backend)
+            got, sent = torch.zeros(4), c.Isend(data(c.rank), right, tag=7, backend=backend)
+            c.Probe(left, tag=7, backend=backend)
+            c.Recv(got, left, tag=7, backend=backend)
+            sent.Wait()
+            assert torch.equal(got, data(left)), (backend, got)
     c.Free()
 
 

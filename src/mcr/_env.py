@@ -6,6 +6,7 @@ naming the variable. Imports nothing of mcr's."""
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 
 __all__ = ["count", "flag", "seconds"]
@@ -45,6 +46,7 @@ def count(name: str, default: int, environ: Mapping[str, str] | None = None) -> 
         out = int(value)
     except ValueError:
         out = 0
-    if out < 1:
-        raise ValueError(f"{name}: expected a whole number >= 1, got {value!r}")
+    if not 1 <= out <= sys.maxsize:
+        raise ValueError(f"{name}: expected a whole number from 1 to {sys.maxsize}, "
+                         f"got {value!r}")
     return out

@@ -41,8 +41,10 @@ def c10d() -> Any:
 def timeout() -> datetime.timedelta:
     """How long backend operations may take before they fail
     (``MCR_BACKEND_TIMEOUT`` seconds, 600 when unset or 0; ValueError naming it
-    for a value that is no number of seconds >= 0)."""
-    return datetime.timedelta(seconds=seconds("MCR_BACKEND_TIMEOUT") or 600)
+    for a value that is no number of seconds >= 0). Beyond 30 years it is 30
+    years, as a communicator's timeout: a longer one overflows the backends'
+    clocks."""
+    return datetime.timedelta(seconds=min(seconds("MCR_BACKEND_TIMEOUT") or 600, 1e9))
 
 
 def rendezvous(comm: Any) -> Any:

@@ -1545,7 +1545,7 @@ cdef object until_done(list requests, _Turn turn, bint wait, double limit):
     freed requests' works and the progress engine between them (idle),
     within `limit` seconds (0: none; the shortest limit of the requests'
     observers: TimeoutError naming the requests still pending)."""
-    cdef long long deadline = now_ns() + <long long>(limit * 1e9)
+    cdef long long deadline = deadline_ns(limit)
     cdef int spins = 0
     while True:
         done, result = turn.step()

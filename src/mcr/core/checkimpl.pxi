@@ -692,7 +692,7 @@ cdef list stuck_exchanges = []    # buffers of exchanges left posted: MPI may st
 
 cdef int poll_request(MPI_Request *req, _Watch w, Comm comm, str what) except -1:
     cdef int flag = 0, spins = 0
-    cdef long long deadline = now_ns() + <long long>(w.timeout * 1e9)
+    cdef long long deadline = deadline_ns(w.timeout)
     while True:
         CHKERR(MPI_Test(req, &flag, MPI_STATUS_IGNORE))
         if flag:
@@ -712,7 +712,7 @@ def _meet(Comm comm, _MPI.Request meeting, str what):
     cdef int flag = 0, spins = 0
     cdef _Watch w = comm.watch
     cdef double timeout = w.timeout if w is not None else 0
-    cdef long long deadline = now_ns() + <long long>(timeout * 1e9)
+    cdef long long deadline = deadline_ns(timeout)
     while True:
         CHKERR(MPI_Test(&meeting.ob_mpi, &flag, MPI_STATUS_IGNORE))
         if flag:
@@ -746,7 +746,7 @@ cdef int probe_timed(Comm comm, double timeout, int source, int tag,
                      MPI_Status *sp) except -1:
     """Probe under `comm`'s timeout: MPI_Iprobe, polled until the deadline."""
     cdef int flag = 0, spins = 0
-    cdef long long deadline = now_ns() + <long long>(timeout * 1e9)
+    cdef long long deadline = deadline_ns(timeout)
     while True:
         CHKERR(MPI_Iprobe(source, tag, comm.ob_mpi, &flag, sp))
         if flag:
@@ -1209,7 +1209,7 @@ cdef object obj_p2p(Comm comm, _Call c, Py_ssize_t i):
         import warnings             # (as mpi4py's own methods warn)
         warnings.warn("the 'buf' argument is deprecated", UserWarning)
     cdef Request sent = None
-    cdef long long deadline = now_ns() + <long long>(timeout * 1e9)
+    cdef long long deadline = deadline_ns(timeout)
     cdef int spins = 0, nbytes = -1
     cdef bint got = False
     try:
@@ -1524,7 +1524,7 @@ def _fusion_wait(Comm comm, _MPI.Request req, object what):
     cdef int flag = 0, spins = 0
     cdef _Watch w = comm.watch
     cdef double timeout = w.timeout if w is not None else 0
-    cdef long long deadline = now_ns() + <long long>(timeout * 1e9)
+    cdef long long deadline = deadline_ns(timeout)
     while True:
         CHKERR(MPI_Test(&req.ob_mpi, &flag, MPI_STATUS_IGNORE))
         if flag:

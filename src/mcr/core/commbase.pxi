@@ -268,7 +268,7 @@ cdef class _CommBase(_MPI.Intracomm):
         status_type(status, MPI_DATATYPE_NULL)
         if self.watch is None or self.watch.timeout <= 0:
             return _MPI.Intracomm.Mprobe(self, source, tag, status)
-        deadline = now_ns() + <long long>(self.watch.timeout * 1e9)
+        deadline = deadline_ns(self.watch.timeout)
         while True:
             message = _MPI.Intracomm.Improbe(self, source, tag, status)
             if message is not None:

@@ -28,6 +28,12 @@ cdef inline long long now_ns() noexcept nogil:
     return ts.tv_sec * 1000000000LL + ts.tv_nsec
 
 
+cdef inline long long deadline_ns(double seconds) noexcept nogil:
+    """now_ns() `seconds` from now; a limit beyond 30 years is 30 years (a
+    larger one, 1e10 s, would overflow the nanoseconds into the past)."""
+    return now_ns() + <long long>(min(seconds, 1e9) * 1e9)
+
+
 @cython.final
 cdef class _Rec(_Observer):
     """One call as the logger records it (mcr.log turns it into a dict);
