@@ -966,6 +966,16 @@ def timeout_values_bad_and_huge(comm):
             sent.Wait()
             assert torch.equal(got, data(left)), (backend, got)
     c.Free()
+    s = mcr.COMM_SELF           # records name it "self" (it was "0#1")
+    s.timeout = TIMEOUT
+    try:
+        exc = expect_timeout(lambda: s.Recv(got, 0, tag=9), "Recv float32[4] from 0 tag 9 on self")
+        s.Send(data(5), 0, tag=9)
+        exc.request.Wait()
+        assert torch.equal(got, data(5)), got
+        assert [p["comm"] for p in exc.pending if p["tag"] == 9] == ["self"], exc.pending
+    finally:
+        s.timeout = None
 
 
 test_mpi = mpi_cases(__name__)

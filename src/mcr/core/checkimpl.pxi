@@ -194,6 +194,8 @@ cdef str comm_label(_Watch w, MPI_Comm comm):
     w.members = ranks
     if result == MPI_IDENT:
         w.label = "world"
+    elif comm == MPI_COMM_SELF:
+        w.label = "self"
     else:
         key = tuple(ranks)
         label_counts[key] = label_counts.get(key, 0) + 1
