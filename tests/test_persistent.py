@@ -299,6 +299,39 @@ def request_keeps_buffers_alive(comm, emulated):
         req.Free()
 
 
+@case.matrix(emulated=MODES)
+def a_tensor_given_new_memory_between_starts(comm, emulated):
+    """A tensor given new memory between starts (set_, .data =, resize_): MPI's own request
+    refuses to start, naming it (MPI went on writing into the freed memory: a crash later); an
+    emulated one, posted again at each Start, moves what the new memory holds."""
+    changes = {"set_": lambda t: t.set_(torch.zeros(N)),
+               ".data =": lambda t: setattr(t, "data", torch.zeros(N)),
+               "resize_": lambda t: t.resize_(4 * N)}
+    with emulation(emulated):
+        for (what, change), side in itertools.product(changes.items(), ("sendbuf", "recvbuf")):
+            if emulated and what == "resize_":
+                continue                # (the sizes would differ: refused as any Allreduce)
+            x, y = torch.ones(N), torch.zeros(N)
+            req, other = comm.Allreduce_init(x, y), comm.Allreduce_init(torch.ones(1), torch.zeros(1))
+            req.Start()
+            req.Wait()
+            change(x if side == "sendbuf" else y)
+            if emulated:
+                x.fill_(2.0)
+                req.Start()
+                req.Wait()
+                assert_equal(y, torch.full((N,), 2.0 * comm.size))
+            else:
+                with raises(ValueError, f"request: {side} no longer holds the memory MPI was "
+                                        "given", "make the request again"):
+                    req.Start()
+                with raises(ValueError, f"requests[1]: {side} no longer holds"):
+                    MPI.Prequest.Startall([other, req])
+                assert MPI.Request.Testall([other, req])        # neither started
+            req.Free()
+            other.Free()
+
+
 # -- Free, restarting, misuse -----------------------------------------------------------
 @case.matrix(emulated=MODES)
 def free_after_use_and_twice(comm, emulated):

@@ -442,6 +442,7 @@ cdef class Comm(_CommBase):
             preq.comm, preq.keep = self, c
             self.post_mpi(c, PERSISTENT, info, &preq.ob_mpi)
             preq.ob_buf = c       # staged device buffers are copied at each start
+            preq.places = None if c.staged is not None else tensor_places(c)
             c.live = False        # (not started: nothing to copy back)
             preq.op = c.op + 1
         if OP_TABLE[c.op].flags & OP_RECEIVES:

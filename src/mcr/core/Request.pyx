@@ -1596,6 +1596,7 @@ cdef class Prequest(Request):
     cdef object comm          # the communicator it was made on
     cdef int op               # the operation + 1 (0: not told; see Interceptor.on_start)
     cdef str backend          # the backend it runs on (None: MPI)
+    cdef tuple places         # native: its tensors and the memory MPI was given (moved)
 
     def __cinit__(self, request=None):
         # a copy (Request.__cinit__ ran: see copied) starts what the original
@@ -1603,7 +1604,7 @@ cdef class Prequest(Request):
         if isinstance(request, Prequest):
             q = <Prequest>request
             self.keep, self.start_fn, self.comm = q.keep, q.start_fn, q.comm
-            self.op, self.backend = q.op, q.backend
+            self.op, self.backend, self.places = q.op, q.backend, q.places
 
     def Start(self):
         """Start the operation; the request must be inactive (new or completed).
@@ -1631,6 +1632,8 @@ cdef class Prequest(Request):
         if self.start_fn is None:
             if self.ob_mpi == MPI_REQUEST_NULL:
                 raise ValueError(f"{request_name(index)}: it was freed (or never created)")
+            if self.places is not None:
+                moved(self.places, index)
             staged = type(self.ob_buf) is _Call and (<_Call>self.ob_buf).staged is not None
             if staged:
                 # (MPI would refuse the start only after the copy in had
@@ -1718,6 +1721,8 @@ cdef class Prequest(Request):
                 raise still_active(i)
             if req.comm is not None and (<_MPI.Comm>req.comm).ob_mpi == MPI_COMM_NULL:
                 raise ValueError(f"requests[{i}]: its communicator was freed")
+            if req.start_fn is None and req.places is not None:
+                moved(req.places, i)
         for i, r in enumerate(requests):
             if isinstance(r, Prequest):
                 (<Prequest>r).start(i)
@@ -1756,6 +1761,38 @@ cdef Prequest emulated_prequest(object comm, object start, object keep):
 
 cdef str request_name(Py_ssize_t index):
     return "request" if index < 0 else f"requests[{index}]"
+
+
+cdef tuple tensor_places(_Call c):
+    """The tensors of a call that MPI's persistent request reads or writes
+    at each Start, each with the memory MPI was given: (tensor, argument,
+    address, bytes); None without tensors."""
+    cdef bufinfo b
+    places = []
+    names = ("buf", "buf") if c.op <= CALL_RECV else ("sendbuf", "recvbuf")
+    if _Tensor is None:                 # (torch not imported: no tensor)
+        return None
+    for own, arg in zip((c.sown, c.rown), names):
+        if isinstance(own, _Tensor):
+            tensor_info(own, &b, "buffer")
+            places.append((own, arg, <Py_ssize_t>b.addr, b.nbytes))
+    return tuple(places) if places else None
+
+
+cdef int moved(tuple places, Py_ssize_t index) except -1:
+    """Refuse to start MPI's persistent request when a tensor of it no longer
+    holds the memory MPI was given (``set_``, ``resize_``, ``.data =``): MPI
+    would read or write the old memory, freed by then."""
+    cdef bufinfo b
+    for t, arg, addr, nbytes in places:
+        tensor_info(t, &b, "buffer")
+        if <Py_ssize_t>b.addr != addr or b.nbytes != nbytes:
+            raise ValueError(
+                f"{request_name(index)}: {arg} no longer holds the memory MPI was given "
+                f"when the request was made ({nbytes} bytes at {addr:#x}, now {b.nbytes} at "
+                f"{<Py_ssize_t>b.addr:#x}: set_, resize_ or .data =), which MPI would read or "
+                "write; make the request again")
+    return 0
 
 
 cdef inline bint staged_running(Prequest req):
