@@ -28,7 +28,7 @@ from mpi4py_conformance.demos import DEMOS
 from mpiharness import mpi_env, world_sizes
 
 start_early = sdist.prefetch      # conftest.py: the download overlaps the MPI jobs
-TIMEOUT = 120               # seconds per run of a demo
+TIMEOUT = 60        # seconds per run of a demo (the longest takes about 8 s; a hung one costs this)
 _IMPORT = re.compile(r"^(\s*)from mpi4py import MPI\b", re.MULTILINE)
 _NUMBER = re.compile(r"\d+(\.\d*)?([eE][-+]?\d+)?")
 _TROUBLE = re.compile(r"Traceback|Error|Warning|error|warning")
