@@ -966,14 +966,16 @@ def timeout_values_bad_and_huge(comm):
             sent.Wait()
             assert torch.equal(got, data(left)), (backend, got)
     c.Free()
-    s = mcr.COMM_SELF           # records name it "self" (it was "0#1")
+    s = mcr.COMM_SELF           # records name it "self" (it was "0#1"), a Sendrecv its receive
     s.timeout = TIMEOUT
     try:
-        exc = expect_timeout(lambda: s.Recv(got, 0, tag=9), "Recv float32[4] from 0 tag 9 on self")
+        exc = expect_timeout(lambda: s.Sendrecv(data(4), 0, 8, got, 0, 9),
+                             "Sendrecv float32[4] to 0 tag 8, from 0 tag 9 on self")
         s.Send(data(5), 0, tag=9)
         exc.request.Wait()
-        assert torch.equal(got, data(5)), got
-        assert [p["comm"] for p in exc.pending if p["tag"] == 9] == ["self"], exc.pending
+        s.Recv(sent := torch.zeros(4), 0, tag=8)
+        assert torch.equal(got, data(5)) and torch.equal(sent, data(4)), (got, sent)
+        assert [p["comm"] for p in exc.pending if p["tag"] == 8] == ["self"], exc.pending
     finally:
         s.timeout = None
 

@@ -852,6 +852,9 @@ cdef _Pend new_pend(Comm comm, _Watch w, _Call c, int form, str backend, long lo
         where = "from" if op == CALL_RECV else "to"
         p.desc = f"{CALL_NAMES[op]} {TYPE_NAMES[f[F_DTYPE]] if f[F_DTYPE] >= 0 else ''}" \
                  f"[{f[F_COUNT]}] {where} {rank_text(p.peer)} tag {tag_text(p.tag)}"
+        if op == CALL_SENDRECV or op == CALL_SENDRECV_REPLACE:     # (what it waits for)
+            p.desc += (f", from {rank_text(int_or(c.source, -1))} tag "
+                       f"{tag_text(int_or(c.recvtag, -1))}")
     else:
         p.root = <int>f[F_ROOT]
         p.desc = fingerprint_text(f, False, False)
