@@ -14,7 +14,10 @@ A hook is called with an ``mcr.hooks.Call`` (``comm``, ``op``, ``form``,
 call's result (``None`` for a blocking call, the ``Request`` or ``Prequest``
 otherwise) once the operation has run or been posted. An exception raised by
 a hook propagates to the caller before the operation starts, as does a
-``TypeError`` when it returns something else than a callable or None. One
+``TypeError`` when it returns something else than a callable or None. A
+collective a hook refused on some processes only is one they skipped: the
+others wait for it (under checked mode, the next collective is a
+``MismatchError`` on every process, their calls being out of step). One
 raised by the callable propagates after: a non-blocking or persistent
 operation's request is then the exception's ``request`` attribute, to wait
 for or free::
