@@ -897,6 +897,85 @@ def neighborhood_blocks_longer_than_their_slots_are_refused(comm):
     free(ring, k)
 
 
+NB_FORMS = ("Neighbor_alltoall", "Ineighbor_alltoall", "Neighbor_alltoall_init")
+
+
+def ring_alltoall(ring, method, sendbuf, recvbuf, backend):
+    """Neighbor_alltoall through `method` (one of NB_FORMS), waited for."""
+    got = getattr(ring, method)(sendbuf, recvbuf, backend=backend)
+    if isinstance(got, mcr.Prequest):
+        got.Start()
+        got.Wait()
+        got.Free()
+    elif got is not None:
+        got.Wait()
+
+
+@case.matrix(backend=BACKENDS, method=NB_FORMS)
+def checked_neighborhood_refusal_raises_everywhere(comm, backend, method):
+    # rank 0 sends blocks of 8 floats into slots of 4: only rank 0 can tell. Its refusal travels
+    # in its fingerprint, and every rank raises before any communicates (the others waited in the
+    # fingerprint exchange, on Gloo in the block sizes' exchange). Then the ring works.
+    size, rank = comm.size, comm.rank
+    k = checked(comm)
+    ring = k.Create_cart([size], periods=[True])
+    left, right = ring.Shift(0, 1)
+    blocks = torch.cat([data(rank) + 100 * left, data(rank) + 100 * right])
+    got = torch.full((8,), -1.0)
+    exc = raises(ValueError if rank == 0 else mcr.MismatchError, ring_alltoall, ring, method,
+                 torch.cat([blocks, blocks]) if rank == 0 else blocks, got, backend)
+    assert "recvbuf: 4 elements per neighbour, but sendbuf sends 8" in str(exc), str(exc)
+    assert rank == 0 or f"{method} #1" in str(exc) and \
+        "the arguments of rank 0 were refused" in str(exc), str(exc)
+    assert (got == -1).all(), got
+    ring_alltoall(ring, method, blocks, got, backend)
+    assert torch.equal(got, torch.cat([data(left) + 100 * rank, data(right) + 100 * rank])), got
+    free(ring, k)
+
+
+@case
+def checked_neighborhood_derived_datatype_on_gloo_raises_everywhere(comm):
+    # a derived datatype runs on MPI only: rank 0's receive side in one, on Gloo, is refused at
+    # rank 0 alone, and reaches the others as above (they waited in the block sizes' exchange)
+    size, rank = comm.size, comm.rank
+    k = checked(comm)
+    ring = k.Create_cart([size], periods=[True])
+    one = mpi4py.MPI.FLOAT.Create_contiguous(1).Commit()
+    got = np.full(4, -1, np.float32)
+    exc = raises(ValueError if rank == 0 else mcr.MismatchError, ring.Neighbor_allgatherv,
+                 np.full(1, rank, np.float32),
+                 [got, ([1, 1], [0, 2]), one] if rank == 0 else [got, [1, 1], [0, 2]],
+                 backend="gloo")
+    assert "a derived datatype runs on backend 'mpi'" in str(exc), str(exc)
+    assert rank == 0 or "the arguments of rank 0 were refused" in str(exc), str(exc)
+    assert (got == -1).all(), got
+    one.Free()
+    assert_allreduce_works(ring, "gloo")
+    free(ring, k)
+
+
+@case
+def timed_neighborhood_refusal_on_gloo_times_out(comm):
+    # unchecked, composed on Gloo: rank 0 refuses its blocks (as above) before the others are met,
+    # and they time out in the barrier, not in the block sizes' exchange (MPI's, not timed). The
+    # barrier stays posted: the call made again by every rank works.
+    size, rank = comm.size, comm.rank
+    c, ring, left, right, blocks, want = timed_ring(comm)
+    got = torch.full((8,), -1.0)
+    if rank == 0:
+        exc = raises(ValueError, ring.Neighbor_alltoall, torch.cat([blocks, blocks]), got,
+                     backend="gloo")
+        assert "recvbuf: 4 elements per neighbour, but sendbuf sends 8" in str(exc), str(exc)
+    else:
+        expect_timeout(lambda: ring.Neighbor_alltoall(blocks, got, backend="gloo"),
+                       "to call Neighbor_alltoall (a neighborhood collective)")
+    assert (got == -1).all(), got
+    comm.Barrier()              # (the parent)
+    ring.Neighbor_alltoall(blocks, got, backend="gloo")
+    assert torch.equal(got, want), got
+    free(ring, c)
+
+
 # -- Checked mode with a timeout ----------------------------------------------------
 
 @case

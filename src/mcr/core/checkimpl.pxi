@@ -541,7 +541,8 @@ cdef _Pend check_collective(Comm comm, _Watch w, _Call c, Py_ssize_t i, int form
     return p
 
 
-cdef int check_comm_call(Comm comm, _Watch w, str call, int root, _Call c) except -1:
+cdef int check_comm_call(Comm comm, _Watch w, str call, int root, _Call c,
+                         object refused) except -1:
     """Checked mode: agree with the other processes on a collective call
     outside the buffer methods (`call`, one of COMM_CALL_NAMES; `root`, or
     -1) as on a collective, before any enters MPI's call, which blocks
@@ -549,7 +550,8 @@ cdef int check_comm_call(Comm comm, _Watch w, str call, int root, _Call c) excep
     another of these or a collective instead, every process raises
     MismatchError. The call has its number in the sequence of collectives
     already (meet). `c`: the call, for mpi4py's methods on pickled objects
-    (pickled_refusal), or None."""
+    (pickled_refusal), or None; `refused`: this process's refusal of the
+    call's arguments, found before (nb_refused), or None."""
     cdef bytearray mine = bytearray(FP_BYTES)
     cdef char *mbuf = mine
     cdef long long *f = <long long*>mbuf
@@ -558,7 +560,9 @@ cdef int check_comm_call(Comm comm, _Watch w, str call, int root, _Call c) excep
     f[F_BACKEND], f[F_SIZE] = backend_id("mpi"), comm.nprocs()
     f[F_DTYPE] = f[F_ROP] = f[F_COUNT] = f[F_HASH] = -1
     f[F_ROOT] = root
-    err = pickled_refusal(comm, c, f) if c is not None and call in PICKLED_NAMES else None
+    err = refused
+    if err is None and c is not None and call in PICKLED_NAMES:
+        err = pickled_refusal(comm, c, f)
     if err is not None:
         put_refusal(mine, err)
     agree_fingerprints(comm, w, mine, err)
@@ -1028,7 +1032,7 @@ cdef int timed_out(list requests, double timeout) except -1:
 
 # -- mpi4py's point-to-point methods on pickled objects ------------------------------
 
-cdef object meet(Comm comm, str call, int root=-1, _Call c=None):
+cdef object meet(Comm comm, str call, int root=-1, _Call c=None, object refused=None):
     """Before a collective call outside the buffer methods (`call`, one
     of COMM_CALL_NAMES: one that makes or frees a communicator, one of
     mpi4py's methods on pickled objects, or a neighborhood collective;
@@ -1040,7 +1044,9 @@ cdef object meet(Comm comm, str call, int root=-1, _Call c=None):
     timeout); else, with a timeout, they meet in a polled barrier (except
     for UNAWAITED_CALLS: Free, which does not block, and the non-blocking
     and persistent calls). A TimeoutError leaves the exchange or barrier
-    pending, for the next try, which takes the same number."""
+    pending, for the next try, which takes the same number. `refused`: this
+    process's refusal of the call's arguments (checked only: nb_refused),
+    which travels in its fingerprint."""
     cdef _Watch w = comm.watch
     if comm.ob_mpi == MPI_COMM_NULL:
         return None                 # (mpi4py's method raises MPI's error)
@@ -1055,7 +1061,7 @@ cdef object meet(Comm comm, str call, int root=-1, _Call c=None):
         else None
     try:
         if w.checked:
-            check_comm_call(comm, w, call, root, c)
+            check_comm_call(comm, w, call, root, c, refused)
         elif w.timeout > 0 and call not in UNAWAITED_CALLS:
             if comm.meeting is None:
                 comm.meeting = _MPI.Intracomm.Ibarrier(comm)
@@ -1069,7 +1075,9 @@ cdef object meet(Comm comm, str call, int root=-1, _Call c=None):
                 raise
             comm.meeting = None
     except BaseException:
-        if p is not None:
+        if p is not None and refused is not None:
+            pend_refused(<_Pend>p, refused)
+        elif p is not None:
             pend_end(<_Pend>p, PEND_FAILED)
         raise
     return p
@@ -1120,6 +1128,19 @@ cdef object watched_comm_call(Comm comm, _Call c, Py_ssize_t i):
     if c.kind == COMM_PERSISTENT:
         return watched_prequest(comm, p, result)
     return watched_request(comm, p, result)
+
+
+cdef int nb_refused(Comm comm, _Call c, object err) except -1:
+    """Raise `err`, this process's refusal of the arguments of neighbourhood
+    call `c` (nb_refusal), before the call meets the others. Checked, they
+    agree on the call first, the refusal in this process's fingerprint, so
+    that every process raises before any communicates (the others would wait
+    in the fingerprint exchange, or, composed on a backend, in its size
+    exchange, which no timeout bounds). Unchecked, a timeout's barrier is
+    where the others time out."""
+    if comm.watch is not None and comm.watch.checked:
+        meet(comm, nb_method(c.op - CALL_COUNT, c.form), -1, None, err)
+    raise err
 
 
 cdef object group_pend(Comm comm, str call):
@@ -1414,6 +1435,9 @@ cdef class _Watched(Interceptor):
 
     cdef object run_call(self, Comm comm, _Call c, Py_ssize_t i):
         if OP_TABLE[c.op].flags & OP_NEIGHBOR:    # (meet, inside: Comm.made)
+            refused = nb_refusal(comm, c)          # (neighbor.pxi)
+            if refused is not None:
+                nb_refused(comm, c, refused)
             return proceed(comm, c, i + 1)
         if c.op == COMM_OP:
             return watched_comm_call(comm, c, i)

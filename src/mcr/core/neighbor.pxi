@@ -421,15 +421,14 @@ cdef object nb_composed(Comm comm, int kind, int form, object sub, object sendbu
     cdef tuple plan = nb_agreed(comm) if form == BLOCKING else nb_plan(comm)
     cdef _Call m = nb_msg(kind, sendbuf, recvbuf, len(plan[1]), len(plan[2]))
     cdef str name = "mpi" if sub is MPI_SUB else sub.name
-    if (m.sown is not None and m.s.tindex < 0) or (m.rown is not None and m.r.tindex < 0):
+    if nb_derived(m):
         if sub is MPI_SUB:                 # a derived datatype: MPI's own order
             q = NB_MPI4PY[form][kind](comm, nb_vector_form(sendbuf), nb_vector_form(recvbuf),
                                       *((_mpi4py.INFO_NULL,) if form == PERSISTENT else ()))
             # (the caller met the others already: mcr's request, as nb_native gives)
             return as_mcr_request(q, 0, None) if form == NONBLOCKING else \
                 nb_persistent(nb_prequest(comm, q), kind, "mpi", m)
-        raise ValueError(f"{nb_method(kind, form)}: backend {name!r} moves torch element "
-                         "types; a derived datatype runs on backend 'mpi'")
+        raise nb_derived_refused(kind, form, name)
     sbytes = _backend_side(m.side(0)).bytes()
     rbytes = _backend_side(m.side(1)).bytes()
     rounds = nb_rounds(plan, kind, m)
@@ -446,6 +445,36 @@ cdef object nb_composed(Comm comm, int kind, int form, object sub, object sendbu
     return nb_persistent(emulated_prequest(comm, partial(_nb_composed, comm, sendbuf, recvbuf,
                                                          kind, NONBLOCKING, sub), m),
                          kind, name, m)
+
+
+cdef inline bint nb_derived(_Call m):
+    """Whether a side of neighbourhood message `m` is in a derived datatype."""
+    return (m.sown is not None and m.s.tindex < 0) or (m.rown is not None and m.r.tindex < 0)
+
+
+cdef object nb_derived_refused(int kind, int form, str backend):
+    return ValueError(f"{nb_method(kind, form)}: backend {backend!r} moves torch element "
+                      "types; a derived datatype runs on backend 'mpi'")
+
+
+cdef object nb_refusal(Comm comm, _Call c):
+    """What this process refuses of neighbourhood call `c` on its own (its
+    message, as nb_msg parses it; a derived datatype on a backend other than
+    MPI), or None: found before the processes meet (nb_refused, checkimpl.pxi),
+    as a buffer method's refusal is. Alltoallw's sides are left to MPI."""
+    cdef int kind = c.op - CALL_COUNT
+    if kind == NB_ALLTOALLW:
+        return None
+    cdef tuple plan
+    cdef _Call m
+    try:
+        plan = nb_plan(comm)
+        m = nb_msg(kind, c.sendbuf, c.recvbuf, len(plan[1]), len(plan[2]))
+        if nb_derived(m) and c.sub is not None and c.sub is not AUTO_SUB:
+            return nb_derived_refused(kind, c.form, c.sub.name)
+    except _builtins.Exception as exc:      # (Python's: KeyboardInterrupt and the like propagate)
+        return exc
+    return None
 
 
 cdef class _Done:
