@@ -1,12 +1,13 @@
 """Neighborhood collectives (Neighbor_allgather(v), Neighbor_alltoall(v,w)) in their three forms,
-on MPI (also host-staged) and, but alltoallw, composed on Gloo, on Cartesian grids (periodic
-dimensions of 1 and 2: one process is both neighbours), graphs with repeated edges and
-distributed graphs. Expected values come from the topology's definition: the i-th receive block
-comes from the i-th source; on a grid the slot of the neighbour in the negative direction holds
-what it sent towards the positive one (MPI 4.0); between two processes joined by several edges,
-blocks match in order."""
+on MPI (also host-staged) and, but alltoallw, composed on Gloo, on float64 and bfloat16 (which
+has no buffer format), on Cartesian grids (periodic dimensions of 1 and 2: one process is both
+neighbours), graphs with repeated edges and distributed graphs. Expected values come from the
+topology's definition: the i-th receive block comes from the i-th source; on a grid the slot of the
+neighbour in the negative direction holds what it sent towards the positive one (MPI 4.0);
+between two processes joined by several edges, blocks match in order."""
 
 import collections
+import functools
 import itertools
 import os
 import subprocess
@@ -101,18 +102,19 @@ def topologies(size):
 
 
 # -- Data -------------------------------------------------------------------------------
-def block(rank, slot, n, shift=0):
-    """What `rank` sends in send slot `slot`: n float64 values, distinct per (rank, slot)."""
-    return torch.arange(n, dtype=torch.float64) + 1000 * rank + 10 * slot + 0.5 + shift
+def block(rank, slot, n, shift=0, dtype=torch.float64):
+    """What `rank` sends in send slot `slot`: n values, distinct per (rank, slot), exact in
+    bfloat16 (integers below 256)."""
+    return (torch.arange(n, dtype=torch.float64) + 64 * rank + 8 * slot + shift).to(dtype)
 
 
-def hole(n):
+def hole(n, dtype=torch.float64):
     """`n` elements no block has: a receive buffer, or a slot nothing fills."""
-    return torch.full((n,), -1.0, dtype=torch.float64)
+    return torch.full((n,), -1.0, dtype=dtype)
 
 
-def cat(blocks):
-    return torch.cat(blocks) if blocks else hole(0)
+def cat(blocks, dtype=torch.float64):
+    return torch.cat(blocks) if blocks else hole(0, dtype)
 
 
 def run(topo, op, form, backend, sendbuf, recvbuf, starts=1, refill=None):
@@ -134,68 +136,75 @@ def run(topo, op, form, backend, sendbuf, recvbuf, starts=1, refill=None):
         req.Free()
 
 
-def check_topology(comm, t, backend):
-    """Every operation in every form on `t` (made from `comm`) on `backend`."""
+def check_topology(comm, t, backend, dtype):
+    """Every operation in every form on `t` (made from `comm`) on `backend`, on `dtype`."""
     rank, topo = comm.rank, t.create(comm)
     src, nout = t.sources[rank], len(t.dests[rank])
     nin = len(src)
+    # (float64: allgatherv on numpy arrays; alltoallw in the datatype of the element size)
+    host = (lambda x: x.numpy()) if dtype == torch.float64 else (lambda x: x)
+    item, mpitype = dtype.itemsize, M4.DOUBLE if dtype == torch.float64 else M4.UINT16_T
+    holes, blocks = functools.partial(hole, dtype=dtype), functools.partial(block, dtype=dtype)
+    cats = functools.partial(cat, dtype=dtype)
 
     def received(k, n, shift=0):
         """Receive slot k's block of n, or the hole a PROC_NULL source leaves."""
-        return hole(n) if src[k] == M4.PROC_NULL else block(*t.origin(rank, k), n, shift)
+        return holes(n) if src[k] == M4.PROC_NULL else blocks(*t.origin(rank, k), n, shift)
 
     for form in FORMS:
         where = f"{t.name} {backend} {form}"
         # alltoall: 3 elements a block; a persistent request started twice,
         # with new data each time
-        send, got = cat([block(rank, k, 3) for k in range(nout)]), hole(3 * nin)
+        send, got = cats([blocks(rank, k, 3) for k in range(nout)]), holes(3 * nin)
 
         def refill(i, send=send):
-            send.copy_(cat([block(rank, k, 3, shift=i) for k in range(nout)]))
+            send.copy_(cats([blocks(rank, k, 3, shift=i) for k in range(nout)]))
         run(topo, "alltoall", form, backend, send, got, starts=2, refill=refill)
         shift = 1 if form == "persistent" else 0
-        expect(got, cat([received(k, 3, shift) for k in range(nin)]), f"{where} alltoall")
+        expect(got, cats([received(k, 3, shift) for k in range(nin)]), f"{where} alltoall")
         # alltoallv: block k of 1 + (k + rank) % 3 elements for destination k,
         # received with a gap of one element between the blocks
         counts = [1 + (k + rank) % 3 for k in range(nout)]
-        send = cat([block(rank, k, c) for k, c in enumerate(counts)])
+        send = cats([blocks(rank, k, c) for k, c in enumerate(counts)])
         rcounts = [0 if i == M4.PROC_NULL else 1 + sum(t.origin(rank, k)) % 3
                    for k, i in enumerate(src)]
         rdispls = [sum(rcounts[:k]) + k for k in range(nin)]
-        got = hole(sum(rcounts) + nin)
+        got = holes(sum(rcounts) + nin)
         displs = [sum(counts[:k]) for k in range(nout)]
         run(topo, "alltoallv", form, backend, [send, counts, displs], [got, rcounts, rdispls])
-        expect(got, place(hole(len(got)), [received(k, c) for k, c in enumerate(rcounts)],
+        expect(got, place(holes(len(got)), [received(k, c) for k, c in enumerate(rcounts)],
                           rdispls), f"{where} alltoallv")
-        if backend != "gloo":       # alltoallw (MPI only): blocks of 2 doubles, received as
-            pair = M4.DOUBLE.Create_contiguous(2).Commit()   # one pair at reversed places
-            send, got = cat([block(rank, k, 2) for k in range(nout)]), hole(3 * nin)
-            run(topo, "alltoallw", form, backend, [send, [2] * nout, [16 * k for k in range(nout)],
-                                                   [M4.DOUBLE] * nout],
-                [got, [1] * nin, [24 * (nin - 1 - k) for k in range(nin)], [pair] * nin])
-            expect(got, place(hole(3 * nin), [received(k, 2) for k in range(nin)],
+        if backend != "gloo":       # alltoallw (MPI only): blocks of 2 elements, received as
+            pair = mpitype.Create_contiguous(2).Commit()     # one pair at reversed places
+            send, got = cats([blocks(rank, k, 2) for k in range(nout)]), holes(3 * nin)
+            run(topo, "alltoallw", form, backend, [send, [2] * nout,
+                                                   [2 * item * k for k in range(nout)],
+                                                   [mpitype] * nout],
+                [got, [1] * nin, [3 * item * (nin - 1 - k) for k in range(nin)], [pair] * nin])
+            expect(got, place(holes(3 * nin), [received(k, 2) for k in range(nin)],
                               [3 * (nin - 1 - k) for k in range(nin)]), f"{where} alltoallw")
             pair.Free()
         # allgather: every neighbour's one block of 2; allgatherv: blocks of
-        # 1 + source % 2 at reversed places, into a numpy array
-        got = hole(2 * nin)
-        run(topo, "allgather", form, backend, block(rank, 0, 2), got)
-        expect(got, cat([hole(2) if i == M4.PROC_NULL else block(i, 0, 2) for i in src]),
+        # 1 + source % 2 at reversed places, into a numpy array (float64)
+        got = holes(2 * nin)
+        run(topo, "allgather", form, backend, blocks(rank, 0, 2), got)
+        expect(got, cats([holes(2) if i == M4.PROC_NULL else blocks(i, 0, 2) for i in src]),
                f"{where} allgather")
         rcounts = [0 if i == M4.PROC_NULL else 1 + i % 2 for i in src]
         rdispls = [2 * (nin - 1 - k) for k in range(nin)]
-        out = hole(2 * nin).numpy()
-        run(topo, "allgatherv", form, backend, block(rank, 0, 1 + rank % 2).numpy(),
+        out = host(holes(2 * nin))
+        run(topo, "allgatherv", form, backend, host(blocks(rank, 0, 1 + rank % 2)),
             [out, rcounts, rdispls])
-        expect(out, place(hole(2 * nin).numpy(),
-                          [block(i, 0, c).numpy() for i, c in zip(src, rcounts)], rdispls),
+        expect(out, place(host(holes(2 * nin)),
+                          [host(blocks(i, 0, c)) for i, c in zip(src, rcounts)], rdispls),
                f"{where} allgatherv")
     topo.Free()
 
 
 # -- Cases ------------------------------------------------------------------------------
-@case.matrix(backend=("mpi", "staged", "gloo"), quick=lambda backend: backend != "staged")
-def every_topology_and_form_moves_the_right_blocks(comm, backend):
+@case.matrix(backend=("mpi", "staged", "gloo"), dtype=(torch.float64, torch.bfloat16),
+             quick=lambda backend, dtype: backend != "staged" and dtype == torch.float64)
+def every_topology_and_form_moves_the_right_blocks(comm, backend, dtype):
     # Create_graph (symmetric, with repeated edges): each process joined twice
     # to the next and twice to the one before
     dests = [[(r + 1) % comm.size] * 2 + [(r - 1) % comm.size] * 2 for r in range(comm.size)]
@@ -205,7 +214,7 @@ def every_topology_and_form_moves_the_right_blocks(comm, backend):
     # copied back), run on host tensors
     with staging(backend == "staged"):
         for t in topologies(comm.size) + [made]:
-            check_topology(comm, t, backend)
+            check_topology(comm, t, backend, dtype)
 
 
 @case

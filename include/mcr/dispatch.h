@@ -266,4 +266,46 @@ static inline int mcr_exscan(int mode, const void *s, void *r, int n, MPI_Dataty
                   MCR_PCOLL(MPI_Exscan_init(s, r, n, t, op, c, info, req)))
 }
 
+/* -- Neighborhood collectives (topologies: src/mcr/core/neighbor.pxi) ---- */
+
+static inline int mcr_neighbor_allgather(int mode, const void *s, int sn, MPI_Datatype st,
+                                         void *r, int rn, MPI_Datatype rt, MPI_Comm c,
+                                         MPI_Info info, MPI_Request *req)
+{
+  MCR_THREE_FORMS(MPI_Neighbor_allgather(s, sn, st, r, rn, rt, c),
+                  MPI_Ineighbor_allgather(s, sn, st, r, rn, rt, c, req),
+                  MCR_PCOLL(MPI_Neighbor_allgather_init(s, sn, st, r, rn, rt, c, info, req)))
+}
+
+static inline int mcr_neighbor_allgatherv(int mode, const void *s, int sn, MPI_Datatype st,
+                                          void *r, const int *rns, const int *rds,
+                                          MPI_Datatype rt, MPI_Comm c, MPI_Info info,
+                                          MPI_Request *req)
+{
+  MCR_THREE_FORMS(MPI_Neighbor_allgatherv(s, sn, st, r, rns, rds, rt, c),
+                  MPI_Ineighbor_allgatherv(s, sn, st, r, rns, rds, rt, c, req),
+                  MCR_PCOLL(MPI_Neighbor_allgatherv_init(s, sn, st, r, rns, rds, rt, c, info,
+                                                         req)))
+}
+
+static inline int mcr_neighbor_alltoall(int mode, const void *s, int sn, MPI_Datatype st,
+                                        void *r, int rn, MPI_Datatype rt, MPI_Comm c,
+                                        MPI_Info info, MPI_Request *req)
+{
+  MCR_THREE_FORMS(MPI_Neighbor_alltoall(s, sn, st, r, rn, rt, c),
+                  MPI_Ineighbor_alltoall(s, sn, st, r, rn, rt, c, req),
+                  MCR_PCOLL(MPI_Neighbor_alltoall_init(s, sn, st, r, rn, rt, c, info, req)))
+}
+
+static inline int mcr_neighbor_alltoallv(int mode, const void *s, const int *sns,
+                                         const int *sds, MPI_Datatype st, void *r,
+                                         const int *rns, const int *rds, MPI_Datatype rt,
+                                         MPI_Comm c, MPI_Info info, MPI_Request *req)
+{
+  MCR_THREE_FORMS(MPI_Neighbor_alltoallv(s, sns, sds, st, r, rns, rds, rt, c),
+                  MPI_Ineighbor_alltoallv(s, sns, sds, st, r, rns, rds, rt, c, req),
+                  MCR_PCOLL(MPI_Neighbor_alltoallv_init(s, sns, sds, st, r, rns, rds, rt, c,
+                                                        info, req)))
+}
+
 #endif /* MCR_DISPATCH_H */

@@ -12,6 +12,7 @@ cdef extern from "mcr/dispatch.h" nogil:
         READY "MCR_READY"
         HAVE_ISENDRECV "MCR_HAVE_ISENDRECV"
         ERR_NO_ISENDRECV "MCR_ERR_NO_ISENDRECV"
+        ERR_NO_PERSISTENT "MCR_ERR_NO_PERSISTENT"
     int mcr_send(int, void*, int, MPI_Datatype, int, int, MPI_Comm, MPI_Request*)
     int mcr_recv(int, void*, int, MPI_Datatype, int, int, MPI_Comm, MPI_Status*, MPI_Request*)
     int mcr_send_in(int, int, void*, int, MPI_Datatype, int, int, MPI_Comm, MPI_Request*)
@@ -51,3 +52,11 @@ cdef extern from "mcr/dispatch.h" nogil:
                  MPI_Request*)
     int mcr_exscan(int, void*, void*, int, MPI_Datatype, MPI_Op, MPI_Comm, MPI_Info,
                    MPI_Request*)
+    int mcr_neighbor_allgather(int, void*, int, MPI_Datatype, void*, int, MPI_Datatype,
+                               MPI_Comm, MPI_Info, MPI_Request*)
+    int mcr_neighbor_allgatherv(int, void*, int, MPI_Datatype, void*, int*, int*,
+                                MPI_Datatype, MPI_Comm, MPI_Info, MPI_Request*)
+    int mcr_neighbor_alltoall(int, void*, int, MPI_Datatype, void*, int, MPI_Datatype,
+                              MPI_Comm, MPI_Info, MPI_Request*)
+    int mcr_neighbor_alltoallv(int, void*, int*, int*, MPI_Datatype, void*, int*, int*,
+                               MPI_Datatype, MPI_Comm, MPI_Info, MPI_Request*)

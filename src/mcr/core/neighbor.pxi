@@ -1,10 +1,12 @@
 # The neighborhood collectives of mcr's topologies (Neighbor_allgather(v),
 # Neighbor_alltoall(v,w)), in their three forms, on every backend.
 #
-# On MPI, mpi4py's methods move the data. A buffer in CUDA memory (a torch
-# tensor) is staged through a host copy first, so that every process makes the
-# same MPI call whatever memory its buffers are in: MPI matches collectives by
-# call, and a process on host memory runs mpi4py's method.
+# On MPI, mcr calls MPI's own collective on the message it parsed (_NbOnMpi,
+# as mpi4py's method is called: its element type, bfloat16 too, and its
+# counts), and Neighbor_alltoallw is mpi4py's. A buffer in CUDA memory (a
+# torch tensor) is staged through a host copy first, so that every process
+# makes the same MPI call whatever memory its buffers are in: MPI matches
+# collectives by call.
 #
 # On another backend they are composed of that backend's Alltoallv on the
 # bytes of the buffers, in rounds: a round carries at most one block between
@@ -161,18 +163,18 @@ cdef object nb_run(Comm comm, int kind, int form, object sendbuf, object recvbuf
     cdef _Call m = None
     if kind != NB_ALLTOALLW:
         # mcr's checks first, as on the other backends (mpi4py would leave
-        # some to MPI), and mcr's [buf, counts, displs] in mpi4py's form
+        # some to MPI), and MPI called on the message they parsed (_NbOnMpi)
         m = nb_msg(kind, sendbuf, recvbuf, len(plan[1]), len(plan[2]))
-        if kind == NB_ALLTOALLV:
-            sendbuf = nb_vector_form(sendbuf)
-        if kind == NB_ALLTOALLV or kind == NB_ALLGATHERV:
-            recvbuf = nb_vector_form(recvbuf)
         if not needs_staging(m):
-            return nb_native(comm, kind, form, name, fn, sendbuf, recvbuf, info, m)
+            return nb_native(comm, kind, form, name, nb_on_mpi(kind, form, m), sendbuf,
+                             recvbuf, info, m)
     cdef tuple staged = nb_stage(sendbuf, "sendbuf") + nb_stage(recvbuf, "recvbuf")
-    if staged[1] is None and staged[3] is None:      # host memory: mpi4py's method
-        return nb_native(comm, kind, form, name, fn, sendbuf, recvbuf, info, m)
     sendspec, recvspec = staged[0], staged[2]
+    if m is not None:                                # on the host copies
+        fn = nb_on_mpi(kind, form, nb_msg(kind, sendspec, recvspec, len(plan[1]),
+                                          len(plan[2])))
+    if staged[1] is None and staged[3] is None:      # host memory: as it is
+        return nb_native(comm, kind, form, name, fn, sendbuf, recvbuf, info, m)
     if form == BLOCKING:
         comm.made(name, fn, (sendspec, recvspec), -1, True)
         nb_unstage(staged[3])
@@ -185,8 +187,8 @@ cdef object nb_run(Comm comm, int kind, int form, object sendbuf, object recvbuf
 
 cdef object nb_native(Comm comm, int kind, int form, str name, object fn, object sendbuf,
                       object recvbuf, object info, object m):
-    """mpi4py's method `fn` (`name`) on buffers in host memory (`m`: their
-    parsed message, or None)."""
+    """`fn` (`name`: _NbOnMpi, or mpi4py's method for alltoallw) on buffers in
+    host memory (`m`: their parsed message, or None)."""
     if form == BLOCKING:
         return comm.made(name, fn, (sendbuf, recvbuf), -1, True)
     if form == NONBLOCKING:
@@ -197,13 +199,69 @@ cdef object nb_native(Comm comm, int kind, int form, str name, object fn, object
 
 
 def _nb_init(comm, sendbuf, recvbuf, fn, info, tuple staged):
-    """mpi4py's persistent neighbourhood collective `fn` on `comm` as an mcr
-    Prequest (`staged`: its buffers staged through host memory, nb_stage's,
-    or None)."""
+    """The persistent neighbourhood collective `fn` (mpi4py's method, or one
+    as it: _NbOnMpi) on `comm` as an mcr Prequest (`staged`: its buffers
+    staged through host memory, nb_stage's, or None)."""
     native = fn(comm, sendbuf, recvbuf, _mpi4py.INFO_NULL if info is None else info)
     if staged is None:
         return nb_prequest(<Comm>comm, native)
     return emulated_prequest(comm, partial(_nb_start_staged, native, staged), (native, staged))
+
+
+cdef _NbOnMpi nb_on_mpi(int kind, int form, _Call m):
+    cdef _NbOnMpi fn = _NbOnMpi.__new__(_NbOnMpi)
+    fn.kind, fn.form, fn.m = kind, form, m
+    return fn
+
+
+@cython.final
+cdef class _NbOnMpi:
+    """MPI's neighbourhood collective `kind` in `form` on message `m` (nb_msg's,
+    of the arguments it is called with), called as mpi4py's method:
+    (comm, sendbuf, recvbuf[, info]); mpi4py's request in the non-blocking
+    and persistent forms, holding `m` and so its buffers. (mpi4py's methods
+    parse the message again, their way: a bfloat16 tensor, which has no
+    buffer format, moves as MPI_BYTE with its counts read as bytes, and a
+    process with no source or no destination infers a wrong count per
+    neighbour: a truncation error, or a hang.)"""
+    cdef int kind, form
+    cdef _Call m
+
+    def __call__(self, comm, sendbuf, recvbuf, info=None):
+        if self.form == BLOCKING:
+            nb_post(<Comm?>comm, self.kind, BLOCKING, self.m, MPI_INFO_NULL, NULL)
+            return None
+        cdef _MPI.Request q = (_MPI.Prequest.__new__(_MPI.Prequest) if self.form == PERSISTENT
+                               else _MPI.Request.__new__(_MPI.Request))
+        nb_post(<Comm?>comm, self.kind, self.form, self.m, as_info(info), &q.ob_mpi)
+        q.ob_buf = self.m
+        return q
+
+
+cdef int nb_post(Comm comm, int kind, int form, _Call m, MPI_Info info,
+                 MPI_Request *req) except -1:
+    """Call MPI's neighbourhood collective `kind` in `form` on message `m`."""
+    cdef int ierr
+    cdef side *s = &m.s
+    cdef side *r = &m.r
+    with nogil:
+        if kind == NB_ALLGATHER:
+            ierr = mcr_neighbor_allgather(form, s.addr, s.count, s.dtype, r.addr, r.count,
+                                          r.dtype, comm.ob_mpi, info, req)
+        elif kind == NB_ALLGATHERV:
+            ierr = mcr_neighbor_allgatherv(form, s.addr, s.count, s.dtype, r.addr, r.counts,
+                                           r.displs, r.dtype, comm.ob_mpi, info, req)
+        elif kind == NB_ALLTOALL:
+            ierr = mcr_neighbor_alltoall(form, s.addr, s.count, s.dtype, r.addr, r.count,
+                                         r.dtype, comm.ob_mpi, info, req)
+        else:
+            ierr = mcr_neighbor_alltoallv(form, s.addr, s.counts, s.displs, s.dtype, r.addr,
+                                          r.counts, r.displs, r.dtype, comm.ob_mpi, info, req)
+    if ierr == ERR_NO_PERSISTENT:
+        raise NotImplementedError(f"{nb_method(kind, form)}: this MPI library has no "
+                                  "persistent neighborhood collectives (MPI 4.0)")
+    CHKERR(ierr)
+    return 0
 
 
 cdef object nb_vector_form(object spec):
@@ -818,8 +876,8 @@ cdef list nb_rounds(tuple plan, int kind, _Call m):
 
 class _Neighborhood:
     """The neighborhood collectives of mcr's topologies (neighbor.pxi): on
-    MPI, mpi4py's methods move the data (CUDA tensors staged through host
-    copies); on another backend, they are composed of its Alltoallv. Checked
+    MPI, MPI's own (CUDA tensors staged through host copies); on another
+    backend, they are composed of its Alltoallv. Checked
     mode, timeouts and the flight recorder see the blocking and non-blocking
     forms (`Comm.made`, `Comm.posted`)."""
 
@@ -835,7 +893,7 @@ class _Neighborhood:
         recvbuf : message spec
             One block per source neighbour, in the topology's order.
         backend : str or None
-            ``"mpi"`` (mpi4py's method), another backend (composed of its
+            ``"mpi"`` (MPI's own), another backend (composed of its
             ``Alltoallv``), ``"auto"`` (MPI) or None (the default).
         """
         return neighbor(<Comm>self, NB_ALLGATHER, BLOCKING, sendbuf, recvbuf, backend, None)
@@ -851,7 +909,7 @@ class _Neighborhood:
             ``[buf, counts, displs]``: ``counts[i]`` elements from the
             ``i``-th source neighbour land at ``displs[i]``.
         backend : str or None
-            ``"mpi"`` (mpi4py's method), another backend (composed of its
+            ``"mpi"`` (MPI's own), another backend (composed of its
             ``Alltoallv``), ``"auto"`` (MPI) or None (the default).
         """
         return neighbor(<Comm>self, NB_ALLGATHERV, BLOCKING, sendbuf, recvbuf, backend, None)
@@ -866,7 +924,7 @@ class _Neighborhood:
         recvbuf : message spec
             One block per source neighbour.
         backend : str or None
-            ``"mpi"`` (mpi4py's method), another backend (composed of its
+            ``"mpi"`` (MPI's own), another backend (composed of its
             ``Alltoallv``), ``"auto"`` (MPI) or None (the default).
         """
         return neighbor(<Comm>self, NB_ALLTOALL, BLOCKING, sendbuf, recvbuf, backend, None)
@@ -881,7 +939,7 @@ class _Neighborhood:
         recvbuf : vector message spec
             ``[buf, counts, displs]``, a block per source neighbour.
         backend : str or None
-            ``"mpi"`` (mpi4py's method), another backend (composed of its
+            ``"mpi"`` (MPI's own), another backend (composed of its
             ``Alltoallv``), ``"auto"`` (MPI) or None (the default).
         """
         return neighbor(<Comm>self, NB_ALLTOALLV, BLOCKING, sendbuf, recvbuf, backend, None)
@@ -896,7 +954,7 @@ class _Neighborhood:
         recvbuf : [buf, counts, displs, datatypes]
             A block per source neighbour.
         backend : str or None
-            ``"mpi"`` (mpi4py's method), another backend (composed of its
+            ``"mpi"`` (MPI's own), another backend (composed of its
             ``Alltoallv``), ``"auto"`` (MPI) or None (the default).
         """
         return neighbor(<Comm>self, NB_ALLTOALLW, BLOCKING, sendbuf, recvbuf, backend, None)
