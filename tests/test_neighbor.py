@@ -1,10 +1,11 @@
 """Neighborhood collectives (Neighbor_allgather(v), Neighbor_alltoall(v,w)) in their three forms,
 on MPI (also host-staged) and, but alltoallw, composed on Gloo, on float64 and bfloat16 (which
 has no buffer format), on Cartesian grids (periodic dimensions of 1 and 2: one process is both
-neighbours), graphs with repeated edges and distributed graphs. Expected values come from the
-topology's definition: the i-th receive block comes from the i-th source; on a grid the slot of the
-neighbour in the negative direction holds what it sent towards the positive one (MPI 4.0);
-between two processes joined by several edges, blocks match in order."""
+neighbours), graphs with repeated edges and distributed graphs (one where a process has no
+source or no destination). Expected values come from the topology's definition: the i-th receive
+block comes from the i-th source; on a grid the slot of the neighbour in the negative direction
+holds what it sent towards the positive one (MPI 4.0); between two processes joined by several
+edges, blocks match in order."""
 
 import collections
 import functools
@@ -98,7 +99,8 @@ def topologies(size):
     out = [cartesian([size], [True]), cartesian([size], [False]),
            cartesian([size, 1], [True, True])]
     return out + ([cartesian([2, 2], [True, False])] if size == 4 else []) + [
-        dist_graph(size), chain_with_proc_null(size)]
+        dist_graph(size), chain_with_proc_null(size),
+        graph("dist graph r -> r + 1", [[r + 1] if r + 1 < size else [] for r in range(size)])]
 
 
 # -- Data -------------------------------------------------------------------------------
