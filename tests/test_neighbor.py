@@ -2,10 +2,10 @@
 on MPI (also host-staged) and, but alltoallw, composed on Gloo, on float64 and bfloat16 (which
 has no buffer format), on Cartesian grids (periodic dimensions of 1 and 2: one process is both
 neighbours), graphs with repeated edges and distributed graphs (one where a process has no
-source or no destination). Expected values come from the topology's definition: the i-th receive
-block comes from the i-th source; on a grid the slot of the neighbour in the negative direction
-holds what it sent towards the positive one (MPI 4.0); between two processes joined by several
-edges, blocks match in order."""
+source or no destination, one made from a grid). Expected values come from the topology's
+definition: the i-th receive block comes from the i-th source; on a grid the slot of the
+neighbour in the negative direction holds what it sent towards the positive one (MPI 4.0);
+between two processes joined by several edges, blocks match in order."""
 
 import collections
 import functools
@@ -95,11 +95,23 @@ def chain_with_proc_null(size):
                  [[M4.PROC_NULL, rank(r + 1), rank(r - 1)] for r in range(size)])
 
 
+def made_from_grid(t):
+    """`t` made by Create_dist_graph_adjacent on a periodic ring (Open MPI labels the graph
+    CART: Get_topology and its own neighborhood collectives take it for a grid)."""
+    def create(comm):
+        ring = comm.Create_cart([comm.size], [True])
+        try:
+            return ring.Create_dist_graph_adjacent(t.sources[comm.rank], t.dests[comm.rank])
+        finally:
+            ring.Free()
+    return t._replace(name=t.name + " made from a grid", create=create)
+
+
 def topologies(size):
     out = [cartesian([size], [True]), cartesian([size], [False]),
            cartesian([size, 1], [True, True])]
     return out + ([cartesian([2, 2], [True, False])] if size == 4 else []) + [
-        dist_graph(size), chain_with_proc_null(size),
+        dist_graph(size), chain_with_proc_null(size), made_from_grid(dist_graph(size)),
         graph("dist graph r -> r + 1", [[r + 1] if r + 1 < size else [] for r in range(size)])]
 
 

@@ -577,11 +577,10 @@ cdef class _CommBase(_MPI.Intracomm):
         cls = TOPOLOGY_CLASSES[type(comm)]
         cdef Comm out = <Comm>cls.__new__(cls)
         out.ob_mpi = comm.ob_mpi
-        if cls is Distgraphcomm and out.ob_mpi != MPI_COMM_NULL \
-                and _MPI.Comm.Get_topology(out) == _mpi4py.DIST_GRAPH:
-            # its neighborhood collectives' rounds (neighbor.pxi). (Open MPI 5.0
-            # gives a distributed graph made from a Cartesian communicator the
-            # Cartesian topology: Get_topology says CART.)
+        if cls is Distgraphcomm and out.ob_mpi != MPI_COMM_NULL:
+            # its neighborhood collectives' rounds (neighbor.pxi; by class:
+            # Open MPI 5.0 gives a distributed graph made from a Cartesian
+            # communicator the Cartesian topology, Get_topology says CART)
             nb_agreed(out)
         return self.inherit(out)
 

@@ -42,9 +42,12 @@
 # A graph whose neighbours include MPI_PROC_NULL (as at the border of a
 # Cartesian grid: Open MPI makes such graphs, and the MPI Forum means to allow
 # them, mpi-issues #87) crashes Open MPI's neighborhood collectives (5.0: a
-# receive posted from PROC_NULL). Every form runs composed on MPI there
-# (alltoallw: in order, as above), and a PROC_NULL neighbour's block is left
-# as it was, as on a grid's border.
+# receive posted from PROC_NULL), and so does a distributed graph made by
+# Create_dist_graph_adjacent from a Cartesian or graph communicator (Open MPI
+# labels it with its parent's topology, and reads its neighbours as such:
+# mcr tells the topologies apart by class, see nb_plan). Every form runs
+# composed on MPI there (alltoallw: in order, as above), and a PROC_NULL
+# neighbour's block is left as it was, as on a grid's border.
 
 cdef enum:
     NB_ALLGATHER
@@ -632,13 +635,18 @@ cdef int per_neighbour(side *x, int n, const char *arg) except -1:
 cdef tuple nb_plan(Comm comm):
     """(size, sources, destinations, round of each destination's block,
     round of each source's slot, rounds, whether Open MPI's non-blocking
-    alltoall would take the wrong order: see above, whether a graph's
-    neighbours include MPI_PROC_NULL: see above), worked out once per
-    communicator, without communicating (a distributed graph's rounds: -1 -
-    this process's own, until nb_agreed)."""
+    alltoall would take the wrong order: see above, whether Open MPI's own
+    would crash: a graph's neighbours include MPI_PROC_NULL, or a distributed
+    graph Open MPI labels with another topology, see above), worked out once
+    per communicator, without communicating (a distributed graph's rounds:
+    -1 - this process's own, until nb_agreed)."""
     if comm.nbplan is not None:
         return comm.nbplan
-    topology = _MPI.Comm.Get_topology(comm)
+    # the topology by mcr's class: Get_topology answers CART (GRAPH) for a
+    # distributed graph made from a Cartesian (graph) communicator
+    topology = _mpi4py.CART if isinstance(comm, Cartcomm) else _mpi4py.GRAPH \
+        if isinstance(comm, Graphcomm) else _mpi4py.DIST_GRAPH \
+        if isinstance(comm, Distgraphcomm) else _mpi4py.UNDEFINED
     cdef int size = comm.nprocs()
     if topology == _mpi4py.CART:
         sources, skeys, rkeys = [], [], []
@@ -668,7 +676,8 @@ cdef tuple nb_plan(Comm comm):
         rounds = -1 - rounds            # nb_agreed: the processes agree on it first
     comm.nbplan = (size, sources, dests, sround, rround, rounds,
                    topology == _mpi4py.CART and rounds > 1,
-                   topology != _mpi4py.CART and MPI_PROC_NULL in sources + dests)
+                   topology != _mpi4py.CART and MPI_PROC_NULL in sources + dests
+                   or topology != _MPI.Comm.Get_topology(comm))
     return comm.nbplan
 
 
