@@ -287,6 +287,8 @@ def bad_arguments_are_refused_before_communicating(comm):
         with raises(ValueError, "3"):           # 3 counts for 2 neighbours
             call([torch.zeros(3), [1] * 3, [0, 4, 8], [M4.FLOAT] * 3],
                  [torch.zeros(2), [1] * 2, [0, 4], [M4.FLOAT] * 2])
+    with raises(ValueError, "edges: edges[1] is 6; the graph has 1 node (len(index)), 0 to 0"):
+        comm.Create_graph([2], [0, 6])          # (Open MPI takes it)
     with raises(ValueError, "Neighbor_alltoallw", "backend 'gloo' cannot run it"):
         ring.Neighbor_alltoallw([torch.zeros(2), [1, 1], [0, 4], [M4.FLOAT] * 2],
                                 [torch.zeros(2), [1, 1], [0, 4], [M4.FLOAT] * 2],

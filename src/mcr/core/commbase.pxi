@@ -547,7 +547,21 @@ cdef class _CommBase(_MPI.Intracomm):
 
     def Create_graph(self, index, edges, bint reorder=False):
         """Create a communicator with a graph topology (collective): an
-        ``mcr.Graphcomm`` with this communicator's settings; see mpi4py."""
+        ``mcr.Graphcomm`` with this communicator's settings; see mpi4py.
+
+        Raises
+        ------
+        ValueError
+            If an edge names no node of the graph (``len(index)`` nodes), before
+            any communication: Open MPI takes it, and its neighbourhood
+            collectives would not.
+        """
+        cdef Py_ssize_t nodes = len(index)
+        for k, node in enumerate(edges):
+            if node != MPI_PROC_NULL and not 0 <= node < nodes:
+                raise ValueError(f"edges: edges[{k}] is {node}; the graph has {nodes} "
+                                 f"node{'s' if nodes != 1 else ''} (len(index)), 0 to "
+                                 f"{nodes - 1}")
         return self.topology(self.made("Create_graph", _MPI.Intracomm.Create_graph,
                                        (index, edges, reorder)))
 
