@@ -262,6 +262,9 @@ def bad_arguments_are_refused_before_communicating(comm):
             ring.Neighbor_alltoall(mcr.IN_PLACE, x, backend=backend)
         with raises(ValueError, "recvbuf", "5 elements do not split evenly among 2 neighbours"):
             ring.Neighbor_alltoall(torch.zeros(4), torch.zeros(5), backend=backend)
+        with raises(ValueError, "sendbuf: counts has 3 entries, expected 2 (one per neighbour)"):
+            ring.Neighbor_alltoallv([torch.zeros(3), [1, 1, 1]], [torch.zeros(2), [1, 1]],
+                                    backend=backend)
         with raises(ValueError, "recvbuf", "blocks 0", "overlap"):
             ring.Ineighbor_alltoallv([torch.zeros(4), [2, 2], [0, 2]],
                                      [torch.zeros(4), [2, 2], [0, 1]], backend=backend)
@@ -284,7 +287,7 @@ def bad_arguments_are_refused_before_communicating(comm):
         ring.Neighbor_alltoall(torch.zeros(4), torch.zeros(4, dtype=torch.int64),
                                backend="gloo")
     for call in (ring.Neighbor_alltoallw, ring.Ineighbor_alltoallw, ring.Neighbor_alltoallw_init):
-        with raises(ValueError, "3"):           # 3 counts for 2 neighbours
+        with raises(ValueError, "sendbuf: 3 counts for 2 neighbours"):
             call([torch.zeros(3), [1] * 3, [0, 4, 8], [M4.FLOAT] * 3],
                  [torch.zeros(2), [1] * 2, [0, 4], [M4.FLOAT] * 2])
     with raises(ValueError, "edges: edges[1] is 6; the graph has 1 node (len(index)), 0 to 0"):

@@ -283,27 +283,30 @@ cdef list int_list(object values, const char *arg, str what):
                         f"{type(values).__name__}") from None
 
 
-cdef int fill_ints(object values, int *out, int size, const char *arg, str what) except -1:
-    """Entries of a counts or displs sequence into `out` (`size` of them)."""
+cdef int fill_ints(object values, int *out, int size, const char *arg, str what,
+                   bint neighbours=False) except -1:
+    """Entries of a counts or displs sequence into `out` (`size` of them: one
+    per process, or per neighbour of a topology)."""
     cdef list items = int_list(values, arg, what)
     cdef Py_ssize_t i, n = len(items)
     if n != size:
         raise ValueError(f"{argstr(arg)}: {what} has {n} entries, expected "
-                         f"{size} (one per process)")
+                         f"{size} (one per {'neighbour' if neighbours else 'process'})")
     for i in range(n):
         out[i] = item_count(items[i], arg, what, i)
     return 0
 
 
 cdef object parse_vector(object spec, side *x, bint writable, int size, const char *arg,
-                         int *room):
+                         int *room, bint neighbours=False):
     """Parse a message with one block per process: buf | [buf, counts] |
     [buf, (counts, displs)] | [buf, counts, displs] | [buf, counts, datatype] |
     [buf, (counts, displs), datatype] | [buf, counts, displs, datatype].
     Up to SMALL_BLOCKS processes, the counts and displacements go into `room`
     (2 * SMALL_BLOCKS ints of the caller's message: no object to make per
     call); return the object keeping the buffer alive, and for more processes
-    (owner, counts, displs), which keeps the arrays alive too."""
+    (owner, counts, displs), which keeps the arrays alive too. `neighbours`:
+    the blocks are a topology's, one per neighbour (in messages)."""
     cdef bufinfo b
     buf, counts, displs, datatype = spec, None, None, None
     cdef Py_ssize_t n
@@ -356,7 +359,7 @@ cdef object parse_vector(object spec, side *x, bint writable, int size, const ch
         for i in range(size):
             cd[i] = each
     else:
-        fill_ints(counts, cd, size, arg, "counts")
+        fill_ints(counts, cd, size, arg, "counts", neighbours)
     if displs is None:
         for i in range(size):
             if total > INT_MAX:
@@ -365,7 +368,7 @@ cdef object parse_vector(object spec, side *x, bint writable, int size, const ch
             dd[i] = <int>total
             total += cd[i]
     elif not is_scalar_int(displs):
-        fill_ints(displs, dd, size, arg, "displs")
+        fill_ints(displs, dd, size, arg, "displs", neighbours)
     else:                                              # mpi4py: a stride
         stride = as_count(displs, arg, "displacement stride")
         for i in range(size):

@@ -160,9 +160,13 @@ cdef object nb_run(Comm comm, int kind, int form, object sendbuf, object recvbuf
             return comm.posted(name, _nb_composed, args, where)
         return comm.initialized(name, _nb_composed, args, where)
     fn = NB_MPI4PY[form][kind]
-    if kind == NB_ALLTOALLW and (plan[7] or plan[6] and form != BLOCKING):
-        # see above: Open MPI's would take the old order, or crash
-        fn = _nb_alltoallw_waited if form == BLOCKING else _nb_alltoallw_in_order
+    if kind == NB_ALLTOALLW:
+        # mcr's checks first, the same in every form (mpi4py's name no argument)
+        nb_w_side(sendbuf, len(plan[2]), "sendbuf")
+        nb_w_side(recvbuf, len(plan[1]), "recvbuf")
+        if plan[7] or plan[6] and form != BLOCKING:
+            # see above: Open MPI's would take the old order, or crash
+            fn = _nb_alltoallw_waited if form == BLOCKING else _nb_alltoallw_in_order
     cdef _Call m = None
     if kind != NB_ALLTOALLW:
         # mcr's checks first, as on the other backends (mpi4py would leave
@@ -587,7 +591,7 @@ cdef _Call nb_msg(int kind, object sendbuf, object recvbuf, int indegree, int ou
     cdef _Call m = _Call.__new__(_Call)
     m.op = CALL_COUNT + kind
     if kind == NB_ALLTOALLV:
-        m.sown = parse_vector(sendbuf, &m.s, False, outdegree, b"sendbuf", m.sroom)
+        m.sown = parse_vector(sendbuf, &m.s, False, outdegree, b"sendbuf", m.sroom, True)
     else:
         m.sown = parse_simple(sendbuf, &m.s, False, b"sendbuf")
         if kind == NB_ALLTOALL:
@@ -596,7 +600,7 @@ cdef _Call nb_msg(int kind, object sendbuf, object recvbuf, int indegree, int ou
         m.rown = parse_simple(recvbuf, &m.r, True, b"recvbuf")
         per_neighbour(&m.r, indegree, b"recvbuf")
     else:
-        m.rown = parse_vector(recvbuf, &m.r, True, indegree, b"recvbuf", m.rroom)
+        m.rown = parse_vector(recvbuf, &m.r, True, indegree, b"recvbuf", m.rroom, True)
         check_blocks_disjoint(&m.r, indegree, b"recvbuf")
     # MPI: a block's type signature is the same at every process (of the v
     # kinds, only the element types are known to match here)
