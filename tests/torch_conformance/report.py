@@ -36,6 +36,15 @@ def run(nprocs, backend, include=(), timeout=1800.0):
         hang_skips_module=False, extra={"backend": backend, "gates": GATES[backend]})
 
 
+def baseline_where_skipped(mcr, timeout=1800.0):
+    """`mcr`'s report beside Gloo's run of only the tests `mcr` skipped: a test that ran on
+    "mcr" passes or fails whatever Gloo does, so only a skipped one needs the baseline."""
+    skipped = [test.split(".", 1)[-1] for test, o in mcr.outcomes.items() if o.kind == "skip"]
+    gloo = (run(mcr.nprocs, "gloo", [f"^{re.escape(name)}$" for name in skipped], timeout)
+            if skipped else driver.Report(mcr.nprocs, "(nothing to run)"))
+    return Comparison(mcr, gloo, f", only the {len(skipped)} tests skipped on 'mcr'")
+
+
 def needs_cuda(outcome):
     return outcome.kind == "skip" and bool(CUDA.search(outcome.detail + outcome.test))
 
@@ -43,8 +52,8 @@ def needs_cuda(outcome):
 class Comparison:
     """The "mcr" run beside the Gloo baseline, at one world size."""
 
-    def __init__(self, mcr, gloo):
-        self.mcr, self.gloo = mcr, gloo
+    def __init__(self, mcr, gloo, baseline=""):
+        self.mcr, self.gloo, self.baseline = mcr, gloo, baseline   # what the baseline ran
 
     def lost(self):
         """Tests that pass on Gloo and do not pass on "mcr" (excluded ones aside)."""
@@ -70,7 +79,7 @@ class Comparison:
                                     if o.kind != "skip" and o.gate and o.gate != "mcr")
         lost = self.lost()
         lines = [f"torch's DistributedTest at {m.nprocs} processes",
-                 f"  torch's Gloo (baseline): {self.figures(g)}",
+                 f"  torch's Gloo (baseline{self.baseline}): {self.figures(g)}",
                  f"  'mcr':                   {self.figures(m)}"]
         if gates:
             lines.append("  'mcr' ran " + ", ".join(f"{n} with {gate}'s gates"
