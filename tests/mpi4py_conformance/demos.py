@@ -28,6 +28,8 @@ class Demo:
     # failure that plain mpi4py has too, measured (empty: one try)
     shared: bool = False                # runs in one job with the other shared demos
     # of its folder (each alone again if anything in that job goes wrong)
+    timeout: float = 60                 # seconds for one run (the longest takes about 8 s;
+    # a hung run costs this)
 
     @property
     def name(self) -> str:
@@ -65,10 +67,13 @@ DEMOS = [
     # not at 4: its Mutex (add 1 to a counter; taken: subtract 1, add 1 again)
     # livelocks two waiting processes on plain mpi4py too (3 runs in 16 hung)
     Demo("nxtval/nxtval-scalable.py", sizes=(2,)),
-    Demo("nxtval/nxtval-mpi3.py", sizes=(2, 4),   # at 3 it fails its assert on mpi4py too
-         retry="Open MPI's ``Get_accumulate`` under ``Win.Lock`` now and then gives two "
-               "processes the same counter value, on plain mpi4py too (2 runs in 50 at 2 "
-               "processes; 0 in 40 ported)"),
+    Demo("nxtval/nxtval-mpi3.py", sizes=(2, 4), timeout=15,   # at 3 it fails its assert on
+         # mpi4py too; it takes 0.5 s
+         retry="Open MPI's ``Get_accumulate`` under ``Win.Lock`` now and then loses an update, "
+               "on plain mpi4py too: two processes get the same counter value (2 runs in 50 "
+               "at 2 processes), or the demo's mutex keeps a count nobody holds and its "
+               "waiter spins forever (2 runs in 150 at 2 processes; 1 in 60 ported), so a "
+               "run gets 15 s"),
     *(Demo("init-fini/test_0.py", args=(option,), sizes=(2,)) for option in _RC_OPTIONS),
     *(Demo(f"init-fini/test_{n}.py", sizes=(2,)) for n in (1, 2, 3, 4, 5)),
     Demo("init-fini/test_mpi40.py", sizes=(2,)),
