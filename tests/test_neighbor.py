@@ -367,6 +367,25 @@ def a_distributed_graphs_nonblocking_call_does_not_wait(comm):
         topo.Free()
 
 
+@case
+def a_tensor_given_new_memory_between_starts_is_refused(comm):
+    """MPI's own persistent neighbourhood request refuses to start when a tensor of it holds
+    new memory (MPI would write into the freed memory), as a persistent Allreduce does."""
+    size, rank = comm.size, comm.rank
+    ring = comm.Create_dist_graph_adjacent([(rank - 1) % size], [(rank + 1) % size])
+    for side in ("sendbuf", "recvbuf"):
+        x, y = torch.ones(2), torch.zeros(2)
+        req = ring.Neighbor_alltoall_init(x, y, backend="mpi")
+        req.Start()
+        req.Wait()
+        expect(y, torch.ones(2), "first start")
+        (x if side == "sendbuf" else y).set_(torch.zeros(2))
+        with raises(ValueError, f"request: {side} no longer holds the memory MPI was given"):
+            req.Start()
+        req.Free()
+    ring.Free()
+
+
 test_mpi = mpi_cases(__name__)
 
 

@@ -303,6 +303,8 @@ cdef Prequest nb_prequest(Comm comm, _MPI.Prequest q):
     preq.ob_mpi, q.ob_mpi = q.ob_mpi, MPI_REQUEST_NULL
     preq.ob_buf, q.ob_buf = q.ob_buf, None
     preq.comm = comm
+    if type(preq.ob_buf) is _Call:      # (MPI called on mcr's message: Start checks it)
+        preq.places = tensor_places(<_Call>preq.ob_buf)
     return preq
 
 
