@@ -308,6 +308,37 @@ cdef Prequest nb_prequest(Comm comm, _MPI.Prequest q):
     return preq
 
 
+def _obj_nb_composed(comm, sendobj, int kind):
+    """mpi4py's neighbor_allgather (`kind` NB_ALLGATHER) or neighbor_alltoall
+    composed on MPI, for a graph Open MPI takes for a grid (nb_plan), where
+    mpi4py's method reads it as one, or whose neighbours include PROC_NULL
+    (Open MPI's crashes): each object pickled by
+    mpi4py's ``MPI.pickle``, the sizes, then the bytes, as the buffer calls."""
+    from array import array
+    cdef tuple plan = nb_plan(<Comm>comm)
+    cdef Py_ssize_t nin = len(plan[1]), nout = len(plan[2])
+    dumps, loads = _mpi4py.pickle.dumps, _mpi4py.pickle.loads
+    if kind == NB_ALLTOALL:
+        objs = list(sendobj)
+        if len(objs) != nout:
+            raise ValueError(f"sendobj: {len(objs)} objects for {nout} neighbours "
+                             "(one per neighbour)")
+        blobs = [dumps(obj) for obj in objs]
+    else:
+        blobs = [dumps(sendobj)] * nout
+    scounts, rcounts = array("q", map(len, blobs)), array("q", bytes(8 * nin))
+    nb_composed(<Comm>comm, NB_ALLTOALL, BLOCKING, MPI_SUB, [scounts, nout and 1],
+                [rcounts, nin and 1])
+    rdispls = array("q", [sum(rcounts[:i]) for i in range(nin)])
+    received = bytearray(sum(rcounts))
+    nb_composed(<Comm>comm, NB_ALLTOALLV, BLOCKING, MPI_SUB,
+                [b"".join(blobs), list(map(len, blobs)),
+                 [sum(map(len, blobs[:i])) for i in range(nout)]],
+                [received, list(rcounts), list(rdispls)])
+    view = memoryview(received)          # (a PROC_NULL source sends nothing: None)
+    return [loads(view[d:d + n]) if n else None for d, n in zip(rdispls, rcounts)]
+
+
 def _nb_composed(comm, sendbuf, recvbuf, int kind, int form, sub):
     """nb_composed, as the chain (its buffers first, as mpi4py's methods
     take them) and a persistent request's start call it."""
@@ -1032,11 +1063,17 @@ class _Neighborhood:
 
     def neighbor_allgather(self, sendobj):
         """Gather pickled objects from every neighbour (collective); see mpi4py."""
+        if nb_plan(<Comm>self)[7]:
+            return (<Comm>self).made("neighbor_allgather", _obj_nb_composed,
+                                     (sendobj, NB_ALLGATHER))
         return (<Comm>self).made("neighbor_allgather", _MPI.Topocomm.neighbor_allgather,
                                  (sendobj,))
 
     def neighbor_alltoall(self, sendobj):
         """Exchange pickled objects with every neighbour (collective); see mpi4py."""
+        if nb_plan(<Comm>self)[7]:
+            return (<Comm>self).made("neighbor_alltoall", _obj_nb_composed,
+                                     (sendobj, NB_ALLTOALL))
         return (<Comm>self).made("neighbor_alltoall", _MPI.Topocomm.neighbor_alltoall,
                                  (sendobj,))
 
