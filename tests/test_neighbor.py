@@ -301,6 +301,10 @@ def bad_arguments_are_refused_before_communicating(comm):
         with raises(ValueError, "sendbuf: 3 counts for 2 neighbours"):
             call([torch.zeros(3), [1] * 3, [0, 4, 8], [M4.FLOAT] * 3],
                  [torch.zeros(2), [1] * 2, [0, 4], [M4.FLOAT] * 2])
+    made = made_from_grid(dist_graph(size)).create(comm)      # pickled, composed on MPI
+    with raises(ValueError, "sendobj: 1 objects for 3 neighbours (one per neighbour)"):
+        made.neighbor_alltoall([rank])
+    made.Free()
     with raises(ValueError, "edges: edges[1] is 6; the graph has 1 node (len(index)), 0 to 0"):
         comm.Create_graph([2], [0, 6])          # (Open MPI takes it)
     with raises(ValueError, "Neighbor_alltoallw", "backend 'gloo' cannot run it"):
