@@ -290,10 +290,11 @@ def bad_arguments_are_refused_before_communicating(comm):
                         "forbids"):
                 call(sendbuf, recvbuf, backend=backend)
         ring.Neighbor_alltoall(w[:4], w[4:], backend=backend)       # apart: no complaint
-    for call, sendbuf in ((ring.Neighbor_allgatherv, torch.zeros(2)),     # as mpi4py refuses
-                          (ring.Neighbor_alltoallv, [torch.zeros(4), [2, 2]])):
+    for (call, sendbuf), backend in itertools.product(
+            ((ring.Neighbor_allgatherv, torch.zeros(2)),                  # as mpi4py refuses
+             (ring.Ineighbor_alltoallv, [torch.zeros(4), [2, 2]])), BACKENDS):
         with raises(TypeError, "recvbuf: expected a buffer or a message spec, got None"):
-            call(sendbuf, None)     # (MPI matched blocks with no receive, now and then)
+            call(sendbuf, None, backend=backend)    # (MPI matched blocks with no receive)
     with raises(TypeError, "sendbuf has float32 elements but recvbuf has int64"):
         ring.Neighbor_alltoall(torch.zeros(4), torch.zeros(4, dtype=torch.int64),
                                backend="gloo")

@@ -146,6 +146,11 @@ cdef object nb_run(Comm comm, int kind, int form, object sendbuf, object recvbuf
     if sub is None and kind != NB_ALLTOALLW and (plan[7] or plan[6] and form != BLOCKING
                                                  and kind >= NB_ALLTOALL):
         sub = MPI_SUB                   # see above: composed on MPI
+    if kind != NB_ALLTOALLW:
+        for spec, arg in ((sendbuf, "sendbuf"), (recvbuf, "recvbuf")):
+            if spec is None:        # (as mpi4py's: MPI would match its blocks with none)
+                raise TypeError(f"{arg}: expected a buffer or a message spec, got None "
+                                f"({name} takes no empty message)")
     if sub is not None:
         if kind == NB_ALLTOALLW:
             raise ValueError(f"{name}: backend {sub.name!r} cannot run it (one MPI datatype "
@@ -169,10 +174,6 @@ cdef object nb_run(Comm comm, int kind, int form, object sendbuf, object recvbuf
             fn = _nb_alltoallw_waited if form == BLOCKING else _nb_alltoallw_in_order
     cdef _Call m = None
     if kind != NB_ALLTOALLW:
-        for spec, arg in ((sendbuf, "sendbuf"), (recvbuf, "recvbuf")):
-            if spec is None:        # (as mpi4py's: MPI would match its blocks with none)
-                raise TypeError(f"{arg}: expected a buffer or a message spec, got None "
-                                f"({name} on MPI takes no empty message)")
         # mcr's checks first, as on the other backends (mpi4py would leave
         # some to MPI), and MPI called on the message they parsed (_NbOnMpi)
         m = nb_msg(kind, sendbuf, recvbuf, len(plan[1]), len(plan[2]))
