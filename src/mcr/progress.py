@@ -88,7 +88,7 @@ class paused:
 
     def __exit__(self, *exc: object) -> None:
         if self.helper is not None:
-            self.helper.open(threading.get_ident())
+            _reopen(threading.get_ident())
 
 
 def before_collective(comm: Any) -> None:
@@ -147,22 +147,35 @@ class _Helper:
 
 _helper: _Helper | None = None
 _usable: bool | None = None        # whether MPI provides THREAD_MULTIPLE
-_depth = 0                         # windows open (nested: the outermost one counts)
+# the threads inside a window (blocked in MPI; an ordered set, nested windows
+# counting once): the helper drives while any is, for one of them at a time
+# (its opener); when the opener leaves, it is handed to another one still there
+_open: dict[int, None] = {}
+_WLOCK = threading.Lock()          # guards _open and the helper's open/close
+
+
+def _reopen(me: int) -> None:
+    """The helper has been closed by thread `me` (its window ended, or a
+    pause did): open it again for a thread still blocked in a window, if
+    there is one and no other thread has opened it meanwhile."""
+    with _WLOCK:
+        if _open and _helper is not None and _helper.parked.is_set():
+            _helper.open(me if me in _open else next(iter(_open)))
 
 
 class window:
     """``with window():`` around a blocking call into MPI made while staged
     operations have stages to post: the helper thread drives them until the
-    call returns. Does nothing in the helper itself, or without
-    ``MPI_THREAD_MULTIPLE``."""
+    call returns (until every thread blocked in such a call has returned).
+    Does nothing in the helper itself, or without ``MPI_THREAD_MULTIPLE``."""
 
     __slots__ = ("helper",)
 
     def __enter__(self) -> window:
-        global _helper, _usable, _depth
+        global _helper, _usable
         self.helper = None
         me = threading.get_ident()
-        if _depth or not _active or (_helper is not None and me == _helper.ident):
+        if me in _open or not _active or (_helper is not None and me == _helper.ident):
             return self
         for driver in list(_active):
             driver.blocking()
@@ -170,18 +183,24 @@ class window:
             _usable = MPI.Query_thread() >= MPI.THREAD_MULTIPLE
         if not _usable or not _active:
             return self
-        if _helper is None:
-            _helper = _Helper()
-        _depth += 1
-        _helper.open(me)
+        with _WLOCK:
+            if _helper is None:
+                _helper = _Helper()
+            _open[me] = None
+            if _helper.parked.is_set():
+                _helper.open(me)
         self.helper = _helper
         return self
 
     def __exit__(self, *exc: object) -> None:
-        global _depth
         if self.helper is not None:
-            self.helper.close()
-            _depth -= 1
+            me = threading.get_ident()
+            with _WLOCK:
+                del _open[me]
+                mine = self.helper.opener == me
+            if mine:
+                self.helper.close()
+                _reopen(me)
 
 
 # this module is the core's progress engine: its waits, tests and blocking
