@@ -381,6 +381,7 @@ def one_thread_at_a_time_drives(comm):
         progress.dismiss(d)
     assert d.overlaps == 0 and d.pumps[False], (d.overlaps, d.pumps)   # 20 a rank, unpaused
 
+
 @case
 def the_helper_drives_while_any_thread_is_blocked(comm):
     """Two threads in a blocking call's window: the first one's return hands the helper to the
@@ -389,16 +390,19 @@ def the_helper_drives_while_any_thread_is_blocked(comm):
 
     def blocked():
         with progress.window():
-            inside.set(), leave.wait(10)
+            inside.set()
+            leave.wait(10)
     progress.enlist(d)
     try:
         with progress.window():
             second = threading.Thread(target=blocked)
-            second.start(), inside.wait(10)
+            second.start()
+            inside.wait(10)
         before = d.pumps[True]
         time.sleep(0.05)
         pumped = d.pumps[True] - before
-        leave.set(), second.join()
+        leave.set()
+        second.join()
     finally:
         progress.dismiss(d)
     assert pumped > 0 and d.overlaps == 0, (pumped, d.overlaps)
