@@ -319,6 +319,12 @@ def ops_that_do_not_apply(comm):
         ("op|expected an MPI.Op|NoneType", comm.Allreduce, x, y, None),
         ("MPI.REPLACE|uint8", comm.Allreduce, np.ones(2, np.uint8), np.zeros(2, np.uint8),
          MPI.REPLACE)])
+    # characters, moved as their bytes: MPI reduces none (MPI_ERR_OP; Gloo summed them)
+    w, out = [np.ones(2, np.int32), MPI.WCHAR], [np.zeros(2, np.int32), MPI.WCHAR]
+    check(comm, TypeError, [(f"op|MPI.{name} does not apply to MPI.WCHAR",
+                             partial(comm.Allreduce, backend=b), w, out, op)
+                            for name, op in (("MAX", MPI.MAX), ("SUM", MPI.SUM))
+                            for b in ("mpi", "gloo")])
 
 
 # -- objects that are not (usable) buffers ------------------------------------------------

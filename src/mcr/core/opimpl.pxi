@@ -69,14 +69,19 @@ cdef int create_half_ops() except -1:
     return 0
 
 
-cdef int resolve_op(object op, int tindex, MPI_Op *out) except -1:
-    """The MPI_Op to use for `op` on elements of type `tindex` (-1: unknown)."""
+cdef int resolve_op(object op, side *x, MPI_Op *out) except -1:
+    """The MPI_Op to use for `op` on the elements of operand `x` (their type
+    x.tindex, -1: unknown)."""
     if not isinstance(op, _MPI.Op):
         raise TypeError(f"op: expected an MPI.Op such as MPI.SUM, got {type(op).__name__}")
     cdef MPI_Op handle = (<_MPI.Op>op).ob_mpi
-    cdef int k = 0
+    cdef int k = 0, tindex = x.tindex
     while k < NOPS and OPS[k] != handle:
         k += 1
+    if k < NOPS and x.dtype == MPI_WCHAR and MPI_WCHAR != MPI_DATATYPE_NULL:
+        # (moved as its bytes, as uint32; MPI reduces no characters: MPI_ERR_OP)
+        raise TypeError(f"op: MPI.{OP_NAMES[k]} does not apply to MPI.WCHAR elements "
+                        "(characters: no predefined operation reduces them)")
     if k == NOPS or tindex < 0:         # user-defined op or datatype: MPI decides
         if k == NOPS:
             check_reduction(handle, tindex)

@@ -310,7 +310,7 @@ cdef int parse_reduce(Comm comm, _Call c) except -1:
     c.iroot = as_rank(c.root, size, b"root", False)
     c.for_reduce(c.sendbuf, c.recvbuf, c.iroot, comm.myrank(), size)
     # the operand's side: the receive side when the root reduces in place
-    resolve_op(c.redop, (c.r if c.s.addr == <char*>MPI_IN_PLACE else c.s).tindex, &c.mop)
+    resolve_op(c.redop, &c.r if c.s.addr == <char*>MPI_IN_PLACE else &c.s, &c.mop)
     return 0
 
 
@@ -332,7 +332,7 @@ cdef int parse_allreduce(Comm comm, _Call c) except -1:
     # Allreduce, Scan, Exscan: the same message shape
     comm.prologue(None)
     c.for_allreduce(c.sendbuf, c.recvbuf)
-    resolve_op(c.redop, c.r.tindex, &c.mop)
+    resolve_op(c.redop, &c.r, &c.mop)
     return 0
 
 
@@ -372,7 +372,7 @@ cdef int parse_reduce_scatter(Comm comm, _Call c) except -1:
     else:
         c.for_reduce_scatter(c.sendbuf, c.recvbuf, c.recvcounts, comm.myrank(), comm.nprocs(),
                              comm.ob_mpi)
-    resolve_op(c.redop, c.r.tindex, &c.mop)
+    resolve_op(c.redop, &c.r, &c.mop)
     return 0
 
 
