@@ -311,10 +311,10 @@ cdef Prequest nb_prequest(Comm comm, _MPI.Prequest q):
 
 def _obj_nb_composed(comm, sendobj, int kind):
     """mpi4py's neighbor_allgather (`kind` NB_ALLGATHER) or neighbor_alltoall
-    composed on MPI, for a graph Open MPI takes for a grid (nb_plan), where
-    mpi4py's method reads it as one, or whose neighbours include PROC_NULL
-    (Open MPI's crashes): each object pickled by
-    mpi4py's ``MPI.pickle``, the sizes, then the bytes, as the buffer calls."""
+    composed on MPI, where mpi4py's method would crash (nb_plan: a graph Open
+    MPI takes for a grid, or one with PROC_NULL neighbours): each object
+    pickled by mpi4py's ``MPI.pickle``, the sizes, then the bytes, moved as
+    the buffer calls move them."""
     from array import array
     cdef tuple plan = nb_plan(<Comm>comm)
     cdef Py_ssize_t nin = len(plan[1]), nout = len(plan[2])
