@@ -162,6 +162,10 @@ def in_place_and_none_where_no_buffer_may_be(comm):
         (f"recvbuf|None at the root (rank 0)|each of the {comm.size} processes",
          comm.Gather, x, None, 0),
         ("recvbuf|None at the root", partial(comm.Igatherv, backend=g), x, None, 0)], here=r == 0)
+    for backend in ("mpi", "gloo"):     # in point-to-point, None is an empty message
+        req, status = comm.Isend(None, dst, 7, backend=backend), MPI.Status()
+        comm.Recv(None, src, 7, status, backend=backend)
+        assert req.Wait() and status.Get_count(MPI.BYTE) == 0 and status.source == src
 
 
 # -- message specs, receive buffers too small, element types --------------------------------
