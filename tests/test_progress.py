@@ -408,4 +408,33 @@ def the_helper_drives_while_any_thread_is_blocked(comm):
     assert pumped > 0 and d.overlaps == 0, (pumped, d.overlaps)
 
 
+@case
+def a_pause_holds_while_another_thread_blocks(comm):
+    """A thread pausing the helper in its window (its driver code runs) keeps it paused while a
+    second thread enters a window, and the helper drives again once the pause ends."""
+    d, inside, leave = Overlaps(), threading.Event(), threading.Event()
+
+    def blocked():
+        with progress.window():
+            inside.set()
+            leave.wait(10)
+    progress.enlist(d)
+    second = threading.Thread(target=blocked)
+    try:
+        with progress.window():
+            with progress.paused():
+                second.start()
+                inside.wait(10)
+                before = d.pumps[True]
+                time.sleep(0.05)
+                during = d.pumps[True] - before
+            time.sleep(0.05)
+            after = d.pumps[True] - before - during
+    finally:
+        leave.set()
+        second.join()
+        progress.dismiss(d)
+    assert during == 0 and after > 0, (during, after)
+
+
 test_mpi = mpi_cases(__name__)

@@ -75,19 +75,27 @@ class paused:
     (the works of freed requests, a wait under a timeout, a backend's
     set-up): the helper stops meanwhile, so that one thread at a time
     drives (a ``Fusion`` is not thread-safe; both threads reading its
-    decisions lost one: a hang). Does nothing in any other thread, the
-    helper included."""
+    decisions lost one: a hang). Any thread in a window pauses it, and no
+    thread opens it again until every pause has ended. Does nothing in any
+    other thread, the helper included."""
 
     __slots__ = ("helper",)
 
     def __enter__(self) -> paused:
-        self.helper = _helper if _helper is not None and _helper.drives_for_me() else None
-        if self.helper is not None:
+        global _pauses
+        self.helper = None
+        if _helper is not None and threading.get_ident() in _open:
+            with _WLOCK:                # (no thread opens it again until the pause ends)
+                _pauses += 1
+            self.helper = _helper
             self.helper.close()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        global _pauses
         if self.helper is not None:
+            with _WLOCK:
+                _pauses -= 1
             _reopen(threading.get_ident())
 
 
@@ -140,9 +148,6 @@ class _Helper:
         self.stop.set()
         self.parked.wait()
 
-    def drives_for_me(self) -> bool:
-        """Whether the helper is driving for the calling thread (its window)."""
-        return not self.parked.is_set() and self.opener == threading.get_ident()
 
 
 _helper: _Helper | None = None
@@ -151,7 +156,8 @@ _usable: bool | None = None        # whether MPI provides THREAD_MULTIPLE
 # counting once): the helper drives while any is, for one of them at a time
 # (its opener); when the opener leaves, it is handed to another one still there
 _open: dict[int, None] = {}
-_WLOCK = threading.Lock()          # guards _open and the helper's open/close
+_pauses = 0                        # paused() blocks under way: the helper stays stopped
+_WLOCK = threading.Lock()          # guards _open, _pauses and the helper's opening
 
 
 def _reopen(me: int) -> None:
@@ -159,7 +165,7 @@ def _reopen(me: int) -> None:
     pause did): open it again for a thread still blocked in a window, if
     there is one and no other thread has opened it meanwhile."""
     with _WLOCK:
-        if _open and _helper is not None and _helper.parked.is_set():
+        if _open and not _pauses and _helper is not None and _helper.parked.is_set():
             _helper.open(me if me in _open else next(iter(_open)))
 
 
@@ -187,7 +193,7 @@ class window:
             if _helper is None:
                 _helper = _Helper()
             _open[me] = None
-            if _helper.parked.is_set():
+            if _helper.parked.is_set() and not _pauses:
                 _helper.open(me)
         self.helper = _helper
         return self
