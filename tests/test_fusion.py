@@ -7,6 +7,7 @@ import random
 import re
 import subprocess
 import sys
+import threading
 import time
 import warnings
 
@@ -426,6 +427,34 @@ def bad_arguments_name_themselves(comm):
     f.close()
     f.close()                                        # twice is harmless
     assert_comm_works(comm)
+
+
+@case
+def the_helper_drives_a_fusion_whose_thread_blocked_second(comm):
+    """Rank 1's thread that uses the fusion blocks in Recv after another of its threads opened
+    the helper's window: the helper drives the fusion too (it drove only for the first thread:
+    rank 0, waiting for rank 1's bucket before it sends, hung)."""
+    c, x, rank, size = comm.Dup(), torch.ones(4), comm.rank, comm.size
+    with mcr.Fusion(c, bucket_bytes=1 << 20) as f:
+        req = f.Iallreduce(mcr.IN_PLACE, x)
+        if rank == 0 and size > 1:
+            time.sleep(0.3)                 # rank 1's two threads block first
+            req.Wait()
+            c.Send(torch.ones(1), 1, 1)
+            c.Send(torch.ones(1), 1, 2)
+        elif rank == 1:
+            got = torch.zeros(2)
+            other = threading.Thread(target=c.Recv, args=(got[1:], 0, 2))
+            other.start()
+            time.sleep(0.1)
+            c.Recv(got[:1], 0, 1)
+            req.Wait()
+            other.join()
+            assert got.tolist() == [1.0, 1.0], got
+        else:
+            req.Wait()
+    assert_equal(x, torch.full((4,), float(size)))
+    c.Free()
 
 
 test_mpi = mpi_cases(__name__)

@@ -692,15 +692,15 @@ class Fusion:
 
     def _mine(self, helper: bool) -> bool:
         """Whether this thread may work on the fusion now: the thread that
-        uses it, or the helper while that thread is blocked in MPI (not on
-        CUDA tensors: packing runs on the calling thread's stream); and not
-        from inside the fusion's own code. With no bucket open, it is no
-        longer driven (until the next one opens; not at every bucket of a
-        loop: enlisting costs a lock)."""
+        uses it, or the helper while that thread is blocked in MPI (any of
+        the threads it drives for; not on CUDA tensors: packing runs on the
+        calling thread's stream); and not from inside the fusion's own code.
+        With no bucket open, it is no longer driven (until the next one
+        opens; not at every bucket of a loop: enlisting costs a lock)."""
         if self._busy:
             return False
         if helper:
-            if self._cuda or self._driving.blocked_thread() != self._thread:
+            if self._cuda or not self._driving.is_blocked(self._thread):
                 return False
         elif threading.get_ident() != self._thread:
             return False

@@ -21,8 +21,8 @@ from mpi4py import MPI
 
 from mcr import _core
 
-__all__ = ["LOCK", "enlist", "dismiss", "in_helper", "blocked_thread", "pump_all",
-           "before_collective", "window", "paused"]
+__all__ = ["LOCK", "enlist", "dismiss", "in_helper", "blocked_thread", "is_blocked",
+           "pump_all", "before_collective", "window", "paused"]
 
 LOCK = threading.RLock()
 # what has work to post (an ordered set): groups with stages still to post,
@@ -57,6 +57,13 @@ def in_helper() -> bool:
 def blocked_thread() -> int | None:
     """The thread the helper drives for (blocked in MPI), or None."""
     return _helper.opener if _helper is not None and not _helper.parked.is_set() else None
+
+
+def is_blocked(ident: int) -> bool:
+    """Whether thread `ident` is blocked in MPI (inside a window) while the
+    helper drives: the helper may drive what that thread uses (its code
+    that drives runs paused)."""
+    return _helper is not None and not _helper.parked.is_set() and ident in _open
 
 
 def pump_all() -> None:
