@@ -382,25 +382,36 @@ def one_thread_at_a_time_drives(comm):
     assert d.overlaps == 0 and d.pumps[False], (d.overlaps, d.pumps)   # 20 a rank, unpaused
 
 
-@case
-def the_helper_drives_while_any_thread_is_blocked(comm):
-    """Two threads in a blocking call's window: the first one's return hands the helper to the
-    second (it stopped it: a second thread blocked in Recv left the stages undriven, a hang)."""
-    d, inside, leave = Overlaps(), threading.Event(), threading.Event()
+def window_thread():
+    """A thread that enters a blocking call's window and stays there until `leave` is set:
+    (the thread, not started; `inside`, set once it is in; `leave`)."""
+    inside, leave = threading.Event(), threading.Event()
 
     def blocked():
         with progress.window():
             inside.set()
             leave.wait(10)
+    return threading.Thread(target=blocked), inside, leave
+
+
+def helper_pumps(d):
+    """How many times the helper pumps driver `d` in the next 50 ms."""
+    before = d.pumps[True]
+    time.sleep(0.05)
+    return d.pumps[True] - before
+
+
+@case
+def the_helper_drives_while_any_thread_is_blocked(comm):
+    """Two threads in a blocking call's window: the first one's return hands the helper to the
+    second (it stopped it: a second thread blocked in Recv left the stages undriven, a hang)."""
+    d, (second, inside, leave) = Overlaps(), window_thread()
     progress.enlist(d)
     try:
         with progress.window():
-            second = threading.Thread(target=blocked)
             second.start()
             inside.wait(10)
-        before = d.pumps[True]
-        time.sleep(0.05)
-        pumped = d.pumps[True] - before
+        pumped = helper_pumps(d)
         leave.set()
         second.join()
     finally:
@@ -412,24 +423,15 @@ def the_helper_drives_while_any_thread_is_blocked(comm):
 def a_pause_holds_while_another_thread_blocks(comm):
     """A thread pausing the helper in its window (its driver code runs) keeps it paused while a
     second thread enters a window, and the helper drives again once the pause ends."""
-    d, inside, leave = Overlaps(), threading.Event(), threading.Event()
-
-    def blocked():
-        with progress.window():
-            inside.set()
-            leave.wait(10)
+    d, (second, inside, leave) = Overlaps(), window_thread()
     progress.enlist(d)
-    second = threading.Thread(target=blocked)
     try:
         with progress.window():
             with progress.paused():
                 second.start()
                 inside.wait(10)
-                before = d.pumps[True]
-                time.sleep(0.05)
-                during = d.pumps[True] - before
-            time.sleep(0.05)
-            after = d.pumps[True] - before - during
+                during = helper_pumps(d)
+            after = helper_pumps(d)
     finally:
         leave.set()
         second.join()
