@@ -21,8 +21,8 @@ from mpi4py import MPI
 
 from mcr import _core
 
-__all__ = ["LOCK", "enlist", "dismiss", "in_helper", "blocked_thread", "is_blocked",
-           "pump_all", "before_collective", "window", "paused"]
+__all__ = ["LOCK", "enlist", "dismiss", "in_helper", "is_blocked", "pump_all",
+           "before_collective", "window", "paused"]
 
 LOCK = threading.RLock()
 # what has work to post (an ordered set): groups with stages still to post,
@@ -52,11 +52,6 @@ def dismiss(driver: Any) -> None:
 def in_helper() -> bool:
     """Whether the calling thread is the helper."""
     return _helper is not None and threading.get_ident() == _helper.ident
-
-
-def blocked_thread() -> int | None:
-    """The thread the helper drives for (blocked in MPI), or None."""
-    return _helper.opener if _helper is not None and not _helper.parked.is_set() else None
 
 
 def is_blocked(ident: int) -> bool:

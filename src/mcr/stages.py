@@ -82,11 +82,11 @@ from typing import Any
 from mpi4py import MPI
 
 from mcr import _core
-from mcr.progress import (LOCK, before_collective, blocked_thread, dismiss, enlist, in_helper,
-                          is_blocked, pump_all, window)
+from mcr.progress import (LOCK, before_collective, dismiss, enlist, in_helper, is_blocked,
+                          pump_all, window)
 
 __all__ = ["Pipeline", "Group", "Flight", "private_comms", "launch", "pump_all", "window",
-           "enlist", "dismiss", "blocked_thread", "is_blocked", "before_collective", "LOCK"]
+           "enlist", "dismiss", "is_blocked", "before_collective", "LOCK"]
 
 # A pipeline yields, for each stage, the function that posts its exchange on
 # that stage's private communicator; it is resumed once the exchange is done.
