@@ -316,6 +316,7 @@ def _obj_nb_composed(comm, sendobj, int kind):
     pickled by mpi4py's ``MPI.pickle``, the sizes, then the bytes, moved as
     the buffer calls move them."""
     from array import array
+    from itertools import accumulate
     cdef tuple plan = nb_plan(<Comm>comm)
     cdef Py_ssize_t nin = len(plan[1]), nout = len(plan[2])
     dumps, loads = _mpi4py.pickle.dumps, _mpi4py.pickle.loads
@@ -330,12 +331,11 @@ def _obj_nb_composed(comm, sendobj, int kind):
     scounts, rcounts = array("q", map(len, blobs)), array("q", bytes(8 * nin))
     nb_composed(<Comm>comm, NB_ALLTOALL, BLOCKING, MPI_SUB, [scounts, nout and 1],
                 [rcounts, nin and 1])
-    rdispls = array("q", [sum(rcounts[:i]) for i in range(nin)])
+    sdispls = [0, *accumulate(scounts)][:nout]
+    rdispls = [0, *accumulate(rcounts)][:nin]
     received = bytearray(sum(rcounts))
     nb_composed(<Comm>comm, NB_ALLTOALLV, BLOCKING, MPI_SUB,
-                [b"".join(blobs), list(map(len, blobs)),
-                 [sum(map(len, blobs[:i])) for i in range(nout)]],
-                [received, list(rcounts), list(rdispls)])
+                [b"".join(blobs), list(scounts), sdispls], [received, list(rcounts), rdispls])
     view = memoryview(received)          # (a PROC_NULL source sends nothing: None)
     return [loads(view[d:d + n]) if n else None for d, n in zip(rdispls, rcounts)]
 
