@@ -22,7 +22,7 @@ from opmatrix import run_operation
 
 BACKENDS = ("mpi", "gloo")
 OTHER = {"mpi": "gloo", "gloo": "mpi"}
-TIMEOUT = 0.5
+TIMEOUT = 0.25
 SLACK = 20.0        # a loaded 2-core machine: well before the harness's timeout, not to the ms
 
 
