@@ -2,8 +2,9 @@
 
 One short run at 2 ranks writes a table, checked against choices computed here from its
 latencies; a second run with another operation merges into it. Bad options exit with status
-2 naming the option (an unusable ``--out`` before anything is measured), a wrong result with
-status 1. Counts, sizes, summary and progress: on made-up numbers, in this process.
+2 naming the option (an unusable ``--out`` before anything is measured; checked in this
+process, where starting a job fails the test), a wrong result with status 1. Counts, sizes,
+summary and progress: on made-up numbers, in this process.
 """
 
 import fcntl
@@ -41,6 +42,24 @@ def tune(*args, timeout=TIMEOUT):
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"{' '.join(cmd)} did not finish in {exc.timeout:.0f} s")
     return proc.returncode, proc.stdout
+
+
+def refused(monkeypatch, capsys, *args):
+    """``python -m mcr.tune args`` in this process, for a run refused before any job starts
+    (launching one fails the test); (status, output)."""
+    from mcr.tune import driver
+    for name in launch.LAUNCHER_VARS:
+        monkeypatch.delenv(name, raising=False)
+
+    def no_job(*args, **kwargs):
+        raise AssertionError("a job was started")
+    monkeypatch.setattr(launch, "run", no_job)
+    try:
+        code = driver.main(["--timeout", str(JOB_TIMEOUT), *args])
+    except SystemExit as exc:
+        code = exc.code
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
 
 
 @pytest.fixture(scope="module")
@@ -154,8 +173,8 @@ def test_plot_to_an_unwritable_file(tmp_path, monkeypatch, capsys):
     pytest.param(["--devices", "cpu,cuda"], ["--devices cuda: CUDA is not available"],
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is here")),
 ])
-def test_bad_options(args, names, tmp_path):
-    code, out = tune(*args, "--out", str(tmp_path / "t.json"), timeout=120)
+def test_bad_options(args, names, tmp_path, monkeypatch, capsys):
+    code, out = refused(monkeypatch, capsys, *args, "--out", str(tmp_path / "t.json"))
     assert code == 2 and all(name in out for name in names), out
     assert not (tmp_path / "t.json").exists()
 
@@ -227,10 +246,10 @@ def test_bad_options_of_every_tool(tool, args, names, capsys):
     ('{"format": "mcr-tuning", "version": 1, "machine": {"world_size": 3}, "entries": []}\n',
      "world_size 3"),
 ])
-def test_unusable_out_file(tmp_path, text, problem):
+def test_unusable_out_file(tmp_path, text, problem, monkeypatch, capsys):
     path = tmp_path / "table.json"
     path.write_text(text)
-    code, out = tune("--ops", "allreduce", "-m", "4:4", "--out", str(path), timeout=120)
+    code, out = refused(monkeypatch, capsys, "--ops", "allreduce", "-m", "4:4", "--out", str(path))
     assert code == 2 and str(path) in out and problem in out, out
     assert "mcr.tune:" not in out.replace("python -m mcr.tune:", "")   # no progress: nothing ran
     assert path.read_text() == text
@@ -241,9 +260,10 @@ def test_unusable_out_file(tmp_path, text, problem):
     ("/proc/table.json", "cannot create a file in /proc"),
     (".", "it is a folder"),
 ])
-def test_unwritable_out_file(path, problem):
+def test_unwritable_out_file(path, problem, tmp_path, monkeypatch, capsys):
     """Found before anything is measured (it was found when saving, after the run)."""
-    code, out = tune("--ops", "allreduce", "-m", "4:4", "--out", path, timeout=120)
+    monkeypatch.chdir(tmp_path)
+    code, out = refused(monkeypatch, capsys, "--ops", "allreduce", "-m", "4:4", "--out", path)
     assert code == 2 and f"--out {path}: {problem}" in out, out
     assert "measurements" not in out                                    # nothing ran
 
