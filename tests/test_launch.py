@@ -197,13 +197,13 @@ time.sleep(600)
 @pytest.mark.timeout(120)
 def test_the_timeout_ends_the_whole_job(tmp_path):
     t0 = time.monotonic()
-    result = run_job(SLEEPER, str(tmp_path), timeout=8)
+    result = run_job(SLEEPER, str(tmp_path), timeout=4)     # (plain Python ranks: no torch)
     elapsed = time.monotonic() - t0
     assert result.timed_out and result.returncode is None
-    assert elapsed < 8 + launch.GRACE + 20, f"run took {elapsed:.0f} s"
+    assert elapsed < 4 + launch.GRACE + 20, f"run took {elapsed:.0f} s"
     pids = [int(n) for name in os.listdir(tmp_path)          # a rank, and its child
             for n in (name, (tmp_path / name).read_text())]
-    assert len(pids) == 4, f"the ranks did not start in 8 s: {result.stdout}"
+    assert len(pids) == 4, f"the ranks did not start in 4 s: {result.stdout}"
     deadline = time.monotonic() + 10
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
