@@ -79,6 +79,19 @@ def phases(device, ndev):
               f"MPI) against torch's own {other}")]
 
 
+def jobs(chosen, device):
+    """`chosen` phases as the jobs that run them (lists of phases, in order of their first). On
+    CUDA each phase is a job of its own: a CUDA error can leave a process unusable. On the CPU
+    dry run the phases of one process count and environment share a job (a job start costs
+    about 2 s: MPI, Python and torch in each process)."""
+    if device != "cpu":
+        return [[ph] for ph in chosen]
+    shared = {}
+    for ph in chosen:
+        shared.setdefault((ph.nprocs, tuple(sorted(ph.env.items()))), []).append(ph)
+    return list(shared.values())
+
+
 def threads_per_process(nprocs):
     """Half the cores shared out (OpenMP threads spinning beside MPI's polling slow it all)."""
     return max(1, (os.cpu_count() or 2) // (2 * nprocs))
@@ -94,48 +107,67 @@ def say(text, file=sys.stdout):
     print(f"check_gpu: {text}", file=file, flush=True)
 
 
-def run_phase(ph, args, mpiexec, logdir, limit):
-    """Run one phase; (status, summary dict or None, seconds)."""
-    summary, errlog, caselog = (os.path.join(logdir, ph.name + ext)
-                                for ext in (".json", ".stderr", ".cases"))
-    for path in (summary, caselog):
-        with contextlib.suppress(OSError):
-            os.remove(path)
+def log_paths(logdir, name):
+    """A phase's summary (JSON) and case log in `logdir`."""
+    return os.path.join(logdir, name + ".json"), os.path.join(logdir, name + ".cases")
+
+
+def run_job(group, args, mpiexec, logdir, limit):
+    """Run the phases of `group` in one job; [(status, summary dict or None, seconds)], one
+    per phase. A phase the job did not reach, after one that ended it, is NOT RUN."""
+    names = [ph.name for ph in group]
+    errlog = os.path.join(logdir, "+".join(names) + ".stderr")
+    for name in names:
+        for path in log_paths(logdir, name):
+            with contextlib.suppress(OSError):
+                os.remove(path)
     env = {k: v for k, v in os.environ.items()     # the MPI checks run on the default backend
            if k not in ("MCR_BACKEND", "MCR_DEMO_NPROCS")}
-    env.update(ph.env, PYTHONUNBUFFERED="1")
-    env.setdefault("OMP_NUM_THREADS", str(threads_per_process(ph.nprocs)))
+    env.update(group[0].env, PYTHONUNBUFFERED="1")
+    nprocs = group[0].nprocs
+    env.setdefault("OMP_NUM_THREADS", str(threads_per_process(nprocs)))
     env.setdefault("MCR_BACKEND_TIMEOUT", "60")  # a stuck Gloo/NCCL call fails, not hangs
-    argv = [sys.executable, "-u", HERE, "--phase", ph.name, "--device", args.device, "--summary",
-            summary, "--caselog", caselog, "--hang-after", str(max(int(limit) - 8, 5))]
-    say(f"phase {ph.name}: {ph.what} (limit {limit:.0f} s)")
+    argv = [sys.executable, "-u", HERE, "--phase", ",".join(names), "--device", args.device,
+            "--logdir", logdir, "--hang-after", str(max(int(limit) - 8, 5))]
+    for ph in group:
+        say(f"phase {ph.name}: {ph.what}" + (f" (limit {limit:.0f} s)" if len(group) == 1 else ""))
+    if len(group) > 1:
+        say(f"one job for phases {', '.join(names)} (limit {limit:.0f} s)")
     t0 = time.monotonic()
     with open(errlog, "w") as err:
-        err.write(" ".join(launch.command(ph.nprocs, mpiexec) + argv) + "\n")
+        err.write(" ".join(launch.command(nprocs, mpiexec) + argv) + "\n")
         err.flush()
-        with launch.start(ph.nprocs, argv, env=env, mpiexec=mpiexec, stdout=subprocess.PIPE,
+        with launch.start(nprocs, argv, env=env, mpiexec=mpiexec, stdout=subprocess.PIPE,
                           stderr=err, text=True) as job:
             reader = threading.Thread(target=pump, args=(job.process.stdout,), daemon=True)
             reader.start()
             rc = job.wait(timeout=limit)
         reader.join(5)
-    seconds, result = time.monotonic() - t0, None
-    with contextlib.suppress(OSError, ValueError), open(summary) as f:
-        result = json.load(f)
-    if rc is None:
-        status = "TIMEOUT"
-        say(f"phase {ph.name} did not finish in {limit:.0f} s; killed it")
-    elif result is None:
-        status = "ERROR"
-        say(f"phase {ph.name} ended with exit status {rc} without a summary")
-    else:
-        status = "FAIL" if result["failed"] or rc != 0 else "PASS"
-    if status != "PASS" and (result is None or rc != 0):
+    seconds, outcomes, ended = time.monotonic() - t0, [], None
+    for name in names:
+        result = None
+        with contextlib.suppress(OSError, ValueError), open(log_paths(logdir, name)[0]) as f:
+            result = json.load(f)
+        if ended is not None:
+            status = "NOT RUN"
+        elif result is None:
+            status = "TIMEOUT" if rc is None else "ERROR"
+            say(f"phase {name} did not finish in {limit:.0f} s; killed its job" if rc is None
+                else f"phase {name} ended with exit status {rc} without a summary")
+            ended = name
+        else:
+            last = name == names[-1]
+            status = "FAIL" if result["failed"] or (rc != 0 and last) else "PASS"
+            if any(f.startswith("phase error") for f in result["failed"]):
+                ended = name                # (its processes ended the job: see child)
+        outcomes.append((status, result, result["seconds"] if result else
+                         seconds if len(names) == 1 else 0.0))
+    if rc != 0:
         with contextlib.suppress(OSError), open(errlog, errors="replace") as f:
             say(f"last lines of {errlog}:")
             for line in f.readlines()[-30:]:
                 print(f"    {line.rstrip()[:300]}", flush=True)
-    return status, result, seconds
+    return outcomes
 
 
 def parent(args):
@@ -159,31 +191,39 @@ def parent(args):
             if device == "cuda" else f"DRY RUN on CPU tensors, torch {torch.__version__}")
     say(f"{what}; budget {args.budget:.0f} s; logs in {logdir}")
     chosen = set(args.phases.split(",")) if args.phases else None
-    rows, failures = [], []
+    order = [ph.name for ph in phases(device, ndev)]
+    rows, failures = {}, []
     for ph in phases(device, ndev):
+        if ph.skip and (chosen is None or ph.name in chosen):
+            say(f"phase {ph.name}: SKIP ({ph.skip})")
+            rows[ph.name] = ("SKIP", ph.skip, 0.0)
+    for group in jobs([ph for ph in phases(device, ndev) if not ph.skip
+                       and (chosen is None or ph.name in chosen)], device):
         # ending a job that overran takes some seconds more (SIGTERM, then SIGKILL)
         remaining = start + args.budget - time.monotonic() - 15
-        if chosen is not None and ph.name not in chosen:
+        if remaining < 20:
+            for ph in group:
+                rows[ph.name] = ("NOT RUN", "time budget spent", 0.0)
+                failures.append(f"{ph.name}: not run, the time budget was spent")
             continue
-        if ph.skip:
-            say(f"phase {ph.name}: SKIP ({ph.skip})")
-            rows.append((ph.name, "SKIP", ph.skip, 0.0))
-        elif remaining < 20:
-            rows.append((ph.name, "NOT RUN", "time budget spent", 0.0))
-            failures.append(f"{ph.name}: not run, the time budget was spent")
-        else:
-            status, result, seconds = run_phase(ph, args, mpiexec, logdir, min(ph.limit, remaining))
+        limit = min(sum(ph.limit for ph in group), remaining)
+        stderr = "+".join(ph.name for ph in group) + ".stderr"
+        for ph, (status, result, seconds) in zip(group, run_job(group, args, mpiexec, logdir,
+                                                                limit)):
             detail = "no summary"
             if result is not None:
                 detail = f"{result['passed']} checks passed, {len(result['failed'])} failed"
                 failures += [f"{ph.name}: {f}" for f in result["failed"]]
             if status in ("TIMEOUT", "ERROR"):
-                failures.append(f"{ph.name}: {status.lower()} (see {ph.name}.stderr, "
+                failures.append(f"{ph.name}: {status.lower()} (see {stderr}, "
                                 f"{ph.name}.cases in {logdir})")
-            rows.append((ph.name, status, detail, seconds))
+            if status == "NOT RUN":
+                detail = "an earlier phase of its job ended it"
+                failures.append(f"{ph.name}: not run, an earlier phase of its job ended it")
+            rows[ph.name] = (status, detail, seconds)
     total = time.monotonic() - start
     say("summary")
-    for name, status, detail, seconds in rows:
+    for name, (status, detail, seconds) in sorted(rows.items(), key=lambda r: order.index(r[0])):
         print(f"  {name:<11} {status:<7} {detail:<40} {seconds:6.1f} s")
     for f in failures[:15]:
         print(f"  FAIL {short(f, 220)}")
@@ -1019,9 +1059,11 @@ def phase_check(rep, env):
         comm.Free()
         return message
 
+    seconds = 2.0 if tm.cuda else 0.5       # (the dry run: no first CUDA use to wait for)
+
     def timeout(backend):
         comm = MPI.COMM_WORLD.Dup()
-        comm.timeout = 2.0
+        comm.timeout = seconds
         y = tm.fresh(4)
         req = comm.Irecv(y, source=(r - 1) % size, tag=5, backend=backend)
         t0 = time.monotonic()
@@ -1030,7 +1072,8 @@ def phase_check(rep, env):
             raise CheckFailed("no TimeoutError")
         except mcr.TimeoutError as exc:
             took = time.monotonic() - t0
-            ensure(1.8 <= took < 30 and "Recv" in str(exc), f"after {took:.1f} s: {exc}")
+            ensure(0.9 * seconds <= took < 30 and "Recv" in str(exc),
+                   f"after {took:.1f} s: {exc}")
         comm.Barrier()
         comm.Send(tm.dev(ones(4, r)), dest=(r + 1) % size, tag=5, backend=backend)
         req.Wait()
@@ -1150,33 +1193,35 @@ def child(args):
     from mpi4py import MPI as M4
     hc = M4.COMM_WORLD.Dup()                  # the harness's own traffic
     rank, cuda = hc.Get_rank(), args.device == "cuda"
-    ordinal = (rank if args.phase == "nccl2" else 0) if cuda else -1
-    if cuda:
-        torch.cuda.set_device(ordinal)
     torch.set_num_threads(threads_per_process(hc.Get_size()))
-    rep = Reporter(hc, args.phase, args.caselog)
-    try:
-        import mcr
-        import opmatrix
-        import opref
-        from mcr import MPI
-        device = torch.device("cuda", ordinal) if cuda else torch.device("cpu")
-        env = types.SimpleNamespace(phase=args.phase, MPI=MPI, mcr=mcr, ordinal=ordinal,
-                                    device=device, other="nccl" if cuda else "gloo",
-                                    t=Ctx(MPI, MPI.COMM_WORLD, None, device))
-        describe(rep, env)
-        PHASES[args.phase](rep, env)
-    except BaseException:
-        # outside any case: the other processes may be waiting in a collective
-        traceback.print_exc()
-        sys.stderr.flush()
-        if rank == 0:
-            rep.failed.append(f"phase error: {short(traceback.format_exc(limit=3), 400)}")
-            rep.finish(args.summary)
-        sys.stdout.flush()
-        M4.COMM_WORLD.Abort(1)
-    rep.finish(args.summary)
-    hc.Barrier()
+    for phase in args.phase.split(","):       # (several: the CPU dry run's jobs, see jobs())
+        summary, caselog = log_paths(args.logdir, phase)
+        ordinal = (rank if phase == "nccl2" else 0) if cuda else -1
+        if cuda:
+            torch.cuda.set_device(ordinal)
+        rep = Reporter(hc, phase, caselog)
+        try:
+            import mcr
+            import opmatrix
+            import opref
+            from mcr import MPI
+            device = torch.device("cuda", ordinal) if cuda else torch.device("cpu")
+            env = types.SimpleNamespace(phase=phase, MPI=MPI, mcr=mcr, ordinal=ordinal,
+                                        device=device, other="nccl" if cuda else "gloo",
+                                        t=Ctx(MPI, MPI.COMM_WORLD, None, device))
+            describe(rep, env)
+            PHASES[phase](rep, env)
+        except BaseException:
+            # outside any case: the other processes may be waiting in a collective
+            traceback.print_exc()
+            sys.stderr.flush()
+            if rank == 0:
+                rep.failed.append(f"phase error: {short(traceback.format_exc(limit=3), 400)}")
+                rep.finish(summary)
+            sys.stdout.flush()
+            M4.COMM_WORLD.Abort(1)
+        rep.finish(summary)
+        hc.Barrier()
     hc.Free()
     faulthandler.cancel_dump_traceback_later()
     return 0               # the failures are in the summary; mpiexec stays quiet
@@ -1191,8 +1236,7 @@ def main():
     parser.add_argument("--logdir", help="where to keep per-case logs and stderr (default: a "
                         "new temporary directory, removed when every check passed)")
     parser.add_argument("--phases", help="comma-separated subset of: " + ",".join(PHASES))
-    for hidden in ("--phase", "--summary", "--caselog"):        # a process of one phase
-        parser.add_argument(hidden, help=argparse.SUPPRESS)
+    parser.add_argument("--phase", help=argparse.SUPPRESS)     # a process of a job: its phases
     parser.add_argument("--hang-after", type=float, default=100, help=argparse.SUPPRESS)
     args = parser.parse_args()
     return child(args) if args.phase else parent(args)
