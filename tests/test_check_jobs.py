@@ -20,7 +20,8 @@ from test_debug import run_cli
 
 JOB_TIMEOUT = 120
 MPICH = "MPICH" in mcr.build_info()["mpi_library_version"]
-MODES = {"checked": {"MCR_CHECK": 1}, "timed": {"MCR_TIMEOUT": 3}}
+TIMED = 1.5            # MCR_TIMEOUT of the timed programs (they wait for it on purpose)
+MODES = {"checked": {"MCR_CHECK": 1}, "timed": {"MCR_TIMEOUT": TIMED}}
 HEAD = "import os, signal, sys, time, mcr\ncomm = mcr.COMM_WORLD\n"    # every program's start
 
 
@@ -38,7 +39,9 @@ def _env(**extra):
 def _run(tmp_path, nprocs, code, *args, **env):
     """HEAD and `code` run on `nprocs` processes: (exit status, output, seconds taken)."""
     script = tmp_path / "job.py"
-    script.write_text(HEAD + code)
+    # torch first where the program uses it: the ranks then leave MPI_Init together, with no
+    # import between them and their first (timed) call
+    script.write_text("import torch\n" * ("import torch" in code) + HEAD + code)
     t0 = time.monotonic()
     result = launch.run(nprocs, [sys.executable, str(script), *args], timeout=JOB_TIMEOUT,
                         env=_env(**env), stdout=subprocess.PIPE,
@@ -89,11 +92,12 @@ def test_timeout_from_the_environment_and_the_merged_report(tmp_path, nprocs):
     others = "rank 1" if nprocs == 2 else f"ranks 1-{nprocs - 1}"
     flight, _, _ = _recorded(
         tmp_path, nprocs, SKIP, False,
-        [f"rank {r}: TimeoutError: rank {r}: no completion after 3 s" for r in range(nprocs)]
+        [f"rank {r}: TimeoutError: rank {r}: no completion after {TIMED:g} s"
+         for r in range(nprocs)]
         + ["waiting for Allreduce float32[4] SUM #2 on world [mpi]",
            "waiting for Recv float32[4] from 0 tag 7 on world [mpi]"],
         ["communicator world", "ranks diverge at call #2", "rank 0: Allreduce float32[4] SUM",
-         f"{others}: no call #2", "Recv from 0 tag 7"], MCR_TIMEOUT=3)
+         f"{others}: no call #2", "Recv from 0 tag 7"], MCR_TIMEOUT=TIMED)
     files = sorted(os.listdir(flight))
     assert files == [f"mcr-flight-{r}.json" for r in range(nprocs)], files
     record = _file(flight, 0)
@@ -169,7 +173,7 @@ def test_a_constructor_against_another_call_is_recorded(tmp_path, mode):
         [f"rank {r}: {'Mismatch' if checked else 'Timeout'}Error" for r in range(3)] + (
             ["ranks 0-1: Split #2; rank 2: Allreduce float32[4] SUM #2"] if checked else
             ["to call Split (making a communicator is collective)",
-             "Split #2 on world [mpi, blocking], 0 bytes, for 3"]),
+             f"Split #2 on world [mpi, blocking], 0 bytes, for {TIMED:g}"]),
         ["communicator world (ranks 0-2): ranks diverge at call #2", "(call #1 agrees)",
          "communicator 0-2#1 (ranks 0-2): call #1 agrees, all completed"] + (
             ["ranks 0-1: Split [mpi, blocking] failed after",
@@ -245,11 +249,12 @@ def test_point_to_point_on_objects_times_out_and_is_recorded(tmp_path):
     # one's receive is recorded (failed: nothing stays posted) after the exchange that worked
     flight, _, text = _recorded(
         tmp_path, 2, CROSSED, False,
-        [f"rank {r}: TimeoutError: rank {r}: no completion after 3 s (the communicator's "
-         f"timeout) waiting for recv from {1 - r} tag 2 on world [mpi]" for r in range(2)]
-        + [f"recv from {1 - r} tag 2 on world [mpi, blocking], for 3" for r in range(2)],
-        ["communicator world (ranks 0-1): no collective call recorded"], MCR_TIMEOUT=3)
-    assert ("rank 0: recv from 1 tag 2, failed after 3" in text
+        [f"rank {r}: TimeoutError: rank {r}: no completion after {TIMED:g} s (the "
+         f"communicator's timeout) waiting for recv from {1 - r} tag 2 on world [mpi]"
+         for r in range(2)]
+        + [f"recv from {1 - r} tag 2 on world [mpi, blocking], for {TIMED:g}" for r in range(2)],
+        ["communicator world (ranks 0-1): no collective call recorded"], MCR_TIMEOUT=TIMED)
+    assert (f"rank 0: recv from 1 tag 2, failed after {TIMED:g}" in text
             or "rank 0: recv from 1 tag 2, pending for" in text), text
     for rank in range(2):
         calls = _file(flight, rank)["calls"]
