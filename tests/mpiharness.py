@@ -290,7 +290,8 @@ def _run_watched(nprocs, args, outdir, timeouts):
             records, changed, current, shown, hung = _LastRecords(outdir, nprocs), \
                 time.monotonic(), None, None, False
             while not hung and job.process.poll() is None:
-                time.sleep(0.25)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    job.process.wait(timeout=0.25)      # (its end is seen at once)
                 now = time.monotonic()
                 if records.poll():
                     changed = now
