@@ -608,7 +608,7 @@ def a_copy_completes_the_request_it_copies(comm, backend):
     gc.collect()                                    # (the originals are gone)
     MPI.Request.Waitall(reqs)
     assert torch.equal(y, data(left, 5, torch.float32)) and not any(reqs)
-    c.timeout = 0.5
+    c.timeout = 0.25
     lost = Wrapped(c.Irecv(z := torch.zeros(2), left, 8, backend=backend))
     with raises(mcr.TimeoutError, "Recv"):
         try:
