@@ -86,7 +86,8 @@ def blocked_until_last_waits(comm, block, unblock=None):
             block()
             req.Wait()
         else:
-            time.sleep(0.05)        # (the others are in their blocking call by now)
+            if comm.size > 1:
+                time.sleep(0.05)    # (the others are in their blocking call by now)
             req.Wait()
             (unblock or block)()
         check()
