@@ -20,7 +20,9 @@ from test_debug import run_cli
 
 JOB_TIMEOUT = 120
 MPICH = "MPICH" in mcr.build_info()["mpi_library_version"]
-TIMED = 1.5            # MCR_TIMEOUT of the timed programs (they wait for it on purpose)
+# MCR_TIMEOUT of the timed programs (they wait for it on purpose): whole seconds, since the
+# checks below read "for 2" and "failed after 2" in ages that mcr.debug prints as 2.0 to 2.9
+TIMED = 2
 MODES = {"checked": {"MCR_CHECK": 1}, "timed": {"MCR_TIMEOUT": TIMED}}
 HEAD = "import os, signal, sys, time, mcr\ncomm = mcr.COMM_WORLD\n"    # every program's start
 
