@@ -43,7 +43,8 @@ def _run(tmp_path, nprocs, code, *args, **env):
     script = tmp_path / "job.py"
     # torch first where the program uses it: the ranks then leave MPI_Init together, with no
     # import between them and their first (timed) call
-    script.write_text("import torch\n" * ("import torch" in code) + HEAD + code)
+    first = "import torch\n" if "import torch" in code else ""
+    script.write_text(first + HEAD + code)
     t0 = time.monotonic()
     result = launch.run(nprocs, [sys.executable, str(script), *args], timeout=JOB_TIMEOUT,
                         env=_env(**env), stdout=subprocess.PIPE,
