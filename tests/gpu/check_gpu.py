@@ -160,8 +160,11 @@ def run_job(group, args, mpiexec, logdir, limit):
             status = "FAIL" if result["failed"] or (rc != 0 and last) else "PASS"
             if any(f.startswith("phase error") for f in result["failed"]):
                 ended = name                # (its processes ended the job: see child)
-        outcomes.append((status, result, result["seconds"] if result else
-                         seconds if len(names) == 1 else 0.0))
+        if result is not None:
+            took = result["seconds"]
+        else:   # (a phase alone: its job's time; one of several: unknown)
+            took = seconds if len(names) == 1 else 0.0
+        outcomes.append((status, result, took))
     if rc != 0:
         with contextlib.suppress(OSError), open(errlog, errors="replace") as f:
             say(f"last lines of {errlog}:")
