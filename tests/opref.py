@@ -63,6 +63,7 @@ def is_numpy(dtype):
     return not isinstance(dtype, torch.dtype)
 
 
+@functools.cache
 def torch_dtype(dtype):
     """The torch dtype of `dtype` (a torch dtype, or a numpy one)."""
     return torch.from_numpy(np.zeros(0, dtype)).dtype if is_numpy(dtype) else dtype
@@ -72,9 +73,16 @@ def torch_dtype(dtype):
 
 def data(key, n, dtype=torch.float32, op=None, seed=0):
     """`n` elements of `dtype` for `key` (a rank, or any int) and reduction `op` (None: data to
-    move, 1..7); a numpy array for a numpy `dtype`."""
+    move, 1..7); a numpy array for a numpy `dtype`. A new copy at each call (the tests write
+    into what they get) of what is made once per process: the matrix asks for the same data on
+    every backend, and making it was a third of its time at 4 ranks."""
+    return copy(_made(key, n, dtype, op, seed))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _made(key, n, dtype, op, seed):
     if is_numpy(dtype):
-        return data(key, n, torch_dtype(dtype), op, seed).numpy()
+        return _made(key, n, torch_dtype(dtype), op, seed).numpy()
     g = torch.Generator().manual_seed(10007 * seed + key)
 
     def ints(lo, hi):
