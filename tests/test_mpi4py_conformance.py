@@ -1,7 +1,8 @@
 """mpi4py's own test suite passes through mcr.MPI (the drop-in claim).
 
 The suite of the installed mpi4py (its sdist: tests/mpi4py_conformance/sdist.py) runs with
-``mcr.MPI`` in place of ``mpi4py.MPI`` at 1, 2 and 3 processes. Each size passes when every
+``mcr.MPI`` in place of ``mpi4py.MPI`` at 1, 2 and 3 processes (at 1, the process-local
+modules in a process of their own beside the job: driver.run). Each size passes when every
 test that ran passes (a failure, an error, a crash, a hang, or a failed set-up of a class or
 module fails it). Left out: tests/mpi4py_conformance/exclusions.py. The report alone:
 ``python tests/mpi4py_conformance/run.py -n 2 [-i REGEX]``.
@@ -50,3 +51,8 @@ def test_report_requires_every_test_that_ran_to_pass():
         r = report(*["pass"] * 500, bad)
         assert not r.ok and "FAIL" in r.text(), bad
     assert not report("pass", fixture=True).ok
+    # at one process the process-local modules run beside the job: their outcomes count too
+    for bad in ("fail", "crash"):
+        merged = report("pass").merged(report("pass", bad), 1.0)
+        assert not merged.ok and merged.count("pass") == 2 and merged.jobs == 0, bad
+    assert report("pass").merged(report("pass", "skip"), 1.0).ok

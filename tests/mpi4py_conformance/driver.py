@@ -6,16 +6,25 @@ selected test, each rank recording each test's outcome as it ends. A test that c
 stops it making progress is reported as a crash or a hang, and the tests after it run again in a new
 job (for mpi4py's suite, the rest of a hung test's module is reported as not run: each hang costs
 the stall timeout). A test passes when it passes (or is skipped) on every rank.
+
+At one process, mpi4py's process-local modules (``ONE_PROCESS`` in exclusions.py) run beside
+the job, in a process started without mpiexec (MPI's singleton initialization): on 2 cores the
+size takes the time of the longer part, not of both.
 """
 
 import argparse
+import atexit
+import contextlib
 import importlib.metadata
 import json
 import os
 import subprocess
 import sys
+import re
 import tempfile
+import threading
 import time
+import types
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # tests/, for mpiharness
@@ -53,6 +62,18 @@ class Report:
         self.excluded = []
         self.fixture_errors = []    # setUpClass/setUpModule errors (no test id of their own)
         self.jobs, self.seconds = 0, 0.0
+        self.apart = []             # the modules run beside the job, without mpiexec
+
+    def merged(self, other, seconds):
+        """This report with the outcomes of `other` (the process-local modules, run beside this
+        one's job) added; `seconds`: the time both took."""
+        for test, outcome in other.outcomes.items():
+            self.outcomes[test + " (beside the job)" * (test in self.outcomes)] = outcome
+        self.apart = sorted({o.module for o in other.outcomes.values()})
+        self.excluded += other.excluded
+        self.fixture_errors += other.fixture_errors
+        self.jobs, self.seconds = self.jobs + other.jobs, seconds
+        return self
 
     def count(self, kind):
         return sum(1 for o in self.outcomes.values() if o.kind == kind)
@@ -80,6 +101,9 @@ class Report:
                  self.figures(),
                  f"passed {self.count('pass')} of the {ran} tests that ran ({rate:.1f}%; "
                  f"every one must pass, 0 crashes, 0 hangs): {'OK' if self.ok else 'FAIL'}"]
+        if self.apart:
+            lines.insert(1, f"({', '.join(self.apart)} in a process of their own beside the "
+                         "job, started without mpiexec)")
         if per_module:
             lines.append(self.module_table())
         # crashes and hangs first: they are what a long list would hide
@@ -119,9 +143,25 @@ def read_records(outdir, nprocs):
     return [read_jsonl(os.path.join(outdir, f"rank{rank}.jsonl")) for rank in range(nprocs)]
 
 
+@contextlib.contextmanager
+def alone(argv, env, log):
+    """``argv`` as one process started without mpiexec (MPI's singleton initialization), as
+    :func:`mcr.launch.start` starts a job; stopped on leaving the block if it still runs."""
+    process = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+    atexit.register(process.kill)
+    try:
+        yield types.SimpleNamespace(process=process)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+        atexit.unregister(process.kill)
+
+
 def launch(nprocs, worker, outdir, selection, log_path, deadline, stall, path=()):
     """Run one job of ``worker + [OUTDIR, SELECTION]``; return (exit code or None when
-    killed as hung, output). ``path``: folders for the ranks' PYTHONPATH."""
+    killed as hung, output). ``path``: folders for the ranks' PYTHONPATH; `nprocs` None: one
+    process without mpiexec (:func:`alone`)."""
     selection_path = os.path.join(outdir, "selection.json")
     with open(selection_path, "w", encoding="utf-8") as f:
         json.dump(selection, f)
@@ -130,8 +170,9 @@ def launch(nprocs, worker, outdir, selection, log_path, deadline, stall, path=()
     # installed), and the folders the worker names
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [*path, env.get("PYTHONPATH")]))
     argv = [sys.executable, *worker, outdir, selection_path]
-    with open(log_path, "w") as log, mcr_launch.start(nprocs, argv, env=env, stdout=log,
-                                                      stderr=subprocess.STDOUT) as job:
+    with open(log_path, "w") as log, \
+            alone(argv, env, log) if nprocs is None else \
+            mcr_launch.start(nprocs, argv, env=env, stdout=log, stderr=subprocess.STDOUT) as job:
         last, last_change = jsonl_bytes(outdir), time.monotonic()
         while True:
             try:
@@ -157,28 +198,53 @@ def run(nprocs, testdir, include=(), timeout=3600.0):
     # process), which unpickle functions of the test modules
     mpich = "MPICH" in mcr.build_info()["mpi_library_version"]
     left_out = EXCLUSIONS + (MPICH_ONLY if mpich else []) + (ONE_PROCESS if nprocs > 1 else [])
-    return run_suite(nprocs, Report(nprocs, title), [os.path.join(HERE, "worker.py"), testdir],
-                     [pattern for pattern, _ in left_out], include, timeout, path=[testdir])
+    patterns = [pattern for pattern, _ in left_out]
+    worker = [os.path.join(HERE, "worker.py"), testdir]
+    if nprocs > 1:
+        return run_suite(nprocs, Report(nprocs, title), worker, patterns, include, timeout,
+                         path=[testdir])
+    # at one process: the process-local modules (the selected ones) in a thread of their own
+    local = [f"^{name}\\.py$" for name, _ in ONE_PROCESS
+             if not include or any(re.search(regex, f"{name}.py") for regex in include)]
+    apart, failed = Report(1, title), []
+
+    def run_apart():
+        try:
+            run_suite(None, apart, worker, patterns, local, timeout, path=[testdir])
+        except BaseException as exc:  # noqa: B902 - raised again in the caller's thread
+            failed.append(exc)
+    beside = threading.Thread(target=run_apart, name="mpi4py-local", daemon=True)
+    start = time.monotonic()
+    if local:
+        beside.start()
+    report = run_suite(1, Report(1, title), worker, patterns, include, timeout, path=[testdir],
+                       extra={"exclude_modules": local})
+    if local:
+        beside.join()
+    if failed:
+        raise failed[0]
+    return report.merged(apart, time.monotonic() - start)
 
 
 def run_suite(nprocs, report, worker, patterns, include=(), timeout=3600.0,
               stall=STALL_TIMEOUT, hang_skips_module=True, path=(), extra=None):
-    """Run a worker's tests at `nprocs` ranks, again after each crash or hang, until every
-    selected test has an outcome; fill and return `report`. `worker`: the worker script and its
+    """Run a worker's tests at `nprocs` ranks (None: one process without mpiexec), again after
+    each crash or hang, until every selected test has an outcome; fill and return `report`.
+    `worker`: the worker script and its
     first arguments (OUTDIR and SELECTION follow; see worker.py); `patterns`: test ids to leave
     out; `stall`: seconds without a record on any rank after which the job is taken as hung;
     `hang_skips_module`: after a hang, report the rest of its module as not run; `extra`: more
     fields for the SELECTION file."""
     order, done, include = None, set(), list(include)
     start = time.monotonic()
-    deadline, everyone = start + timeout, set(range(nprocs))
+    deadline, everyone = start + timeout, set(range(nprocs or 1))
     while True:
         with tempfile.TemporaryDirectory(prefix="mcr-conformance-") as outdir:
             selection = {"include": include, "exclude": patterns, "skip": sorted(done),
                          **(extra or {})}
             code, output = launch(nprocs, worker, outdir, selection,
                                   os.path.join(outdir, "job.log"), deadline, stall, path)
-            per_rank = read_records(outdir, nprocs)
+            per_rank = read_records(outdir, nprocs or 1)
         report.jobs += 1
         kind = "hang" if code is None else "crash"
         finished = code is not None and all(

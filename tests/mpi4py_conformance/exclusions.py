@@ -48,7 +48,8 @@ MPICH_ONLY = [
 ]
 
 # modules that communicate nothing run at one process only: at more, each rank would run the
-# same process-local calls again (their tests name no communicator), about 30 s of the cores
+# same process-local calls again (their tests name no communicator), about 30 s of the cores;
+# at one process, in a process of their own beside the job of the rest (driver.run)
 LOCAL = "datatypes are local to a process: its tests name no communicator"
 ONE_PROCESS = [
     ("test_datatype", LOCAL + " (constructors, envelopes, pickling: 10 s at one process)"),

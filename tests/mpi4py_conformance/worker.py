@@ -1,11 +1,12 @@
 """One rank of a conformance job: mpi4py's test suite with mcr.MPI as mpi4py.MPI.
 
-Started by driver.py under mpiexec as ``python worker.py TESTDIR OUTDIR SELECTION``. SELECTION is a
-JSON file: ``include`` (regexes of test module file names), ``exclude`` (patterns of test ids, see
-exclusions.py; ``arrayimpl.<class>`` drops that array type from the buffer tests' loops) and
-``skip`` (test ids run by an earlier job). Each rank writes ``OUTDIR/rank<N>.jsonl``: the test ids
-it selected and excluded, then a "start" and an "end" line around each test as it happens, so that
-the driver knows which test a crash or hang was in.
+Started by driver.py under mpiexec (or alone: driver.alone) as ``python worker.py TESTDIR OUTDIR
+SELECTION``. SELECTION is a JSON file: ``include`` (regexes of test module file names), ``exclude``
+(patterns of test ids, see exclusions.py; ``arrayimpl.<class>`` drops that array type from the
+buffer tests' loops), ``skip`` (test ids run by an earlier job) and, optionally, ``exclude_modules``
+(regexes of test module file names to leave unloaded: they run in another process). Each rank writes
+``OUTDIR/rank<N>.jsonl``: the test ids it selected and excluded, then a "start" and an "end" line
+around each test as it happens, so that the driver knows which test a crash or hang was in.
 """
 
 import faulthandler
@@ -137,8 +138,10 @@ def main():
                                     resultclass=recording_result(recorder)).run(self.test)
             recorder.write(event="done")
 
-    Program(module=None, argv=["mpi4py-test"] + [a for regex in selection["include"]
-                                                 for a in ("-i", regex)], exit=False)
+    Program(module=None, argv=["mpi4py-test"]
+            + [a for regex in selection["include"] for a in ("-i", regex)]
+            + [a for regex in selection.get("exclude_modules", ()) for a in ("-e", regex)],
+            exit=False)
 
 
 if __name__ == "__main__":
