@@ -109,7 +109,9 @@ def main():
             out.flush()
             # keep ranks in step between cases, on a communicator no case uses (a barrier on
             # COMM_WORLD could meet a collective of the case on a rank that is still in it)
-            between.Barrier()
+            request = between.Ibarrier()
+            while not request.Test():       # asleep, not spinning: the core goes to the
+                time.sleep(0.0005)          # ranks still in the case (more ranks than cores)
 
 
 if __name__ == "__main__":
