@@ -275,7 +275,12 @@ def element_types(comm):
     for dtype in (torch.complex32, torch.float8_e4m3fn, torch.float8_e5m2):
         rows += [(f"buf|tensor dtype {dtype}|not supported|float32", comm.Send, z(4, dtype), dst),
                  (f"recvbuf|tensor dtype {dtype}|not supported",
-                  comm.Allreduce, MPI.IN_PLACE, z(4, dtype))]
+                  comm.Allreduce, MPI.IN_PLACE, z(4, dtype)),
+                 (f"recvbuf|tensor dtype {dtype}|not supported",       # and non-blocking
+                  comm.Iallreduce, MPI.IN_PLACE, z(4, dtype)),
+                 (f"buf|tensor dtype {dtype}|not supported", comm.Ibcast, z(4, dtype)),
+                 (f"recvbuf|tensor dtype {dtype}|not supported",
+                  comm.Iallgather, MPI.IN_PLACE, z(s, dtype))]
     check(comm, TypeError, rows)
     check(comm, BufferError, [("buf|byte order|not the machine's",
                                comm.Send, np.zeros(2, ">f4" if np.little_endian else "<f4"), dst)])

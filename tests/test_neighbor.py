@@ -1,11 +1,11 @@
-"""Neighborhood collectives (Neighbor_allgather(v), Neighbor_alltoall(v,w)) in their three forms,
-on MPI (also host-staged) and, but alltoallw, composed on Gloo, on float64 and bfloat16 (which
+"""Neighborhood collectives (Neighbor_allgather(v), Neighbor_alltoall(v,w)) in their three forms, on
+MPI (also host-staged) and, but alltoallw, composed on Gloo, on float64, float32 and bfloat16 (which
 has no buffer format), on Cartesian grids (periodic dimensions of 1 and 2: one process is both
-neighbours), graphs with repeated edges and distributed graphs (one where a process has no
-source or no destination, one made from a grid). Expected values come from the topology's
-definition: the i-th receive block comes from the i-th source; on a grid the slot of the
-neighbour in the negative direction holds what it sent towards the positive one (MPI 4.0);
-between two processes joined by several edges, blocks match in order."""
+neighbours), graphs with repeated edges and distributed graphs (one where a process has no source or
+no destination, one made from a grid). Expected values come from the topology's definition: the i-th
+receive block comes from the i-th source; on a grid the slot of the neighbour in the negative
+direction holds what it sent towards the positive one (MPI 4.0); between two processes joined by
+several edges, blocks match in order."""
 
 import collections
 import functools
@@ -157,7 +157,8 @@ def check_topology(comm, t, backend, dtype):
     nin = len(src)
     # (float64: allgatherv on numpy arrays; alltoallw in the datatype of the element size)
     host = (lambda x: x.numpy()) if dtype == torch.float64 else (lambda x: x)
-    item, mpitype = dtype.itemsize, M4.DOUBLE if dtype == torch.float64 else M4.UINT16_T
+    item = dtype.itemsize
+    mpitype = {8: M4.DOUBLE, 4: M4.FLOAT, 2: M4.UINT16_T}[item]
     holes, blocks = functools.partial(hole, dtype=dtype), functools.partial(block, dtype=dtype)
     cats = functools.partial(cat, dtype=dtype)
 
@@ -223,7 +224,8 @@ def check_topology(comm, t, backend, dtype):
 
 
 # -- Cases ------------------------------------------------------------------------------
-@case.matrix(backend=("mpi", "staged", "gloo"), dtype=(torch.float64, torch.bfloat16),
+@case.matrix(backend=("mpi", "staged", "gloo"),
+             dtype=(torch.float64, torch.float32, torch.bfloat16),
              quick=lambda backend, dtype: backend != "staged" and dtype == torch.float64)
 def every_topology_and_form_moves_the_right_blocks(comm, backend, dtype):
     # Create_graph (symmetric, with repeated edges): each process joined twice
