@@ -33,6 +33,12 @@ from mcr import launch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_SIZES = (1, 2, 3, 4)
+# the world sizes of the modules on what runs around a call (checked mode and timeouts, fusion,
+# staged progress, requests' lives, the torch.distributed backend): 4 ranks give their code no
+# rank it has not met at 3 (a first, a middle and a last; more ranks than cores), and the calls
+# themselves run at 4 in the modules of the operations (test_ops, test_p2p_buf, test_neighbor,
+# ...); about 50 s of the suite on 2 cores (docs/testing.rst)
+LAYER_SIZES = (1, 2, 3)
 
 
 def _sizes_from_env():

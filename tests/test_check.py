@@ -17,7 +17,7 @@ import torch
 
 import mcr
 from mcr import _core
-from mpiharness import case, mpi_cases
+from mpiharness import LAYER_SIZES, case, mpi_cases
 from opmatrix import run_operation
 
 BACKENDS = ("mpi", "gloo")
@@ -1059,4 +1059,4 @@ def timeout_values_bad_and_huge(comm):
         s.timeout = None
 
 
-test_mpi = mpi_cases(__name__)
+test_mpi = mpi_cases(__name__, sizes=LAYER_SIZES)

@@ -1,6 +1,6 @@
 """The torch.distributed backend "mcr" (mcr.distributed).
 
-MPI cases (1-4 ranks, ``init_process_group("mcr")`` with no MASTER_ADDR): torch.distributed's
+MPI cases (1-3 ranks, ``init_process_group("mcr")`` with no MASTER_ADDR): torch.distributed's
 API on "mcr" groups running MPI and Gloo against torch on every rank's data; DDP and a
 ZeRO-style step against torch's own Gloo group. Then what ``import mcr`` does and does not do.
 """
@@ -20,7 +20,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 import mcr
 import mcr.hooks
-from mpiharness import case, mpi_cases, run_script, world_sizes
+from mpiharness import LAYER_SIZES, case, mpi_cases, run_script, world_sizes
 from opref import rank_data, reduce_ref
 from util import raises
 
@@ -626,7 +626,7 @@ def monitored_barrier_names_the_missing_ranks(comm, backend):
     assert t.item() == size
 
 
-test_mpi = mpi_cases(__name__)
+test_mpi = mpi_cases(__name__, sizes=LAYER_SIZES)
 
 
 # -- single process: what import mcr does ----------------------------------------

@@ -16,7 +16,7 @@ import torch
 import mcr
 import mcr.interceptors as icp
 from mcr import launch
-from mpiharness import case, mpi_cases, run_script
+from mpiharness import LAYER_SIZES, case, mpi_cases, run_script
 from opref import OPS, data, operands, reduce_ref
 from util import assert_comm_works, assert_equal, raises
 
@@ -457,7 +457,7 @@ def the_helper_drives_a_fusion_whose_thread_blocked_second(comm):
     c.Free()
 
 
-test_mpi = mpi_cases(__name__)
+test_mpi = mpi_cases(__name__, sizes=LAYER_SIZES)
 
 
 def test_benchmark_runs_tiny():

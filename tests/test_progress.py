@@ -17,7 +17,7 @@ import torch
 import mcr
 import mcr.hooks
 from mcr import _core, progress
-from mpiharness import case, mpi_cases
+from mpiharness import LAYER_SIZES, case, mpi_cases
 from util import assert_equal, raises
 
 KINDS = ("compressed", "compressed-gloo", "neighbor-gloo", "neighbor-mpi", "fused-mpi",
@@ -450,4 +450,4 @@ def a_pause_holds_while_another_thread_blocks(comm):
     assert during == 0 and after > 0, (during, after)
 
 
-test_mpi = mpi_cases(__name__)
+test_mpi = mpi_cases(__name__, sizes=LAYER_SIZES)

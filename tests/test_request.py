@@ -17,7 +17,7 @@ from mpi4py import MPI as _mpi4py
 
 import mcr
 from mcr import MPI
-from mpiharness import case, mpi_cases
+from mpiharness import LAYER_SIZES, case, mpi_cases
 from opmatrix import COMPLETIONS, complete
 from opref import cat, data, expect, operands, pair_block, reduce_ref
 from util import assert_comm_works, raises, ring
@@ -690,4 +690,4 @@ def a_gloo_request_waited_in_one_thread_and_tested_in_another(comm, wait):
         expect(got, data(left, 4, seed=k))
         assert not req
 
-test_mpi = mpi_cases(__name__)
+test_mpi = mpi_cases(__name__, sizes=LAYER_SIZES)
