@@ -27,7 +27,7 @@ from mpiharness import run_script
 
 JOB_TIMEOUT = 150           # the driver stops the job after this (--timeout)
 TIMEOUT = JOB_TIMEOUT + 60  # and this test stops the driver
-FIRST = ["--ops", "allreduce,bcast,alltoallv", "-m", "4:64", "--rounds", "1", "--time-budget", "5"]
+FIRST = ["--ops", "allreduce,bcast,alltoallv", "-m", "4:64", "--rounds", "1", "--time-budget", "2"]
 SIZES = [4, 8, 16, 32, 64]
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -71,7 +71,7 @@ def runs(tmp_path_factory):
     assert code == 0, f"exit {code}:\n{first_out}"
     first = json.loads(out.read_text())
     code, second_out = tune("--ops", "allgather", "-m", "4:16", "--rounds", "1", "--time-budget",
-                            "3", "--out", str(out))
+                            "1", "--out", str(out))
     assert code == 0, f"exit {code}:\n{second_out}"
     return {"out": out, "png": png, "first": first, "first_out": first_out,
             "second": json.loads(out.read_text()), "second_out": second_out}
