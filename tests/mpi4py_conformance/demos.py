@@ -52,12 +52,14 @@ DEMOS = [
     Demo("threads/sendrecv.py"),
     Demo("wrap-ctypes/test.py", output="same",
          build=("mpicc", "-shared", "-fPIC", "-o", "libhelloworld.so", "helloworld.c")),
-    *(Demo(f"osu_{name}.py", output="timings")
+    # the OSU benchmarks time loops of 1 B to 1 MiB: a run checks the port, not the MPI
+    # library (mpi4py's suite runs the collectives at 3), so each runs at one size
+    *(Demo(f"osu_{name}.py", sizes=(2,), output="timings")
       for name in ("allgather", "alltoall", "alltoallv", "barrier", "bcast", "gather",
                    "scatter")),
     *(Demo(f"osu_{name}.py", sizes=(2,), output="timings")       # "exactly two processes"
       for name in ("bw", "bibw", "latency")),
-    Demo("osu_multi_lat.py", sizes=(2, 4), output="timings"),    # pairs: an even size
+    Demo("osu_multi_lat.py", sizes=(4,), output="timings"),      # pairs: two of them
     *(Demo(f"mpi-ref-v1/ex-{number}.py", shared=True)
       for number in ("2.01", "2.08", "2.16", "2.29", "2.32", "2.34", "2.35", "3.01", "3.02",
                      "3.03", "3.04", "3.05", "3.06", "3.07", "3.08", "3.09", "3.11", "3.12",
