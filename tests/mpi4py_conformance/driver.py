@@ -18,9 +18,9 @@ import contextlib
 import importlib.metadata
 import json
 import os
+import re
 import subprocess
 import sys
-import re
 import tempfile
 import threading
 import time
@@ -228,13 +228,12 @@ def run(nprocs, testdir, include=(), timeout=3600.0):
 
 def run_suite(nprocs, report, worker, patterns, include=(), timeout=3600.0,
               stall=STALL_TIMEOUT, hang_skips_module=True, path=(), extra=None):
-    """Run a worker's tests at `nprocs` ranks (None: one process without mpiexec), again after
-    each crash or hang, until every selected test has an outcome; fill and return `report`.
-    `worker`: the worker script and its
-    first arguments (OUTDIR and SELECTION follow; see worker.py); `patterns`: test ids to leave
-    out; `stall`: seconds without a record on any rank after which the job is taken as hung;
-    `hang_skips_module`: after a hang, report the rest of its module as not run; `extra`: more
-    fields for the SELECTION file."""
+    """Run a worker's tests at `nprocs` ranks (None: one process without mpiexec), again after each
+    crash or hang, until every selected test has an outcome; fill and return `report`. `worker`:
+    the worker script and its first arguments (OUTDIR and SELECTION follow; see worker.py);
+    `patterns`: test ids to leave out; `stall`: seconds without a record on any rank after which
+    the job is taken as hung; `hang_skips_module`: after a hang, report the rest of its module
+    as not run; `extra`: more fields for the SELECTION file."""
     order, done, include = None, set(), list(include)
     start = time.monotonic()
     deadline, everyone = start + timeout, set(range(nprocs or 1))
