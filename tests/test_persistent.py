@@ -312,7 +312,8 @@ def a_tensor_given_new_memory_between_starts(comm, emulated):
             if emulated and what == "resize_":
                 continue                # (the sizes would differ: refused as any Allreduce)
             x, y = torch.ones(N), torch.zeros(N)
-            req, other = comm.Allreduce_init(x, y), comm.Allreduce_init(torch.ones(1), torch.zeros(1))
+            req = comm.Allreduce_init(x, y)
+            other = comm.Allreduce_init(torch.ones(1), torch.zeros(1))
             req.Start()
             req.Wait()
             change(x if side == "sendbuf" else y)
