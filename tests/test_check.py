@@ -933,6 +933,48 @@ def checked_neighborhood_refusal_raises_everywhere(comm, backend, method):
     free(ring, k)
 
 
+@case.matrix(backend=BACKENDS)
+def checked_unknown_backend_raises_everywhere(comm, backend):
+    # a backend name that rank 0 alone gets wrong is refused as its other arguments are: in its
+    # fingerprint, before any process communicates (the others waited in the exchange)
+    size, rank = comm.size, comm.rank
+    c = checked(comm)
+    ring = c.Create_cart([size], periods=[True])
+    name = "no-such-backend" if rank == 0 else backend
+    for fn, args in ((c.Allreduce, (mcr.IN_PLACE, data(rank))), (c.Ibcast, (data(rank),)),
+                     (ring.Neighbor_allgather, (data(rank, 1), torch.zeros(2)))):
+        exc = raises(ValueError if rank == 0 else mcr.MismatchError, fn, *args, backend=name)
+        assert "unknown backend 'no-such-backend'" in str(exc), str(exc)
+        assert rank == 0 or "the arguments of rank 0 were refused" in str(exc), str(exc)
+    assert_allreduce_works(c, backend)
+    free(ring, c)
+
+
+@case
+def checked_neighbor_alltoallw_refusal_raises_everywhere(comm):
+    # mcr checks alltoallw's message (its datatypes are MPI's): rank 0's, a datatype short, is
+    # refused at rank 0 alone and reaches the others in its fingerprint, in every form
+    size, rank = comm.size, comm.rank
+    k = checked(comm)
+    ring = k.Create_cart([size], periods=[True])
+    left, right = ring.Shift(0, 1)
+    F = mpi4py.MPI.FLOAT
+    send, got = np.arange(2, dtype=np.float32) + 10 * rank, np.full(2, -1, np.float32)
+    for method in NB_FORMS:
+        method = method.replace("alltoall", "alltoallw")
+        exc = raises(ValueError if rank == 0 else mcr.MismatchError, getattr(ring, method),
+                     [send, ([1, 1], [0, 4]), [F] if rank == 0 else [F, F]],
+                     [got, ([1, 1], [0, 4]), [F, F]])
+        assert "sendbuf: 1 datatypes for 2 neighbours" in str(exc), str(exc)
+        assert rank == 0 or f"{method} #" in str(exc) and \
+            "the arguments of rank 0 were refused" in str(exc), str(exc)
+    assert (got == -1).all(), got
+    ring.Neighbor_alltoallw([send, ([1, 1], [0, 4]), [F, F]], [got, ([1, 1], [0, 4]), [F, F]])
+    # (block 1 goes to the right, block 0 to the left)
+    assert got.tolist() == [1 + 10 * left, 10 * right], got
+    free(ring, k)
+
+
 @case
 def checked_neighborhood_derived_datatype_on_gloo_raises_everywhere(comm):
     # a derived datatype runs on MPI only: rank 0's receive side in one, on Gloo, is refused at

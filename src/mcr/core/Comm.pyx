@@ -96,6 +96,20 @@ cdef object default_backend():
     return None if name == "mpi" else AUTO_NAME if name == "auto" else name
 
 
+@cython.final
+cdef class _BadBackend:
+    """A call's backend that could not be had (an unknown name, a backend
+    that cannot start here), in place of its Subcomm on the interceptor
+    chain: refused as the call's other arguments are, when it is parsed
+    (Comm.parse), so that checked mode shares the refusal before any process
+    communicates."""
+    cdef readonly str name      # as the call named it (what auto's c.name reads)
+    cdef object exc
+
+    def __cinit__(self, name, exc):
+        self.name, self.exc = str(name), exc
+
+
 include "commbase.pxi"
 
 
@@ -356,22 +370,33 @@ cdef class Comm(_CommBase):
             self.post_mpi(c, BLOCKING, MPI_INFO_NULL, NULL)
             recycle(c)
             return None
-        cdef object sub = self.sub(c.backend)
+        cdef object sub
         if self.current_chain() is None and c.compress is None:
+            sub = self.sub(c.backend)
             if sub is None:
                 return self.on_mpi(c, False)
             if sub is AUTO_SUB:
                 return self.on_auto(c)
             return self.on_backend(sub, c, c.backend)
-        c.sub = sub
+        c.sub = self.chained_sub(c.backend)
         c.chain = self.chain if c.compress is None else self.zchain
         if c.form != NONBLOCKING:
             return proceed(self, c, 0)
         # (an interceptor may answer with a request of its own: compression's)
         return pending_on(self, proceed(self, c, 0))
 
+    cdef object chained_sub(self, object backend):
+        """sub(backend) for a call on the interceptor chain, or the
+        _BadBackend that it raised for (refused when the call is parsed)."""
+        try:
+            return self.sub(backend)
+        except _builtins.Exception as exc:
+            return _BadBackend(backend, exc)
+
     cdef int parse(self, _Call c) except -1:
         """Check and parse the call's arguments, once."""
+        if c.sub is not None and type(c.sub) is _BadBackend:
+            raise (<_BadBackend>c.sub).exc
         if not c.parsed:
             OP_TABLE[c.op].parse(self, c)
             c.parsed = True
@@ -386,6 +411,8 @@ cdef class Comm(_CommBase):
                           c.info)
         if c.sub is None:                 # (auto has chosen: it is in every chain)
             return self.on_mpi(c, False)
+        if type(c.sub) is _BadBackend:
+            raise (<_BadBackend>c.sub).exc
         return self.on_backend(c.sub, c, c.backend)
 
     def _again(self, c, backend):

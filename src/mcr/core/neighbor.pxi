@@ -85,7 +85,7 @@ cdef object neighbor(Comm comm, int kind, int form, object sendbuf, object recvb
     else:
         comm.prologue(None)
         c = coll_call(CALL_COUNT + kind, form, backend, info, None, sendbuf, recvbuf)
-        c.sub = comm.sub(backend)
+        c.sub = comm.chained_sub(backend)
         c.chain = chain
         result = proceed(comm, c, 0)
     return pending_on(comm, result) if form == NONBLOCKING else result
@@ -153,8 +153,7 @@ cdef object nb_run(Comm comm, int kind, int form, object sendbuf, object recvbuf
                                 f"({name} takes no empty message)")
     if sub is not None:
         if kind == NB_ALLTOALLW:
-            raise ValueError(f"{name}: backend {sub.name!r} cannot run it (one MPI datatype "
-                             "per neighbour); use backend='mpi'")
+            raise nb_alltoallw_refused(form, sub.name)
         if comm.current_chain() is None:
             return nb_composed(comm, kind, form, sub, sendbuf, recvbuf)
         # through the chain as mpi4py's methods below, the record naming the backend
@@ -572,18 +571,30 @@ cdef object nb_derived_refused(int kind, int form, str backend):
                       "types; a derived datatype runs on backend 'mpi'")
 
 
+cdef object nb_alltoallw_refused(int form, str backend):
+    return ValueError(f"{nb_method(NB_ALLTOALLW, form)}: backend {backend!r} cannot run it "
+                      "(one MPI datatype per neighbour); use backend='mpi'")
+
+
 cdef object nb_refusal(Comm comm, _Call c):
     """What this process refuses of neighbourhood call `c` on its own (its
     message, as nb_msg parses it; a derived datatype on a backend other than
-    MPI), or None: found before the processes meet (nb_refused, checkimpl.pxi),
-    as a buffer method's refusal is. Alltoallw's sides are left to MPI."""
+    MPI; alltoallw's message as mcr checks it, its datatypes left to MPI; a
+    backend that could not be had), or None: found before the processes meet
+    (nb_refused, checkimpl.pxi), as a buffer method's refusal is."""
     cdef int kind = c.op - CALL_COUNT
-    if kind == NB_ALLTOALLW:
-        return None
+    if type(c.sub) is _BadBackend:
+        return (<_BadBackend>c.sub).exc
     cdef tuple plan
     cdef _Call m
     try:
         plan = nb_plan(comm)
+        if kind == NB_ALLTOALLW:
+            if c.sub is not None and c.sub is not AUTO_SUB:
+                return nb_alltoallw_refused(c.form, c.sub.name)
+            nb_w_side(c.sendbuf, len(plan[2]), "sendbuf")
+            nb_w_side(c.recvbuf, len(plan[1]), "recvbuf")
+            return None
         m = nb_msg(kind, c.sendbuf, c.recvbuf, len(plan[1]), len(plan[2]))
         if nb_derived(m) and c.sub is not None and c.sub is not AUTO_SUB:
             return nb_derived_refused(kind, c.form, c.sub.name)
