@@ -52,6 +52,12 @@ def checked(comm):
     return c
 
 
+def checked_ring(comm):
+    """A checked duplicate of `comm`, and a periodic ring over it."""
+    k = checked(comm)
+    return k, k.Create_cart([comm.size], periods=[True])
+
+
 def timed(comm, check=False):
     """A duplicate of `comm` with the timeout (then checked, where `check`)."""
     c = comm.Dup()
@@ -87,6 +93,15 @@ def expect_timeout(call, *words):
     took = time.monotonic() - t0
     assert TIMEOUT * 0.9 <= took < TIMEOUT + SLACK, took
     assert all(word in str(exc) for word in words), (words, str(exc))
+    return exc
+
+
+def refused_at_rank0(rank, words, fn, *args, **kwargs):
+    """fn(*args, **kwargs), checked, refused at rank 0 alone (ValueError): every other rank
+    raises MismatchError naming rank 0's refusal. Each of `words` is in every rank's error."""
+    exc = raises(ValueError if rank == 0 else mcr.MismatchError, fn, *args, **kwargs)
+    assert all(word in str(exc) for word in words), (words, str(exc))
+    assert rank == 0 or "the arguments of rank 0 were refused" in str(exc), str(exc)
     return exc
 
 
@@ -252,10 +267,7 @@ def checked_root_only_refusal_raises_everywhere(comm, backend):
     c = checked(comm)
     # the root's receive buffer is too small: only the root can tell
     recv = torch.zeros(max(size - 1, 0)) if rank == 0 else None
-    exc = raises(ValueError if rank == 0 else mcr.MismatchError, c.Gather, data(rank, 1), recv,
-                 root=0, backend=backend)
-    assert "recvbuf" in str(exc)
-    assert rank == 0 or "the arguments of rank 0 were refused" in str(exc), str(exc)
+    refused_at_rank0(rank, ["recvbuf"], c.Gather, data(rank, 1), recv, root=0, backend=backend)
     out = torch.zeros(size) if rank == 0 else None
     c.Gather(data(rank, 1), out, root=0, backend=backend)
     assert rank != 0 or torch.equal(out, torch.tensor([10.0 * r for r in range(size)]))
@@ -869,8 +881,7 @@ def neighborhood_blocks_longer_than_their_slots_are_refused(comm):
     # backend, and every one raises MPI's truncation error before any data moves (Open MPI writes
     # such a block past its slot). Rank 0 sends blocks of 2 floats where every slot holds 1.
     size, rank = comm.size, comm.rank
-    k = checked(comm)
-    ring = k.Create_cart([size], periods=[True])
+    k, ring = checked_ring(comm)
     left, right = ring.Shift(0, 1)
     n = 2 if rank == 0 else 1
     seen = "recvbuf: process 0 sends a block of 8 bytes to a slot of 4" if 0 in (left, right) \
@@ -917,16 +928,14 @@ def checked_neighborhood_refusal_raises_everywhere(comm, backend, method):
     # in its fingerprint, and every rank raises before any communicates (the others waited in the
     # fingerprint exchange, on Gloo in the block sizes' exchange). Then the ring works.
     size, rank = comm.size, comm.rank
-    k = checked(comm)
-    ring = k.Create_cart([size], periods=[True])
+    k, ring = checked_ring(comm)
     left, right = ring.Shift(0, 1)
     blocks = torch.cat([data(rank) + 100 * left, data(rank) + 100 * right])
     got = torch.full((8,), -1.0)
-    exc = raises(ValueError if rank == 0 else mcr.MismatchError, ring_alltoall, ring, method,
-                 torch.cat([blocks, blocks]) if rank == 0 else blocks, got, backend)
-    assert "recvbuf: 4 elements per neighbour, but sendbuf sends 8" in str(exc), str(exc)
-    assert rank == 0 or f"{method} #1" in str(exc) and \
-        "the arguments of rank 0 were refused" in str(exc), str(exc)
+    exc = refused_at_rank0(rank, ["recvbuf: 4 elements per neighbour, but sendbuf sends 8"],
+                           ring_alltoall, ring, method,
+                           torch.cat([blocks, blocks]) if rank == 0 else blocks, got, backend)
+    assert rank == 0 or f"{method} #1" in str(exc), str(exc)
     assert (got == -1).all(), got
     ring_alltoall(ring, method, blocks, got, backend)
     assert torch.equal(got, torch.cat([data(left) + 100 * rank, data(right) + 100 * rank])), got
@@ -938,14 +947,11 @@ def checked_unknown_backend_raises_everywhere(comm, backend):
     # a backend name that rank 0 alone gets wrong is refused as its other arguments are: in its
     # fingerprint, before any process communicates (the others waited in the exchange)
     size, rank = comm.size, comm.rank
-    c = checked(comm)
-    ring = c.Create_cart([size], periods=[True])
+    c, ring = checked_ring(comm)
     name = "no-such-backend" if rank == 0 else backend
     for fn, args in ((c.Allreduce, (mcr.IN_PLACE, data(rank))), (c.Ibcast, (data(rank),)),
                      (ring.Neighbor_allgather, (data(rank, 1), torch.zeros(2)))):
-        exc = raises(ValueError if rank == 0 else mcr.MismatchError, fn, *args, backend=name)
-        assert "unknown backend 'no-such-backend'" in str(exc), str(exc)
-        assert rank == 0 or "the arguments of rank 0 were refused" in str(exc), str(exc)
+        refused_at_rank0(rank, ["unknown backend 'no-such-backend'"], fn, *args, backend=name)
     assert_allreduce_works(c, backend)
     free(ring, c)
 
@@ -955,19 +961,17 @@ def checked_neighbor_alltoallw_refusal_raises_everywhere(comm):
     # mcr checks alltoallw's message (its datatypes are MPI's): rank 0's, a datatype short, is
     # refused at rank 0 alone and reaches the others in its fingerprint, in every form
     size, rank = comm.size, comm.rank
-    k = checked(comm)
-    ring = k.Create_cart([size], periods=[True])
+    k, ring = checked_ring(comm)
     left, right = ring.Shift(0, 1)
     F = mpi4py.MPI.FLOAT
     send, got = np.arange(2, dtype=np.float32) + 10 * rank, np.full(2, -1, np.float32)
     for method in NB_FORMS:
         method = method.replace("alltoall", "alltoallw")
-        exc = raises(ValueError if rank == 0 else mcr.MismatchError, getattr(ring, method),
-                     [send, ([1, 1], [0, 4]), [F] if rank == 0 else [F, F]],
-                     [got, ([1, 1], [0, 4]), [F, F]])
-        assert "sendbuf: 1 datatypes for 2 neighbours" in str(exc), str(exc)
-        assert rank == 0 or f"{method} #" in str(exc) and \
-            "the arguments of rank 0 were refused" in str(exc), str(exc)
+        exc = refused_at_rank0(rank, ["sendbuf: 1 datatypes for 2 neighbours"],
+                               getattr(ring, method),
+                               [send, ([1, 1], [0, 4]), [F] if rank == 0 else [F, F]],
+                               [got, ([1, 1], [0, 4]), [F, F]])
+        assert rank == 0 or f"{method} #" in str(exc), str(exc)
     assert (got == -1).all(), got
     ring.Neighbor_alltoallw([send, ([1, 1], [0, 4]), [F, F]], [got, ([1, 1], [0, 4]), [F, F]])
     # (block 1 goes to the right, block 0 to the left)
@@ -980,16 +984,13 @@ def checked_neighborhood_derived_datatype_on_gloo_raises_everywhere(comm):
     # a derived datatype runs on MPI only: rank 0's receive side in one, on Gloo, is refused at
     # rank 0 alone, and reaches the others as above (they waited in the block sizes' exchange)
     size, rank = comm.size, comm.rank
-    k = checked(comm)
-    ring = k.Create_cart([size], periods=[True])
+    k, ring = checked_ring(comm)
     one = mpi4py.MPI.FLOAT.Create_contiguous(1).Commit()
     got = np.full(4, -1, np.float32)
-    exc = raises(ValueError if rank == 0 else mcr.MismatchError, ring.Neighbor_allgatherv,
-                 np.full(1, rank, np.float32),
-                 [got, ([1, 1], [0, 2]), one] if rank == 0 else [got, [1, 1], [0, 2]],
-                 backend="gloo")
-    assert "a derived datatype runs on backend 'mpi'" in str(exc), str(exc)
-    assert rank == 0 or "the arguments of rank 0 were refused" in str(exc), str(exc)
+    refused_at_rank0(rank, ["a derived datatype runs on backend 'mpi'"], ring.Neighbor_allgatherv,
+                     np.full(1, rank, np.float32),
+                     [got, ([1, 1], [0, 2]), one] if rank == 0 else [got, [1, 1], [0, 2]],
+                     backend="gloo")
     assert (got == -1).all(), got
     one.Free()
     assert_allreduce_works(ring, "gloo")
