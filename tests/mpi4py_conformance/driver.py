@@ -7,9 +7,9 @@ stops it making progress is reported as a crash or a hang, and the tests after i
 job (for mpi4py's suite, the rest of a hung test's module is reported as not run: each hang costs
 the stall timeout). A test passes when it passes (or is skipped) on every rank.
 
-At one process, mpi4py's process-local modules (``ONE_PROCESS`` in exclusions.py) run beside
-the job, in a process started without mpiexec (MPI's singleton initialization): on 2 cores the
-size takes the time of the longer part, not of both.
+At one process, some of mpi4py's process-local modules (``ONE_PROCESS`` in exclusions.py; those
+of ``APART``) run beside the job, in a process started without mpiexec (MPI's singleton
+initialization): on 2 cores the size takes the time of the longer part, not of both.
 """
 
 import argparse
@@ -38,6 +38,10 @@ from mpi4py_conformance.exclusions import EXCLUSIONS, MPICH_ONLY, ONE_PROCESS  #
 # a test that records nothing for this long on every rank is taken as hung
 STALL_TIMEOUT = float(os.environ.get("MCR_CONFORMANCE_STALL_TIMEOUT", "60"))
 TRACEBACK_LINES = 12
+# the process-local modules run beside the job at one process: test_util_dtlib (mpi4py's own
+# Python, about 40 % of the time at one process) and test_pack, so that the two parts take about
+# as long (test_datatype, about 20 %, runs in the job)
+APART = ("test_util_dtlib", "test_pack")
 
 
 class Outcome:
@@ -204,8 +208,8 @@ def run(nprocs, testdir, include=(), timeout=3600.0):
         return run_suite(nprocs, Report(nprocs, title), worker, patterns, include, timeout,
                          path=[testdir])
     # at one process: the process-local modules (the selected ones) in a thread of their own
-    local = [f"^{name}\\.py$" for name, _ in ONE_PROCESS
-             if not include or any(re.search(regex, f"{name}.py") for regex in include)]
+    local = [f"^{name}\\.py$" for name, _ in ONE_PROCESS if name in APART and (
+             not include or any(re.search(regex, f"{name}.py") for regex in include))]
     apart, failed = Report(1, title), []
 
     def run_apart():

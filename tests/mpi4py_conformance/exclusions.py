@@ -49,10 +49,12 @@ MPICH_ONLY = [
 
 # modules that communicate nothing run at one process only: at more, each rank would run the
 # same process-local calls again (their tests name no communicator), about 30 s of the cores;
-# at one process, in a process of their own beside the job of the rest (driver.run)
+# at one process, some in a process of their own beside the job of the rest (driver.APART)
 LOCAL = "datatypes are local to a process: its tests name no communicator"
 ONE_PROCESS = [
     ("test_datatype", LOCAL + " (constructors, envelopes, pickling: 10 s at one process)"),
     ("test_util_dtlib", LOCAL + " (``mpi4py.util.dtlib``'s numpy dtypes to MPI datatypes and "
      "back, through ``mcr.MPI``: 19 s at one process)"),
+    ("test_pack", "packing is local to a process: its tests name ``COMM_SELF`` only "
+     "(``Pack``, ``Unpack``, ``Pack_external`` and their sizes: 2 s at one process)"),
 ]
