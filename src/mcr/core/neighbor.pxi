@@ -258,15 +258,21 @@ cdef int nb_post(Comm comm, int kind, int form, _Call m, MPI_Info info,
     cdef side other
     cdef tuple plan = nb_plan(comm)
     if (kind == NB_ALLGATHER or kind == NB_ALLTOALL) and (not plan[1]) != (not plan[2]):
-        # Open MPI (5.0) wants a process's send and receive blocks the same size
-        # (else MPI_ERR_TRUNCATE) and skips the call where a count is 0 (its
-        # neighbours wait), even for a side with no neighbour: that side gets
-        # the other's block, which it never moves
-        other = m.s if not plan[1] else m.r
-        if not plan[1]:
-            other.addr, r = m.r.addr, &other
+        # a side with no neighbour. Open MPI (5.0) wants a process's send and
+        # receive blocks the same size (else MPI_ERR_TRUNCATE) and skips the
+        # call where a count is 0 (its neighbours wait): that side gets the
+        # other's block, which it never moves. MPICH refuses a count on an
+        # empty buffer ("Null buffer pointer"): there that side's count is 0
+        if library_is_mpich():
+            other = m.r if not plan[1] else m.s
+            other.count = 0
         else:
-            other.addr, s = m.s.addr, &other
+            other = m.s if not plan[1] else m.r
+            other.addr = m.r.addr if not plan[1] else m.s.addr
+        if not plan[1]:
+            r = &other
+        else:
+            s = &other
     with nogil:
         if kind == NB_ALLGATHER:
             ierr = mcr_neighbor_allgather(form, s.addr, s.count, s.dtype, r.addr, r.count,
