@@ -314,6 +314,22 @@ cdef Prequest nb_prequest(Comm comm, _MPI.Prequest q):
     return preq
 
 
+cdef list nb_objects(sendobj, Py_ssize_t nout):
+    """neighbor_alltoall's `sendobj` as a list, one object per destination."""
+    objs = list(sendobj)
+    if len(objs) != nout:
+        raise ValueError(f"sendobj: {len(objs)} objects for {nout} neighbours "
+                         "(one per neighbour)")
+    return objs
+
+
+def _obj_nb_alltoall(comm, sendobj):
+    """mpi4py's neighbor_alltoall, its object count checked first (mpi4py's
+    own message does not name the argument)."""
+    return _MPI.Topocomm.neighbor_alltoall(
+        comm, nb_objects(sendobj, len(nb_plan(<Comm>comm)[2])))
+
+
 def _obj_nb_composed(comm, sendobj, int kind):
     """mpi4py's neighbor_allgather (`kind` NB_ALLGATHER) or neighbor_alltoall
     composed on MPI, where mpi4py's method would crash (nb_plan: a graph Open
@@ -326,11 +342,7 @@ def _obj_nb_composed(comm, sendobj, int kind):
     cdef Py_ssize_t nin = len(plan[1]), nout = len(plan[2])
     dumps, loads = _mpi4py.pickle.dumps, _mpi4py.pickle.loads
     if kind == NB_ALLTOALL:
-        objs = list(sendobj)
-        if len(objs) != nout:
-            raise ValueError(f"sendobj: {len(objs)} objects for {nout} neighbours "
-                             "(one per neighbour)")
-        blobs = [dumps(obj) for obj in objs]
+        blobs = [dumps(obj) for obj in nb_objects(sendobj, nout)]
     else:
         blobs = [dumps(sendobj)] * nout
     scounts, rcounts = array("q", map(len, blobs)), array("q", bytes(8 * nin))
@@ -1092,8 +1104,7 @@ class _Neighborhood:
         if nb_plan(<Comm>self)[7]:
             return (<Comm>self).made("neighbor_alltoall", _obj_nb_composed,
                                      (sendobj, NB_ALLTOALL))
-        return (<Comm>self).made("neighbor_alltoall", _MPI.Topocomm.neighbor_alltoall,
-                                 (sendobj,))
+        return (<Comm>self).made("neighbor_alltoall", _obj_nb_alltoall, (sendobj,))
 
 
 class Cartcomm(Comm, _Neighborhood, _MPI.Cartcomm):
