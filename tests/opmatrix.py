@@ -413,27 +413,32 @@ class Operation:
         self.maker, self.reduction, self.rooted = maker, reduction, rooted
         self.in_place, self.vector, self.root_label = in_place, vector, root_label
 
-    def variants(self, comm, dtypes=None):
+    def variants(self, comm, dtypes=None, every=True):
         """(label, make) for each element type (and reduction), root, IN_PLACE and layout;
-        `dtypes` restricts the element types."""
+        `dtypes` restricts the element types. Each type (each (type, op) pair of a reduction) runs
+        on every root and IN_PLACE; with `every` False, on one of these arrangements, in turn (for
+        reductions shifted by one at each type, so that each op meets each arrangement)."""
         places = (False, True) if self.in_place else (False,)
         rootset = roots(comm.size) if self.rooted else [0]
+        arranged = [(in_place, root) for in_place in places for root in rootset]
         if self.reduction:
-            for dtype, op in reductions(dtypes):
-                for in_place in places:
-                    for root in rootset:
-                        yield (f"{op} on {name(dtype)}{' IN_PLACE' * in_place}"
-                               f"{' ' + self.root_label(root) if self.rooted else ''}",
-                               self.maker(comm, dtype, op, root, in_place))
-            return
+            items = reductions(dtypes)
+            shift = list(dict.fromkeys(dtype for dtype, _ in items)).index
+        else:
+            items = [(t, None) for t in MOVE_TYPES if dtypes is None or t in dtypes]
+            shift = (lambda dtype: 0)
         kinds = LAYOUTS if self.vector else ("packed",)
-        for i, dtype in enumerate(t for t in MOVE_TYPES if dtypes is None or t in dtypes):
-            for in_place in places:
-                for root in rootset:
-                    kind = kinds[(i + root + in_place) % len(kinds)]
-                    yield (f"on {name(dtype)}{' ' + kind if self.vector else ''}"
-                           f"{' IN_PLACE' * in_place}{f' root {root}' if self.rooted else ''}",
-                           self.maker(comm, dtype, root, in_place, kind))
+        for i, (dtype, op) in enumerate(items):
+            turn = (i + shift(dtype)) % len(arranged)
+            for in_place, root in arranged if every else [arranged[turn]]:
+                where = f"{' IN_PLACE' * in_place}{(' ' + self.root_label(root)) * self.rooted}"
+                if self.reduction:
+                    yield (f"{op} on {name(dtype)}{where}",
+                           self.maker(comm, dtype, op, root, in_place))
+                    continue
+                kind = kinds[(i + root + in_place) % len(kinds)]
+                yield (f"on {name(dtype)}{' ' + kind if self.vector else ''}{where}",
+                       self.maker(comm, dtype, root, in_place, kind))
 
 
 def name(dtype):
@@ -468,7 +473,7 @@ def run_operation(comm, method, backend, form, dtypes=None):
     """Every variant of collective `method` in `form` on `backend`; raises with every wrong
     result at the end."""
     found = Findings()
-    variants = OPERATIONS[method].variants(comm, dtypes)
+    variants = OPERATIONS[method].variants(comm, dtypes, every=form == "blocking")
     if method == "Barrier":
         variants = [("", barrier_maker(comm, None, 0, False, None))] * 3
     for turn, (what, make) in enumerate(variants):
