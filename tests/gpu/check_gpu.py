@@ -82,13 +82,13 @@ def phases(device, ndev):
 def jobs(chosen, device):
     """`chosen` phases as the jobs that run them (lists of phases, in order of their first). On
     CUDA each phase is a job of its own: a CUDA error can leave a process unusable. On the CPU
-    dry run the phases of one process count and environment share a job (a job start costs
-    about 2 s: MPI, Python and torch in each process)."""
+    dry run the phases of one process count share a job (a job start costs about 2 s: MPI,
+    Python and torch in each process), each phase's environment set for its run (child)."""
     if device != "cpu":
         return [[ph] for ph in chosen]
     shared = {}
     for ph in chosen:
-        shared.setdefault((ph.nprocs, tuple(sorted(ph.env.items()))), []).append(ph)
+        shared.setdefault(ph.nprocs, []).append(ph)
     return list(shared.values())
 
 
@@ -1197,7 +1197,11 @@ def child(args):
     hc = M4.COMM_WORLD.Dup()                  # the harness's own traffic
     rank, cuda = hc.Get_rank(), args.device == "cuda"
     torch.set_num_threads(threads_per_process(hc.Get_size()))
+    envs = {ph.name: ph.env for ph in phases(args.device, 0)}
     for phase in args.phase.split(","):       # (several: the CPU dry run's jobs, see jobs())
+        # (the job's environment is the first phase's: mcr.device reads it at each call)
+        before = {k: os.environ.get(k) for k in envs[phase]}
+        os.environ.update(envs[phase])
         summary, caselog = log_paths(args.logdir, phase)
         ordinal = (rank if phase == "nccl2" else 0) if cuda else -1
         if cuda:
@@ -1224,6 +1228,11 @@ def child(args):
             sys.stdout.flush()
             M4.COMM_WORLD.Abort(1)
         rep.finish(summary)
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k)
+            else:
+                os.environ[k] = v
         hc.Barrier()
     hc.Free()
     faulthandler.cancel_dump_traceback_later()
