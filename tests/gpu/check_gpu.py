@@ -30,6 +30,7 @@ import threading
 import time
 import traceback
 import types
+from unittest import mock
 
 try:
     import torch
@@ -1200,8 +1201,8 @@ def child(args):
     envs = {ph.name: ph.env for ph in phases(args.device, 0)}
     for phase in args.phase.split(","):       # (several: the CPU dry run's jobs, see jobs())
         # (the job's environment is the first phase's: mcr.device reads it at each call)
-        before = {k: os.environ.get(k) for k in envs[phase]}
-        os.environ.update(envs[phase])
+        phase_env = mock.patch.dict(os.environ, envs[phase])
+        phase_env.start()
         summary, caselog = log_paths(args.logdir, phase)
         ordinal = (rank if phase == "nccl2" else 0) if cuda else -1
         if cuda:
@@ -1228,11 +1229,7 @@ def child(args):
             sys.stdout.flush()
             M4.COMM_WORLD.Abort(1)
         rep.finish(summary)
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k)
-            else:
-                os.environ[k] = v
+        phase_env.stop()
         hc.Barrier()
     hc.Free()
     faulthandler.cancel_dump_traceback_later()
