@@ -308,6 +308,10 @@ def bad_arguments_are_refused_before_communicating(comm):
     with raises(ValueError, "sendobj: 1 objects for 3 neighbours (one per neighbour)"):
         made.neighbor_alltoall([rank])
     made.Free()
+    with raises(ValueError, "sendobj: 1 objects for 2 neighbours (one per neighbour)"):
+        ring.neighbor_alltoall([rank])          # (not composed: mpi4py's method, after the check)
+    assert ring.neighbor_alltoall([("-", rank), ("+", rank)]) == \
+        [("+", (rank - 1) % size), ("-", (rank + 1) % size)]
     with raises(ValueError, "edges: edges[1] is 6; the graph has 1 node (len(index)), 0 to 0"):
         comm.Create_graph([2], [0, 6])          # (Open MPI takes it)
     with raises(ValueError, "Neighbor_alltoallw", "backend 'gloo' cannot run it"):
