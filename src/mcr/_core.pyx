@@ -10,7 +10,7 @@ The module is a list of includes, one concern each.
 
 from mpi4py.libmpi cimport *
 from mpi4py cimport MPI as _MPI
-from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release,
+from cpython.buffer cimport (PyObject_GetBuffer, PyBuffer_Release, PyBuffer_FillInfo,
                              PyBUF_FORMAT, PyBUF_C_CONTIGUOUS, PyBUF_WRITABLE,
                              PyBUF_ANY_CONTIGUOUS)
 from cpython.long cimport PyLong_AsVoidPtr, PyLong_AsSsize_t

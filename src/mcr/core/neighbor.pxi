@@ -561,8 +561,12 @@ cdef object nb_composed(Comm comm, int kind, int form, object sub, object sendbu
             return as_mcr_request(q, 0, None) if form == NONBLOCKING else \
                 nb_persistent(nb_prequest(comm, q), kind, "mpi", m)
         raise nb_derived_refused(kind, form, name)
-    sbytes = _backend_side(m.side(0)).bytes()
-    rbytes = _backend_side(m.side(1)).bytes()
+    cdef bint on_device = m.s.device >= 0 or m.r.device >= 0
+    if sub is MPI_SUB and not on_device:       # (no torch for a program on numpy arrays)
+        sbytes, rbytes = host_bytes(&m.s, m.sown), host_bytes(&m.r, m.rown)
+    else:
+        sbytes = _backend_side(m.side(0)).bytes()
+        rbytes = _backend_side(m.side(1)).bytes()
     rounds = nb_rounds(plan, kind, m)
     if form == BLOCKING:
         nb_matched(comm, rounds)
@@ -570,7 +574,7 @@ cdef object nb_composed(Comm comm, int kind, int form, object sub, object sendbu
             nb_alltoallv(comm, sub, BLOCKING, name, [sbytes, sc, sd], [rbytes, rc, rd])
         return None
     if form == NONBLOCKING:
-        return nb_staged(comm, sub, name, sbytes, rbytes, plan, kind, m, rounds)
+        return nb_staged(comm, sub, name, sbytes, rbytes, plan, kind, m, rounds, on_device)
     if sub is not MPI_SUB:                 # what the backend refuses fails now, not at Start
         for sc, sd, rc, rd in rounds:
             nb_alltoallv(comm, sub, PERSISTENT, name, [sbytes, sc, sd], [rbytes, rc, rd])
@@ -638,6 +642,29 @@ cdef object nb_alltoallv(Comm comm, object sub, int form, str name, object sends
     if sub is MPI_SUB:
         return comm.on_mpi(c, False)
     return comm.on_backend(sub, c, name)
+
+
+@cython.final
+cdef class _HostBytes:
+    """The bytes of a parsed side in host memory as a buffer (format "B"): the
+    rounds of a neighbourhood call composed on MPI move them, as a backend's
+    move the side's torch tensor. `owner` keeps the memory alive."""
+    cdef char *addr
+    cdef Py_ssize_t nbytes
+    cdef object owner
+
+    def __getbuffer__(self, Py_buffer *view, int flags):
+        PyBuffer_FillInfo(view, self, self.addr, self.nbytes, 0, flags)
+
+    def __releasebuffer__(self, Py_buffer *view):
+        pass
+
+
+cdef _HostBytes host_bytes(side *x, object owner):
+    cdef _HostBytes b = _HostBytes.__new__(_HostBytes)
+    if owner is not None:
+        b.addr, b.nbytes, b.owner = x.addr, x.nelems * x.extent, owner
+    return b
 
 
 cdef object _backend_side_class = None
@@ -858,7 +885,7 @@ cdef object nb_truncation(object longer):
 
 
 cdef object nb_staged(Comm comm, object sub, str name, object sbytes, object rbytes,
-                      tuple plan, int kind, _Call m, list rounds):
+                      tuple plan, int kind, _Call m, list rounds, bint on_device):
     """A composed non-blocking call as a staged operation (mcr.stages), on
     the private communicators of `comm` for its backend: posted in call
     order on every process, whatever order they test it in, and driven by
@@ -874,7 +901,7 @@ cdef object nb_staged(Comm comm, object sub, str name, object sbytes, object rby
     pipeline = _nb_pipeline(comm.nprocs(), sub is MPI_SUB, name, sbytes, rbytes, plan, kind,
                             m if agree else None, None if agree else rounds)
     flight = service("stages").launch(comm, name, 4 if agree else 3, pipeline,
-                                      sbytes.is_cuda or rbytes.is_cuda)
+                                      on_device)
     return _work_request(name, [flight], None, m)
 
 
