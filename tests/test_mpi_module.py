@@ -80,6 +80,13 @@ def test_class_relations_are_mpi4pys():
     assert isinstance(M4.Status(), MPI.Status) and isinstance(mcr.Status(), MPI.Status)
     # mcr's own objects keep their compiled classes (no cost on their calls)
     assert type(mcr.COMM_WORLD.Isend(np.zeros(1), M4.PROC_NULL)) is mcr.Request
+    # and are of the namespace's classes, as mpi4py's are of its own
+    preq = MPI.COMM_SELF.Send_init(np.zeros(1), M4.PROC_NULL)
+    assert type(preq) is mcr.Prequest and isinstance(preq, MPI.Prequest), type(preq)
+    assert isinstance(preq, MPI.Request) and issubclass(mcr.Prequest, MPI.Prequest)
+    assert not isinstance(mcr.COMM_WORLD.Isend(np.zeros(1), M4.PROC_NULL), MPI.Prequest)
+    preq.Free()
+    assert isinstance(mcr.Status(), MPI.Status) and issubclass(mcr.Comm, MPI.Comm)
 
 
 def test_unbound_methods_take_mpi4pys_objects():

@@ -19,7 +19,8 @@ metaclass, and their methods refuse mpi4py's objects as ``self``. So the
 names here are thin Python subclasses of them whose metaclass makes
 ``isinstance``/``issubclass`` also accept mpi4py's counterpart
 (``isinstance(MPI.COMM_NULL, MPI.Comm)``, ``isinstance(comm.isend(...),
-MPI.Request)``), and makes an unbound method taken from the class
+MPI.Request)``) and the compiled class (``isinstance(comm.Send_init(...),
+MPI.Prequest)``), and makes an unbound method taken from the class
 (``MPI.Request.Wait(req)``, ``MPI.Comm.Isend(comm, ...)``) run mpi4py's
 implementation when ``self`` is not an mcr object. Only attribute access on
 the class goes through the metaclass: the objects mcr makes (``COMM_WORLD``,
@@ -52,7 +53,8 @@ _MethodDescriptor = type(_Comm.__dict__["Send"])
 _TOPOLOGIES = {_mpi4py.Cartcomm: _Cartcomm, _mpi4py.Graphcomm: _Graphcomm,
                _mpi4py.Distgraphcomm: _Distgraphcomm}
 
-# the class of mcr.MPI -> the mpi4py class whose objects it also accepts
+# the class of mcr.MPI -> the classes whose objects it also accepts: mpi4py's, and the
+# compiled one behind it, whose objects mcr makes (a Prequest is no mpi4py Prequest)
 _PEERS = {}
 # an mcr method -> a function running it, or mpi4py's, by the type of self
 _UNBOUND = {}
@@ -97,7 +99,7 @@ def _dispatcher(core, mine, theirs):
 def _peer(cls, core, peer, methods):
     """Make `cls` (over mcr's `core` class) accept `peer`, mpi4py's class, and
     run the methods of `methods`, mpi4py's class, on mpi4py's objects."""
-    _PEERS[cls] = peer
+    _PEERS[cls] = (peer, core)
     _CORES.add(core)
     for klass in core.__mro__:          # mcr's classes (Comm and its base _CommBase)
         if klass.__module__ != "mcr._core" or (klass is not core and klass in _CORES):
