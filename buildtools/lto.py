@@ -37,5 +37,6 @@ def lto_flags(mpicc, debug=False):
                 print(f"mcr: no link-time optimization ({' '.join(argv)} failed: "
                       f"{(done.stderr or done.stdout).strip()[:200]})")
                 return [], []
-    print(f"mcr: link-time optimization, {jobs} parallel job{'s' if jobs > 1 else ''}")
+    print(f"mcr: link-time optimization, {jobs} parallel jobs" if jobs > 1 else
+          "mcr: link-time optimization, one job at a time" + ("" if make else " (no make found)"))
     return compile_flags, link_flags
