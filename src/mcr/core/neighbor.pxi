@@ -646,9 +646,10 @@ cdef object nb_alltoallv(Comm comm, object sub, int form, str name, object sends
 
 @cython.final
 cdef class _HostBytes:
-    """The bytes of a parsed side in host memory as a buffer (format "B"): the
-    rounds of a neighbourhood call composed on MPI move them, as a backend's
-    move the side's torch tensor. `owner` keeps the memory alive."""
+    """The bytes of a parsed side in host memory, as a buffer (format "B"):
+    what the rounds of a neighbourhood call composed on MPI move (on another
+    backend, or from device memory, they move the side's torch tensor).
+    `owner` keeps the memory alive."""
     cdef char *addr
     cdef Py_ssize_t nbytes
     cdef object owner
@@ -656,11 +657,9 @@ cdef class _HostBytes:
     def __getbuffer__(self, Py_buffer *view, int flags):
         PyBuffer_FillInfo(view, self, self.addr, self.nbytes, 0, flags)
 
-    def __releasebuffer__(self, Py_buffer *view):
-        pass
-
 
 cdef _HostBytes host_bytes(side *x, object owner):
+    """The bytes of side `x` of a message, owned by `owner` (None: no bytes)."""
     cdef _HostBytes b = _HostBytes.__new__(_HostBytes)
     if owner is not None:
         b.addr, b.nbytes, b.owner = x.addr, x.nelems * x.extent, owner
