@@ -77,7 +77,6 @@ def wrapper(directory, script):
 
 def test_link_time_optimization_where_the_compiler_has_it(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("MCR_LTO", raising=False)
-    monkeypatch.delenv("MAKE", raising=False)
     # a compiler that takes everything: -flto at the compile, -flto=JOBS at the link
     takes_all = wrapper(tmp_path / "all", "exit 0")
     cpus = min(len(os.sched_getaffinity(0)), 8)

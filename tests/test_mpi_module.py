@@ -86,7 +86,7 @@ def test_class_relations_are_mpi4pys():
     assert isinstance(preq, MPI.Request) and issubclass(mcr.Prequest, MPI.Prequest)
     assert not isinstance(mcr.COMM_WORLD.Isend(np.zeros(1), M4.PROC_NULL), MPI.Prequest)
     preq.Free()
-    assert isinstance(mcr.Status(), MPI.Status) and issubclass(mcr.Comm, MPI.Comm)
+    assert issubclass(mcr.Comm, MPI.Comm)
 
 
 def test_unbound_methods_take_mpi4pys_objects():
